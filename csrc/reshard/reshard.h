@@ -1,0 +1,37 @@
+// Host-side API of the reshard copy kernels (no torch dependency: the C++ tests and the CMake
+// build use it directly; csrc/bindings.cpp adapts torch tensors to it).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "copy_program.h"
+
+namespace verl {
+namespace reshard {
+
+// Units are row chunks of at most this many bytes (see copy_program.h).
+constexpr int64_t kCpuChunkBytes = 256 * 1024;
+constexpr int64_t kCudaChunkBytes = 64 * 1024;
+
+// Returns "" when the program is safe on buffers of src_numel / dst_numel elements, else one line
+// naming the first offending segment. Checks: non-negative fields, reads and writes in bounds,
+// no destination byte written twice, and (alignment_bytes > 0) the caller's claim that every row
+// starts and ends on an alignment_bytes boundary.
+std::string validate_program(const Segment* segments, int64_t num_segments, int64_t src_numel,
+                             int64_t dst_numel, int64_t elem_size, int64_t alignment_bytes);
+
+// Exclusive prefix sum of units per segment (num_segments + 1 entries).
+std::vector<int64_t> unit_prefix(const Segment* segments, int64_t num_segments, int64_t elem_size,
+                                 int64_t chunk_bytes);
+
+// Runs a validated program on host memory, spreading units over OpenMP threads.
+void run_program_cpu(const void* src, void* dst, const Segment* segments, int64_t num_segments,
+                     int64_t elem_size);
+
+// Number of OpenMP threads the CPU executor uses.
+int cpu_num_threads();
+
+}  // namespace reshard
+}  // namespace verl

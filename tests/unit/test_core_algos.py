@@ -1,0 +1,380 @@
+"""core_algos / advantage against hand-computed values (derivations in the comments)."""
+
+import math
+import statistics
+
+import numpy as np
+import pytest
+import torch
+
+from verl.protocol import DataProto, DataProtoError
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.advantage import apply_kl_penalty, compute_advantage
+from verl.utils import torch_functional as verl_F
+
+
+@pytest.fixture(autouse=True)
+def _strict(monkeypatch):
+    monkeypatch.setenv("VERL_STRICT_DATA_CHECK", "1")
+
+
+def whiten(xs):
+    """Oracle for masked_whiten on the valid entries: (x - mean) / sqrt(unbiased var + 1e-8)."""
+    mean, var = statistics.mean(xs), statistics.variance(xs)
+    return [(x - mean) / math.sqrt(var + 1e-8) for x in xs]
+
+
+def t(rows):
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+# ----------------------------------------------------------------------------- GAE
+# gamma=0.9, lam=0.8 (gamma*lam = 0.72).
+# Row 0, mask [1,1,1], r=[0,0,1], V=[0.5,0.6,0.7]:
+#   t2: delta = 1 - 0.7 = 0.3                 A2 = 0.3
+#   t1: delta = 0.9*0.7 - 0.6 = 0.03          A1 = 0.03 + 0.72*0.3   = 0.246
+#   t0: delta = 0.9*0.6 - 0.5 = 0.04          A0 = 0.04 + 0.72*0.246 = 0.21712
+# Row 1, mask [1,1,0], r=[0,2,0], V=[1.0,0.5,9.0] (9.0 sits on padding and must be ignored):
+#   t2: masked -> running advantage and bootstrap value stay 0
+#   t1: delta = 2 + 0.9*0 - 0.5 = 1.5         A1 = 1.5
+#   t0: delta = 0.9*0.5 - 1.0 = -0.55         A0 = -0.55 + 0.72*1.5 = 0.53
+# returns = raw A + V; advantages = whiten(raw A over the 5 valid tokens).
+def test_gae_three_token_example_with_mask():
+    rewards = t([[0, 0, 1], [0, 2, 0]])
+    values = t([[0.5, 0.6, 0.7], [1.0, 0.5, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv, ret = core_algos.compute_gae_advantage_return(rewards, values, mask, gamma=0.9, lam=0.8)
+    raw = [0.21712, 0.246, 0.3, 0.53, 1.5]
+    valid = mask.bool()
+    torch.testing.assert_close(ret[valid], t([0.71712, 0.846, 1.0, 1.53, 2.0]))
+    torch.testing.assert_close(adv[valid], t(whiten(raw)))
+
+
+def test_gae_with_gamma_lam_one_returns_are_reward_to_go():
+    # gamma = lam = 1: returns = sum of future rewards = 1 on every token of row 0.
+    rewards = t([[0, 0, 1], [0, 0, 0]])
+    values = t([[0.5, 0.6, 0.7], [0.1, 0.2, 0.3]])
+    _, ret = core_algos.compute_gae_advantage_return(rewards, values, torch.ones(2, 3), gamma=1.0, lam=1.0)
+    torch.testing.assert_close(ret, t([[1, 1, 1], [0, 0, 0]]))
+
+
+# ----------------------------------------------------------------------------- outcome estimators
+# Scores (row sums): 1, 0, 0.5 with groups a, a, b.
+# Group a: mean 0.5, unbiased std sqrt((0.25+0.25)/1) = sqrt(0.5) -> A = +-0.5/sqrt(0.5) = +-0.70711.
+# Group b has one member: mean 0, std 1 -> A = 0.5 / (1 + 1e-6).
+GRPO_REWARDS = [[0, 0, 1], [0, 0, 0], [0, 0.5, 0]]
+GRPO_MASK = [[1, 1, 1], [1, 1, 1], [1, 1, 0]]
+
+
+def test_grpo_group_of_one_uses_mean_zero_std_one():
+    index = np.array(["a", "a", "b"], dtype=object)
+    adv, ret = core_algos.compute_grpo_outcome_advantage(t(GRPO_REWARDS), t(GRPO_MASK), index)
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
+    b = 0.5 / (1 + 1e-6)
+    torch.testing.assert_close(adv, t([[a, a, a], [-a, -a, -a], [b, b, 0]]))
+    assert ret is adv
+
+
+def test_grpo_without_std_normalisation_is_mean_centred():
+    index = np.array(["a", "a", "b"], dtype=object)
+    adv, _ = core_algos.compute_grpo_outcome_advantage(
+        t(GRPO_REWARDS), t(GRPO_MASK), index, norm_adv_by_std_in_grpo=False
+    )
+    torch.testing.assert_close(adv, t([[0.5] * 3, [-0.5] * 3, [0.5, 0.5, 0]]))
+
+
+def test_grpo_rejects_index_of_wrong_length():
+    with pytest.raises(ValueError, match="expected 3 group ids"):
+        core_algos.compute_grpo_outcome_advantage(t(GRPO_REWARDS), t(GRPO_MASK), np.array(["a", "b"]))
+
+
+def test_rloo_subtracts_mean_of_other_responses():
+    # Group a = {1, 0, 0.5}: 1 - (0+0.5)/2 = 0.75, 0 - 0.75 = -0.75, 0.5 - 0.5 = 0. Group b = {2}: raw 2.
+    rewards = t([[1, 0], [0, 0], [0, 0.5], [0, 2]])
+    mask = torch.ones(4, 2)
+    adv, _ = core_algos.compute_rloo_outcome_advantage(rewards, mask, np.array([0, 0, 0, 1]))
+    torch.testing.assert_close(adv, t([[0.75] * 2, [-0.75] * 2, [0, 0], [2, 2]]))
+
+
+def test_reinforce_plus_plus_discounts_and_stops_at_padding():
+    # gamma = 0.5. Row 0 r=[0,0,1]: G = [0.25, 0.5, 1]. Row 1 r=[0,1,5], mask [1,1,0]: the padded
+    # reward 5 is cut off by the mask, G = [0.5, 1, (5)]. Advantages = whiten over the 5 valid G, 0 on pad.
+    rewards = t([[0, 0, 1], [0, 1, 5]])
+    mask = t([[1, 1, 1], [1, 1, 0]])
+    adv, ret = core_algos.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.5)
+    torch.testing.assert_close(ret[mask.bool()], t([0.25, 0.5, 1, 0.5, 1]))
+    torch.testing.assert_close(adv[mask.bool()], t(whiten([0.25, 0.5, 1, 0.5, 1])))
+    assert adv[1, 2] == 0
+
+
+def test_reinforce_plus_plus_baseline_centres_by_group_then_whitens():
+    # Scores 1, 0 (group a, mean 0.5) and 3 (group b, alone -> baseline 0): centred 0.5, -0.5, 3,
+    # broadcast over the 2 + 2 + 1 valid tokens, whitened together.
+    rewards = t([[0, 1], [0, 0], [3, 0]])
+    mask = t([[1, 1], [1, 1], [1, 0]])
+    adv, _ = core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage(
+        rewards, mask, np.array(["a", "a", "b"], dtype=object)
+    )
+    torch.testing.assert_close(adv[mask.bool()], t(whiten([0.5, 0.5, -0.5, -0.5, 3])))
+    assert adv[2, 1] == 0
+
+
+def test_remax_subtracts_greedy_baseline_from_return_to_go():
+    # Row 0 G=[1,1,1], b=0.5 -> 0.5 each; row 1 r=[0,2,0] mask [1,1,0] G=[2,2,0], b=1 -> [1,1,0].
+    rewards = t([[0, 0, 1], [0, 2, 0]])
+    mask = t([[1, 1, 1], [1, 1, 0]])
+    adv, ret = core_algos.compute_remax_outcome_advantage(rewards, t([0.5, 1.0]), mask)
+    torch.testing.assert_close(ret, t([[1, 1, 1], [2, 2, 0]]))
+    torch.testing.assert_close(adv, t([[0.5] * 3, [1, 1, 0]]))
+
+
+# ----------------------------------------------------------------------------- policy / value loss
+# old_log_prob = 0, so ratio = exp(log_prob); cliprange 0.2 -> ratio clipped to [0.8, 1.2]; c = 3.
+#   t0: A=+1, r=1.5: max(-1.5, -1.2) = -1.2          (clipped)
+#   t1: A=-1, r=0.5: max(0.5, 0.8) = 0.8, min(3, 0.8) = 0.8 (clipped)
+#   t2: A=-1, r=5.0: max(5.0, 1.2) = 5.0, min(3, 5.0) = 3   (dual clip)
+#   t3: A=+2, r=1.0: -2
+# token-mean = (-1.2 + 0.8 + 3 - 2) / 4 = 0.15; clipfrac 2/4; clipfrac_lower 1/4;
+# ppo_kl = mean(old - new) = -(ln 1.5 + ln 0.5 + ln 5 + 0) / 4.
+RATIOS = [1.5, 0.5, 5.0, 1.0]
+ADVANTAGES = [1.0, -1.0, -1.0, 2.0]
+
+
+def test_policy_loss_dual_clip_branch():
+    log_prob = torch.log(t([RATIOS])).requires_grad_(True)
+    pg_loss, clipfrac, ppo_kl, clipfrac_lower = core_algos.compute_policy_loss(
+        old_log_prob=torch.zeros(1, 4, dtype=torch.float64),
+        log_prob=log_prob,
+        advantages=t([ADVANTAGES]),
+        response_mask=torch.ones(1, 4),
+        cliprange=0.2,
+        clip_ratio_c=3.0,
+    )
+    torch.testing.assert_close(pg_loss, torch.tensor(0.15, dtype=torch.float64))
+    assert clipfrac.item() == pytest.approx(0.5)
+    assert clipfrac_lower.item() == pytest.approx(0.25)
+    assert ppo_kl.item() == pytest.approx(-(math.log(1.5) + math.log(0.5) + math.log(5.0)) / 4)
+    pg_loss.backward()
+    # Clipped and dual-clipped tokens carry no gradient; t3 carries d(-A r)/d logp / 4 = -2 * 1 / 4.
+    torch.testing.assert_close(log_prob.grad, t([[0, 0, 0, -0.5]]))
+
+
+def test_policy_loss_clip_higher_uses_asymmetric_bounds():
+    # cliprange_low 0.2, cliprange_high 0.28: t0 clips at 1.28 instead of 1.2 -> (-1.28+0.8+3-2)/4 = 0.13.
+    pg_loss, *_ = core_algos.compute_policy_loss(
+        torch.zeros(1, 4, dtype=torch.float64),
+        torch.log(t([RATIOS])),
+        t([ADVANTAGES]),
+        torch.ones(1, 4),
+        cliprange=0.2,
+        cliprange_low=0.2,
+        cliprange_high=0.28,
+    )
+    assert pg_loss.item() == pytest.approx(0.13)
+
+
+def test_policy_loss_ignores_masked_tokens_and_rejects_bad_clip_ratio_c():
+    log_prob = torch.log(t([RATIOS + [100.0]]))
+    pg_loss, *_ = core_algos.compute_policy_loss(
+        torch.zeros(1, 5, dtype=torch.float64),
+        log_prob,
+        t([ADVANTAGES + [-50.0]]),
+        torch.tensor([[1, 1, 1, 1, 0]]),
+        cliprange=0.2,
+    )
+    assert pg_loss.item() == pytest.approx(0.15)
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        core_algos.compute_policy_loss(log_prob, log_prob, log_prob, torch.ones(1, 5), cliprange=0.2, clip_ratio_c=1.0)
+
+
+def test_registered_vanilla_policy_loss_reads_actor_config_keys():
+    fn = core_algos.get_policy_loss_fn("vanilla")
+    out = fn(
+        torch.zeros(1, 4, dtype=torch.float64),
+        torch.log(t([RATIOS])),
+        t([ADVANTAGES]),
+        torch.ones(1, 4),
+        config={"clip_ratio": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0},
+    )
+    assert out[0].item() == pytest.approx(0.13)
+
+
+def test_value_loss_clips_around_old_values():
+    # t0: clip(1.0, 0-0.5, 0+0.5) = 0.5; max((1-1.2)^2, (0.5-1.2)^2) = 0.49 (clipped term larger)
+    # t1: clip(2, 1.5, 2.5) = 2;        max(4, 4) = 4                     (equal, not counted)
+    # vf_loss = 0.5 * (0.49 + 4) / 2 = 1.1225; clipfrac 1/2.
+    vf_loss, vf_clipfrac = core_algos.compute_value_loss(
+        vpreds=t([[1.0, 2.0]]),
+        returns=t([[1.2, 0.0]]),
+        values=t([[0.0, 2.0]]),
+        response_mask=torch.ones(1, 2),
+        cliprange_value=0.5,
+    )
+    assert vf_loss.item() == pytest.approx(1.1225)
+    assert vf_clipfrac.item() == pytest.approx(0.5)
+
+
+# ----------------------------------------------------------------------------- KL estimators
+# log p = [-1, -2], log q = [-1.5, -1]: d = log p - log q = [0.5, -1].
+#   k1 = d = [0.5, -1]; abs = [0.5, 1]; k2 = d^2/2 = [0.125, 0.5];
+#   k3 = e^{-d} + d - 1 = [e^-0.5 - 0.5, e^1 - 2] = [0.1065307, 0.7182818].
+KL_CASES = {
+    "kl": [0.5, -1.0],
+    "k1": [0.5, -1.0],
+    "abs": [0.5, 1.0],
+    "mse": [0.125, 0.5],
+    "k2": [0.125, 0.5],
+    "low_var_kl": [math.exp(-0.5) - 0.5, math.e - 2],
+    "k3": [math.exp(-0.5) - 0.5, math.e - 2],
+}
+
+
+@pytest.mark.parametrize("name", sorted(KL_CASES))
+def test_kl_estimator_values(name):
+    out = core_algos.kl_penalty(t([[-1.0, -2.0]]), t([[-1.5, -1.0]]), name)
+    torch.testing.assert_close(out, t([KL_CASES[name]]))
+
+
+@pytest.mark.parametrize("name", sorted(KL_CASES))
+def test_kl_straight_through_keeps_value_and_takes_k2_gradient(name):
+    logprob = t([[-1.0, -2.0]]).requires_grad_(True)
+    out = core_algos.kl_penalty(logprob, t([[-1.5, -1.0]]), name + "+")
+    torch.testing.assert_close(out.detach(), t([KL_CASES[name]]))
+    out.sum().backward()
+    # d/dlogp of (logp - logq)^2 / 2 = d = [0.5, -1].
+    torch.testing.assert_close(logprob.grad, t([[0.5, -1.0]]))
+
+
+def test_low_var_kl_is_clamped_and_unknown_name_rejected():
+    # ref - logp = 30 -> clamped to 20 -> e^20 - 21 -> clamped to 10.
+    out = core_algos.kl_penalty(t([[-30.0]]), t([[0.0]]), "low_var_kl")
+    assert out.item() == 10.0
+    with pytest.raises(ValueError, match="expected one of"):
+        core_algos.kl_penalty(t([[0.0]]), t([[0.0]]), "k4")
+
+
+# ----------------------------------------------------------------------------- agg_loss / entropy
+# L = [[1,2,3],[4,5,6]], m = [[1,1,1],[1,0,0]]; masked sums: 6 and 4 (3 + 1 tokens, R = 3).
+AGG_CASES = {
+    "token-mean": 10 / 4,
+    "seq-mean-token-sum": (6 + 4) / 2,
+    "seq-mean-token-mean": (6 / 3 + 4 / 1) / 2,
+    "seq-mean-token-sum-norm": 10 / 3,
+}
+
+
+@pytest.mark.parametrize("mode", sorted(AGG_CASES))
+def test_agg_loss_modes(mode):
+    out = core_algos.agg_loss(t([[1, 2, 3], [4, 5, 6]]), t([[1, 1, 1], [1, 0, 0]]), mode)
+    assert out.item() == pytest.approx(AGG_CASES[mode])
+
+
+def test_agg_loss_rejects_unknown_mode():
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        core_algos.agg_loss(t([[1.0]]), t([[1.0]]), "token-sum")
+
+
+def test_entropy_loss_of_known_distributions():
+    # Row 0: uniform over 4 -> ln 4. Row 1: p = [1/4, 3/4, 0-ish...] via logits [0, ln 3, -inf-ish]
+    # -> -(1/4 ln 1/4 + 3/4 ln 3/4). Third token is masked.
+    logits = t([[[0, 0, 0, 0], [0, math.log(3), -1e4, -1e4], [5, 0, 0, 0]]])
+    expected = (math.log(4) + (0.25 * math.log(4) + 0.75 * math.log(4 / 3))) / 2
+    out = core_algos.compute_entropy_loss(logits, torch.tensor([[1, 1, 0]]))
+    assert out.item() == pytest.approx(expected)
+
+
+def test_masked_var_needs_two_elements():
+    with pytest.raises(ValueError, match="at least two"):
+        verl_F.masked_var(t([1.0, 2.0]), t([1.0, 0.0]))
+
+
+# ----------------------------------------------------------------------------- KL controllers / registries
+def test_adaptive_kl_controller_moves_towards_target():
+    ctrl = core_algos.get_kl_controller({"type": "adaptive", "kl_coef": 0.1, "target_kl": 1.0, "horizon": 100})
+    ctrl.update(current_kl=2.0, n_steps=10)  # error clipped to +0.2 -> x (1 + 0.2*10/100)
+    assert ctrl.value == pytest.approx(0.102)
+    ctrl.update(current_kl=0.5, n_steps=10)  # error -0.5 clipped to -0.2 -> x 0.98
+    assert ctrl.value == pytest.approx(0.102 * 0.98)
+    restored = core_algos.get_kl_controller({"type": "adaptive", "kl_coef": 0.1, "target_kl": 1.0, "horizon": 100})
+    restored.load_state_dict(ctrl.state_dict())
+    assert restored.value == ctrl.value
+
+
+def test_fixed_kl_controller_and_bad_type():
+    ctrl = core_algos.get_kl_controller({"type": "fixed", "kl_coef": 0.05})
+    ctrl.update(current_kl=9.0, n_steps=100)
+    assert ctrl.value == 0.05
+    with pytest.raises(ValueError, match="'fixed' or 'adaptive'"):
+        core_algos.get_kl_controller({"type": "pid"})
+
+
+def test_registries_list_builtins_and_reject_duplicates():
+    for est in core_algos.AdvantageEstimator:
+        assert callable(core_algos.get_adv_estimator_fn(est))
+    with pytest.raises(ValueError, match="unknown advantage estimator 'nope'"):
+        core_algos.get_adv_estimator_fn("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        core_algos.register_adv_est("grpo")(lambda **kw: None)
+    with pytest.raises(ValueError, match="unknown policy loss"):
+        core_algos.get_policy_loss_fn("nope")
+
+
+# ----------------------------------------------------------------------------- DataProto drivers
+def _batch(**tensors):
+    return DataProto.from_dict(tensors, {"uid": np.array(["a", "a", "b"], dtype=object)})
+
+
+def test_apply_kl_penalty_subtracts_beta_times_kl_on_mask():
+    # k1 per token = old - ref = [[0.5, 0.5], [1, (pad)], [0, 0]]; beta = 0.1.
+    # Per-sequence masked means 0.5, 1, 0 -> batch mean 0.5.
+    data = _batch(
+        token_level_scores=t([[0, 1], [0, 0], [1, 0]]),
+        old_log_probs=t([[-1, -1], [-1, -1], [-2, -2]]),
+        ref_log_prob=t([[-1.5, -1.5], [-2, -9], [-2, -2]]),
+        response_mask=torch.tensor([[1, 1], [1, 0], [1, 1]]),
+    )
+    ctrl = core_algos.FixedKLController(0.1)
+    data, metrics = apply_kl_penalty(data, ctrl, kl_penalty="kl")
+    torch.testing.assert_close(data.batch["token_level_rewards"], t([[-0.05, 0.95], [-0.1, 0], [1, 0]]))
+    assert metrics == {"actor/reward_kl_penalty": pytest.approx(0.5), "actor/reward_kl_penalty_coeff": 0.1}
+
+
+def test_compute_advantage_dispatches_on_dataproto_fields():
+    rewards = t([[0, 1], [0, 0], [0, 0.5]])
+    mask = torch.ones(3, 2, dtype=torch.long)
+    data = compute_advantage(_batch(token_level_rewards=rewards, response_mask=mask), "grpo")
+    expected, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, np.array(["a", "a", "b"], dtype=object))
+    torch.testing.assert_close(data.batch["advantages"], expected)
+
+    data = compute_advantage(
+        _batch(token_level_rewards=rewards, response_mask=mask, values=t([[0.1, 0.2]] * 3)),
+        core_algos.AdvantageEstimator.GAE,
+        gamma=1.0,
+        lam=1.0,
+    )
+    # gamma = lam = 1: returns = reward-to-go.
+    torch.testing.assert_close(data.batch["returns"], t([[1, 1], [0, 0], [0.5, 0.5]]))
+
+    data = compute_advantage(_batch(token_level_rewards=rewards, response_mask=mask), "rloo")
+    # Group a = {1, 0}: 1 - 0 = 1 and 0 - 1 = -1; group b alone keeps 0.5.
+    torch.testing.assert_close(data.batch["advantages"], t([[1, 1], [-1, -1], [0.5, 0.5]]))
+
+    with pytest.raises(DataProtoError, match="reward_baselines"):
+        compute_advantage(_batch(token_level_rewards=rewards, response_mask=mask), "remax")
+    with pytest.raises(DataProtoError, match="'values'"):
+        compute_advantage(_batch(token_level_rewards=rewards, response_mask=mask), "gae")
+
+
+def test_compute_advantage_uses_user_registered_estimator():
+    @core_algos.register_adv_est("test_sign_only")
+    def sign_only(token_level_rewards, response_mask, config=None, index=None):
+        sign = torch.sign(token_level_rewards.sum(-1, keepdim=True)) * response_mask
+        return sign, sign
+
+    try:
+        rewards = t([[0, 2], [0, -1], [0, 0]])
+        mask = torch.ones(3, 2, dtype=torch.long)
+        data = compute_advantage(_batch(token_level_rewards=rewards, response_mask=mask), "test_sign_only")
+        torch.testing.assert_close(data.batch["advantages"], t([[1, 1], [-1, -1], [0, 0]]))
+    finally:
+        core_algos.ADV_ESTIMATOR_REGISTRY.pop("test_sign_only")

@@ -1,0 +1,1 @@
+"""Benchmarks behind `verl bench`: kernels, reshard, rollout."""

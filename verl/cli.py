@@ -1,0 +1,78 @@
+"""The `verl` command line.
+
+Each subcommand lives in its own module and exposes ``main(argv) -> int``; this file only
+routes to them, importing a module when its command runs (so `verl --help` stays instant and a
+command's heavy imports are paid only by that command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Dict, List, Optional, Tuple
+
+import verl
+
+# command -> (module with main(argv), one-line help). Nested groups map a sub-command name too.
+COMMANDS: Dict[str, Tuple[str, str]] = {
+    "check-env": ("verl.utils.env_check", "report what this machine has for verl-hpc (exit 1 if a required part is missing)"),
+}
+GROUPS: Dict[str, Tuple[str, Dict[str, Tuple[str, str]]]] = {
+    "bench": ("benchmarks that print ratios against baselines measured in the same run", {
+        "kernels": ("verl.bench.kernels", "copy-program kernels vs memcpy and the naive per-segment path"),
+    }),
+    "data": ("prepare verl-format parquet datasets from local files", {
+        "arithmetic": ("verl.utils.dataset.arithmetic", "generate the arithmetic quickstart task and its tokenizer"),
+        "gsm8k": ("verl.utils.dataset.gsm8k", "convert a local GSM8K jsonl into verl parquet"),
+    }),
+}
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="verl",
+        description="verl-hpc: HybridFlow RL post-training on Megatron-core, SGLang and Slurm.",
+        epilog="Run `verl COMMAND --help` for a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"verl-hpc {verl.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    for name, (help_text, children) in GROUPS.items():
+        group = sub.add_parser(name, help=help_text)
+        group_sub = group.add_subparsers(dest="subcommand", metavar="SUBCOMMAND")
+        for child, (_, child_help) in children.items():
+            group_sub.add_parser(child, help=child_help, add_help=False)
+    return parser
+
+
+def _run(module: str, argv: List[str]) -> int:
+    return int(importlib.import_module(module).main(argv) or 0)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _build_parser()
+    if not argv or argv[0] in ("-h", "--help", "--version"):
+        parser.parse_args(argv or ["--help"])
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command in COMMANDS:
+        return _run(COMMANDS[command][0], rest)
+    if command in GROUPS:
+        children = GROUPS[command][1]
+        if rest and rest[0] in children:
+            return _run(children[rest[0]][0], rest[1:])
+        if not rest or rest[0] in ("-h", "--help"):
+            parser.parse_args([command, "--help"])
+            return 0
+        print(f"verl {command}: expected one of {', '.join(children)}, found {rest[0]!r}", file=sys.stderr)
+        return 2
+    known = ", ".join(list(COMMANDS) + list(GROUPS))
+    print(f"verl: expected a command ({known}), found {command!r}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The SGLang rollout layout: which tensors a rollout TP rank holds, their shapes, and their order.
+
+This is the layout SGLang 0.5.x builds for Qwen2/Llama (stacked ``qkv_proj`` and ``gate_up_proj``,
+vocab padded to a multiple of 64 and split across TP ranks). The embedded native engine allocates
+exactly these tensors as views of one flat buffer, in this order, so a single reshard serves both
+engines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Tuple, Union
+
+from verl.hybrid_engine.layouts import ParamLayout, Replicate, Shard, hf_tensor_shapes, local_shape
+from verl.models.config import ModelConfig
+
+SGLANG_VOCAB_PADDING = 64
+
+
+class RolloutLayoutError(ValueError):
+    """A rollout TP size the model cannot be split over."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutParamSpec:
+    name: str  # HF-style name as SGLang's model holds it, e.g. model.layers.0.self_attn.qkv_proj.weight
+    shape: Tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def padded_vocab_size(vocab_size: int) -> int:
+    return -(-vocab_size // SGLANG_VOCAB_PADDING) * SGLANG_VOCAB_PADDING
+
+
+def kv_heads_per_rank(config: ModelConfig, tp_size: int) -> int:
+    """KV heads on one rollout rank: a shard when tp <= kv heads, else one replicated head."""
+    return max(1, config.num_key_value_heads // tp_size)
+
+
+def kv_head_of_rank(config: ModelConfig, tp_size: int, tp_rank: int) -> int:
+    """First KV head held by ``tp_rank`` (SGLang replicates heads over tp // kv_heads ranks)."""
+    if tp_size <= config.num_key_value_heads:
+        return tp_rank * (config.num_key_value_heads // tp_size)
+    return tp_rank // (tp_size // config.num_key_value_heads)
+
+
+def check_rollout_tp(config: ModelConfig, tp_size: int) -> None:
+    if tp_size <= 0:
+        raise RolloutLayoutError(f"rollout tp: expected a positive integer, found {tp_size}")
+    problems = []
+    if config.num_attention_heads % tp_size:
+        problems.append(f"num_attention_heads={config.num_attention_heads}")
+    kv = config.num_key_value_heads
+    if (kv % tp_size) if tp_size <= kv else (tp_size % kv):
+        problems.append(f"num_key_value_heads={kv} (tp must divide it or be a multiple of it)")
+    if config.intermediate_size % tp_size:
+        problems.append(f"intermediate_size={config.intermediate_size}")
+    if padded_vocab_size(config.vocab_size) % tp_size:
+        problems.append(f"padded vocab {padded_vocab_size(config.vocab_size)}")
+    if problems:
+        raise RolloutLayoutError(f"rollout tp={tp_size} does not divide " + ", ".join(problems))
+
+
+def kv_placement(config: ModelConfig, tp_size: int) -> Union[Shard, Replicate]:
+    """k/v rows over rollout TP: sharded by head, each head on ``tp // kv_heads`` ranks when tp > kv heads."""
+    kv = config.num_key_value_heads
+    return Shard(0) if tp_size <= kv else Shard(0, replicas=tp_size // kv)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutLayout:
+    """SGLang (p_g = 1, t_g, d_g): every rollout rank holds all layers; tp shards as below."""
+
+    tp: int
+
+    def params(self, config: ModelConfig) -> List[ParamLayout]:
+        """Every parameter of a rollout TP rank, in flat-buffer order, as placement data."""
+        check_rollout_tp(config, self.tp)
+        vocab = padded_vocab_size(config.vocab_size)
+        kv = kv_placement(config, self.tp)
+        out = [ParamLayout("model.embed_tokens.weight", ("model.embed_tokens.weight",), Shard(0), padded_rows=vocab)]
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            qkv = tuple(p + f"self_attn.{x}_proj" for x in "qkv")
+            out.append(ParamLayout(p + "input_layernorm.weight", (p + "input_layernorm.weight",), Replicate()))
+            out.append(ParamLayout(p + "self_attn.qkv_proj.weight", tuple(x + ".weight" for x in qkv),
+                                   (Shard(0), kv, kv)))
+            if config.attention_bias:
+                out.append(ParamLayout(p + "self_attn.qkv_proj.bias", tuple(x + ".bias" for x in qkv),
+                                       (Shard(0), kv, kv)))
+            out.append(ParamLayout(p + "self_attn.o_proj.weight", (p + "self_attn.o_proj.weight",), Shard(1)))
+            out.append(ParamLayout(p + "post_attention_layernorm.weight", (p + "post_attention_layernorm.weight",),
+                                   Replicate()))
+            out.append(ParamLayout(p + "mlp.gate_up_proj.weight", (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                                   Shard(0)))
+            out.append(ParamLayout(p + "mlp.down_proj.weight", (p + "mlp.down_proj.weight",), Shard(1)))
+        out.append(ParamLayout("model.norm.weight", ("model.norm.weight",), Replicate()))
+        if not config.tie_word_embeddings:
+            out.append(ParamLayout("lm_head.weight", ("lm_head.weight",), Shard(0), padded_rows=vocab))
+        return out
+
+
+def rollout_param_specs(config: ModelConfig, tp_size: int, tp_rank: int) -> List[RolloutParamSpec]:
+    """Every tensor rollout rank ``tp_rank`` of ``tp_size`` holds, in flat-buffer order.
+
+    Per rank (G = tp_size): ``qkv_proj`` rows are [q heads of the rank; its k heads; its v heads];
+    ``gate_up_proj`` rows are [gate shard; up shard]; ``o_proj``/``down_proj`` are split on the input
+    dim; ``embed_tokens``/``lm_head`` hold rows [r*Vp/G, (r+1)*Vp/G) of the table padded to Vp.
+    ``lm_head`` is absent when embeddings are tied (the engine reuses ``embed_tokens``).
+    """
+    params = RolloutLayout(tp_size).params(config)
+    if not 0 <= tp_rank < tp_size:
+        raise RolloutLayoutError(f"rollout tp rank: expected 0 <= rank < {tp_size}, found {tp_rank}")
+    shapes = hf_tensor_shapes(config)
+    return [RolloutParamSpec(p.name, local_shape(p, shapes, tp_size, tp_rank)) for p in params]

@@ -1,0 +1,101 @@
+"""The HF-style model config every component shares (Megatron builder, reshard planner, rollout).
+
+Only the decoder-only families the project supports (Qwen2, Llama) are accepted; the config is
+validated once, at load, with messages that name the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+
+
+class ModelConfigError(ValueError):
+    """An HF config.json the project cannot build a model from."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    tie_word_embeddings: bool
+    attention_bias: bool  # qkv bias: always on for Qwen2, `attention_bias` for Llama
+
+    def __post_init__(self):
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ModelConfigError(
+                f"model_type: expected one of {SUPPORTED_MODEL_TYPES}, found {self.model_type!r}"
+            )
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value <= 0:
+                raise ModelConfigError(f"{key}: expected a positive integer, found {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ModelConfigError(
+                f"num_key_value_heads: expected a divisor of num_attention_heads="
+                f"{self.num_attention_heads}, found {self.num_key_value_heads}"
+            )
+
+    @property
+    def num_query_groups(self) -> int:
+        return self.num_key_value_heads
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
+        model_type = cfg.get("model_type")
+        try:
+            heads = int(cfg["num_attention_heads"])
+            hidden = int(cfg["hidden_size"])
+            head_dim = cfg.get("head_dim") or hidden // heads
+            return cls(
+                model_type=model_type,
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_hidden_layers=int(cfg["num_hidden_layers"]),
+                num_attention_heads=heads,
+                num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(head_dim),
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(cfg.get("rope_theta", 10000.0)),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                attention_bias=True if model_type == "qwen2" else bool(cfg.get("attention_bias", False)),
+            )
+        except KeyError as exc:
+            raise ModelConfigError(f"model config: required key {exc.args[0]!r} is missing") from None
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> "ModelConfig":
+        """Load from an HF model directory or a config.json path."""
+        file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+        if not os.path.isfile(file):
+            raise ModelConfigError(f"model config: expected {file} to exist, found nothing")
+        with open(file, encoding="utf-8") as fh:
+            try:
+                cfg = json.load(fh)
+            except json.JSONDecodeError as exc:
+                raise ModelConfigError(f"model config: {file} is not valid JSON ({exc.msg})") from None
+        return cls.from_dict(cfg)

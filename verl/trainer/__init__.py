@@ -1,0 +1,1 @@
+"""Trainers: the single-controller RL dataflow and its algorithms."""

@@ -1,0 +1,1 @@
+"""PPO-family algorithms: advantage estimators, losses, KL control."""

@@ -1,0 +1,1 @@
+"""Shared utilities: tensor helpers, datasets, reward functions."""

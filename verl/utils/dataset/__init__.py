@@ -1,0 +1,1 @@
+"""Prompt datasets in verl's parquet format and the tools that generate them."""

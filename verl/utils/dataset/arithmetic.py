@@ -1,0 +1,113 @@
+"""The quickstart task: two-digit arithmetic prompts (``37+48=``) with exact-match answers.
+
+``verl data arithmetic --out DIR`` writes verl-format ``train.parquet``/``test.parquet`` (disjoint
+problems, seeded) and a character-level tokenizer in HF format under ``DIR/tokenizer``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from verl.utils.dataset.errors import DatasetError
+
+DATA_SOURCE = "arithmetic"
+SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>"}
+# Ids 0-3 are the specials (pad first, so a zero-initialised buffer is padding), then the characters.
+CHARACTERS = list("0123456789+-=*/() \n")
+
+
+def generate_problems(
+    num_train: int, num_test: int, seed: int = 0, ops: str = "+", low: int = 10, high: int = 99
+) -> tuple[list[tuple[int, str, int]], list[tuple[int, str, int]]]:
+    """Disjoint (a, op, b) problems with a, b in [low, high]: (train, test), shuffled with ``seed``."""
+    unknown = sorted(set(ops) - {"+", "-"})
+    if not ops or unknown:
+        raise DatasetError(f"arithmetic: expected ops made of '+' and '-', found {ops!r}")
+    if low > high:
+        raise DatasetError(f"arithmetic: expected low <= high, found low={low} high={high}")
+    problems = [(a, op, b) for op in dict.fromkeys(ops) for a in range(low, high + 1) for b in range(low, high + 1)]
+    if num_train < 1 or num_test < 1 or num_train + num_test > len(problems):
+        raise DatasetError(
+            f"arithmetic: expected 1 <= num_train, 1 <= num_test and num_train + num_test <= {len(problems)} "
+            f"distinct problems, found num_train={num_train} num_test={num_test}"
+        )
+    random.Random(seed).shuffle(problems)
+    return problems[:num_train], problems[num_train : num_train + num_test]
+
+
+def answer_of(a: int, op: str, b: int) -> int:
+    return a + b if op == "+" else a - b
+
+
+def make_row(problem: tuple[int, str, int], split: str, index: int) -> dict:
+    """One verl-format row: data_source, prompt (chat messages), ability, reward_model, extra_info."""
+    a, op, b = problem
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": f"{a}{op}{b}="}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(answer_of(a, op, b))},
+        "extra_info": {"split": split, "index": index},
+    }
+
+
+def write_parquet(rows: list[dict], path: str) -> None:
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def build_char_tokenizer(out_dir: str) -> str:
+    """Save a character-level tokenizer (one token per character of CHARACTERS) in HF format.
+
+    Writes tokenizer.json, tokenizer_config.json and special_tokens_map.json so that
+    ``AutoTokenizer.from_pretrained(out_dir)`` loads it with pad/bos/eos set. Returns out_dir.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS.values())}
+    for ch in CHARACTERS:
+        vocab[ch] = len(vocab)
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL_TOKENS["unk_token"]))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # every char is a token
+    tokenizer.decoder = decoders.Fuse()  # join characters back without spaces
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS.values()))
+
+    os.makedirs(out_dir, exist_ok=True)
+    tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **SPECIAL_TOKENS,
+        "model_max_length": 512,
+        "clean_up_tokenization_spaces": False,
+    }
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    with open(os.path.join(out_dir, "special_tokens_map.json"), "w") as f:
+        json.dump(SPECIAL_TOKENS, f, indent=2)
+    return out_dir
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``verl data arithmetic --out DIR``: parquet splits + tokenizer. Returns 0."""
+    parser = argparse.ArgumentParser(prog="verl data arithmetic", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--num-train", type=int, default=4000)
+    parser.add_argument("--num-test", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ops", default="+", help="operators to use, e.g. '+' or '+-'")
+    parser.add_argument("--tokenizer-out", default=None, help="tokenizer directory (default: OUT/tokenizer)")
+    args = parser.parse_args(argv)
+
+    train, test = generate_problems(args.num_train, args.num_test, args.seed, args.ops)
+    os.makedirs(args.out, exist_ok=True)
+    write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], os.path.join(args.out, "train.parquet"))
+    write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(args.out, "test.parquet"))
+    tokenizer_dir = build_char_tokenizer(args.tokenizer_out or os.path.join(args.out, "tokenizer"))
+    print(f"arithmetic: {len(train)} train / {len(test)} test problems -> {args.out}; tokenizer -> {tokenizer_dir}")
+    return 0

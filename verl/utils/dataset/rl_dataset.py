@@ -1,0 +1,202 @@
+"""Parquet prompt dataset in verl's format, a seeded resumable sampler, and the batch collate_fn.
+
+Columns: ``data_source``, ``prompt`` (list of chat messages ``{"role", "content"}``), ``ability``,
+``reward_model`` (with ``ground_truth``), ``extra_info``. Each item holds left-padded
+``input_ids``/``attention_mask``/``position_ids`` [max_prompt_length] and the non-tensor fields.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from verl.utils.dataset.errors import DatasetError
+
+REQUIRED_COLUMNS = ("data_source", "reward_model")
+TRUNCATION_MODES = ("error", "left", "right")
+
+
+def _cfg(config: Any, key: str, default: Any) -> Any:
+    if config is None:
+        return default
+    if isinstance(config, dict) or hasattr(config, "get"):
+        return config.get(key, default)
+    return getattr(config, key, default)
+
+
+def compute_position_id_with_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Positions counting only attended tokens (left padding gets 0): [..., L] -> [..., L]."""
+    return torch.clamp(torch.cumsum(mask, dim=-1) - 1, min=0)
+
+
+class RLHFDataset(Dataset):
+    """Prompts from one or more parquet files, tokenised and left-padded to ``max_prompt_length``.
+
+    config keys (verl's ``data.*``): ``prompt_key`` ("prompt"), ``max_prompt_length`` (512),
+    ``truncation`` ("error" | "left" keeps the last tokens | "right" keeps the first tokens),
+    ``filter_overlong_prompts`` (False; drops prompts longer than max_prompt_length at load and
+    reports the count in ``num_filtered``).
+    The prompt text is the tokenizer's chat template applied to the messages (with the generation
+    prompt) when the tokenizer has one, else the message contents concatenated.
+    """
+
+    def __init__(self, data_files: str | Sequence[str], tokenizer: Any, config: Any = None):
+        self.tokenizer = tokenizer
+        self.prompt_key = _cfg(config, "prompt_key", "prompt")
+        self.max_prompt_length = int(_cfg(config, "max_prompt_length", 512))
+        self.truncation = _cfg(config, "truncation", "error")
+        self.filter_overlong_prompts = bool(_cfg(config, "filter_overlong_prompts", False))
+        if self.truncation not in TRUNCATION_MODES:
+            raise DatasetError(f"data.truncation: expected one of {list(TRUNCATION_MODES)}, found {self.truncation!r}")
+        if self.max_prompt_length < 1:
+            raise DatasetError(f"data.max_prompt_length: expected >= 1, found {self.max_prompt_length}")
+        if tokenizer.pad_token_id is None:
+            raise DatasetError("RLHFDataset: expected a tokenizer with a pad token, found pad_token_id=None")
+
+        self.data_files = [data_files] if isinstance(data_files, str) else list(data_files)
+        self.rows: list[dict] = []
+        for path in self.data_files:
+            self.rows.extend(self._read(path))
+
+        self.num_filtered = 0
+        if self.filter_overlong_prompts:
+            kept = [row for row in self.rows if len(self._prompt_ids(row)) <= self.max_prompt_length]
+            self.num_filtered = len(self.rows) - len(kept)
+            self.rows = kept
+            print(
+                f"RLHFDataset: filtered {self.num_filtered} prompts longer than max_prompt_length="
+                f"{self.max_prompt_length}; {len(self.rows)} remain"
+            )
+
+    def _read(self, path: str) -> list[dict]:
+        try:
+            table = pq.read_table(path)
+        except (OSError, ValueError) as err:
+            raise DatasetError(f"RLHFDataset: cannot read parquet file {path}: {err}") from None
+        missing = [c for c in (self.prompt_key,) + REQUIRED_COLUMNS if c not in table.column_names]
+        if missing:
+            raise DatasetError(f"RLHFDataset: {path} lacks columns {missing}; found {table.column_names}")
+        return table.to_pylist()
+
+    def prompt_text(self, row: dict) -> str:
+        messages = row[self.prompt_key]
+        if isinstance(messages, str):
+            return messages
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return "".join(message["content"] for message in messages)
+
+    def _prompt_ids(self, row: dict) -> list[int]:
+        return list(self.tokenizer(self.prompt_text(row), add_special_tokens=False)["input_ids"])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        row = self.rows[index]
+        ids = self._prompt_ids(row)
+        if len(ids) > self.max_prompt_length:
+            if self.truncation == "left":
+                ids = ids[-self.max_prompt_length :]
+            elif self.truncation == "right":
+                ids = ids[: self.max_prompt_length]
+            else:
+                raise DatasetError(
+                    f"RLHFDataset: prompt {index} has {len(ids)} tokens, expected <= max_prompt_length="
+                    f"{self.max_prompt_length}; set data.truncation=left|right or data.filter_overlong_prompts=True"
+                )
+        pad = self.max_prompt_length - len(ids)
+        input_ids = torch.tensor([self.tokenizer.pad_token_id] * pad + ids, dtype=torch.long)
+        attention_mask = torch.tensor([0] * pad + [1] * len(ids), dtype=torch.long)
+        extra_info = row.get("extra_info") or {}
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": compute_position_id_with_mask(attention_mask),
+            "raw_prompt_ids": ids,
+            "data_source": row["data_source"],
+            "ability": row.get("ability"),
+            "reward_model": row["reward_model"],
+            "extra_info": extra_info,
+            "index": extra_info.get("index", index) if isinstance(extra_info, dict) else index,
+        }
+
+
+class ResumableSampler(Sampler[int]):
+    """Sequential or seeded-shuffled indices whose position survives a checkpoint.
+
+    Epoch e uses the permutation seeded by ``seed + e``; ``state_dict`` records (epoch, position).
+    The position counts indices handed out, so checkpoint it with a DataLoader that does not
+    prefetch (num_workers=0) to match the batches actually consumed.
+    """
+
+    def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0):
+        self.num_samples = num_samples
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0
+
+    def _order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_samples))
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(self.num_samples, generator=generator).tolist()
+
+    def __iter__(self):
+        order = self._order(self.epoch)
+        while self.position < self.num_samples:
+            index = order[self.position]
+            self.position += 1
+            yield index
+        self.epoch += 1
+        self.position = 0
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def state_dict(self) -> dict:
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "num_samples": self.num_samples,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("seed", "shuffle", "num_samples"):
+            if state[key] != getattr(self, key):
+                raise DatasetError(
+                    f"sampler state: expected {key}={getattr(self, key)!r} (this dataset/config), "
+                    f"found {state[key]!r} in the checkpoint"
+                )
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+def create_rl_sampler(data_config: Any, dataset: Dataset) -> ResumableSampler:
+    """Sampler for ``data.shuffle`` (True) and ``data.seed`` (1)."""
+    return ResumableSampler(
+        len(dataset), shuffle=bool(_cfg(data_config, "shuffle", True)), seed=int(_cfg(data_config, "seed", 1))
+    )
+
+
+def collate_fn(data_list: list[dict]) -> dict:
+    """Stack tensors into [B, ...]; gather every other field into a length-B numpy object array."""
+    tensors: dict[str, list] = defaultdict(list)
+    non_tensors: dict[str, list] = defaultdict(list)
+    for item in data_list:
+        for key, value in item.items():
+            (tensors if isinstance(value, torch.Tensor) else non_tensors)[key].append(value)
+    batch: dict[str, Any] = {key: torch.stack(values, dim=0) for key, values in tensors.items()}
+    for key, values in non_tensors.items():
+        array = np.empty(len(values), dtype=object)
+        for i, value in enumerate(values):
+            array[i] = value
+        batch[key] = array
+    return batch

@@ -1,0 +1,1 @@
+"""Workers of the RL dataflow (actor, critic, rollout, reward)."""

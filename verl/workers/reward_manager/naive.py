@@ -1,0 +1,89 @@
+"""NaiveRewardManager: rule-based scores for each response, placed on its last valid token."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Callable
+
+import torch
+
+from verl.protocol import DataProto, DataProtoError
+from verl.utils.reward_score import default_compute_score
+
+
+class NaiveRewardManager:
+    """Decode each response, call ``compute_score`` and build ``token_level_scores`` [B, R].
+
+    Reads ``prompts`` [B, P], ``responses`` [B, R], ``attention_mask`` [B, P + R] (left-padded
+    prompt, right-padded response) and the non-tensor fields ``reward_model`` (``ground_truth``),
+    ``data_source`` (or ``reward_fn_key``) and optional ``extra_info``. A score may be a number or a
+    dict with a ``score`` key; every key of such dicts is collected into ``reward_extra_info``.
+    ``num_examine`` samples per data source are printed for debugging.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        num_examine: int = 0,
+        compute_score: Callable | None = None,
+        reward_fn_key: str = "data_source",
+    ):
+        self.tokenizer = tokenizer
+        self.num_examine = num_examine
+        self.compute_score = compute_score or default_compute_score
+        self.reward_fn_key = reward_fn_key
+
+    def __call__(self, data: DataProto, return_dict: bool = False):
+        """Returns ``reward_tensor`` [B, R] (float32), or with ``return_dict`` a dict
+        ``{"reward_tensor": ..., "reward_extra_info": {key: list of B values}}``."""
+        if "rm_scores" in data.batch:  # a reward model already scored this batch
+            scores = data.batch["rm_scores"]
+            return {"reward_tensor": scores, "reward_extra_info": {}} if return_dict else scores
+        missing = [k for k in ("prompts", "responses", "attention_mask") if k not in data.batch]
+        missing += [k for k in ("reward_model", self.reward_fn_key) if k not in data.non_tensor_batch]
+        if missing:
+            raise DataProtoError(
+                f"NaiveRewardManager: expected fields {missing}, found only "
+                f"{sorted(data.batch) + sorted(data.non_tensor_batch)}"
+            )
+
+        responses = data.batch["responses"]
+        prompt_length = data.batch["prompts"].shape[-1]
+        prompt_lengths = data.batch["attention_mask"][:, :prompt_length].sum(dim=-1).tolist()
+        response_lengths = data.batch["attention_mask"][:, prompt_length:].sum(dim=-1).tolist()
+        reward_tensor = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
+        reward_extra_info: dict[str, list] = defaultdict(list)
+        printed: dict[str, int] = defaultdict(int)
+
+        for i in range(len(data)):
+            valid_prompt = data.batch["prompts"][i, prompt_length - int(prompt_lengths[i]) :]
+            response_length = int(response_lengths[i])
+            response_str = self.tokenizer.decode(responses[i, :response_length].tolist(), skip_special_tokens=True)
+            ground_truth = data.non_tensor_batch["reward_model"][i]["ground_truth"]
+            data_source = data.non_tensor_batch[self.reward_fn_key][i]
+            extra_info = data.non_tensor_batch["extra_info"][i] if "extra_info" in data.non_tensor_batch else None
+            result = self.compute_score(
+                data_source=data_source, solution_str=response_str, ground_truth=ground_truth, extra_info=extra_info
+            )
+            if isinstance(result, dict):
+                if "score" not in result:
+                    raise ValueError(f"compute_score returned a dict without 'score'; found keys {sorted(result)}")
+                score = result["score"]
+                for key, value in result.items():
+                    reward_extra_info[key].append(value)
+            else:
+                score = result
+            # An empty response has no token to carry a reward; its score is still reported.
+            if response_length > 0:
+                reward_tensor[i, response_length - 1] = float(score)
+
+            if printed[data_source] < self.num_examine:
+                printed[data_source] += 1
+                prompt_str = self.tokenizer.decode(valid_prompt.tolist(), skip_special_tokens=True)
+                print(
+                    f"[prompt] {prompt_str}\n[response] {response_str}\n[ground_truth] {ground_truth}\n[score] {result}"
+                )
+
+        if return_dict:
+            return {"reward_tensor": reward_tensor, "reward_extra_info": dict(reward_extra_info)}
+        return reward_tensor
