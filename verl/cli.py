@@ -21,6 +21,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
 GROUPS: Dict[str, Tuple[str, Dict[str, Tuple[str, str]]]] = {
     "bench": ("benchmarks that print ratios against baselines measured in the same run", {
         "kernels": ("verl.bench.kernels", "copy-program kernels vs memcpy and the naive per-segment path"),
+        "reshard": ("verl.bench.reshard", "3D-HybridEngine reshard on N local ranks vs memcpy and the naive gather path"),
     }),
     "data": ("prepare verl-format parquet datasets from local files", {
         "arithmetic": ("verl.utils.dataset.arithmetic", "generate the arithmetic quickstart task and its tokenizer"),

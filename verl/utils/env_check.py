@@ -95,6 +95,11 @@ def check_extension() -> List[Check]:
 
 def check_mpi() -> Check:
     try:
+        import mpi4py
+
+        # Load the MPI library without MPI_Init: initialising outside a launcher can abort.
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
         from mpi4py import MPI
 
         library = MPI.Get_library_version().strip().splitlines()[0]

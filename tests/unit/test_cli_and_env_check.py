@@ -1,0 +1,77 @@
+"""The `verl` console script and `verl check-env`."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import verl
+from verl.cli import main as verl_main
+from verl.utils import env_check
+
+VERL = [sys.executable, "-m", "verl.cli"]
+
+
+def test_version_and_help():
+    out = subprocess.run(VERL + ["--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"verl-hpc {verl.__version__}"
+    out = subprocess.run(VERL + ["--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    for command in ("check-env", "bench", "data"):
+        assert command in out.stdout
+
+
+def test_unknown_command_is_one_line_exit_2(capsys):
+    assert verl_main(["frobnicate"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expected a command" in err[0] and "'frobnicate'" in err[0]
+    assert verl_main(["bench", "nope"]) == 2
+    assert "expected one of" in capsys.readouterr().err
+
+
+def test_check_env_all_required_present():
+    buf = io.StringIO()
+    assert env_check.check_env(buf) == 0
+    text = buf.getvalue()
+    for name in ("python", "torch", "megatron-core", "verl._C (cpu)", "mpi4py", "slurm", "sglang", "apex", "nvcc", "gpus"):
+        assert any(line.split("]", 1)[1].strip().startswith(name) for line in text.splitlines()), name
+    assert all(line[:3] in ("[✓]", "[!]", "[✗]") for line in text.splitlines())
+
+
+def test_check_env_without_slurm_on_path_prints_the_fix(tmp_path):
+    env = dict(os.environ, PATH=str(tmp_path))  # an empty PATH: no Slurm, no nvcc on PATH
+    out = subprocess.run([sys.executable, "-m", "verl.cli", "check-env"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    slurm = [line for line in out.stdout.splitlines() if "] slurm" in line]
+    assert slurm and slurm[0].startswith("[✗]"), out.stdout
+    assert "fix: apt-get install -y slurm-client" in slurm[0]
+    assert out.returncode == 0  # Slurm is optional for the CPU quickstart
+
+
+def test_check_env_missing_required_component_exits_1(monkeypatch):
+    monkeypatch.setattr(env_check, "check_megatron", lambda: env_check.Check(
+        env_check.FAIL, "megatron-core", "not importable", fix='pip install "megatron-core>=0.16.1"', required=True))
+    monkeypatch.setattr(env_check, "CHECKS", [env_check.check_python, env_check.check_megatron])
+    buf = io.StringIO()
+    assert env_check.check_env(buf) == 1
+    assert '[✗] megatron-core' in buf.getvalue() and 'fix: pip install "megatron-core>=0.16.1"' in buf.getvalue()
+
+
+def test_bench_kernels_cli_writes_every_field(tmp_path):
+    path = tmp_path / "k.json"
+    assert verl_main(["bench", "kernels", "--sizes-mb", "1", "--repeats", "1", "--json", str(path)]) == 0
+    records = json.loads(path.read_text())
+    assert {r["case"].split("/")[0] for r in records} >= {"qkv_regroup", "gate_up_split", "row_parallel_interleave",
+                                                          "vocab_padding_shift", "per_head_bucket"}
+    for r in records:
+        assert set(r) >= {"case", "bytes", "seconds", "memcpy_seconds", "naive_seconds", "ratio_vs_memcpy",
+                          "speedup_vs_naive"}
+        assert r["ratio_vs_memcpy"] == pytest.approx(r["memcpy_seconds"] / r["seconds"])
+
+
+def test_bench_kernels_bad_sizes_exit_2(capsys):
+    assert verl_main(["bench", "kernels", "--sizes-mb", "big"]) == 2
+    assert "--sizes-mb expects integers" in capsys.readouterr().err

@@ -1,0 +1,193 @@
+"""Runs a :class:`ReshardPlan` over torch.distributed, writing straight into the rollout flat buffer.
+
+Storage: the training parameters are views of one flat per-rank buffer (offsets by name), the
+rollout parameters are views of one flat buffer in ``rollout_param_specs`` order. Binding resolves
+the plan's logical segments into int64 copy programs once and validates them once; a transition
+then runs, per bucket, pack -> collective -> unpack with the compiled op, in a scratch buffer of the
+largest bucket (the only extra memory). The rollout buffer can be released after generation and
+reacquired before the next transition; the training weights never move.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from verl.hybrid_engine.groups import ReshardGroups
+from verl.hybrid_engine.planner import ALL_GATHER, Bucket, ReshardPlan, Segment
+from verl.ops.copy_program import make_program, run_copy_program, validate_program
+
+METRIC_SECONDS = "timing_s/reshard"
+METRIC_BYTES = "perf/reshard_bytes"
+METRIC_PEAK_EXTRA_MB = "perf/reshard_peak_extra_mb"
+
+
+class ReshardBindError(ValueError):
+    """A plan that does not match the buffers it is bound to."""
+
+
+def flat_offsets(specs: Iterable[Tuple[str, Sequence[int]]]) -> Tuple[Dict[str, int], int]:
+    """Element offset of each (name, shape) laid out back to back, and the total size."""
+    offsets, total = {}, 0
+    for name, shape in specs:
+        offsets[name] = total
+        n = 1
+        for s in shape:
+            n *= s
+        total += n
+    return offsets, total
+
+
+def offsets_from_views(flat: torch.Tensor, params: Mapping[str, torch.Tensor]) -> Dict[str, int]:
+    """Offsets of parameters that are contiguous views of ``flat`` (e.g. Megatron's param buffer)."""
+    base, size = flat.data_ptr(), flat.element_size()
+    out = {}
+    for name, t in params.items():
+        delta = t.data_ptr() - base
+        if t.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr() or not t.is_contiguous() \
+                or delta % size or not 0 <= delta // size <= flat.numel() - t.numel():
+            raise ReshardBindError(f"{name}: expected a contiguous view of the flat training buffer, found a separate tensor")
+        out[name] = delta // size
+    return out
+
+
+@dataclasses.dataclass
+class _BoundBucket:
+    bucket: Bucket
+    pack: torch.Tensor
+    unpack: torch.Tensor
+
+
+def _program(segments: Sequence[Segment], src_offsets: Optional[Mapping[str, int]],
+             dst_offsets: Optional[Mapping[str, int]], src_numel: int, dst_numel: int, what: str) -> torch.Tensor:
+    rows = []
+    for seg in segments:
+        try:
+            src = seg.src_offset + (src_offsets[seg.src_param] if seg.src_param is not None else 0)
+            dst = seg.dst_offset + (dst_offsets[seg.dst_param] if seg.dst_param is not None else 0)
+        except KeyError as exc:
+            raise ReshardBindError(f"{what}: plan names parameter {exc.args[0]!r}, not found in the bound buffer") from None
+        rows.append((src, dst, seg.rows, seg.row_elems, seg.src_stride, seg.dst_stride))
+    program = make_program(rows)
+    validate_program(program, src_numel, dst_numel)
+    return program
+
+
+@dataclasses.dataclass(frozen=True)
+class ReshardStats:
+    seconds: float
+    bytes_sent: int
+    bytes_received: int
+    peak_extra_bytes: int
+    copy_seconds: float = 0.0         # pack + unpack + local copies
+    collective_seconds: float = 0.0
+
+    def metrics(self) -> Dict[str, float]:
+        return {METRIC_SECONDS: self.seconds, METRIC_BYTES: float(self.bytes_received),
+                METRIC_PEAK_EXTRA_MB: self.peak_extra_bytes / 2**20}
+
+
+class ReshardProcessGroups:
+    """The process groups a plan's collectives run on; every rank must create them together."""
+
+    def __init__(self, groups: ReshardGroups):
+        self._groups = {}
+        for ranks in groups.micro_dp_groups:  # same order on every rank, as new_group requires
+            self._groups[ranks] = dist.new_group(list(ranks)) if len(ranks) < dist.get_world_size() else None
+
+    def get(self, ranks: Tuple[int, ...]):
+        if len(ranks) == dist.get_world_size():
+            return None  # the default (world) group
+        return self._groups[ranks]
+
+
+class ReshardExecutor:
+    """Moves training weights into the rollout buffer on this rank, following ``plan``."""
+
+    def __init__(self, plan: ReshardPlan, training_flat: torch.Tensor, training_offsets: Mapping[str, int],
+                 rollout_specs: Sequence[Tuple[str, Sequence[int]]], process_groups: ReshardProcessGroups):
+        if training_flat.dim() != 1 or not training_flat.is_contiguous():
+            raise ReshardBindError(f"training buffer: expected a contiguous 1-D tensor, found shape {tuple(training_flat.shape)}")
+        if training_flat.element_size() != plan.element_size:
+            raise ReshardBindError(f"training buffer: expected {plan.dtype} elements ({plan.element_size} bytes), "
+                                   f"found {training_flat.dtype}")
+        self.plan = plan
+        self.training_flat = training_flat
+        self.rollout_specs = [(name, tuple(shape)) for name, shape in rollout_specs]
+        self.rollout_offsets, self.rollout_numel = flat_offsets(self.rollout_specs)
+        self.process_groups = process_groups
+        self.rollout_flat: Optional[torch.Tensor] = None
+        train_numel = training_flat.numel()
+        self._local = _program(plan.local, training_offsets, self.rollout_offsets, train_numel, self.rollout_numel,
+                               "local copies")
+        self._buckets: List[_BoundBucket] = []
+        for b in plan.buckets:
+            send_numel = b.recv_elems if b.collective == ALL_GATHER else b.send_elems
+            pack = _program(b.pack, training_offsets, None, train_numel, send_numel, f"bucket {b.index} pack")
+            unpack = _program(b.unpack, None, self.rollout_offsets, b.recv_elems, self.rollout_numel,
+                              f"bucket {b.index} unpack")
+            self._buckets.append(_BoundBucket(b, pack, unpack))
+        self._scratch_numel = max((b.extra_elems for b in plan.buckets), default=0)
+
+    # -- rollout buffer lifetime --------------------------------------------------------------
+    def acquire(self) -> torch.Tensor:
+        """Allocate the rollout buffer (padding rows zeroed); idempotent."""
+        if self.rollout_flat is None:
+            flat = torch.empty(self.rollout_numel, dtype=self.training_flat.dtype, device=self.training_flat.device)
+            for name, offset, numel in self.plan.zero_fill:
+                start = self.rollout_offsets[name] + offset
+                flat[start:start + numel].zero_()
+            self.rollout_flat = flat
+        return self.rollout_flat
+
+    def release(self) -> None:
+        """Drop the rollout buffer (after generation); the training weights are untouched."""
+        self.rollout_flat = None
+
+    def rollout_params(self) -> Dict[str, torch.Tensor]:
+        if self.rollout_flat is None:
+            raise RuntimeError("rollout buffer is released; call acquire() or to_rollout() first")
+        return {name: self.rollout_flat[off:off + _numel(shape)].view(shape)
+                for (name, shape), off in zip(self.rollout_specs, self.rollout_offsets.values())}
+
+    # -- the transition ------------------------------------------------------------------------
+    def to_rollout(self) -> ReshardStats:
+        start = time.perf_counter()
+        rollout = self.acquire()
+        src = self.training_flat
+        run_copy_program(src, rollout, self._local, validate=False)
+        scratch = torch.empty(self._scratch_numel, dtype=src.dtype, device=src.device)
+        me = dist.get_rank()
+        collective = 0.0
+        for bound in self._buckets:
+            b = bound.bucket
+            recv = scratch[:b.recv_elems]
+            group = self.process_groups.get(b.group)
+            if b.collective == ALL_GATHER:
+                slot = b.group.index(me) * b.slot_elems
+                run_copy_program(src, recv, bound.pack, validate=False)
+                t0 = time.perf_counter()
+                dist.all_gather_into_tensor(recv, recv[slot:slot + b.slot_elems], group=group)
+            else:
+                send = scratch[b.recv_elems:b.recv_elems + b.send_elems]
+                run_copy_program(src, send, bound.pack, validate=False)
+                t0 = time.perf_counter()
+                dist.all_to_all_single(recv, send, list(b.recv_splits), list(b.send_splits), group=group)
+            collective += time.perf_counter() - t0
+            run_copy_program(recv, rollout, bound.unpack, validate=False)
+        peak = scratch.numel() * scratch.element_size()
+        del scratch
+        seconds = time.perf_counter() - start
+        return ReshardStats(seconds, self.plan.bytes_sent, self.plan.bytes_received, peak,
+                            seconds - collective, collective)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

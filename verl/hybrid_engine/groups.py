@@ -1,0 +1,100 @@
+"""Rollout process groups derived from Megatron's training groups, in one place.
+
+Training ranks are numbered as megatron.core.parallel_state numbers them with its default order
+``tp-cp-ep-dp-pp`` (cp = ep = 1): tp fastest, then dp, then pp (see :class:`TrainingLayout`).
+
+Rollout TP rank of a training rank: sort all N ranks by (tp rank, dp rank, pp rank) and give the
+i-th one rollout rank ``j = i * t_g // N``; rollout TP group ``k`` takes the k-th rank of each j.
+When t_g divides t this is exactly HybridFlow's grouping (DESIGN.md, "The 3D-HybridEngine"):
+``j = tp_rank // (t / t_g)``, rollout TP groups ``{(s, j*t/t_g + o) : j}`` per (dp, s, o), micro-DP
+groups ``{(s, r) : r in block j, every s}`` per (dp, j), and each rank's training shard is part of
+its rollout shard. Otherwise the same rule puts each rollout shard on a rank whose training tp slice
+overlaps it (local slices first) and the rest moves by an all-to-all among the holders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Tuple
+
+from verl.hybrid_engine.layouts import LayoutError, TrainingLayout
+
+HYBRIDFLOW = "hybridflow"
+GENERAL = "general"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReshardGroups:
+    training: TrainingLayout
+    rollout_tp: int
+    case: str                                     # HYBRIDFLOW or GENERAL
+    reason: str
+    rollout_tp_rank: Tuple[int, ...]              # per global rank
+    rollout_tp_groups: Tuple[Tuple[int, ...], ...]  # each ordered by rollout tp rank
+    micro_dp_groups: Tuple[Tuple[int, ...], ...]    # HYBRIDFLOW only, each sorted
+
+    @property
+    def micro_dp_size(self) -> int:
+        return len(self.micro_dp_groups[0]) if self.micro_dp_groups else 0
+
+    def rollout_tp_group_of(self, rank: int) -> Tuple[int, ...]:
+        return self._group_index(self.rollout_tp_groups)[rank]
+
+    def micro_dp_group_of(self, rank: int) -> Tuple[int, ...]:
+        if not self.micro_dp_groups:
+            raise LayoutError(f"micro-DP groups exist only in the {HYBRIDFLOW} case, this is {self.case}")
+        return self._group_index(self.micro_dp_groups)[rank]
+
+    @staticmethod
+    def _group_index(groups: Tuple[Tuple[int, ...], ...]) -> Dict[int, Tuple[int, ...]]:
+        return {rank: group for group in groups for rank in group}
+
+    def summary(self) -> str:
+        t = self.training
+        lines = [
+            f"training (p={t.pp}, t={t.tp}, d={t.dp}) -> rollout (t_g={self.rollout_tp}, "
+            f"d_g={t.world_size // self.rollout_tp}) on {t.world_size} ranks: case {self.case}",
+            f"  why: {self.reason}",
+            f"  rollout TP groups: {[list(g) for g in self.rollout_tp_groups]}",
+        ]
+        if self.micro_dp_groups:
+            lines.append(f"  micro-DP groups: {[list(g) for g in self.micro_dp_groups]}")
+        return "\n".join(lines)
+
+
+def derive_groups(training: TrainingLayout, rollout_tp: int) -> ReshardGroups:
+    """Rollout TP groups (and micro-DP groups when they exist) for a training layout and t_g."""
+    n, t = training.world_size, training.tp
+    if not isinstance(rollout_tp, int) or rollout_tp <= 0 or n % rollout_tp:
+        raise LayoutError(f"rollout tp: expected a positive divisor of the world size {n}, found {rollout_tp}")
+    order = sorted(range(n), key=lambda rank: (training.coords(rank)[2], training.coords(rank)[1],
+                                               training.coords(rank)[0]))
+    replicas = n // rollout_tp
+    rollout_tp_rank = [0] * n
+    for index, rank in enumerate(order):
+        rollout_tp_rank[rank] = index * rollout_tp // n
+    rollout_tp_groups = tuple(sorted(
+        tuple(order[j * replicas + k] for j in range(rollout_tp)) for k in range(replicas)
+    ))
+    if t % rollout_tp == 0:
+        block = t // rollout_tp
+        micro = []
+        for dp in range(training.dp):
+            for j in range(rollout_tp):
+                micro.append(tuple(sorted(training.rank(s, dp, r) for s in range(training.pp)
+                                          for r in range(j * block, (j + 1) * block))))
+        m = training.pp * block
+        case, reason = HYBRIDFLOW, (
+            f"t_g={rollout_tp} divides t={t}: rollout tp rank = tp rank // {block}; all-gather inside "
+            f"micro-DP groups of p*t/t_g={m} ranks; every training shard is part of its rollout shard"
+        )
+        groups = tuple(micro)
+    else:
+        relation = "is larger than" if rollout_tp > t else "does not divide"
+        case, reason = GENERAL, (
+            f"t_g={rollout_tp} {relation} t={t}: no zero-redundancy grouping exists; each rollout shard "
+            f"goes to a rank whose training tp slice overlaps it (local slices first), the rest moves by "
+            f"an all-to-all among the holders"
+        )
+        groups = ()
+    return ReshardGroups(training, rollout_tp, case, reason, tuple(rollout_tp_rank), rollout_tp_groups, groups)

@@ -1,0 +1,273 @@
+"""Layouts as data: where every element of every weight lives, for training and for rollout.
+
+A model's *logical* tensors are its unfused HF weights (``model.layers.3.self_attn.q_proj.weight``
+...). An engine's *local* parameter is one or more logical tensors placed on a mesh and fused:
+
+* ``tp`` placement, DTensor-style: :class:`Shard` (``dim``; ``replicas`` consecutive ranks may hold
+  the same chunk, as SGLang does for KV heads) or :class:`Replicate`;
+* ``stages``: the pipeline stages that hold it;
+* fusion: the parts are stacked on dim 0, interleaved in ``groups`` row groups (Megatron's
+  ``linear_qkv`` is ``num_query_groups`` groups of ``[q heads; k; v]``), and a vocab table is padded
+  to ``padded_rows`` before it is sharded.
+
+:func:`local_pieces` turns one :class:`ParamLayout` on one tp rank into rectangles
+(:class:`Piece`): "local rows/cols here hold logical rows/cols there". The reshard planner works only
+on these rectangles, so every fused format is handled by the same code.
+
+This module also holds the Megatron training layout (megatron-core GPTModel built with
+``get_gpt_layer_local_spec``); the SGLang rollout layout is in :mod:`rollout_layout`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, NamedTuple, Optional, Tuple, Union
+
+from verl.models.config import ModelConfig
+
+# Megatron pads the vocab to a multiple of make_vocab_size_divisible_by (default 128) times tp.
+MEGATRON_VOCAB_DIVISOR = 128
+
+
+class LayoutError(ValueError):
+    """A parallel layout the model cannot be split over."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Split on ``dim`` into ``mesh_size / replicas`` chunks; ranks ``[c*replicas, (c+1)*replicas)``
+    hold chunk ``c`` (``replicas > 1`` only when there are fewer chunks than ranks)."""
+
+    dim: int
+    replicas: int = 1
+
+    def __repr__(self) -> str:
+        return f"Shard({self.dim})" if self.replicas == 1 else f"Shard({self.dim}, replicas={self.replicas})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Replicate:
+    def __repr__(self) -> str:
+        return "Replicate()"
+
+
+Placement = Union[Shard, Replicate]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamLayout:
+    """One local parameter of an engine: which logical tensors it fuses and how they are placed."""
+
+    name: str                  # the engine's own name (Megatron state-dict key or SGLang param name)
+    parts: Tuple[str, ...]     # logical HF tensors stacked on dim 0, in this order
+    tp: Union[Placement, Tuple[Placement, ...]]  # over the tp mesh dim: one for all parts, or one per part
+    stages: Tuple[int, ...] = (0,)
+    groups: int = 1            # rows of all parts interleave in this many groups (global count)
+    padded_rows: Optional[int] = None  # vocab tables: rows after padding, before sharding
+
+    def part_placement(self, index: int) -> Placement:
+        return self.tp[index] if isinstance(self.tp, tuple) else self.tp
+
+    def __repr__(self) -> str:
+        extra = f", groups={self.groups}" if self.groups > 1 else ""
+        extra += f", padded_rows={self.padded_rows}" if self.padded_rows else ""
+        return f"{self.name} <- {'+'.join(self.parts)} tp={self.tp!r} stages={self.stages}{extra}"
+
+
+class Piece(NamedTuple):
+    """A rectangle of logical tensor ``tensor`` stored at (``local_row``, ``local_col``) of a local param."""
+
+    tensor: str
+    row: int
+    col: int
+    rows: int
+    cols: int
+    local_row: int
+    local_col: int
+
+
+class ParamSpec(NamedTuple):
+    name: str
+    shape: Tuple[int, ...]
+
+
+def as_matrix(shape: Tuple[int, ...]) -> Tuple[int, int]:
+    """Every tensor is addressed as rows x cols (a 1-D tensor of n elements is n x 1)."""
+    cols = 1
+    for s in shape[1:]:
+        cols *= s
+    return shape[0], cols
+
+
+def hf_tensor_shapes(config: ModelConfig) -> Dict[str, Tuple[int, ...]]:
+    """The logical (unfused, unpadded HF) tensors of the model, in HF order."""
+    h, inter = config.hidden_size, config.intermediate_size
+    shapes: Dict[str, Tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, h)}
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (h,)
+        shapes[p + "self_attn.q_proj.weight"] = (config.q_size, h)
+        shapes[p + "self_attn.k_proj.weight"] = (config.kv_size, h)
+        shapes[p + "self_attn.v_proj.weight"] = (config.kv_size, h)
+        if config.attention_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (config.q_size,)
+            shapes[p + "self_attn.k_proj.bias"] = (config.kv_size,)
+            shapes[p + "self_attn.v_proj.bias"] = (config.kv_size,)
+        shapes[p + "self_attn.o_proj.weight"] = (h, config.q_size)
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+        shapes[p + "mlp.gate_proj.weight"] = (inter, h)
+        shapes[p + "mlp.up_proj.weight"] = (inter, h)
+        shapes[p + "mlp.down_proj.weight"] = (h, inter)
+    shapes["model.norm.weight"] = (h,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, h)
+    return shapes
+
+
+def _shard_range(length: int, placement: Placement, dim: int, tp_size: int, tp_rank: int) -> Tuple[int, int]:
+    """[start, stop) of ``dim`` (of ``length``, padding included) that ``tp_rank`` holds."""
+    if isinstance(placement, Replicate) or placement.dim != dim:
+        return 0, length
+    chunks = tp_size // placement.replicas
+    size = length // chunks
+    chunk = tp_rank // placement.replicas
+    return chunk * size, (chunk + 1) * size
+
+
+def local_pieces(
+    param: ParamLayout, shapes: Dict[str, Tuple[int, ...]], tp_size: int, tp_rank: int
+) -> Tuple[Tuple[int, int], List[Piece]]:
+    """(local rows x cols, pieces) of ``param`` on ``tp_rank``. Rows not covered by a piece are padding."""
+    local_groups = param.groups
+    if param.groups > 1:  # grouped fusion needs one row placement shared by all parts
+        placement = param.part_placement(0)
+        if isinstance(placement, Shard) and placement.dim == 0:
+            local_groups = param.groups // (tp_size // placement.replicas)
+    blocks = []  # per part: (name, row0, row1 (padded), real rows, col0, col1)
+    for index, name in enumerate(param.parts):
+        rows, cols = as_matrix(shapes[name])
+        padded = param.padded_rows or rows
+        placement = param.part_placement(index)
+        r0, r1 = _shard_range(padded, placement, 0, tp_size, tp_rank)
+        c0, c1 = _shard_range(cols, placement, 1, tp_size, tp_rank)
+        blocks.append((name, r0, r1, rows, c0, c1))
+    pieces: List[Piece] = []
+    local_row = 0
+    local_cols = blocks[0][5] - blocks[0][4]
+    for g in range(local_groups):
+        for name, r0, r1, real_rows, c0, c1 in blocks:
+            per_group = (r1 - r0) // local_groups
+            start = r0 + g * per_group
+            real = max(0, min(start + per_group, real_rows) - start)
+            if real:
+                pieces.append(Piece(name, start, c0, real, c1 - c0, local_row, 0))
+            local_row += per_group
+    return (local_row, local_cols), pieces
+
+
+def local_shape(param: ParamLayout, shapes: Dict[str, Tuple[int, ...]], tp_size: int, tp_rank: int) -> Tuple[int, ...]:
+    """The local tensor's true shape (1-D params stay 1-D)."""
+    (rows, cols), _ = local_pieces(param, shapes, tp_size, tp_rank)
+    return (rows,) if len(shapes[param.parts[0]]) == 1 else (rows, cols)
+
+
+# --------------------------------------------------------------------------------------------
+# Megatron training layout (megatron-core 0.16.1 GPTModel, local spec)
+# --------------------------------------------------------------------------------------------
+
+def megatron_padded_vocab(vocab_size: int, tp_size: int) -> int:
+    multiple = MEGATRON_VOCAB_DIVISOR * tp_size
+    return -(-vocab_size // multiple) * multiple
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingLayout:
+    """Megatron (p, t, d); global rank numbering follows parallel_state's default order
+    ``tp-cp-ep-dp-pp`` with cp = ep = 1: ``rank = tp_rank + tp * (dp_rank + dp * pp_rank)``."""
+
+    tp: int
+    pp: int
+    dp: int = 1
+
+    def __post_init__(self):
+        for key in ("tp", "pp", "dp"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value <= 0:
+                raise LayoutError(f"training {key}: expected a positive integer, found {value!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def coords(self, rank: int) -> Tuple[int, int, int]:
+        """(pp_rank, dp_rank, tp_rank) of a global rank."""
+        if not 0 <= rank < self.world_size:
+            raise LayoutError(f"rank: expected 0 <= rank < {self.world_size}, found {rank}")
+        return rank // (self.tp * self.dp), (rank // self.tp) % self.dp, rank % self.tp
+
+    def rank(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
+        return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
+
+    def check(self, config: ModelConfig) -> None:
+        t, problems = self.tp, []
+        if config.num_query_groups % t:
+            problems.append(f"num_key_value_heads={config.num_query_groups} (Megatron needs tp | query groups)")
+        if config.num_attention_heads % t:
+            problems.append(f"num_attention_heads={config.num_attention_heads}")
+        if config.intermediate_size % t:
+            problems.append(f"intermediate_size={config.intermediate_size}")
+        if problems:
+            raise LayoutError(f"training tp={t} does not divide " + ", ".join(problems))
+        if config.num_hidden_layers % self.pp:
+            raise LayoutError(
+                f"training pp={self.pp}: expected a divisor of num_hidden_layers={config.num_hidden_layers}"
+            )
+
+    def params(self, config: ModelConfig, pp_rank: int) -> List[ParamLayout]:
+        """The parameters stage ``pp_rank`` holds, in GPTModel state-dict order."""
+        self.check(config)
+        if not 0 <= pp_rank < self.pp:
+            raise LayoutError(f"pp rank: expected 0 <= rank < {self.pp}, found {pp_rank}")
+        last = self.pp - 1
+        vocab = megatron_padded_vocab(config.vocab_size, self.tp)
+        per_stage = config.num_hidden_layers // self.pp
+        out: List[ParamLayout] = []
+        if pp_rank == 0:
+            out.append(ParamLayout("embedding.word_embeddings.weight", ("model.embed_tokens.weight",),
+                                   Shard(0), (0,), padded_rows=vocab))
+        for k in range(per_stage):
+            i = pp_rank * per_stage + k
+            hf, mg, st = f"model.layers.{i}.", f"decoder.layers.{k}.", (pp_rank,)
+            qkv = tuple(hf + f"self_attn.{x}_proj" for x in "qkv")
+            out.append(ParamLayout(mg + "input_layernorm.weight", (hf + "input_layernorm.weight",), Replicate(), st))
+            out.append(ParamLayout(mg + "self_attention.linear_proj.weight", (hf + "self_attn.o_proj.weight",),
+                                   Shard(1), st))
+            out.append(ParamLayout(mg + "self_attention.linear_qkv.weight", tuple(x + ".weight" for x in qkv),
+                                   Shard(0), st, groups=config.num_query_groups))
+            if config.attention_bias:
+                out.append(ParamLayout(mg + "self_attention.linear_qkv.bias", tuple(x + ".bias" for x in qkv),
+                                       Shard(0), st, groups=config.num_query_groups))
+            out.append(ParamLayout(mg + "pre_mlp_layernorm.weight", (hf + "post_attention_layernorm.weight",),
+                                   Replicate(), st))
+            out.append(ParamLayout(mg + "mlp.linear_fc1.weight", (hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"),
+                                   Shard(0), st))
+            out.append(ParamLayout(mg + "mlp.linear_fc2.weight", (hf + "mlp.down_proj.weight",), Shard(1), st))
+        if pp_rank == last:
+            out.append(ParamLayout("decoder.final_layernorm.weight", ("model.norm.weight",), Replicate(), (last,)))
+            if not config.tie_word_embeddings:
+                out.append(ParamLayout("output_layer.weight", ("lm_head.weight",), Shard(0), (last,), padded_rows=vocab))
+            elif self.pp > 1:
+                # Tied with pp > 1: the last stage keeps its own copy of the embedding as output_layer.
+                out.append(ParamLayout("output_layer.weight", ("model.embed_tokens.weight",), Shard(0), (last,),
+                                       padded_rows=vocab))
+        return out
+
+
+def training_param_specs(config: ModelConfig, tp: int, pp: int, tp_rank: int, pp_rank: int) -> List[ParamSpec]:
+    """(name, shape) of every parameter of Megatron GPTModel (local spec) on (pp_rank, tp_rank), in
+    state-dict order."""
+    layout = TrainingLayout(tp=tp, pp=pp)
+    if not 0 <= tp_rank < tp:
+        raise LayoutError(f"tp rank: expected 0 <= rank < {tp}, found {tp_rank}")
+    shapes = hf_tensor_shapes(config)
+    return [ParamSpec(p.name, local_shape(p, shapes, tp, tp_rank)) for p in layout.params(config, pp_rank)]

@@ -1,0 +1,504 @@
+"""The reshard planner: (config, training layout, rollout layout, rank) -> ReshardPlan. Pure Python.
+
+Every destination element (a rollout rank's parameter element that is not vocab padding) gets
+exactly one source: a training rank that holds it. The planner intersects the rollout layout's
+pieces with the training layout's pieces (both from :mod:`layouts`), chooses sources, and cuts the
+traffic into buckets of at most ``bucket_bytes``:
+
+* HybridFlow case (t_g | t): each micro-DP group all-gathers; a rank packs the parts of its
+  training shard the group needs straight into its slot of the bucket buffer (an in-place
+  all-gather), and every member unpacks all slots into its rollout parameters. Elements held by
+  several members (replicated norms, the tied embedding copy on the last stage) are split evenly
+  between them so the slots stay balanced. Vocab rows that cross a padding boundary (Megatron pads
+  the vocab to 128*t, SGLang to 64) have no holder in the group and move by a final all-to-all.
+* General case: elements a rank already holds are copied locally first; the rest move by
+  all-to-all buckets over the world group from the least-loaded holder.
+
+Plans address parameters logically (parameter name + element offset); :mod:`executor` binds them to
+flat buffers once. The plan of every rank is derived from one global assignment (cached), so all
+ranks agree on every collective without talking.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from verl.hybrid_engine.groups import HYBRIDFLOW, ReshardGroups, derive_groups
+from verl.hybrid_engine.layouts import ParamLayout, TrainingLayout, as_matrix, hf_tensor_shapes, local_pieces
+from verl.hybrid_engine.rollout_layout import RolloutLayout
+from verl.models.config import ModelConfig
+
+DEFAULT_BUCKET_BYTES = 64 << 20
+ELEMENT_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+ALL_GATHER = "all_gather"
+ALL_TO_ALL = "all_to_all"
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """One strided block copy addressed logically; a ``None`` param is the bucket's buffer."""
+
+    src_param: Optional[str]
+    src_offset: int
+    dst_param: Optional[str]
+    dst_offset: int
+    rows: int
+    row_elems: int
+    src_stride: int
+    dst_stride: int
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.row_elems
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """One collective and its copy programs (elements; see :class:`ReshardPlan` for the protocol)."""
+
+    index: int
+    collective: str                 # ALL_GATHER (over ``group``) or ALL_TO_ALL (over the world)
+    group: Tuple[int, ...]          # global ranks, in collective order
+    recv_elems: int                 # receive buffer; ALL_GATHER: len(group) slots of slot_elems
+    send_elems: int                 # ALL_TO_ALL send buffer; 0 for ALL_GATHER (packs into its slot)
+    slot_elems: int                 # ALL_GATHER slot size (equal for all members)
+    send_splits: Tuple[int, ...]    # ALL_TO_ALL, per rank of ``group``
+    recv_splits: Tuple[int, ...]
+    pack: Tuple[Segment, ...]       # training params -> send buffer (ALL_GATHER: own slot of recv)
+    unpack: Tuple[Segment, ...]     # receive buffer -> rollout params
+    payload_sent: int               # elements delivered to other ranks
+    payload_received: int           # elements received from other ranks (padding excluded)
+
+    @property
+    def extra_elems(self) -> int:
+        return self.recv_elems + self.send_elems
+
+
+@dataclasses.dataclass(frozen=True)
+class ReshardPlan:
+    rank: int
+    case: str
+    reason: str
+    training: TrainingLayout
+    rollout: RolloutLayout
+    rollout_tp_rank: int
+    rollout_tp_group: Tuple[int, ...]
+    micro_dp_group: Tuple[int, ...]   # empty in the general case
+    dtype: str
+    bucket_bytes: int
+    local: Tuple[Segment, ...]        # training -> rollout copies on this rank, no communication
+    buckets: Tuple[Bucket, ...]
+    zero_fill: Tuple[Tuple[str, int, int], ...]  # rollout (param, offset, numel): vocab padding
+    model_bytes: int                  # M: payload bytes of one rollout TP group (all t_g shards)
+    bytes_formula: Optional[float]    # HybridFlow: (p*t - t_g) / (t_g*p*t) * M; None otherwise
+
+    @property
+    def element_size(self) -> int:
+        return ELEMENT_SIZES[self.dtype]
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(b.payload_sent for b in self.buckets) * self.element_size
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(b.payload_received for b in self.buckets) * self.element_size
+
+    @property
+    def padding_bytes(self) -> int:
+        """Bytes the all-gathers carry beyond the payload (slots padded to equal size)."""
+        pad = 0
+        for b in self.buckets:
+            if b.collective == ALL_GATHER:
+                pad += b.recv_elems - b.slot_elems - b.payload_received
+        return pad * self.element_size
+
+    @property
+    def peak_extra_bytes(self) -> int:
+        return max((b.extra_elems for b in self.buckets), default=0) * self.element_size
+
+    def summary(self) -> str:
+        t = self.training
+        gathers = sum(b.collective == ALL_GATHER for b in self.buckets)
+        lines = [
+            f"ReshardPlan rank {self.rank}: training (p={t.pp}, t={t.tp}, d={t.dp}) -> rollout "
+            f"t_g={self.rollout.tp} (rollout tp rank {self.rollout_tp_rank}, group {list(self.rollout_tp_group)}), "
+            f"{self.dtype}",
+            f"  case: {self.case} - {self.reason}",
+        ]
+        if self.micro_dp_group:
+            lines.append(f"  micro-DP group: {list(self.micro_dp_group)}")
+        if self.case == HYBRIDFLOW and len(self.buckets) > gathers:
+            lines.append("  plus all-to-all buckets: vocab rows that Megatron (pads to 128*t) and SGLang (pads to 64) "
+                         "shard on different ranks")
+        lines += [
+            f"  buckets: {len(self.buckets)} ({gathers} all_gather, {len(self.buckets) - gathers} all_to_all), "
+            f"bucket_bytes={self.bucket_bytes}, local copies: {len(self.local)} segments",
+            f"  bytes sent: {self.bytes_sent}, received: {self.bytes_received}"
+            + (f" (formula {self.bytes_formula:.0f} for M={self.model_bytes})" if self.bytes_formula is not None else "")
+            + f", all-gather padding: {self.padding_bytes}",
+            f"  peak extra bytes: {self.peak_extra_bytes}",
+        ]
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# Global assignment
+# ------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Transfer:
+    """rows x cols elements from a training param (row-major, ``src_stride`` cols) to a rollout param."""
+
+    src_param: str
+    src_row: int
+    src_col: int
+    src_stride: int
+    dst_param: str
+    dst_row: int
+    dst_col: int
+    dst_stride: int
+    rows: int
+    cols: int
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.cols
+
+    def sub(self, row: int, rows: int, col: int = 0, cols: Optional[int] = None) -> "_Transfer":
+        cols = self.cols - col if cols is None else cols
+        return dataclasses.replace(self, src_row=self.src_row + row, dst_row=self.dst_row + row, rows=rows,
+                                   src_col=self.src_col + col, dst_col=self.dst_col + col, cols=cols)
+
+    def take(self, space: int, empty: bool) -> Tuple[Optional["_Transfer"], List["_Transfer"]]:
+        """The head that fits in ``space`` elements and what remains (rows first, then within a row
+        only when the destination chunk is ``empty`` and one row does not fit at all)."""
+        if self.numel <= space:
+            return self, []
+        if self.cols <= space:
+            k = space // self.cols
+            return self.sub(0, k), [self.sub(k, self.rows - k)]
+        if not empty:
+            return None, [self]
+        rest = [self.sub(0, 1, space)]
+        if self.rows > 1:
+            rest.append(self.sub(1, self.rows - 1))
+        return self.sub(0, 1, 0, space), rest
+
+
+_Holder = Tuple[int, int, str, int, int, int]  # (stage, tp rank, param, local row, local col, stride)
+
+
+@dataclasses.dataclass
+class _Tables:
+    shapes: Dict[str, Tuple[int, ...]]
+    holders: Dict[str, List[Tuple[int, int, str, int, object]]]  # tensor -> (stage, tp, param, stride, piece)
+    rollout_params: List[List[Tuple[ParamLayout, Tuple[int, int], list]]]  # per rollout tp rank
+
+
+def _tables(config: ModelConfig, training: TrainingLayout, rollout: RolloutLayout) -> _Tables:
+    shapes = hf_tensor_shapes(config)
+    holders: Dict[str, list] = {}
+    for stage in range(training.pp):
+        for param in training.params(config, stage):
+            for r in range(training.tp):
+                (_, cols), pieces = local_pieces(param, shapes, training.tp, r)
+                for piece in pieces:
+                    holders.setdefault(piece.tensor, []).append((stage, r, param.name, cols, piece))
+    rollout_params = []
+    for j in range(rollout.tp):
+        per_rank = []
+        for param in rollout.params(config):
+            shape, pieces = local_pieces(param, shapes, rollout.tp, j)
+            per_rank.append((param, shape, pieces))
+        rollout_params.append(per_rank)
+    return _Tables(shapes, holders, rollout_params)
+
+
+def _sources(tables: _Tables, j: int):
+    """For rollout shard ``j``: (transfer template, holders) per destination rectangle, in order.
+
+    A template's src fields are filled per holder: holders list (stage, tp, param, row, col, stride).
+    """
+    for param, (_, dst_cols), pieces in tables.rollout_params[j]:
+        for dst in pieces:
+            by_rect: Dict[Tuple[int, int, int, int], List[_Holder]] = {}
+            for stage, r, name, src_cols, src in tables.holders[dst.tensor]:
+                r0, r1 = max(dst.row, src.row), min(dst.row + dst.rows, src.row + src.rows)
+                c0, c1 = max(dst.col, src.col), min(dst.col + dst.cols, src.col + src.cols)
+                if r0 >= r1 or c0 >= c1:
+                    continue
+                by_rect.setdefault((r0, r1, c0, c1), []).append(
+                    (stage, r, name, src.local_row + r0 - src.row, src.local_col + c0 - src.col, src_cols))
+            for (r0, r1, c0, c1), found in sorted(by_rect.items()):
+                template = _Transfer("", 0, 0, 0, param.name, dst.local_row + r0 - dst.row,
+                                     dst.local_col + c0 - dst.col, dst_cols, r1 - r0, c1 - c0)
+                yield template, found
+
+
+def _from(template: _Transfer, holder: _Holder) -> _Transfer:
+    _, _, name, row, col, stride = holder
+    return dataclasses.replace(template, src_param=name, src_row=row, src_col=col, src_stride=stride)
+
+
+@dataclasses.dataclass
+class _Global:
+    groups: ReshardGroups
+    local: Dict[int, List[_Transfer]]
+    gather_chunks: Dict[Tuple[int, ...], List[List[List[_Transfer]]]]  # group -> bucket -> member -> transfers
+    a2a_buckets: List[List[Tuple[int, int, _Transfer]]]                # bucket -> (src rank, dst rank, transfer)
+    zero_fill: Dict[int, List[Tuple[str, int, int]]]                    # rollout tp rank -> padding
+    payload: List[int]                                                  # per rollout tp rank
+
+
+def _zero_fill(tables: _Tables, j: int) -> List[Tuple[str, int, int]]:
+    out = []
+    for param, (rows, cols), pieces in tables.rollout_params[j]:
+        covered = sorted((p.local_row, p.local_row + p.rows) for p in pieces)
+        cursor = 0
+        for start, stop in covered + [(rows, rows)]:
+            if start > cursor:
+                out.append((param.name, cursor * cols, (start - cursor) * cols))
+            cursor = max(cursor, stop)
+    return out
+
+
+def _chunk(transfers: Sequence[_Transfer], cap: int) -> List[List[_Transfer]]:
+    """Cut an ordered transfer list into consecutive chunks of at most ``cap`` elements."""
+    chunks: List[List[_Transfer]] = []
+    current: List[_Transfer] = []
+    fill = 0
+    queue = list(reversed(transfers))
+    while queue:
+        tr = queue.pop()
+        head, rest = tr.take(cap - fill, empty=fill == 0)
+        queue.extend(reversed(rest))
+        if head is None:
+            chunks.append(current)
+            current, fill = [], 0
+            continue
+        current.append(head)
+        fill += head.numel
+        if fill == cap:
+            chunks.append(current)
+            current, fill = [], 0
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _split(tr: _Transfer, cap: int) -> List[_Transfer]:
+    out, queue = [], [tr]
+    while queue:
+        head, rest = queue.pop().take(cap, empty=True)
+        out.append(head)
+        queue.extend(reversed(rest))
+    return out
+
+
+def _a2a_buckets(transfers: List[Tuple[int, int, _Transfer]], cap: int) -> List[List[Tuple[int, int, _Transfer]]]:
+    """First-fit: a bucket holds at most ``cap`` send and ``cap`` receive elements per rank."""
+    buckets: List[List[Tuple[int, int, _Transfer]]] = []
+    sent: List[Dict[int, int]] = []
+    received: List[Dict[int, int]] = []
+    for src, dst, tr in transfers:
+        for part in _split(tr, cap):
+            for b in range(len(buckets) + 1):
+                if b == len(buckets):
+                    buckets.append([])
+                    sent.append({})
+                    received.append({})
+                if sent[b].get(src, 0) + part.numel <= cap and received[b].get(dst, 0) + part.numel <= cap:
+                    buckets[b].append((src, dst, part))
+                    sent[b][src] = sent[b].get(src, 0) + part.numel
+                    received[b][dst] = received[b].get(dst, 0) + part.numel
+                    break
+    return buckets
+
+
+@functools.lru_cache(maxsize=16)
+def _global_plan(config: ModelConfig, training: TrainingLayout, rollout: RolloutLayout, bucket_elems: int) -> _Global:
+    groups = derive_groups(training, rollout.tp)
+    tables = _tables(config, training, rollout)
+    n = training.world_size
+    load = [0] * n  # elements each rank sends, for least-loaded source choice
+    local: Dict[int, List[_Transfer]] = {rank: [] for rank in range(n)}
+    a2a: List[Tuple[int, int, _Transfer]] = []
+    gather_chunks = {}
+    payload = [0] * rollout.tp
+
+    def pick(candidates: List[int], prefer_dp: int) -> int:
+        return min(candidates, key=lambda c: (load[c], training.coords(c)[1] != prefer_dp, c))
+
+    if groups.case == HYBRIDFLOW:
+        block = training.tp // rollout.tp
+        for group in groups.micro_dp_groups:
+            _, dp, r0 = training.coords(group[0])
+            j = r0 // block
+            members = {(training.coords(m)[0], training.coords(m)[2]): m for m in group}
+            contributions: Dict[int, List[_Transfer]] = {m: [] for m in group}
+            for template, found in _sources(tables, j):
+                inside = [h for h in found if (h[0], h[1]) in members]
+                if not inside:  # vocab rows across a padding boundary: every member needs them
+                    for m in group:
+                        src = pick([training.rank(h[0], d, h[1]) for h in found for d in range(training.dp)], dp)
+                        holder = next(h for h in found if (h[0], h[1]) == (training.coords(src)[0], training.coords(src)[2]))
+                        a2a.append((src, m, _from(template, holder)))
+                        load[src] += template.numel
+                    continue
+                inside.sort(key=lambda h: (load[members[(h[0], h[1])]], members[(h[0], h[1])]))
+                k = min(len(inside), template.rows)
+                for i, h in enumerate(inside[:k]):
+                    row0, row1 = template.rows * i // k, template.rows * (i + 1) // k
+                    tr = _from(template, h).sub(row0, row1 - row0)
+                    contributions[members[(h[0], h[1])]].append(tr)
+                    load[members[(h[0], h[1])]] += tr.numel
+            if len(group) == 1:  # t_g == t and p == 1: the rank already holds its whole rollout shard
+                local[group[0]].extend(contributions[group[0]])
+                continue
+            cap = bucket_elems // len(group)
+            if cap <= 0:
+                raise ValueError(f"bucket_bytes: expected room for one element per micro-DP rank ({len(group)}), found too few")
+            per_member = [_chunk(contributions[m], cap) for m in group]
+            count = max(len(c) for c in per_member)
+            gather_chunks[group] = [[c[b] if b < len(c) else [] for c in per_member] for b in range(count)]
+    else:
+        for dst in range(n):
+            s_dst, dp, r_dst = training.coords(dst)
+            j = groups.rollout_tp_rank[dst]
+            for template, found in _sources(tables, j):
+                own = [h for h in found if (h[0], h[1]) == (s_dst, r_dst)]
+                if own:
+                    local[dst].append(_from(template, own[0]))
+                    continue
+                src = pick([training.rank(h[0], d, h[1]) for h in found for d in range(training.dp)], dp)
+                holder = next(h for h in found if (h[0], h[1]) == (training.coords(src)[0], training.coords(src)[2]))
+                a2a.append((src, dst, _from(template, holder)))
+                load[src] += template.numel
+    for j in range(rollout.tp):
+        payload[j] = sum(template.numel for template, _ in _sources(tables, j))
+    return _Global(groups, local, gather_chunks, _a2a_buckets(a2a, max(1, bucket_elems // 2)),
+                   {j: _zero_fill(tables, j) for j in range(rollout.tp)}, payload)
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-rank plan
+# ------------------------------------------------------------------------------------------------
+
+def _segment(tr: _Transfer, src_buffer: Optional[int], dst_buffer: Optional[int]) -> Segment:
+    """A segment for ``tr``: from its training param (or a buffer at ``src_buffer``) to its rollout
+    param (or a buffer at ``dst_buffer``); buffers are dense (stride = cols)."""
+    if src_buffer is None:
+        src = (tr.src_param, tr.src_row * tr.src_stride + tr.src_col, tr.src_stride)
+    else:
+        src = (None, src_buffer, tr.cols)
+    if dst_buffer is None:
+        dst = (tr.dst_param, tr.dst_row * tr.dst_stride + tr.dst_col, tr.dst_stride)
+    else:
+        dst = (None, dst_buffer, tr.cols)
+    return _compact(Segment(src[0], src[1], dst[0], dst[1], tr.rows, tr.cols, src[2], dst[2]))
+
+
+def _compact(seg: Segment) -> Segment:
+    """Rows contiguous on both sides are one long row (one memcpy instead of many)."""
+    if seg.rows > 1 and seg.src_stride == seg.row_elems and seg.dst_stride == seg.row_elems:
+        return dataclasses.replace(seg, rows=1, row_elems=seg.numel)
+    return seg
+
+
+def _merge(segments: List[Segment]) -> Tuple[Segment, ...]:
+    """Fuse consecutive single-row segments that continue each other on both sides."""
+    out: List[Segment] = []
+    for seg in segments:
+        prev = out[-1] if out else None
+        if (prev is not None and prev.rows == 1 and seg.rows == 1
+                and prev.src_param == seg.src_param and prev.dst_param == seg.dst_param
+                and prev.src_offset + prev.row_elems == seg.src_offset
+                and prev.dst_offset + prev.row_elems == seg.dst_offset):
+            out[-1] = dataclasses.replace(prev, row_elems=prev.row_elems + seg.row_elems,
+                                          src_stride=prev.row_elems + seg.row_elems,
+                                          dst_stride=prev.row_elems + seg.row_elems)
+        else:
+            out.append(seg)
+    return tuple(out)
+
+
+def _gather_bucket(index: int, group: Tuple[int, ...], chunks: List[List[_Transfer]], rank: int) -> Bucket:
+    slot = max(sum(tr.numel for tr in c) for c in chunks)
+    me = group.index(rank)
+    pack, unpack = [], []
+    for member, chunk in enumerate(chunks):
+        offset = member * slot
+        for tr in chunk:
+            if member == me:
+                pack.append(_segment(tr, None, offset))
+            unpack.append(_segment(tr, offset, None))
+            offset += tr.numel
+    own = sum(tr.numel for tr in chunks[me])
+    received = sum(tr.numel for c in chunks for tr in c) - own
+    return Bucket(index, ALL_GATHER, group, slot * len(group), 0, slot, (), (), _merge(pack), _merge(unpack),
+                  own * (len(group) - 1), received)
+
+
+def _a2a_bucket(index: int, world: int, transfers: List[Tuple[int, int, _Transfer]], rank: int) -> Bucket:
+    outgoing = sorted((t for t in transfers if t[0] == rank), key=lambda t: t[1])  # stable: plan order kept
+    incoming = sorted((t for t in transfers if t[1] == rank), key=lambda t: t[0])
+    send_splits, recv_splits = [0] * world, [0] * world
+    pack, unpack = [], []
+    offset = 0
+    for _, dst, tr in outgoing:
+        pack.append(_segment(tr, None, offset))
+        offset += tr.numel
+        send_splits[dst] += tr.numel
+    offset = 0
+    for src, _, tr in incoming:
+        unpack.append(_segment(tr, offset, None))
+        offset += tr.numel
+        recv_splits[src] += tr.numel
+    return Bucket(index, ALL_TO_ALL, tuple(range(world)), sum(recv_splits), sum(send_splits), 0,
+                  tuple(send_splits), tuple(recv_splits), _merge(pack), _merge(unpack),
+                  sum(send_splits), sum(recv_splits))
+
+
+def plan_reshard(
+    config: ModelConfig,
+    training: TrainingLayout,
+    rollout: RolloutLayout,
+    rank: int,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    dtype: str = "bfloat16",
+) -> ReshardPlan:
+    """The plan of global ``rank`` for moving the actor from ``training`` to ``rollout`` layout."""
+    if dtype not in ELEMENT_SIZES:
+        raise ValueError(f"dtype: expected one of {sorted(ELEMENT_SIZES)}, found {dtype!r}")
+    if not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes: expected a positive integer, found {bucket_bytes!r}")
+    element_size = ELEMENT_SIZES[dtype]
+    g = _global_plan(config, training, rollout, bucket_bytes // element_size)
+    groups = g.groups
+    training.coords(rank)  # validates the rank
+    j = groups.rollout_tp_rank[rank]
+    buckets: List[Bucket] = []
+    micro = ()
+    if groups.case == HYBRIDFLOW:
+        micro = groups.micro_dp_group_of(rank)
+        for chunks in g.gather_chunks.get(micro, ()):
+            buckets.append(_gather_bucket(len(buckets), micro, chunks, rank))
+    for transfers in g.a2a_buckets:
+        buckets.append(_a2a_bucket(len(buckets), training.world_size, transfers, rank))
+    model_elems = sum(g.payload)
+    formula = None
+    if groups.case == HYBRIDFLOW:
+        pt, tg = training.pp * training.tp, rollout.tp
+        formula = (pt - tg) / (tg * pt) * model_elems * element_size
+    return ReshardPlan(
+        rank=rank, case=groups.case, reason=groups.reason, training=training, rollout=rollout,
+        rollout_tp_rank=j, rollout_tp_group=groups.rollout_tp_group_of(rank), micro_dp_group=micro,
+        dtype=dtype, bucket_bytes=bucket_bytes,
+        local=_merge([_segment(tr, None, None) for tr in g.local[rank]]),
+        buckets=tuple(buckets), zero_fill=tuple(g.zero_fill[j]),
+        model_bytes=model_elems * element_size, bytes_formula=formula,
+    )
