@@ -65,6 +65,12 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
         model_type = cfg.get("model_type")
+        # transformers >= 5 writes RoPE settings under `rope_parameters`; older configs at top level.
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ModelConfigError(f"rope_parameters.rope_type: expected 'default' (RoPE scaling is not supported), "
+                                   f"found {rope_type!r}")
         try:
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
@@ -80,7 +86,7 @@ class ModelConfig:
                 head_dim=int(head_dim),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(cfg.get("rope_theta", 10000.0)),
+                rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=True if model_type == "qwen2" else bool(cfg.get("attention_bias", False)),
             )

@@ -1,0 +1,159 @@
+"""`verl bench rollout`: rollout tokens/s of the native engine and of SGLang, same model and prompts.
+
+    verl bench rollout --model CONFIG.json|HF_DIR --batch B --prompt-len P --new-tokens K --json PATH
+
+A config.json gets seeded random HF weights (transformers' own initialisation) written to a
+temporary checkpoint, so both engines load identical weights. Prompts are B seeded random
+sequences of P tokens; every sequence generates exactly K tokens (no stop tokens). tokens/s =
+B*K / wall time of one whole generate call (prefill included), median over ``--repeats`` after a
+warm-up call. Native runs at rollout TP 1 with ``--threads`` intra-op threads (default 1: a tiny
+model is latency-bound and extra OpenMP threads only add synchronisation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import List
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def checkpoint_dir(model: str, workdir: str, seed: int, dtype: str) -> str:
+    """An HF directory for ``model``: itself if it holds weights, else random weights for its config."""
+    if os.path.isdir(model) and any(f.startswith("model.safetensors") for f in os.listdir(model)):
+        return model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    hf_config = AutoConfig.from_pretrained(model)
+    AutoModelForCausalLM.from_config(hf_config, dtype=DTYPES[dtype]).save_pretrained(workdir)
+    return workdir
+
+
+def random_prompts(vocab_size: int, batch: int, prompt_len: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
+
+
+def _summary(seconds: List[float], tokens: int, cpu_seconds: List[float] | None = None) -> dict:
+    median = statistics.median(seconds)
+    summary = {"tokens_per_s": tokens / median, "median_s": median, "seconds": seconds, "new_tokens": tokens}
+    if cpu_seconds:  # CPU time of this process: the figure to trust on a machine shared with others
+        summary["tokens_per_cpu_s"] = tokens / statistics.median(cpu_seconds)
+    return summary
+
+
+def bench_native(model_dir: str, prompts: torch.Tensor, new_tokens: int, dtype: str, temperature: float,
+                 repeats: int, seed: int) -> dict:
+    from verl.models.config import ModelConfig
+    from verl.workers.rollout.base import SamplingParams
+    from verl.workers.rollout.native.engine import NativeRollout
+
+    engine = NativeRollout(ModelConfig.from_pretrained(model_dir), dtype=DTYPES[dtype])
+    engine.load_hf_checkpoint(model_dir)
+    params = SamplingParams(temperature=temperature, response_length=new_tokens, seed=seed)
+    mask = torch.ones_like(prompts)
+    engine.generate(prompts, mask, params)  # warm-up: allocates the KV cache and RoPE tables
+    seconds, cpu_seconds = [], []
+    for _ in range(repeats):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        out = engine.generate(prompts, mask, params)
+        seconds.append(time.perf_counter() - start)
+        cpu_seconds.append(time.process_time() - cpu_start)
+        if int(out["response_mask"].sum()) != prompts.shape[0] * new_tokens:
+            raise RuntimeError("native bench: expected every sequence to generate all new tokens")
+    return _summary(seconds, prompts.shape[0] * new_tokens, cpu_seconds)
+
+
+def bench_sglang(model_dir: str, prompts: torch.Tensor, new_tokens: int, dtype: str, temperature: float,
+                 repeats: int, seed: int) -> dict:
+    """SGLang's offline Engine on the same checkpoint and prompts (CPU route: torch_native attention).
+
+    Returns ``{"skipped": reason}`` when SGLang is not importable. Written against the SGLang
+    0.5.23 API as documented for this project; exercised once the SGLang test tier installs it.
+    """
+    try:
+        import sglang
+    except ImportError as exc:
+        return {"skipped": f"sglang is not importable ({exc})"}
+    on_gpu = torch.cuda.is_available()
+    engine = sglang.Engine(model_path=model_dir, dtype=dtype, tp_size=1, random_seed=seed, log_level="error",
+                           device="cuda" if on_gpu else "cpu",
+                           **({} if on_gpu else {"attention_backend": "torch_native", "disable_cuda_graph": True}))
+    try:
+        sampling = {"temperature": temperature, "max_new_tokens": new_tokens, "ignore_eos": True}
+        ids = prompts.tolist()
+        engine.generate(input_ids=ids, sampling_params=sampling)  # warm-up
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            outs = engine.generate(input_ids=ids, sampling_params=sampling)
+            seconds.append(time.perf_counter() - start)
+            if sum(len(o["output_ids"]) for o in outs) != prompts.shape[0] * new_tokens:
+                raise RuntimeError("sglang bench: expected every sequence to generate all new tokens")
+    finally:
+        engine.shutdown()
+    return _summary(seconds, prompts.shape[0] * new_tokens)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="verl bench rollout", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="HF config.json (random weights) or HF checkpoint dir")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for the native engine")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-sglang", action="store_true")
+    parser.add_argument("--json", metavar="PATH", help="write the results to this JSON file")
+    args = parser.parse_args(argv)
+    for key in ("batch", "prompt_len", "new_tokens", "repeats", "threads"):
+        if getattr(args, key) < 1:
+            print(f"verl bench rollout: --{key.replace('_', '-')} expected >= 1, found {getattr(args, key)}",
+                  file=sys.stderr)
+            return 2
+    from verl.models.config import ModelConfig, ModelConfigError
+
+    try:
+        config = ModelConfig.from_pretrained(args.model)
+    except ModelConfigError as exc:
+        print(f"verl bench rollout: {exc}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="verl-bench-rollout-") as workdir:
+        model_dir = checkpoint_dir(args.model, workdir, args.seed, args.dtype)
+        prompts = random_prompts(config.vocab_size, args.batch, args.prompt_len, args.seed)
+        common = (model_dir, prompts, args.new_tokens, args.dtype, args.temperature, args.repeats, args.seed)
+        results = {"native": bench_native(*common)}
+        results["sglang"] = {"skipped": "--skip-sglang"} if args.skip_sglang else bench_sglang(*common)
+    record = {"model": args.model, "batch": args.batch, "prompt_len": args.prompt_len,
+              "new_tokens": args.new_tokens, "dtype": args.dtype, "temperature": args.temperature,
+              "threads": args.threads, "tp": 1, **results}
+    for engine, r in results.items():
+        if "skipped" in r:
+            print(f"{engine:7s} skipped: {r['skipped']}")
+        else:
+            cpu = f", {r['tokens_per_cpu_s']:.0f} tok per CPU-s" if "tokens_per_cpu_s" in r else ""
+            print(f"{engine:7s} {r['tokens_per_s']:9.0f} tok/s  (median {r['median_s'] * 1e3:.1f} ms for "
+                  f"{r['new_tokens']} tokens{cpu})")
+    if "tokens_per_s" in results["sglang"]:
+        print(f"native / sglang: {results['native']['tokens_per_s'] / results['sglang']['tokens_per_s']:.2f}x")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(record, fh, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""``verl convert``: HF safetensors <-> megatron dist checkpoints (any tp, pp).
+
+  hf-to-mcore --hf-dir D --out C --tp T --pp P [--head lm|value|score]
+      spawns T*P local ranks; each loads its shard from D and the ranks save a model-only
+      dist checkpoint C (loadable at any tp/pp). The HF config.json travels in C's manifest.
+  mcore-to-hf --ckpt C --out D [--max-shard-bytes N]
+      loads C at tp=pp=1 and writes D: config.json + model.safetensors (or shards + index).
+
+Bad input is one line on stderr and exit code 2; outputs are written to a staging directory and
+renamed, so nothing half-written is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from typing import List, Optional
+
+from verl.models.config import ModelConfig, ModelConfigError
+from verl.models.mcore.model import HEADS, ModelLayoutError, check_parallel_layout
+from verl.models.mcore.weights import HFCheckpoint, WeightsError, hf_names, save_hf_checkpoint
+
+USAGE_ERROR = 2
+
+
+def _hf_to_mcore_rank(hf_dir: str, out: str, tp: int, pp: int, head: str, hf_config: dict) -> bool:
+    from verl.models.mcore.weights import load_hf_into_model
+    from verl.workers.megatron.checkpoint import save_checkpoint
+    from verl.workers.megatron.engine import MegatronEngine
+    from verl.workers.megatron.parallel import destroy_megatron, initialize_megatron
+
+    initialize_megatron(tp, pp)
+    config = ModelConfig.from_dict(hf_config)
+    engine = MegatronEngine(config, head)
+    load_hf_into_model(engine.module, config, HFCheckpoint(hf_dir).get, head)
+    save_checkpoint(engine, out, iteration=0, with_optimizer=False, extra_manifest={"hf_config": hf_config})
+    destroy_megatron()
+    return True
+
+
+def _mcore_to_hf_rank(ckpt: str, head: str, hf_config: dict) -> dict:
+    from verl.models.mcore.weights import gather_hf_from_model
+    from verl.workers.megatron.checkpoint import load_checkpoint
+    from verl.workers.megatron.engine import MegatronEngine
+    from verl.workers.megatron.parallel import destroy_megatron, initialize_megatron
+
+    initialize_megatron(1, 1)
+    config = ModelConfig.from_dict(hf_config)
+    engine = MegatronEngine(config, head)
+    load_checkpoint(engine, ckpt, with_optimizer=False)
+    tensors = gather_hf_from_model(engine.module, config, head)
+    destroy_megatron()
+    return tensors
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl convert", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="direction", required=True)
+    to_mcore = sub.add_parser("hf-to-mcore", help="HF safetensors -> megatron dist checkpoint")
+    to_mcore.add_argument("--hf-dir", required=True)
+    to_mcore.add_argument("--out", required=True)
+    to_mcore.add_argument("--tp", type=int, default=1)
+    to_mcore.add_argument("--pp", type=int, default=1)
+    to_mcore.add_argument("--head", choices=HEADS, default="lm")
+    to_hf = sub.add_parser("mcore-to-hf", help="megatron dist checkpoint -> HF safetensors")
+    to_hf.add_argument("--ckpt", required=True)
+    to_hf.add_argument("--out", required=True)
+    to_hf.add_argument("--max-shard-bytes", type=int, default=0)
+    return parser
+
+
+def _read_hf_config(hf_dir: str) -> dict:
+    ModelConfig.from_pretrained(hf_dir)  # validates, with messages that name the key
+    with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _check_out(out: str) -> None:
+    if os.path.exists(out):
+        raise FileExistsError(f"--out: expected a path that does not exist yet, found {out}")
+
+
+def hf_to_mcore(args) -> None:
+    from verl.workers.megatron.spawn import run_ranks
+
+    hf_config = _read_hf_config(args.hf_dir)
+    config = ModelConfig.from_dict(hf_config)
+    check_parallel_layout(config, args.tp, args.pp)
+    HFCheckpoint(args.hf_dir)  # every shard present
+    _check_out(args.out)
+    run_ranks(_hf_to_mcore_rank, args.tp * args.pp, os.path.abspath(args.hf_dir), os.path.abspath(args.out),
+              args.tp, args.pp, args.head, hf_config, timeout_s=600)
+
+
+def mcore_to_hf(args) -> None:
+    from verl.workers.megatron.checkpoint import read_manifest
+    from verl.workers.megatron.spawn import run_ranks
+
+    manifest = read_manifest(args.ckpt)
+    if "hf_config" not in manifest:
+        raise WeightsError(f"checkpoint {args.ckpt}: expected an 'hf_config' in its manifest "
+                           f"(written by hf-to-mcore), found none")
+    _check_out(args.out)
+    tensors = run_ranks(_mcore_to_hf_rank, 1, os.path.abspath(args.ckpt), manifest["head"],
+                        manifest["hf_config"], timeout_s=600)[0]
+    config = ModelConfig.from_dict(manifest["hf_config"])
+    ordered = {name: tensors[name] for name in hf_names(config, manifest["head"])}
+    staging = os.path.abspath(args.out) + ".tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    save_hf_checkpoint(ordered, staging, args.max_shard_bytes)
+    with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as fh:
+        json.dump(manifest["hf_config"], fh, indent=2)
+    os.replace(staging, args.out)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from verl.workers.megatron.checkpoint import CheckpointError
+
+    args = _parser().parse_args(argv)
+    try:
+        (hf_to_mcore if args.direction == "hf-to-mcore" else mcore_to_hf)(args)
+    except (ModelConfigError, ModelLayoutError, WeightsError, CheckpointError, FileExistsError) as exc:
+        print(f"verl convert: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

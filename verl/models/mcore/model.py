@@ -1,0 +1,145 @@
+"""megatron-core GPTModel for Qwen2 / Llama, built from the shared HF-style :class:`ModelConfig`.
+
+Local layer spec (torch or apex norms, megatron's own attention): Qwen2 and Llama are the same
+transformer — RMSNorm, RoPE (theta from the config), SwiGLU MLP without biases, grouped-query
+attention — and differ only in the qkv bias, which the config carries. Three heads share the trunk:
+  lm     vocab-parallel output layer (tied to the embedding when the config says so)
+  value  critic: one scalar per token
+  score  reward model: one scalar per token, read at each sequence's last valid token
+
+The TP / PP layout comes from megatron's ``parallel_state`` (initialise it first).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from verl.models.config import ModelConfig
+
+# Megatron's make_vocab_size_divisible_by default; the padded vocab is a multiple of this times tp.
+MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
+HEADS = ("lm", "value", "score")
+
+
+class ModelLayoutError(ValueError):
+    """A (tp, pp) the model cannot be split over."""
+
+
+def padded_vocab_size(vocab_size: int, tp_size: int) -> int:
+    multiple = MAKE_VOCAB_SIZE_DIVISIBLE_BY * tp_size
+    return -(-vocab_size // multiple) * multiple
+
+
+def check_parallel_layout(config: ModelConfig, tp_size: int, pp_size: int) -> None:
+    """One clear line for a (tp, pp) that does not divide the model."""
+    for key, value, size, what in (
+        ("num_attention_heads", config.num_attention_heads, tp_size, "tp"),
+        ("num_key_value_heads", config.num_key_value_heads, tp_size, "tp"),
+        ("intermediate_size", config.intermediate_size, tp_size, "tp"),
+        ("num_hidden_layers", config.num_hidden_layers, pp_size, "pp"),
+    ):
+        if not isinstance(size, int) or size <= 0:
+            raise ModelLayoutError(f"{what}: expected a positive integer, found {size!r}")
+        if value % size:
+            raise ModelLayoutError(f"{what}={size}: expected a divisor of {key}={value}, found remainder {value % size}")
+
+
+def transformer_config(config: ModelConfig, tp_size: int, pp_size: int, *,
+                       params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False,
+                       **overrides):
+    """megatron TransformerConfig for ``config``: fusions off on CPU, dropout 0 (RL fine-tuning)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    check_parallel_layout(config, tp_size, pp_size)
+    on_gpu = torch.cuda.is_available()
+    kwargs = dict(
+        num_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        ffn_hidden_size=config.intermediate_size,
+        num_attention_heads=config.num_attention_heads,
+        num_query_groups=config.num_key_value_heads,
+        kv_channels=config.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=config.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=config.attention_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp_size,
+        pipeline_model_parallel_size=pp_size,
+        sequence_parallel=sequence_parallel and tp_size > 1,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        use_cpu_initialization=not on_gpu,
+        # The fused kernels exist only on GPU (apex / TE / CUDA JIT).
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=on_gpu,
+        masked_softmax_fusion=on_gpu,
+        bias_dropout_fusion=on_gpu,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+    )
+    kwargs.update(overrides)
+    return TransformerConfig(**kwargs)
+
+
+class ValueHead(torch.nn.Module):
+    """Scalar head on the final hidden states, replicated on every TP rank.
+
+    Called the way GPTModel calls its output layer; megatron's ``output_layer.weight`` name is kept
+    so the critic checkpoint reads like verl's (HF ``score.weight``).
+    """
+
+    def __init__(self, hidden_size: int, init_std: float, params_dtype: torch.dtype, seed: int = 0):
+        super().__init__()
+        # A fixed generator makes the replicas identical on every TP rank without a broadcast.
+        generator = torch.Generator().manual_seed(seed)
+        weight = torch.empty(1, hidden_size, dtype=torch.float32).normal_(0.0, init_std, generator=generator)
+        self.weight = torch.nn.Parameter(weight.to(params_dtype))
+
+    def forward(self, hidden_states, weight=None, runtime_gather_output=None):
+        """[s, b, h] -> ([s, b, 1], None) like megatron's ColumnParallelLinear."""
+        return F.linear(hidden_states, self.weight), None
+
+
+def build_gpt_model(config: ModelConfig, head: str = "lm", *, params_dtype: torch.dtype = torch.float32,
+                    sequence_parallel: bool = False, pre_process: Optional[bool] = None,
+                    post_process: Optional[bool] = None, **config_overrides):
+    """This rank's GPTModel stage for ``config`` under the initialised megatron parallel state."""
+    from megatron.core import parallel_state as mpu
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    if head not in HEADS:
+        raise ValueError(f"model head: expected one of {HEADS}, found {head!r}")
+    tp_size = mpu.get_tensor_model_parallel_world_size()
+    pp_size = mpu.get_pipeline_model_parallel_world_size()
+    tf_config = transformer_config(config, tp_size, pp_size, params_dtype=params_dtype,
+                                   sequence_parallel=sequence_parallel, **config_overrides)
+    pre_process = mpu.is_pipeline_first_stage() if pre_process is None else pre_process
+    post_process = mpu.is_pipeline_last_stage() if post_process is None else post_process
+    tied = head == "lm" and config.tie_word_embeddings
+    model = GPTModel(
+        config=tf_config,
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=padded_vocab_size(config.vocab_size, tp_size),
+        max_sequence_length=config.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=tied,
+        position_embedding_type="rope",
+        rotary_percent=1.0,
+        rotary_base=config.rope_theta,
+    )
+    if head != "lm" and post_process:
+        model.output_layer = ValueHead(config.hidden_size, tf_config.init_method_std, params_dtype)
+    model.verl_head = head
+    return model

@@ -1,0 +1,309 @@
+"""HF safetensors <-> per-rank megatron-core GPTModel shards, for any (tp, pp).
+
+The mapping is a table: each megatron parameter names the HF tensor(s) it is made of and a layout
+rule that says how one TP rank's shard is cut from them (and how the shards merge back).
+
+  megatron (per stage; layer k local)            HF (layer i = stage offset + k)          layout
+  embedding.word_embeddings.weight               model.embed_tokens.weight                vocab
+  decoder.layers.k.input_layernorm.weight        model.layers.i.input_layernorm.weight    replicated
+  decoder.layers.k.self_attention.linear_proj.weight   ...self_attn.o_proj.weight         row
+  decoder.layers.k.self_attention.linear_qkv.weight    ...self_attn.{q,k,v}_proj.weight   qkv
+  decoder.layers.k.self_attention.linear_qkv.bias      ...self_attn.{q,k,v}_proj.bias     qkv (qkv bias only)
+  decoder.layers.k.pre_mlp_layernorm.weight      ...post_attention_layernorm.weight       replicated
+  decoder.layers.k.mlp.linear_fc1.weight         ...mlp.{gate,up}_proj.weight             gate_up
+  decoder.layers.k.mlp.linear_fc2.weight         ...mlp.down_proj.weight                  row
+  decoder.final_layernorm.weight                 model.norm.weight                        replicated
+  output_layer.weight                            lm_head.weight (untied lm)               vocab
+                                                 model.embed_tokens.weight (tied, pp > 1) vocab
+                                                 score.weight (value / score heads)       replicated
+
+Layouts: vocab = rows padded with zeros to Megatron's padded vocab, split on dim 0; row = split on
+dim 1 (input dim of a row-parallel linear); qkv = rows regrouped per query group
+[q heads of the group; k; v], groups split across TP; gate_up = [gate shard; up shard].
+Rows are listed in GPTModel state-dict order (linear_proj is created before linear_qkv).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections import OrderedDict
+from typing import Callable, Dict, List, Mapping, Sequence, Tuple
+
+import torch
+
+from verl.models.config import ModelConfig
+from verl.models.mcore.model import check_parallel_layout, padded_vocab_size
+
+SAFETENSORS_SINGLE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+class WeightsError(ValueError):
+    """An HF checkpoint or a set of shards that does not match the model config."""
+
+
+# ----------------------------------------------------------------------------- layout rules
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    name: str
+    shard: Callable[[Sequence[torch.Tensor], ModelConfig, int, int], torch.Tensor]
+    merge: Callable[[Sequence[torch.Tensor], ModelConfig], List[torch.Tensor]]
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _replicated_shard(full, config, tp, rank):
+    return full[0]
+
+
+def _replicated_merge(shards, config):
+    return [shards[0]]
+
+
+def _vocab_shard(full, config, tp, rank):
+    weight = full[0]
+    padded = weight.new_zeros((padded_vocab_size(config.vocab_size, tp),) + tuple(weight.shape[1:]))
+    padded[: weight.size(0)] = weight
+    return padded.chunk(tp, dim=0)[rank]
+
+
+def _vocab_merge(shards, config):
+    return [torch.cat(list(shards), dim=0)[: config.vocab_size]]
+
+
+def _row_shard(full, config, tp, rank):
+    return full[0].chunk(tp, dim=1)[rank]
+
+
+def _row_merge(shards, config):
+    return [torch.cat(list(shards), dim=1)]
+
+
+def _qkv_groups(config: ModelConfig) -> Tuple[int, int]:
+    """(query groups, rows per group = (heads per group + 2) * head_dim)."""
+    groups = config.num_query_groups
+    return groups, (config.num_attention_heads // groups + 2) * config.head_dim
+
+
+def _qkv_shard(full, config, tp, rank):
+    q, k, v = full
+    groups, _ = _qkv_groups(config)
+    tail = tuple(q.shape[1:])
+    per_group = torch.cat([q.reshape((groups, -1) + tail), k.reshape((groups, -1) + tail),
+                           v.reshape((groups, -1) + tail)], dim=1)
+    return per_group.chunk(tp, dim=0)[rank].reshape((-1,) + tail)
+
+
+def _qkv_merge(shards, config):
+    groups, rows = _qkv_groups(config)
+    merged = torch.cat(list(shards), dim=0)
+    tail = tuple(merged.shape[1:])
+    per_group = merged.reshape((groups, rows) + tail)
+    q_rows = config.num_attention_heads // groups * config.head_dim
+    q, k, v = per_group.split([q_rows, config.head_dim, config.head_dim], dim=1)
+    return [t.reshape((-1,) + tail) for t in (q, k, v)]
+
+
+def _gate_up_shard(full, config, tp, rank):
+    gate, up = full
+    return torch.cat([gate.chunk(tp, dim=0)[rank], up.chunk(tp, dim=0)[rank]], dim=0)
+
+
+def _gate_up_merge(shards, config):
+    halves = [s.chunk(2, dim=0) for s in shards]
+    return [torch.cat([h[0] for h in halves], dim=0), torch.cat([h[1] for h in halves], dim=0)]
+
+
+REPLICATED = Layout("replicated", _replicated_shard, _replicated_merge)
+VOCAB = Layout("vocab", _vocab_shard, _vocab_merge)
+ROW = Layout("row", _row_shard, _row_merge)
+QKV = Layout("qkv", _qkv_shard, _qkv_merge)
+GATE_UP = Layout("gate_up", _gate_up_shard, _gate_up_merge)
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightRule:
+    mcore: str
+    hf: Tuple[str, ...]
+    layout: Layout
+
+
+def _layer_rules(config: ModelConfig, k: int, i: int) -> List[WeightRule]:
+    mg, hf = f"decoder.layers.{k}.", f"model.layers.{i}."
+    qkv = tuple(f"{hf}self_attn.{x}_proj" for x in "qkv")
+    rules = [
+        WeightRule(mg + "input_layernorm.weight", (hf + "input_layernorm.weight",), REPLICATED),
+        WeightRule(mg + "self_attention.linear_proj.weight", (hf + "self_attn.o_proj.weight",), ROW),
+        WeightRule(mg + "self_attention.linear_qkv.weight", tuple(p + ".weight" for p in qkv), QKV),
+    ]
+    if config.attention_bias:
+        rules.append(WeightRule(mg + "self_attention.linear_qkv.bias", tuple(p + ".bias" for p in qkv), QKV))
+    rules += [
+        WeightRule(mg + "pre_mlp_layernorm.weight", (hf + "post_attention_layernorm.weight",), REPLICATED),
+        WeightRule(mg + "mlp.linear_fc1.weight", (hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"), GATE_UP),
+        WeightRule(mg + "mlp.linear_fc2.weight", (hf + "mlp.down_proj.weight",), ROW),
+    ]
+    return rules
+
+
+def weight_rules(config: ModelConfig, pp_size: int, pp_rank: int, head: str = "lm") -> List[WeightRule]:
+    """The rules for every parameter of pipeline stage ``pp_rank``, in GPTModel state-dict order."""
+    check_parallel_layout(config, 1, pp_size)
+    per_stage = config.num_hidden_layers // pp_size
+    first, last = pp_rank == 0, pp_rank == pp_size - 1
+    rules: List[WeightRule] = []
+    if first:
+        rules.append(WeightRule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), VOCAB))
+    for k in range(per_stage):
+        rules += _layer_rules(config, k, pp_rank * per_stage + k)
+    if last:
+        rules.append(WeightRule("decoder.final_layernorm.weight", ("model.norm.weight",), REPLICATED))
+        if head != "lm":
+            rules.append(WeightRule("output_layer.weight", ("score.weight",), REPLICATED))
+        elif not config.tie_word_embeddings:
+            rules.append(WeightRule("output_layer.weight", ("lm_head.weight",), VOCAB))
+        elif pp_size > 1:
+            # Tied across stages: the last stage holds its own copy of the embedding.
+            rules.append(WeightRule("output_layer.weight", ("model.embed_tokens.weight",), VOCAB))
+    return rules
+
+
+def hf_names(config: ModelConfig, head: str = "lm") -> List[str]:
+    """Every tensor of the HF checkpoint for ``config`` (no duplicates, HF's usual order)."""
+    names: List[str] = []
+    for rule in weight_rules(config, 1, 0, head):
+        names += [n for n in rule.hf if n not in names]
+    return names
+
+
+# ----------------------------------------------------------------------------- shard <-> merge
+def to_mcore_shard(config: ModelConfig, get_hf: Callable[[str], torch.Tensor], tp_size: int, pp_size: int,
+                   tp_rank: int, pp_rank: int, head: str = "lm") -> "OrderedDict[str, torch.Tensor]":
+    """This rank's megatron state dict (parameters only) from HF tensors fetched by name."""
+    check_parallel_layout(config, tp_size, pp_size)
+    out: "OrderedDict[str, torch.Tensor]" = OrderedDict()
+    for rule in weight_rules(config, pp_size, pp_rank, head):
+        full = [get_hf(name) for name in rule.hf]
+        out[rule.mcore] = rule.layout.shard(full, config, tp_size, tp_rank).clone()
+    return out
+
+
+def to_hf(config: ModelConfig, shards: Mapping[Tuple[int, int], Mapping[str, torch.Tensor]], tp_size: int,
+          pp_size: int, head: str = "lm") -> Dict[str, torch.Tensor]:
+    """HF tensors from every rank's megatron state dict, keyed by (tp_rank, pp_rank)."""
+    check_parallel_layout(config, tp_size, pp_size)
+    missing = [(t, p) for p in range(pp_size) for t in range(tp_size) if (t, p) not in shards]
+    if missing:
+        raise WeightsError(f"megatron shards: expected all (tp_rank, pp_rank) of tp={tp_size} pp={pp_size}, "
+                           f"found none for {missing}")
+    out: Dict[str, torch.Tensor] = {}
+    for pp_rank in range(pp_size):
+        for rule in weight_rules(config, pp_size, pp_rank, head):
+            if all(name in out for name in rule.hf):
+                continue  # the tied output-layer copy on the last stage
+            try:
+                parts = [shards[(t, pp_rank)][rule.mcore] for t in range(tp_size)]
+            except KeyError:
+                raise WeightsError(f"megatron shard (pp_rank={pp_rank}): expected {rule.mcore}, found it missing") from None
+            for name, tensor in zip(rule.hf, rule.layout.merge(parts, config)):
+                out[name] = tensor.contiguous()
+    return {name: out[name] for name in hf_names(config, head)}
+
+
+# ----------------------------------------------------------------------------- live model
+def load_hf_into_model(model: torch.nn.Module, config: ModelConfig, get_hf: Callable[[str], torch.Tensor],
+                       head: str = "lm") -> None:
+    """Copy HF tensors into this rank's model in place (keeps DDP / optimizer views valid)."""
+    from megatron.core import parallel_state as mpu
+
+    shard = to_mcore_shard(config, get_hf, mpu.get_tensor_model_parallel_world_size(),
+                           mpu.get_pipeline_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank(),
+                           mpu.get_pipeline_model_parallel_rank(), head)
+    params = dict(model.named_parameters())
+    if set(params) != set(shard):
+        raise WeightsError(f"model parameters: expected {sorted(shard)}, found {sorted(params)}")
+    with torch.no_grad():
+        for name, tensor in shard.items():
+            if params[name].shape != tensor.shape:
+                raise WeightsError(f"{name}: expected shape {tuple(tensor.shape)}, found {tuple(params[name].shape)}")
+            params[name].copy_(tensor)
+
+
+def gather_hf_from_model(model: torch.nn.Module, config: ModelConfig, head: str = "lm") -> Dict[str, torch.Tensor]:
+    """Full HF tensors from every TP/PP rank's shard (collective over the model-parallel group)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    tp, pp = mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size()
+    local = {name: p.detach().cpu() for name, p in model.named_parameters()}
+    gathered = [None] * (tp * pp)
+    dist.all_gather_object(gathered, ((mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()),
+                                      local), group=mpu.get_model_parallel_group())
+    return to_hf(config, dict(gathered), tp, pp, head)
+
+
+# ----------------------------------------------------------------------------- HF safetensors files
+class HFCheckpoint:
+    """An HF safetensors checkpoint directory: one ``model.safetensors`` or shards with an index."""
+
+    def __init__(self, path: str):
+        index = os.path.join(path, SAFETENSORS_INDEX)
+        single = os.path.join(path, SAFETENSORS_SINGLE)
+        if os.path.isfile(index):
+            with open(index, encoding="utf-8") as fh:
+                weight_map = json.load(fh).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise WeightsError(f"{index}: expected a 'weight_map' object, found none")
+            self.files = {name: os.path.join(path, file) for name, file in weight_map.items()}
+        elif os.path.isfile(single):
+            from safetensors import safe_open
+
+            with safe_open(single, framework="pt") as fh:
+                self.files = {name: single for name in fh.keys()}
+        else:
+            raise WeightsError(f"HF checkpoint {path}: expected {SAFETENSORS_SINGLE} or {SAFETENSORS_INDEX}, found neither")
+        for file in sorted(set(self.files.values())):
+            if not os.path.isfile(file):
+                raise WeightsError(f"HF checkpoint {path}: expected shard {os.path.basename(file)}, found it missing")
+        self.path = path
+
+    def get(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        if name not in self.files:
+            raise WeightsError(f"HF checkpoint {self.path}: expected tensor {name}, found it missing")
+        with safe_open(self.files[name], framework="pt") as fh:
+            return fh.get_tensor(name)
+
+
+def save_hf_checkpoint(tensors: Mapping[str, torch.Tensor], out_dir: str, max_shard_bytes: int = 0) -> List[str]:
+    """Write safetensors (one file, or shards + index when ``max_shard_bytes`` is set); returns files."""
+    from safetensors.torch import save_file
+
+    os.makedirs(out_dir, exist_ok=True)
+    if not max_shard_bytes:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, SAFETENSORS_SINGLE),
+                  metadata={"format": "pt"})
+        return [SAFETENSORS_SINGLE]
+    groups: List[Dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if groups[-1] and size + nbytes > max_shard_bytes:
+            groups.append({})
+            size = 0
+        groups[-1][name] = tensor.contiguous()
+        size += nbytes
+    files, weight_map = [], {}
+    for n, group in enumerate(groups, start=1):
+        file = f"model-{n:05d}-of-{len(groups):05d}.safetensors"
+        save_file(group, os.path.join(out_dir, file), metadata={"format": "pt"})
+        files.append(file)
+        weight_map.update({name: file for name in group})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    with open(os.path.join(out_dir, SAFETENSORS_INDEX), "w", encoding="utf-8") as fh:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh, indent=2)
+    return files + [SAFETENSORS_INDEX]

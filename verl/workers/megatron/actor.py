@@ -1,0 +1,52 @@
+"""Actor / reference policy on megatron-core: response log-probs, entropy, policy updates.
+
+Batch fields (B samples, S = prompt + response length, R = response length):
+  input_ids [B, S], attention_mask [B, S], position_ids [B, S] (optional), responses [B, R];
+  anything the loss function needs (old_log_probs, advantages, response_mask, ...).
+Outputs: log_probs [B, R] = log p(responses[t] | prefix), entropy [B, R] (fp32).
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from verl.workers.megatron.engine import Batch, LossFn, MegatronEngine
+from verl.workers.megatron.padding import restore
+from verl.workers.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy
+
+
+def token_log_probs(engine: MegatronEngine, compute_entropy: bool):
+    """output_fn: log p(token t+1 | tokens <= t) for every position, sliced to the response."""
+
+    def output_fn(logits, aligned_ids, shifts, micro_batch) -> Dict[str, torch.Tensor]:
+        response_length = micro_batch["responses"].size(1)
+        # Next-token targets in the left-aligned rows; the last column wraps onto padding.
+        targets = torch.roll(aligned_ids, shifts=-1, dims=1)
+        log_probs, entropy = vocab_parallel_log_probs_and_entropy(
+            logits, targets, engine.config.vocab_size, compute_entropy)
+        outputs = {"log_probs": restore(log_probs, shifts)[:, -response_length - 1:-1]}
+        if entropy is not None:
+            outputs["entropy"] = restore(entropy, shifts)[:, -response_length - 1:-1]
+        return outputs
+
+    return output_fn
+
+
+class MegatronActor:
+    """verl's actor (or, built without an optimizer, the reference policy)."""
+
+    def __init__(self, engine: MegatronEngine, micro_batch_size: int = 1):
+        if engine.head != "lm":
+            raise ValueError(f"actor: expected an engine with the lm head, found {engine.head!r}")
+        self.engine = engine
+        self.micro_batch_size = micro_batch_size
+
+    def compute_log_prob(self, batch: Batch, calculate_entropy: bool = True) -> Dict[str, torch.Tensor]:
+        return self.engine.forward(batch, self.micro_batch_size, token_log_probs(self.engine, calculate_entropy))
+
+    def update_policy(self, batch: Batch, loss_fn: LossFn, calculate_entropy: bool = True) -> Dict[str, float]:
+        """One optimizer step; ``loss_fn({'log_probs', 'entropy'}, micro_batch) -> (loss, metrics)``."""
+        return self.engine.train_step(batch, self.micro_batch_size,
+                                      token_log_probs(self.engine, calculate_entropy), loss_fn)

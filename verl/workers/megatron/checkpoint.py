@@ -1,0 +1,153 @@
+"""Megatron checkpoints with ``megatron.core.dist_checkpointing``: model, optimizer, LR scheduler,
+RNG and iteration, loadable into a different (tp, pp).
+
+Atomic: every rank writes into ``<dir>.tmp``; after a barrier rank 0 records the file list in
+``verl_checkpoint.json`` and renames the directory, so a crash never leaves a half-written ``<dir>``.
+Loading first checks that every recorded file is present (one clear error naming the missing one).
+
+Entry scripts need an ``if __name__ == "__main__"`` guard: dist_checkpointing's saver starts a
+spawn-context Manager that re-imports ``__main__`` (without the guard it hangs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+from typing import Optional
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from verl.workers.megatron.engine import MegatronEngine
+
+MANIFEST = "verl_checkpoint.json"
+# The distributed optimizer's default sharding cannot be saved on CPU ("flattened_range is not
+# supported"); dp_reshardable can, and reloads under a different DP size.
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that is missing, incomplete, or for another model."""
+
+
+def _optimizers(engine: MegatronEngine):
+    return getattr(engine.optimizer, "chained_optimizers", [engine.optimizer])
+
+
+def _rng_sharded_object():
+    from megatron.core import parallel_state as mpu
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    state = {"random": random.getstate(), "np": np.random.get_state(), "torch": torch.get_rng_state(),
+             "tracker": get_cuda_rng_tracker().get_states()}
+    pp, tp = mpu.get_pipeline_model_parallel_world_size(), mpu.get_tensor_model_parallel_world_size()
+    return ShardedObject("rng_state", state, (pp, tp),
+                         (mpu.get_pipeline_model_parallel_rank(), mpu.get_tensor_model_parallel_rank()),
+                         replica_id=mpu.get_data_parallel_rank())
+
+
+def _sharded_state(engine: MegatronEngine, with_optimizer: bool, is_loading: bool, with_rng: bool):
+    model_state = engine.module.sharded_state_dict()
+    state = {"model": model_state}
+    if with_optimizer and engine.optimizer is not None:
+        state["optimizer"] = engine.optimizer.sharded_state_dict(
+            model_state, is_loading=is_loading, metadata=OPTIMIZER_METADATA)
+        state["scheduler"] = engine.scheduler.state_dict()
+    if with_rng:
+        state["rng_state"] = _rng_sharded_object()
+    return state
+
+
+def save_checkpoint(engine: MegatronEngine, path: str, iteration: int, with_optimizer: bool = True,
+                    extra_manifest: Optional[dict] = None) -> None:
+    """Collective over every rank of the job; ``extra_manifest`` (JSON) is stored in the manifest."""
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as mpu
+
+    path = os.path.abspath(path)
+    staging = path + ".tmp"
+    if dist.get_rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging)
+    dist.barrier()
+    state = _sharded_state(engine, with_optimizer, is_loading=False, with_rng=True)
+    state["iteration"] = iteration
+    dist_checkpointing.save(state, staging)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        files = sorted(os.path.relpath(os.path.join(root, f), staging)
+                       for root, _, names in os.walk(staging) for f in names)
+        manifest = {"iteration": iteration, "tp": mpu.get_tensor_model_parallel_world_size(),
+                    "pp": mpu.get_pipeline_model_parallel_world_size(), "head": engine.head,
+                    "with_optimizer": with_optimizer and engine.optimizer is not None,
+                    "model_config": dataclasses.asdict(engine.config), "files": files, **(extra_manifest or {})}
+        with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as fh:
+            json.dump(manifest, fh, indent=2)
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        os.replace(staging, path)
+    dist.barrier()
+
+
+def read_manifest(path: str) -> dict:
+    """The checkpoint's manifest, after checking every file it lists is present."""
+    file = os.path.join(path, MANIFEST)
+    if not os.path.isfile(file):
+        raise CheckpointError(f"checkpoint {path}: expected {MANIFEST}, found it missing")
+    with open(file, encoding="utf-8") as fh:
+        manifest = json.load(fh)
+    for name in manifest["files"]:
+        if not os.path.isfile(os.path.join(path, name)):
+            raise CheckpointError(f"checkpoint {path}: expected file {name}, found it missing")
+    return manifest
+
+
+def load_checkpoint(engine: MegatronEngine, path: str, with_optimizer: bool = True) -> int:
+    """Load into ``engine`` (any tp/pp); returns the saved iteration. Collective over every rank."""
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as mpu
+
+    manifest = read_manifest(path)
+    if manifest["head"] != engine.head:
+        raise CheckpointError(f"checkpoint {path}: expected a {engine.head!r} model, found {manifest['head']!r}")
+    with_optimizer = with_optimizer and engine.optimizer is not None
+    if with_optimizer and not manifest["with_optimizer"]:
+        raise CheckpointError(f"checkpoint {path}: expected optimizer state, found a model-only checkpoint")
+    same_layout = (manifest["tp"], manifest["pp"]) == (mpu.get_tensor_model_parallel_world_size(),
+                                                       mpu.get_pipeline_model_parallel_world_size())
+    if with_optimizer:
+        for optimizer in _optimizers(engine):
+            if hasattr(optimizer, "_init_optimizer_states_with_dummy_values"):
+                # A fresh distributed optimizer has no Adam state to load into yet.
+                optimizer._init_optimizer_states_with_dummy_values()
+    state = _sharded_state(engine, with_optimizer, is_loading=True, with_rng=same_layout)
+    loaded = dist_checkpointing.load(state, path)
+    engine.module.load_state_dict(loaded["model"])
+    if with_optimizer:
+        with torch.no_grad():  # fp32 main params of the distributed optimizer are views of leaf params
+            engine.optimizer.load_state_dict(loaded["optimizer"])
+        _unshare_adam_steps(engine, manifest["iteration"])
+        engine.scheduler.load_state_dict(loaded["scheduler"])
+    if same_layout:
+        rng = loaded["rng_state"]
+        random.setstate(rng["random"])
+        np.random.set_state(rng["np"])
+        torch.set_rng_state(rng["torch"])
+        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+        get_cuda_rng_tracker().set_states(rng["tracker"])
+    return int(manifest["iteration"])
+
+
+def _unshare_adam_steps(engine: MegatronEngine, iteration: int) -> None:
+    """megatron loads one 'step' tensor shared by every param; Adam then bumps it once per param."""
+    for optimizer in _optimizers(engine):
+        for param_state in optimizer.optimizer.state.values():
+            if "step" in param_state:
+                step = param_state["step"]
+                param_state["step"] = torch.full_like(step, float(iteration)) if torch.is_tensor(step) else iteration
+

@@ -1,0 +1,186 @@
+"""One megatron-core model on this rank's TP/PP/DP groups: forward(-backward) over micro-batches,
+DDP, optimizer, LR schedule. Roles (actor, critic, reward model) plug in two callables:
+
+  output_fn(output, aligned_ids, shifts, micro_batch) -> {name: tensor}
+      turns the last stage's model output ([b, S, V/tp] logits or [b, S, 1] values, rows left-aligned
+      by ``padding.left_align``) into per-sample results (log-probs, entropy, values, ...);
+  loss_fn(outputs, micro_batch) -> (loss, {metric: scalar tensor})
+      the policy / value loss hook (PPO, GRPO, ...), called on the last stage during training.
+
+Batches are plain dicts of tensors that share the batch dimension (input_ids, attention_mask,
+position_ids, responses, ...). Every rank of a model-parallel group passes the same batch; each DP
+rank passes its own share. Results are returned on every rank of the pipeline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from verl.models.config import ModelConfig
+from verl.models.mcore.model import build_gpt_model
+from verl.workers.megatron.padding import attention_mask_4d, left_align
+
+Batch = Mapping[str, torch.Tensor]
+OutputFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Batch], Dict[str, torch.Tensor]]
+LossFn = Callable[[Dict[str, torch.Tensor], Batch], Tuple[torch.Tensor, Dict[str, torch.Tensor]]]
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    """Adam + megatron's OptimizerParamScheduler (names follow verl's actor.optim config)."""
+
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    weight_decay: float = 0.01
+    betas: Tuple[float, float] = (0.9, 0.999)
+    clip_grad: float = 1.0
+    lr_warmup_steps: int = 0
+    total_training_steps: int = 1
+    lr_decay_style: str = "constant"  # constant | linear | cosine
+    use_distributed_optimizer: bool = False
+
+    def __post_init__(self):
+        if self.lr_decay_style not in ("constant", "linear", "cosine"):
+            raise ValueError(f"optim.lr_decay_style: expected constant, linear or cosine, found {self.lr_decay_style!r}")
+        if self.total_training_steps < 1 or self.lr_warmup_steps < 0:
+            raise ValueError(f"optim: expected total_training_steps >= 1 and lr_warmup_steps >= 0, found "
+                             f"{self.total_training_steps} and {self.lr_warmup_steps}")
+
+
+def split_micro_batches(batch: Batch, micro_batch_size: int) -> List[Dict[str, torch.Tensor]]:
+    sizes = {k: v.size(0) for k, v in batch.items()}
+    size = next(iter(sizes.values()))
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"batch: expected one batch size for every field, found {sizes}")
+    if micro_batch_size < 1 or size % micro_batch_size:
+        raise ValueError(f"micro_batch_size: expected a divisor of the batch size {size}, found {micro_batch_size}")
+    return [{k: v[i:i + micro_batch_size] for k, v in batch.items()} for i in range(0, size, micro_batch_size)]
+
+
+class MegatronEngine:
+    def __init__(self, config: ModelConfig, head: str = "lm", optim: Optional[OptimConfig] = None, *,
+                 params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False):
+        from megatron.core import parallel_state as mpu
+
+        self.config = config
+        self.head = head
+        self.optim_config = optim
+        module = build_gpt_model(config, head, params_dtype=params_dtype, sequence_parallel=sequence_parallel)
+        self.tf_config = module.config
+        self.optimizer = None
+        self.scheduler = None
+        if optim is None:
+            self.model = module
+        else:
+            self.model, self.optimizer, self.scheduler = self._wrap_for_training(module, optim, params_dtype)
+        self.is_last_stage = mpu.is_pipeline_last_stage()
+
+    def _wrap_for_training(self, module, optim: OptimConfig, params_dtype: torch.dtype):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+            use_distributed_optimizer=optim.use_distributed_optimizer)
+        model = DistributedDataParallel(config=self.tf_config, ddp_config=ddp_config, module=module)
+        # Sums tied-embedding and sequence-parallel grads and all-reduces over DP after backward.
+        self.tf_config.finalize_model_grads_func = finalize_model_grads
+        optimizer = get_megatron_optimizer(OptimizerConfig(
+            optimizer="adam", lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
+            adam_beta1=optim.betas[0], adam_beta2=optim.betas[1], clip_grad=optim.clip_grad,
+            bf16=params_dtype == torch.bfloat16, fp16=params_dtype == torch.float16, params_dtype=params_dtype,
+            use_distributed_optimizer=optim.use_distributed_optimizer), [model])
+        scheduler = OptimizerParamScheduler(
+            optimizer, init_lr=0.0 if optim.lr_warmup_steps else optim.lr, max_lr=optim.lr, min_lr=optim.min_lr,
+            lr_warmup_steps=optim.lr_warmup_steps, lr_decay_steps=optim.total_training_steps,
+            lr_decay_style=optim.lr_decay_style, start_wd=optim.weight_decay, end_wd=optim.weight_decay,
+            wd_incr_steps=optim.total_training_steps, wd_incr_style="constant")
+        return model, optimizer, scheduler
+
+    @property
+    def module(self):
+        """The GPTModel (unwrapped from DDP)."""
+        return self.model.module if self.optimizer is not None else self.model
+
+    # ------------------------------------------------------------------ micro-batch schedule
+    def _schedule(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn, loss_fn: Optional[LossFn]):
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        forward_only = loss_fn is None
+        micro_batches = split_micro_batches(batch, micro_batch_size)
+
+        def forward_step(data_iterator, model):
+            micro_batch = next(data_iterator)
+            ids, mask, shifts = left_align(micro_batch["input_ids"], micro_batch["attention_mask"],
+                                           micro_batch.get("position_ids"))
+            positions = torch.arange(ids.size(1)).expand_as(ids)
+            output = model(ids, positions, attention_mask_4d(mask))
+
+            def loss_func(output_tensor, non_loss_data=False):
+                outputs = output_fn(output_tensor, ids, shifts, micro_batch)
+                if forward_only:
+                    return {k: v.detach() for k, v in outputs.items()}
+                loss, metrics = loss_fn(outputs, micro_batch)
+                # Clones: megatron scales the returned loss in place (1 / num_microbatches).
+                return loss, {"loss": loss.detach().clone(), **{k: v.detach().clone() for k, v in metrics.items()}}
+
+            return output, loss_func
+
+        self.model.train(not forward_only)
+        context = torch.no_grad() if forward_only else torch.enable_grad()
+        with context:
+            return get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.model],
+                num_microbatches=len(micro_batches), seq_length=batch["input_ids"].size(1),
+                micro_batch_size=micro_batch_size, forward_only=forward_only, collect_non_loss_data=forward_only)
+
+    def _from_last_stage(self, value):
+        """Hand the last pipeline stage's (small) result to every stage."""
+        from megatron.core import parallel_state as mpu
+
+        if mpu.get_pipeline_model_parallel_world_size() == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=mpu.get_pipeline_model_parallel_last_rank(),
+                                   group=mpu.get_pipeline_model_parallel_group())
+        return box[0]
+
+    def forward(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn) -> Dict[str, torch.Tensor]:
+        """output_fn's results for the whole batch (concatenated over micro-batches), on every stage."""
+        per_micro_batch = self._schedule(batch, micro_batch_size, output_fn, None)
+        result = None
+        if self.is_last_stage:
+            result = {k: torch.cat([mb[k] for mb in per_micro_batch], dim=0) for k in per_micro_batch[0]}
+        return self._from_last_stage(result)
+
+    def train_step(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn, loss_fn: LossFn) -> Dict[str, float]:
+        """One optimizer step over ``batch``; metrics are averaged over micro-batches and DP ranks."""
+        from megatron.core import parallel_state as mpu
+
+        if self.optimizer is None:
+            raise RuntimeError("train_step: expected an engine built with an OptimConfig, found a forward-only engine")
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        per_micro_batch = self._schedule(batch, micro_batch_size, output_fn, loss_fn)
+        updated, grad_norm, _ = self.optimizer.step()
+        if updated:
+            self.scheduler.step(increment=1)
+        metrics = None
+        if self.is_last_stage:
+            names = list(per_micro_batch[0])
+            stacked = torch.stack([torch.stack([mb[k].float().reshape(()) for mb in per_micro_batch]).mean()
+                                   for k in names])
+            dist.all_reduce(stacked, group=mpu.get_data_parallel_group())
+            stacked /= mpu.get_data_parallel_world_size()
+            metrics = dict(zip(names, stacked.tolist()))
+        metrics = self._from_last_stage(metrics)
+        metrics["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["update_successful"] = bool(updated)
+        return metrics

@@ -1,0 +1,130 @@
+"""Greedy generation on the megatron engine: the (slow, cache-free) parity oracle for rollout engines.
+
+``verl generate --engine megatron --model D --tp T --pp P --input-ids 1,2,3 --max-new-tokens K
+--temperature 0 --json PATH`` writes ``{"output_ids": [[...]], "logprobs": [[...]]}``: the new token
+ids and their log-probabilities. Every step re-runs the full sequence (no KV cache). Argmax and
+log-prob come from the vocab-parallel logits, so no rank builds the full vocabulary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from verl.workers.megatron.engine import MegatronEngine
+from verl.workers.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy
+
+USAGE_ERROR = 2
+
+
+def _last_token_choice(engine: MegatronEngine):
+    """output_fn: greedy next token (ties -> lowest id, as torch.argmax) and its log-prob."""
+    from megatron.core import parallel_state as mpu
+
+    def output_fn(logits, aligned_ids, shifts, micro_batch):
+        last = micro_batch["attention_mask"].sum(dim=1).long() - 1  # rows are left-aligned
+        rows = torch.arange(logits.size(0))
+        local = logits[rows, last].float()  # [B, V/tp]
+        start = mpu.get_tensor_model_parallel_rank() * local.size(-1)
+        ids = torch.arange(start, start + local.size(-1))
+        local = local.masked_fill(ids >= engine.config.vocab_size, float("-inf"))
+        value, index = local.max(dim=-1)
+        candidates = torch.stack([value, (index + start).float()], dim=-1)
+        gathered = [torch.empty_like(candidates) for _ in range(mpu.get_tensor_model_parallel_world_size())]
+        dist.all_gather(gathered, candidates, group=mpu.get_tensor_model_parallel_group())
+        values = torch.stack([g[:, 0] for g in gathered], dim=-1)
+        token = torch.stack([g[:, 1] for g in gathered], dim=-1).gather(
+            1, values.argmax(dim=-1, keepdim=True)).squeeze(1).long()  # first max = lowest vocab shard
+        log_prob, _ = vocab_parallel_log_probs_and_entropy(logits[rows, last][:, None], token[:, None],
+                                                           engine.config.vocab_size, compute_entropy=False)
+        return {"token": token, "log_prob": log_prob.squeeze(1)}
+
+    return output_fn
+
+
+def greedy_generate(engine: MegatronEngine, prompt: List[int], max_new_tokens: int,
+                    eos_token_id: Optional[int] = None) -> Tuple[List[int], List[float]]:
+    """Collective over the model-parallel group; returns (new token ids, their log-probs)."""
+    ids = list(prompt)
+    new_ids, log_probs = [], []
+    output_fn = _last_token_choice(engine)
+    for _ in range(max_new_tokens):
+        input_ids = torch.tensor([ids])
+        out = engine.forward({"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}, 1, output_fn)
+        token = int(out["token"][0])
+        new_ids.append(token)
+        log_probs.append(float(out["log_prob"][0]))
+        ids.append(token)
+        if eos_token_id is not None and token == eos_token_id:
+            break
+    return new_ids, log_probs
+
+
+def _generate_rank(model_dir: str, tp: int, pp: int, prompt: List[int], max_new_tokens: int) -> dict:
+    from verl.models.config import ModelConfig
+    from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
+    from verl.workers.megatron.parallel import destroy_megatron, initialize_megatron
+
+    initialize_megatron(tp, pp)
+    config = ModelConfig.from_pretrained(model_dir)
+    engine = MegatronEngine(config)
+    load_hf_into_model(engine.module, config, HFCheckpoint(model_dir).get)
+    output_ids, logprobs = greedy_generate(engine, prompt, max_new_tokens)
+    destroy_megatron()
+    return {"output_ids": [output_ids], "logprobs": [logprobs]}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl generate --engine megatron", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="HF model directory (config.json + safetensors)")
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--input-ids", required=True, help="comma-separated prompt token ids")
+    parser.add_argument("--max-new-tokens", type=int, required=True)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--json", required=True, help="output path")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from verl.models.config import ModelConfig, ModelConfigError
+    from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
+    from verl.models.mcore.weights import HFCheckpoint, WeightsError
+    from verl.workers.megatron.spawn import run_ranks
+
+    args = _parser().parse_args(argv)
+    try:
+        if args.temperature != 0:
+            raise ValueError(f"--temperature: expected 0 (the megatron engine is greedy), found {args.temperature}")
+        if args.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens: expected a positive integer, found {args.max_new_tokens}")
+        try:
+            prompt = [int(x) for x in args.input_ids.split(",")]
+        except ValueError:
+            raise ValueError(f"--input-ids: expected comma-separated integers, found {args.input_ids!r}") from None
+        config = ModelConfig.from_pretrained(args.model)
+        check_parallel_layout(config, args.tp, args.pp)
+        bad = [t for t in prompt if not 0 <= t < config.vocab_size]
+        if bad:
+            raise ValueError(f"--input-ids: expected ids in [0, {config.vocab_size}), found {bad}")
+        HFCheckpoint(args.model)
+    except (ValueError, ModelConfigError, ModelLayoutError, WeightsError) as exc:
+        print(f"verl generate: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    result = run_ranks(_generate_rank, args.tp * args.pp, os.path.abspath(args.model), args.tp, args.pp,
+                       prompt, args.max_new_tokens, timeout_s=600)[0]
+    staging = args.json + ".tmp"
+    with open(staging, "w", encoding="utf-8") as fh:
+        json.dump(result, fh)
+    os.replace(staging, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Megatron parallel state for a worker: model-parallel groups, CPU support, seeds.
+
+torch.distributed must already be initialised (Slurm/mpirun bootstrap, or ``spawn.run_ranks``).
+Megatron's ``parallel_state`` then owns every TP / PP / DP group.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from verl.utils.megatron_cpu import apply_cpu_patches
+
+
+def initialize_megatron(tp_size: int = 1, pp_size: int = 1, seed: int = 1234) -> None:
+    from megatron.core import parallel_state as mpu
+
+    if not dist.is_initialized():
+        raise RuntimeError("initialize_megatron: expected torch.distributed to be initialised, found it is not")
+    world = dist.get_world_size()
+    if tp_size < 1 or pp_size < 1 or world % (tp_size * pp_size):
+        raise ValueError(f"tp*pp: expected a divisor of world size {world}, found tp={tp_size} pp={pp_size}")
+    apply_cpu_patches()
+    mpu.initialize_model_parallel(tensor_model_parallel_size=tp_size, pipeline_model_parallel_size=pp_size)
+    set_random_seed(seed)
+
+
+def set_random_seed(seed: int) -> None:
+    """Megatron's convention: seed + 100 * pp_rank for every generator, then the TP RNG tracker."""
+    from megatron.core import parallel_state as mpu
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    stage_seed = seed + 100 * mpu.get_pipeline_model_parallel_rank()
+    random.seed(stage_seed)
+    np.random.seed(stage_seed)
+    torch.manual_seed(stage_seed)
+    model_parallel_cuda_manual_seed(stage_seed)
+
+
+def destroy_megatron() -> None:
+    from megatron.core import parallel_state as mpu
+
+    mpu.destroy_model_parallel()

@@ -1,0 +1,1 @@
+"""Rollout engines: the embedded native generator and (later) SGLang, behind one interface (base.py)."""

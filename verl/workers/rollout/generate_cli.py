@@ -1,0 +1,190 @@
+"""`verl generate`: sample continuations of token-id prompts from an HF checkpoint with a rollout engine.
+
+    verl generate --engine native --model HF_DIR --tp T --input-ids 1,2,3 [--input-ids 4,5 ...]
+                  --max-new-tokens K --temperature T --top-p P --n N --json PATH
+
+Writes ``{"output_ids": [[...]], "logprobs": [[...]]}``: one list per sample (``n`` per prompt, in
+prompt order), cut at the stop token (kept) or after K tokens. ``--tp`` > 1 runs T local ranks
+(subprocesses) joined over gloo through a rendezvous file in a private temporary directory, so
+nothing listens on the network. Inputs are checked before any rank starts; a bad one prints one
+line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+from typing import List, Optional
+
+import torch
+
+ENGINES = ("native",)  # sglang and megatron join when their engines land
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# Set by the launching `verl generate` in each rank it spawns.
+RENDEZVOUS_ENV = "VERL_GENERATE_RENDEZVOUS"
+OUTPUT_ENV = "VERL_GENERATE_OUTPUT"
+RANK_TIMEOUT_S = 300
+
+
+class UsageError(Exception):
+    """A bad command line or input: reported as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of usage + message
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="verl generate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--engine", default="native", help=f"rollout engine, one of {', '.join(ENGINES)}")
+    p.add_argument("--model", required=True, help="HF model directory (config.json + safetensors)")
+    p.add_argument("--tp", type=int, default=1, help="rollout tensor-parallel size (local ranks)")
+    p.add_argument("--input-ids", action="append", required=True, metavar="ID,ID,...",
+                   help="a prompt as comma-separated token ids; repeat for a batch")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--n", type=int, default=1, help="samples per prompt")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop-token-ids", default="", metavar="ID,ID,...", help="extra stop tokens")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's eos_token_id")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--json", metavar="PATH", help="output file (default: print to stdout)")
+    return p
+
+
+def _token_list(text: str, what: str) -> List[int]:
+    try:
+        ids = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"{what}: expected comma-separated integers, found {text!r}") from None
+    return ids
+
+
+def _model_token_ids(model_dir: str, key: str) -> List[int]:
+    """``key`` (eos_token_id / pad_token_id) from generation_config.json, else config.json."""
+    for name in ("generation_config.json", "config.json"):
+        path = os.path.join(model_dir, name)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as fh:
+                value = json.load(fh).get(key)
+            if value is not None:
+                return [value] if isinstance(value, int) else list(value)
+    return []
+
+
+def prepare(args: argparse.Namespace):
+    """Validate everything a rank would trip over; return (config, input_ids, attention_mask, params, pad)."""
+    from verl.hybrid_engine.rollout_layout import check_rollout_tp
+    from verl.models.config import ModelConfig
+    from verl.workers.rollout.base import SamplingParams, check_prompts
+    from verl.workers.rollout.native.weights import SafetensorsCheckpoint
+
+    if args.engine not in ENGINES:
+        raise UsageError(f"--engine: expected one of {', '.join(ENGINES)}, found {args.engine!r}")
+    config = ModelConfig.from_pretrained(args.model)
+    check_rollout_tp(config, args.tp)
+    SafetensorsCheckpoint(args.model)
+    prompts = [_token_list(text, f"--input-ids #{i}") for i, text in enumerate(args.input_ids)]
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise UsageError(f"--input-ids #{i}: expected at least one token id, found an empty prompt")
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], dtype=torch.int64)
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.int64)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            response_length=args.max_new_tokens, n=args.n, seed=args.seed,
+                            stop_token_ids=tuple(_token_list(args.stop_token_ids, "--stop-token-ids")),
+                            eos_token_id=tuple(_model_token_ids(args.model, "eos_token_id")),
+                            ignore_eos=args.ignore_eos)
+    check_prompts(input_ids, attention_mask, config.vocab_size, config.max_position_embeddings,
+                  params.response_length)
+    pad = (_model_token_ids(args.model, "pad_token_id") or [0])[0]
+    return config, input_ids, attention_mask, params, pad
+
+
+def generate_json(args: argparse.Namespace, tp_group=None) -> dict:
+    """Run the engine on this rank; the result is the same on every rank of the TP group."""
+    from verl.workers.rollout.native.engine import NativeRollout
+
+    config, input_ids, attention_mask, params, pad = prepare(args)
+    engine = NativeRollout(config, tp_group=tp_group, dtype=DTYPES[args.dtype], pad_token_id=pad)
+    engine.load_hf_checkpoint(args.model)
+    out = engine.generate(input_ids, attention_mask, params)
+    lengths = out["response_mask"].sum(-1).tolist()
+    return {
+        "output_ids": [row[:n] for row, n in zip(out["responses"].tolist(), lengths)],
+        "logprobs": [row[:n] for row, n in zip(out["rollout_log_probs"].tolist(), lengths)],
+    }
+
+
+def _write(result: dict, path: Optional[str]) -> None:
+    if path:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(result, fh)
+    else:
+        print(json.dumps(result))
+
+
+def _run_rank(args: argparse.Namespace) -> int:
+    """One spawned rank: join the file rendezvous, generate, rank 0 writes the output."""
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method=f"file://{os.environ[RENDEZVOUS_ENV]}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))
+    try:
+        result = generate_json(args, tp_group=dist.group.WORLD)
+        if rank == 0:
+            _write(result, os.environ[OUTPUT_ENV])
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _spawn_ranks(args: argparse.Namespace, argv: List[str]) -> int:
+    from launch.spawn import spawn_local
+
+    with tempfile.TemporaryDirectory(prefix="verl-generate-") as tmp:
+        output = args.json or os.path.join(tmp, "output.json")
+        env = dict(os.environ)
+        env.update({RENDEZVOUS_ENV: os.path.join(tmp, "rendezvous"), OUTPUT_ENV: output, "GLOO_SOCKET_IFNAME": "lo"})
+        # As torchrun does: T ranks on one host share its cores rather than each taking all of them.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.tp)))
+        code = spawn_local(args.tp, [sys.executable, "-m", "verl.workers.rollout.generate_cli", *argv], env=env,
+                           out=sys.stderr)
+        if code == 0 and not args.json:
+            with open(output, encoding="utf-8") as fh:
+                print(fh.read())
+        return code
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from verl.hybrid_engine.rollout_layout import RolloutLayoutError
+    from verl.models.config import ModelConfigError
+    from verl.workers.rollout.base import RolloutInputError
+    from verl.workers.rollout.native.weights import CheckpointError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+        if RENDEZVOUS_ENV in os.environ:
+            return _run_rank(args)
+        if args.tp == 1:
+            _write(generate_json(args), args.json)
+            return 0
+        prepare(args)  # fail here, once, before any rank starts
+        return _spawn_ranks(args, argv)
+    except (UsageError, RolloutInputError, ModelConfigError, RolloutLayoutError, CheckpointError) as exc:
+        print(f"verl generate: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The native rollout engine: batched prefill + decode with a preallocated KV cache, in process.
+
+Left-padded prompts share cache slots: slot ``s`` holds prompt column ``s`` for every row, and
+decode step ``t`` writes slot ``P + t`` for all rows at once, so a step is a handful of batched
+ops with no per-sequence Python. Padding slots are never attended to; position ids count real
+tokens only (as HF does for left padding). Generation stops early once every row has stopped.
+
+Under rollout TP every rank of the group runs the same loop on the same prompts; logits are
+gathered to the full vocabulary and every rank samples with the same seed, so all ranks choose the
+same tokens without a broadcast.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Iterable, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from verl.hybrid_engine.rollout_layout import kv_heads_per_rank, rollout_param_specs
+from verl.models.config import ModelConfig
+from verl.workers.rollout.base import BaseRollout, SamplingParams, prompt_position_ids
+from verl.workers.rollout.native.flat_params import FlatParams
+from verl.workers.rollout.native.kv_cache import KVCache
+from verl.workers.rollout.native.model import RolloutTransformer
+from verl.workers.rollout.native.sampler import sample_tokens
+from verl.workers.rollout.native.weights import load_hf_checkpoint
+
+
+class NativeRollout(BaseRollout):
+    """One rollout TP rank. ``tp_group`` None means TP 1 (no process group needed).
+
+    Weights start uninitialised: fill them with ``load_weights`` (named rollout-layout tensors),
+    ``load_hf_checkpoint`` (an HF directory) or by writing ``weight_buffer()`` in place (the hybrid engine).
+    """
+
+    def __init__(self, config: ModelConfig, tp_group: Optional[dist.ProcessGroup] = None,
+                 dtype: torch.dtype = torch.float32, pad_token_id: int = 0):
+        super().__init__(config, pad_token_id)
+        self.tp_group = tp_group
+        self.tp_size = 1 if tp_group is None else dist.get_world_size(tp_group)
+        self.tp_rank = 0 if tp_group is None else dist.get_rank(tp_group)
+        self.params = FlatParams(rollout_param_specs(config, self.tp_size, self.tp_rank), dtype)
+        self.model = RolloutTransformer(config, self.params.views, self.tp_size, self.tp_rank, tp_group)
+        self.kv_cache = KVCache(config.num_hidden_layers, kv_heads_per_rank(config, self.tp_size), config.head_dim,
+                                dtype)
+
+    # ---------------------------------------------------------------- weights and memory
+    def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        self.params.load(named_tensors)
+
+    def load_hf_checkpoint(self, model_dir: str) -> None:
+        """Read this rank's slices of an HF safetensors checkpoint straight into the weight buffer."""
+        if self.params.released:
+            raise RuntimeError("native rollout: expected resumed memory, found it released; call resume() first")
+        load_hf_checkpoint(model_dir, self.config, self.tp_size, self.tp_rank, self.params.views)
+
+    def weight_buffer(self) -> torch.Tensor:
+        return self.params.flat
+
+    def release(self) -> None:
+        self.params.release()
+        self.kv_cache.release()
+
+    def resume(self) -> None:
+        self.params.resume()
+
+    # ---------------------------------------------------------------- generation
+    def _generator(self, seed: Optional[int]) -> torch.Generator:
+        if seed is None:
+            drawn = torch.tensor([random.SystemRandom().randrange(2 ** 62)], dtype=torch.int64)
+            if self.tp_size > 1:  # every rank must sample with the same stream
+                dist.broadcast(drawn, group=self.tp_group, group_src=0)
+            seed = int(drawn)
+        return torch.Generator().manual_seed(seed)
+
+    @torch.inference_mode()
+    def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           sampling_params: SamplingParams,
+                           pad_token_id: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.params.released:
+            raise RuntimeError("native rollout: expected weights in memory, found them released; call resume() "
+                               "and write the weights first")
+        sp = sampling_params
+        input_ids = input_ids.to(torch.int64).repeat_interleave(sp.n, 0)
+        prompt_valid = attention_mask.bool().repeat_interleave(sp.n, 0)
+        batch, prompt_len = input_ids.shape
+        steps = sp.response_length
+        keys, values = self.kv_cache.reserve(batch, prompt_len + steps)
+        positions = prompt_position_ids(prompt_valid)
+        self.model.prepare(int(positions[:, -1].max()) + steps + 1)
+
+        key_valid = torch.zeros(batch, prompt_len + steps, dtype=torch.bool)
+        key_valid[:, :prompt_len] = prompt_valid
+        causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool).tril_()
+        # Padding queries see only themselves, so their softmax rows stay finite (and unused).
+        allowed = (causal & prompt_valid[:, None, None, :]) | torch.eye(prompt_len, dtype=torch.bool)
+        logits = self.model.forward(input_ids, positions, keys, values, 0, allowed)
+
+        generator = None if sp.greedy else self._generator(sp.seed)
+        stop_ids = torch.tensor(sp.stop_ids, dtype=torch.int64)
+        responses = torch.full((batch, steps), pad_token_id, dtype=torch.int64)
+        log_probs = torch.zeros(batch, steps, dtype=torch.float32)
+        lengths = torch.zeros(batch, dtype=torch.int64)
+        done = torch.zeros(batch, dtype=torch.bool)
+        next_positions = positions[:, -1:] + 1
+        for t in range(steps):
+            tokens, token_log_probs = sample_tokens(logits, sp, generator)
+            responses[:, t] = tokens.masked_fill(done, pad_token_id)
+            log_probs[:, t] = token_log_probs.masked_fill(done, 0.0)
+            lengths += ~done
+            if len(sp.stop_ids):
+                done |= torch.isin(tokens, stop_ids)
+                if bool(done.all()):
+                    break
+            if t + 1 == steps:
+                break
+            slot = prompt_len + t
+            key_valid[:, slot] = True
+            logits = self.model.forward(tokens[:, None], next_positions, keys, values, slot,
+                                        key_valid[:, None, None, :slot + 1])
+            next_positions += 1
+        response_mask = torch.arange(steps)[None, :] < lengths[:, None]
+        return responses, response_mask, log_probs

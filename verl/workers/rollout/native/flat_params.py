@@ -1,0 +1,54 @@
+"""One flat per-rank buffer holding every rollout-layout tensor, and named views into it.
+
+The hybrid engine reshards straight into ``flat`` (offsets follow ``rollout_param_specs`` order,
+no gaps), so the views the model reads see new weights with no copy. ``release`` drops the storage
+while keeping the views; ``resume`` re-allocates it (contents undefined until written again).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Tuple
+
+import torch
+
+from verl.hybrid_engine.rollout_layout import RolloutParamSpec
+
+
+class FlatParams:
+    def __init__(self, specs: List[RolloutParamSpec], dtype: torch.dtype, device: torch.device | str = "cpu"):
+        self.specs = list(specs)
+        self.offsets: Dict[str, int] = {}
+        offset = 0
+        for spec in self.specs:
+            self.offsets[spec.name] = offset
+            offset += spec.numel
+        self.numel = offset
+        self.flat = torch.empty(self.numel, dtype=dtype, device=device)
+        self.views: Dict[str, torch.Tensor] = {
+            spec.name: self.flat[self.offsets[spec.name]:self.offsets[spec.name] + spec.numel].view(spec.shape)
+            for spec in self.specs
+        }
+        self._nbytes = self.flat.untyped_storage().nbytes()
+
+    @property
+    def released(self) -> bool:
+        return self.flat.untyped_storage().nbytes() == 0
+
+    def load(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        """Copy each (name, tensor) into its view; shapes must match the rollout layout exactly."""
+        if self.released:
+            raise RuntimeError("rollout weights: expected resumed memory, found it released; call resume() first")
+        for name, tensor in named_tensors:
+            view = self.views.get(name)
+            if view is None:
+                raise KeyError(f"rollout weights: expected a name of the rollout layout, found {name!r}")
+            if tuple(tensor.shape) != tuple(view.shape):
+                raise ValueError(f"rollout weight {name}: expected shape {tuple(view.shape)}, found {tuple(tensor.shape)}")
+            view.copy_(tensor)
+
+    def release(self) -> None:
+        self.flat.untyped_storage().resize_(0)
+
+    def resume(self) -> None:
+        if self.released:
+            self.flat.untyped_storage().resize_(self._nbytes)
