@@ -16,11 +16,14 @@ import verl
 
 # command -> (module with main(argv), one-line help). Nested groups map a sub-command name too.
 COMMANDS: Dict[str, Tuple[str, str]] = {
+    "generate": ("verl.workers.rollout.generate_cli", "generate from token-id prompts with the native, sglang or megatron engine"),
+    "convert": ("verl.models.mcore.convert", "convert weights: hf-to-mcore (any tp/pp) and mcore-to-hf"),
     "check-env": ("verl.utils.env_check", "report what this machine has for verl-hpc (exit 1 if a required part is missing)"),
 }
 GROUPS: Dict[str, Tuple[str, Dict[str, Tuple[str, str]]]] = {
     "bench": ("benchmarks that print ratios against baselines measured in the same run", {
         "kernels": ("verl.bench.kernels", "copy-program kernels vs memcpy and the naive per-segment path"),
+        "rollout": ("verl.bench.rollout", "rollout tokens/s: the native engine (and SGLang when installed) on one model"),
         "reshard": ("verl.bench.reshard", "3D-HybridEngine reshard on N local ranks vs memcpy and the naive gather path"),
     }),
     "data": ("prepare verl-format parquet datasets from local files", {

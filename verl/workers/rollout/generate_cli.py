@@ -22,7 +22,7 @@ from typing import List, Optional
 
 import torch
 
-ENGINES = ("native",)  # sglang and megatron join when their engines land
+ENGINES = ("native", "megatron")  # megatron is routed to verl.workers.megatron.generate
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Set by the launching `verl generate` in each rank it spawns.
 RENDEZVOUS_ENV = "VERL_GENERATE_RENDEZVOUS"
@@ -165,6 +165,27 @@ def _spawn_ranks(args: argparse.Namespace, argv: List[str]) -> int:
         return code
 
 
+def _engine_of(argv: List[str]) -> Optional[str]:
+    for i, arg in enumerate(argv):
+        if arg == "--engine" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--engine="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _without_engine(argv: List[str]) -> List[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--engine":
+            skip = True
+        elif not arg.startswith("--engine="):
+            out.append(arg)
+    return out
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from verl.hybrid_engine.rollout_layout import RolloutLayoutError
     from verl.models.config import ModelConfigError
@@ -172,6 +193,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     from verl.workers.rollout.native.weights import CheckpointError
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    engine = _engine_of(argv)
+    if engine == "megatron":
+        # The Megatron engine is the (slow, exact) parity oracle; it has its own runner.
+        from verl.workers.megatron.generate import main as megatron_generate
+
+        return megatron_generate(_without_engine(argv))
     try:
         args = build_parser().parse_args(argv)
         if RENDEZVOUS_ENV in os.environ:
