@@ -134,10 +134,24 @@ class ReshardExecutor:
         self._scratch_numel = max((b.extra_elems for b in plan.buckets), default=0)
 
     # -- rollout buffer lifetime --------------------------------------------------------------
-    def acquire(self) -> torch.Tensor:
-        """Allocate the rollout buffer (padding rows zeroed); idempotent."""
-        if self.rollout_flat is None:
+    def acquire(self, into: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Allocate the rollout buffer, or adopt ``into`` (a rollout engine's own flat weight
+        buffer, e.g. the native engine's), with vocab-padding rows zeroed; idempotent."""
+        if into is not None:
+            if into.dim() != 1 or not into.is_contiguous() or into.numel() != self.rollout_numel \
+                    or into.dtype != self.training_flat.dtype:
+                raise ReshardBindError(
+                    f"rollout buffer: expected a contiguous 1-D {self.training_flat.dtype} tensor of "
+                    f"{self.rollout_numel} elements, found {into.dtype} shape {tuple(into.shape)}")
+            if into is not self.rollout_flat:
+                self.rollout_flat = None
+            flat = into
+        elif self.rollout_flat is None:
             flat = torch.empty(self.rollout_numel, dtype=self.training_flat.dtype, device=self.training_flat.device)
+        else:
+            return self.rollout_flat
+        if self.rollout_flat is None:
+            # The plan writes every real element; rows that exist only as vocab padding are zero.
             for name, offset, numel in self.plan.zero_fill:
                 start = self.rollout_offsets[name] + offset
                 flat[start:start + numel].zero_()
@@ -155,9 +169,10 @@ class ReshardExecutor:
                 for (name, shape), off in zip(self.rollout_specs, self.rollout_offsets.values())}
 
     # -- the transition ------------------------------------------------------------------------
-    def to_rollout(self) -> ReshardStats:
+    def to_rollout(self, into: Optional[torch.Tensor] = None) -> ReshardStats:
+        """Training -> rollout layout, into ``into`` when given (see :meth:`acquire`)."""
         start = time.perf_counter()
-        rollout = self.acquire()
+        rollout = self.acquire(into)
         src = self.training_flat
         run_copy_program(src, rollout, self._local, validate=False)
         scratch = torch.empty(self._scratch_numel, dtype=src.dtype, device=src.device)

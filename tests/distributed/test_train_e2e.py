@@ -1,0 +1,182 @@
+"""`verl train` end to end on 2 local ranks (gloo, CPU, fp32, tiny Qwen2 on the arithmetic task).
+
+- GRPO (TP=2, rollout TP=1: the hybrid engine all-gathers inside the micro-DP group) and PPO
+  (critic + GAE, DP=2) run from their quickstart configs and log every metric verl users expect;
+- a GRPO run killed with SIGKILL after its step-2 checkpoint and restarted with
+  ``trainer.resume_mode=auto`` logs exactly the uninterrupted run's metrics for steps 3 and 4.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("megatron.core")
+psutil = pytest.importorskip("psutil")
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUN_TIMEOUT_S = 240
+
+COMMON_KEYS = [
+    "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "actor/pg_loss", "actor/entropy",
+    "actor/ppo_kl", "actor/pg_clipfrac", "response_length/mean", "timing_s/gen", "timing_s/ref", "timing_s/adv",
+    "timing_s/update_actor", "timing_s/reshard", "timing_s/step", "perf/throughput", "perf/reshard_bytes",
+    "perf/rss_mb/max",
+]
+CRITIC_KEYS = ["critic/vf_loss", "critic/values/mean", "timing_s/values", "timing_s/update_critic"]
+VAL_KEYS = ["val/accuracy", "val-core/arithmetic/reward/mean@1"]
+# Wall-clock and memory readings differ between any two runs; everything else must match exactly.
+NONDETERMINISTIC_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time_per_step",
+                             "perf/rss_mb", "perf/max_memory")
+
+
+@pytest.fixture(scope="module")
+def arithmetic_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arith")
+    subprocess.run([sys.executable, "-m", "verl.cli", "data", "arithmetic", "--out", str(out), "--num-train", "64",
+                    "--num-test", "16"], cwd=REPO, check=True, capture_output=True)
+    return [f"data.train_files={out / 'train.parquet'}", f"data.val_files={out / 'test.parquet'}",
+            f"data.tokenizer={out / 'tokenizer'}"]
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "OMPI_", "PMIX_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(PYTHONPATH=REPO, VERL_STRICT_DATA_CHECK="1", OMP_NUM_THREADS="1")
+    return env
+
+
+def train_cmd(config, output_dir, data_args, *overrides):
+    return [sys.executable, "-m", "verl.cli", "train", "--config", os.path.join(REPO, "configs", config),
+            *data_args, f"trainer.output_dir={output_dir}", "trainer.logger=[console,csv]", *overrides]
+
+
+def run_train(cmd):
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, f"verl train exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def read_metrics(output_dir):
+    from verl.utils.tracking import read_metrics as read
+
+    return {record["step"]: record for record in read(str(output_dir))}
+
+
+def deterministic(record):
+    return {k: v for k, v in record.items() if not k.startswith(NONDETERMINISTIC_PREFIXES)}
+
+
+def kill_tree(pid):
+    """SIGKILL the launcher and every rank it started (ranks run in their own sessions)."""
+    try:
+        parent = psutil.Process(pid)
+        procs = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+def test_grpo_two_ranks_logs_verl_metrics_and_resumes_exactly_after_kill(tmp_path, arithmetic_data):
+    steps = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=4"]
+    full_dir = tmp_path / "uninterrupted"
+    run_train(train_cmd("grpo_arith_tiny.yaml", full_dir, arithmetic_data, *steps))
+    full = read_metrics(full_dir)
+    assert sorted(full) == [0, 1, 2, 3, 4]
+    assert all(k in full[0] for k in VAL_KEYS), sorted(full[0])
+    for step in (1, 2, 3, 4):
+        missing = [k for k in COMMON_KEYS if k not in full[step]]
+        assert not missing, f"step {step} lacks {missing}"
+    assert all(k in full[4] for k in VAL_KEYS)
+    assert os.path.isfile(full_dir / "metrics.csv")
+
+    killed_dir = tmp_path / "killed"
+    launcher = subprocess.Popen(train_cmd("grpo_arith_tiny.yaml", killed_dir, arithmetic_data, *steps), cwd=REPO,
+                                env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline and launcher.poll() is None:
+            if (killed_dir / "metrics.jsonl").is_file() and 3 in read_metrics(killed_dir):
+                break
+            time.sleep(0.05)
+        assert launcher.poll() is None, "the run finished before it could be killed after step 3"
+    finally:
+        kill_tree(launcher.pid)
+    assert 4 not in read_metrics(killed_dir)
+    assert (killed_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+
+    proc = run_train(train_cmd("grpo_arith_tiny.yaml", killed_dir, arithmetic_data, *steps, "trainer.resume_mode=auto"))
+    assert "resumed from" in proc.stdout
+    resumed = read_metrics(killed_dir)
+    for step in (3, 4):
+        assert deterministic(resumed[step]) == deterministic(full[step]), f"step {step} differs after resume"
+
+
+def test_ppo_two_ranks_trains_critic_with_gae(tmp_path, arithmetic_data):
+    run_train(train_cmd("ppo_arith_tiny.yaml", tmp_path, arithmetic_data, "trainer.total_training_steps=2",
+                        "trainer.test_freq=2", "trainer.val_before_train=false"))
+    metrics = read_metrics(tmp_path)
+    assert sorted(metrics) == [1, 2]
+    for step in (1, 2):
+        missing = [k for k in COMMON_KEYS + CRITIC_KEYS + ["actor/reward_kl_penalty"] if k not in metrics[step]]
+        assert not missing, f"step {step} lacks {missing}"
+    assert all(k in metrics[2] for k in VAL_KEYS)
+
+
+def save_arith_reward_model(path, zero_head=False):
+    """A tiny random Qwen2 reward model over the arithmetic tokenizer's 32 ids (TP=2 divides it)."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      num_labels=1, pad_token_id=0, initializer_range=0.5)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForSequenceClassification(config)
+    if zero_head:
+        with torch.no_grad():
+            model.score.weight.zero_()
+    model.save_pretrained(path)
+
+
+def test_remax_with_reward_model_hot_swap_temperature_and_hf_export(tmp_path, arithmetic_data):
+    """ReMax (greedy baselines) scored by a reward model that is swapped before step 2 for one whose
+    head is zero; rollout temperature 0.7; the actor exported to actor_hf/ with its checkpoint."""
+    import transformers
+
+    save_arith_reward_model(tmp_path / "rm")
+    save_arith_reward_model(tmp_path / "rm_zero", zero_head=True)
+    out = tmp_path / "run"
+    run_train(train_cmd(
+        "grpo_arith_tiny.yaml", out, arithmetic_data, "algorithm.adv_estimator=remax",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.temperature=0.7",
+        "reward_model.enable=true", f"reward_model.model.path={tmp_path / 'rm'}",
+        "reward_model.micro_batch_size_per_gpu=4", f"reward_model.hot_swap.path={tmp_path / 'rm_zero'}",
+        "reward_model.hot_swap.at_step=2", "trainer.total_training_steps=2", "trainer.save_freq=2",
+        "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.export_hf_every_save=true"))
+    metrics = read_metrics(out)
+    assert sorted(metrics) == [1, 2]
+    for step in (1, 2):
+        missing = [k for k in COMMON_KEYS + ["timing_s/gen_max", "timing_s/reward"] if k not in metrics[step]]
+        assert not missing, f"step {step} lacks {missing}"
+        # old_log_probs are taken at the rollout temperature: the actor and the rollout agree.
+        assert metrics[step]["training/rollout_probs_diff_max"] < 1e-4
+    assert (metrics[1]["reward_model/swapped"], metrics[2]["reward_model/swapped"]) == (0.0, 1.0)
+    assert metrics[1]["critic/score/max"] != metrics[1]["critic/score/min"]  # continuous model scores
+    assert metrics[2]["critic/score/max"] == metrics[2]["critic/score/min"] == 0.0  # the zero head's
+
+    export = out / "actor_hf"
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer_config.json"} <= set(
+        os.listdir(export))
+    assert not (out / "actor_hf.tmp").exists()
+    transformers.AutoModelForCausalLM.from_pretrained(str(export))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(export))
+    assert tokenizer.eos_token_id is not None

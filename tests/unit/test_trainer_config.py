@@ -1,0 +1,123 @@
+"""`verl train` config validation: each malformed kind exits 2 with one line, before any rank starts."""
+
+import os
+
+import pytest
+
+from verl.trainer import main_ppo
+from verl.trainer.config import ConfigError, load_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GRPO = os.path.join(REPO, "configs", "grpo_arith_tiny.yaml")
+PPO = os.path.join(REPO, "configs", "ppo_arith_tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def data_args(tmp_path_factory):
+    from verl.utils.dataset.arithmetic import build_char_tokenizer, generate_problems, make_row, write_parquet
+
+    out = tmp_path_factory.mktemp("arith")
+    train, test = generate_problems(16, 8, seed=0)
+    write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], str(out / "train.parquet"))
+    write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], str(out / "test.parquet"))
+    build_char_tokenizer(str(out / "tokenizer"))
+    return [f"data.train_files={out / 'train.parquet'}", f"data.val_files={out / 'test.parquet'}",
+            f"data.tokenizer={out / 'tokenizer'}"]
+
+
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """Fail the test if `verl train` starts a rank, locally or in this process; record spawns."""
+    spawned = []
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr("launch.spawn.spawn_local", lambda nproc, argv: spawned.append((nproc, argv)) or 0)
+
+    def run_rank(config, dry_run):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(main_ppo, "run_rank", run_rank)
+    return spawned
+
+
+def expect_exit_2(capsys, argv, *fragments):
+    assert main_ppo.main(argv) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one error line, found:\n{err}"
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def test_quickstart_configs_load_and_spawn_two_local_ranks(data_args, no_ranks):
+    for path in (GRPO, PPO):
+        config = load_config(path, data_args)
+        assert config.trainer.n_gpus_per_node == 2
+    assert main_ppo.main(["--config", GRPO, *data_args]) == 0
+    (nproc, argv), = no_ranks
+    assert nproc == 2 and argv[1:3] == ["-m", "verl.trainer.main_ppo"]
+
+
+def test_unknown_override_key_suggests_the_right_one(data_args, no_ranks, capsys):
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "trainer.total_trainig_steps=3"],
+                  "trainer.total_trainig_steps: unknown key", "did you mean 'trainer.total_training_steps'")
+    assert not no_ranks
+
+
+def test_unknown_key_in_the_yaml_file_suggests_the_right_one(data_args, no_ranks, capsys, tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(open(GRPO).read().replace("ppo_mini_batch_size:", "ppo_mini_batchsize:"))
+    expect_exit_2(capsys, ["--config", str(path), *data_args], "actor_rollout_ref.actor.ppo_mini_batchsize",
+                  "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'")
+
+
+def test_wrong_type_names_the_key_expected_and_found(data_args, no_ranks, capsys):
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "data.train_batch_size=many"],
+                  "data.train_batch_size: expected int, found str 'many'")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "actor_rollout_ref.actor.use_kl_loss=3"],
+                  "actor_rollout_ref.actor.use_kl_loss: expected bool, found int")
+
+
+def test_tensor_parallel_size_must_divide_the_attention_heads(data_args, no_ranks, capsys):
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "trainer.n_gpus_per_node=3",
+                           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3"],
+                  "tp=3", "num_attention_heads=4")
+
+
+def test_batch_sizes_must_divide(data_args, no_ranks, capsys):
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "actor_rollout_ref.actor.ppo_mini_batch_size=3"],
+                  "actor_rollout_ref.actor.ppo_mini_batch_size=3", "data.train_batch_size=4")
+    expect_exit_2(capsys, ["--config", PPO, *data_args, "critic.ppo_micro_batch_size_per_gpu=3"],
+                  "critic.ppo_micro_batch_size_per_gpu=3")
+
+
+def test_world_size_must_match_the_launcher(data_args, no_ranks, capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args], "expected the launcher's world size 4", "= 2")
+
+
+def test_world_size_must_be_divisible_by_the_model_parallel_size(data_args, no_ranks, capsys):
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "trainer.n_gpus_per_node=3"],
+                  "tensor_model_parallel_size * pipeline_model_parallel_size=2", "=3")
+
+
+def test_missing_data_and_bad_yaml_are_one_line_errors(data_args, no_ranks, capsys, tmp_path):
+    expect_exit_2(capsys, ["--config", GRPO, "data.train_files=/nonexistent/train.parquet"],
+                  "data.train_files", "verl data arithmetic")
+    path = tmp_path / "broken.yaml"
+    path.write_text("data: [unclosed\n")
+    expect_exit_2(capsys, ["--config", str(path)], "not valid YAML")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "trainer.total_training_steps"], "expected key=value")
+
+
+def test_group_estimators_need_several_samples_per_prompt(data_args):
+    with pytest.raises(ConfigError, match="rollout.n: expected >= 2 for grpo"):
+        load_config(GRPO, data_args + ["actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                                       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+                                       "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2"])

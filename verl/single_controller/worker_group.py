@@ -1,0 +1,137 @@
+"""WorkerGroup: one role placed on a resource pool, its ``@register``-ed methods callable from the
+SPMD driver loop.
+
+Every rank of the job runs the driver loop and constructs every worker group; the worker itself
+exists only on the ranks of its pool. Calling ``group.method(data)`` on every rank:
+
+1. the dispatch spec pads the arguments (DataProto to a multiple of the DP size);
+2. each pool rank runs the method on its share;
+3. the outputs of the collect ranks travel to **every** rank of the job (an object all-gather over
+   torch.distributed; a DataProto travels as ``DataProto.to_bytes``), so the next worker group, on
+   the same or another rank set, receives the same full result;
+4. the spec merges them (and drops the padding).
+
+With colocated groups (the default, the hybrid engine) every pool is the whole job. World size 1
+needs no process group at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch.distributed as dist
+
+from verl.protocol import DataProto, strict_data_check_enabled
+from verl.single_controller.decorator import DispatchInfo, DispatchSpec, MeshRank, registered_methods
+from verl.single_controller.worker import Worker
+
+_PROTO_TAG = "verl.DataProto"
+
+
+@dataclasses.dataclass(frozen=True)
+class ResourcePool:
+    """The global ranks a worker group runs on; ``None`` ranks means every rank of the job."""
+
+    ranks: Optional[Tuple[int, ...]] = None
+
+    def resolve(self, world_size: int) -> Tuple[int, ...]:
+        if self.ranks is None:
+            return tuple(range(world_size))
+        ranks = tuple(self.ranks)
+        if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world_size for r in ranks):
+            raise ValueError(f"resource pool: expected distinct ranks in [0, {world_size}), found {list(ranks)}")
+        return ranks
+
+
+def _world() -> Tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+_OBJECT_GROUP: List[Any] = []
+
+
+def _object_group():
+    """A gloo group for object collectives (NCCL cannot carry pickled objects on CPU)."""
+    if not _OBJECT_GROUP:
+        _OBJECT_GROUP.append(None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
+    return _OBJECT_GROUP[0]
+
+
+def all_gather_objects(obj: Any) -> List[Any]:
+    """Every rank's ``obj``, in rank order, on every rank; DataProto travels as bytes."""
+    rank, world = _world()
+    if world == 1:
+        return [obj]
+    payload = (_PROTO_TAG, obj.to_bytes()) if isinstance(obj, DataProto) else obj
+    gathered: List[Any] = [None] * world
+    dist.all_gather_object(gathered, payload, group=_object_group())
+    return [DataProto.from_bytes(p[1]) if isinstance(p, tuple) and len(p) == 2 and p[0] == _PROTO_TAG else p
+            for p in gathered]
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank."""
+    rank, world = _world()
+    if world == 1:
+        return obj
+    box = [obj if rank == src else None]
+    dist.broadcast_object_list(box, src=src, group=_object_group())
+    return box[0]
+
+
+class WorkerGroup:
+    """``worker_cls(*args, **kwargs)`` on the ranks of ``pool``; registered methods become methods here."""
+
+    def __init__(self, worker_cls: type, *args: Any, pool: Optional[ResourcePool] = None,
+                 name: Optional[str] = None, **kwargs: Any):
+        if not issubclass(worker_cls, Worker):
+            raise TypeError(f"WorkerGroup: expected a Worker subclass, found {worker_cls.__name__}")
+        self.name = name or worker_cls.__name__
+        self.rank, world = _world()
+        self.pool_ranks = (pool or ResourcePool()).resolve(world)
+        self.worker: Optional[Worker] = worker_cls(*args, **kwargs) if self.rank in self.pool_ranks else None
+        self.info = self._exchange_rank_map()
+        for method_name, spec in registered_methods(worker_cls).items():
+            setattr(self, method_name, self._bind(method_name, spec))
+
+    @property
+    def world_size(self) -> int:
+        return len(self.pool_ranks)
+
+    def _exchange_rank_map(self) -> DispatchInfo:
+        local = None
+        if self.worker is not None:
+            local = dict(self.worker.dispatch_meshes())
+            pool_rank = self.pool_ranks.index(self.rank)
+            local["dp"] = MeshRank(pool_rank, len(self.pool_ranks), True)
+        per_rank = all_gather_objects(local)
+        maps = [per_rank[r] for r in self.pool_ranks]
+        names = set(maps[0])
+        if any(set(m) != names for m in maps):
+            raise ValueError(f"{self.name}: expected every pool rank to declare the same dispatch meshes, "
+                             f"found {[sorted(m) for m in maps]}")
+        return DispatchInfo(self.pool_ranks, {n: tuple(m[n] for m in maps) for n in sorted(names)})
+
+    def _bind(self, method_name: str, spec: DispatchSpec) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.execute(method_name, spec, args, kwargs)
+
+        call.__name__ = method_name
+        return call
+
+    def execute(self, method_name: str, spec: DispatchSpec, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+        args, kwargs, state = spec.prepare(self.info, tuple(args), dict(kwargs))
+        output = None
+        if self.worker is not None:
+            pool_rank = self.pool_ranks.index(self.rank)
+            rank_args, rank_kwargs = spec.dispatch(self.info, pool_rank, args, kwargs)
+            output = getattr(self.worker, method_name)(*rank_args, **rank_kwargs)
+            if isinstance(output, DataProto) and strict_data_check_enabled():
+                output.check_consistency(producer=f"{self.name}.{method_name}")
+            if not spec.collect_ranks(self.info)[pool_rank]:
+                output = None
+        gathered = all_gather_objects(output)
+        return spec.collect(self.info, [gathered[r] for r in self.pool_ranks], state)

@@ -1,0 +1,501 @@
+"""The trainer config: verl's key names, one schema, validated once at load.
+
+``load_config(path, overrides)`` reads a YAML file (``yaml.safe_load``), merges it over the
+defaults below, applies dotted CLI overrides (``algorithm.adv_estimator=grpo``; values parse as
+YAML scalars), and validates everything before any rank starts:
+
+- an unknown key is rejected with a did-you-mean;
+- a value of the wrong type is rejected (an int is accepted where a float is expected);
+- parallel sizes must divide the model (tp | heads, kv heads, ffn; pp | layers) and the world size
+  (``trainer.nnodes * trainer.n_gpus_per_node``);
+- batch sizes must divide as the PPO loop splits them (train batch -> mini-batches -> DP ranks ->
+  micro-batches);
+- under a launcher (Slurm, torchrun, mpirun) its world size must match the config's.
+
+Every problem raises one :class:`ConfigError` whose message names the key; ``verl train`` prints it
+as one line and exits 2. The result is an OmegaConf ``DictConfig`` (attribute access, like verl).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A trainer config that cannot run; the message is one line naming the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """A leaf of the schema: its default and the Python types a value may have."""
+
+    default: Any
+    types: Tuple[type, ...]
+    nullable: bool = False
+    choices: Optional[Tuple[Any, ...]] = None
+
+
+def _f(default: Any, *types: type, nullable: bool = False, choices: Optional[Sequence[Any]] = None) -> Field:
+    if not types:
+        types = (type(default),)
+    if float in types and int not in types:
+        types = types + (int,)
+    return Field(default, tuple(types), nullable or default is None, tuple(choices) if choices else None)
+
+
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "low_var_kl+", "k3+")
+LOGGERS = ("console", "tensorboard", "csv")
+DTYPES = ("float32", "bfloat16")
+
+
+def _optim() -> Dict[str, Field]:
+    return {
+        "lr": _f(1e-6, float),
+        "min_lr": _f(0.0, float),
+        "lr_warmup_steps": _f(0, int),
+        "lr_decay_style": _f("constant", choices=("constant", "linear", "cosine")),
+        "weight_decay": _f(0.01, float),
+        "betas": _f([0.9, 0.999], list),
+        "clip_grad": _f(1.0, float),
+    }
+
+
+def _megatron() -> Dict[str, Field]:
+    return {
+        "tensor_model_parallel_size": _f(1, int),
+        "pipeline_model_parallel_size": _f(1, int),
+        "use_distributed_optimizer": _f(False, bool),
+        "seed": _f(42, int),
+    }
+
+
+SCHEMA: Dict[str, Any] = {
+    "data": {
+        "tokenizer": _f(None, str),
+        "train_files": _f(None, str, list),
+        "val_files": _f(None, str, list),
+        "prompt_key": _f("prompt", str),
+        "reward_fn_key": _f("data_source", str),
+        "max_prompt_length": _f(512, int),
+        "max_response_length": _f(512, int),
+        "train_batch_size": _f(1024, int),
+        "val_batch_size": _f(None, int),
+        "shuffle": _f(True, bool),
+        "seed": _f(1, int),
+        "truncation": _f("error", choices=("error", "left", "right")),
+        "filter_overlong_prompts": _f(False, bool),
+        "dataloader_num_workers": _f(0, int, choices=(0,)),
+    },
+    "actor_rollout_ref": {
+        "hybrid_engine": _f(True, bool, choices=(True,)),
+        "model": {
+            "path": _f(None, str),
+        },
+        "actor": {
+            "strategy": _f("megatron", choices=("megatron",)),
+            "ppo_mini_batch_size": _f(256, int),
+            "ppo_micro_batch_size_per_gpu": _f(1, int),
+            "ppo_epochs": _f(1, int),
+            "shuffle": _f(False, bool),
+            "clip_ratio": _f(0.2, float),
+            "clip_ratio_low": _f(None, float),
+            "clip_ratio_high": _f(None, float),
+            "clip_ratio_c": _f(3.0, float),
+            "loss_agg_mode": _f("token-mean", choices=LOSS_AGG_MODES),
+            "entropy_coeff": _f(0.0, float),
+            "use_kl_loss": _f(False, bool),
+            "kl_loss_coef": _f(0.001, float),
+            "kl_loss_type": _f("low_var_kl", choices=KL_TYPES),
+            "optim": _optim(),
+            "megatron": _megatron(),
+        },
+        "ref": {
+            "log_prob_micro_batch_size_per_gpu": _f(1, int),
+        },
+        "rollout": {
+            "name": _f("native", choices=("native",)),
+            "dtype": _f("float32", choices=DTYPES),
+            "temperature": _f(1.0, float),
+            "top_k": _f(-1, int),
+            "top_p": _f(1.0, float),
+            "do_sample": _f(True, bool),
+            "n": _f(1, int),
+            "tensor_model_parallel_size": _f(1, int),
+            "log_prob_micro_batch_size_per_gpu": _f(1, int),
+            "ignore_eos": _f(False, bool),
+            "val_kwargs": {
+                "do_sample": _f(False, bool),
+                "temperature": _f(0.0, float),
+                "top_k": _f(-1, int),
+                "top_p": _f(1.0, float),
+                "n": _f(1, int),
+            },
+        },
+    },
+    "critic": {
+        "strategy": _f("megatron", choices=("megatron",)),
+        "model": {
+            "path": _f(None, str),
+        },
+        "ppo_mini_batch_size": _f(256, int),
+        "ppo_micro_batch_size_per_gpu": _f(1, int),
+        "ppo_epochs": _f(1, int),
+        "shuffle": _f(False, bool),
+        "cliprange_value": _f(0.5, float),
+        "loss_agg_mode": _f("token-mean", choices=LOSS_AGG_MODES),
+        "optim": _optim(),
+    },
+    "reward_model": {
+        "enable": _f(False, bool),
+        "strategy": _f("megatron", choices=("megatron",)),
+        "model": {
+            "path": _f(None, str),
+        },
+        "micro_batch_size_per_gpu": _f(1, int),
+        "reward_manager": _f("naive", choices=("naive",)),
+        # Replace the reward model between steps (verl-hpc extension, see reward_model_worker.py).
+        "hot_swap": {
+            "watch": _f(False, bool),
+            "path": _f(None, str),
+            "at_step": _f(None, int),
+        },
+    },
+    "custom_reward_function": {
+        "path": _f(None, str),
+        "name": _f("compute_score", str),
+    },
+    "algorithm": {
+        "adv_estimator": _f("gae", choices=ADV_ESTIMATORS),
+        "gamma": _f(1.0, float),
+        "lam": _f(1.0, float),
+        "norm_adv_by_std_in_grpo": _f(True, bool),
+        "use_kl_in_reward": _f(False, bool),
+        "kl_penalty": _f("kl", choices=KL_TYPES),
+        "kl_ctrl": {
+            "type": _f("fixed", choices=("fixed", "adaptive")),
+            "kl_coef": _f(0.001, float),
+            "horizon": _f(10000, int),
+            "target_kl": _f(0.1, float),
+        },
+    },
+    "hybrid_engine": {
+        "bucket_bytes": _f(64 << 20, int),
+    },
+    "trainer": {
+        "project_name": _f("verl_hpc", str),
+        "experiment_name": _f("run", str),
+        "logger": _f(["console"], list),
+        "nnodes": _f(1, int),
+        "n_gpus_per_node": _f(1, int),
+        "total_epochs": _f(1, int),
+        "total_training_steps": _f(None, int),
+        "output_dir": _f("outputs/run", str),
+        "default_local_dir": _f(None, str),
+        "save_freq": _f(-1, int),
+        "test_freq": _f(-1, int),
+        "val_before_train": _f(True, bool),
+        "resume_mode": _f("auto", str),
+        "debug": _f(None, str, choices=("light", "full")),
+        "log_val_generations": _f(0, int),
+        "export_hf_every_save": _f(False, bool),
+        "export_hf_at_end": _f(True, bool),
+        "seed": _f(1234, int),
+    },
+}
+
+
+# --------------------------------------------------------------------------- merging and types
+def _defaults(schema: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: _defaults(v) if isinstance(v, dict) else copy.deepcopy(v.default) for k, v in schema.items()}
+
+
+def _all_keys(schema: Dict[str, Any], prefix: str = "") -> List[str]:
+    out = []
+    for key, value in schema.items():
+        out.append(prefix + key)
+        if isinstance(value, dict):
+            out.extend(_all_keys(value, prefix + key + "."))
+    return out
+
+
+def _unknown(key: str, schema: Dict[str, Any], prefix: str) -> ConfigError:
+    dotted = prefix + key
+    siblings = [prefix + k for k in schema]
+    guess = difflib.get_close_matches(dotted, siblings, n=1) or difflib.get_close_matches(
+        dotted, _all_keys(SCHEMA), n=1, cutoff=0.7)
+    hint = f"; did you mean '{guess[0]}'?" if guess else f"; expected one of {sorted(schema)}"
+    return ConfigError(f"{dotted}: unknown key{hint}")
+
+
+def _type_names(field: Field) -> str:
+    names = [t.__name__ for t in field.types if not (t is int and float in field.types)]
+    return " or ".join(names + (["null"] if field.nullable else []))
+
+
+def _check_value(dotted: str, field: Field, value: Any) -> Any:
+    if value is None:
+        if not field.nullable:
+            raise ConfigError(f"{dotted}: expected {_type_names(field)}, found null")
+        return None
+    ok = isinstance(value, field.types) and not (isinstance(value, bool) and bool not in field.types)
+    if not ok:
+        raise ConfigError(f"{dotted}: expected {_type_names(field)}, found {type(value).__name__} {value!r}")
+    if float in field.types and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if field.choices is not None and value not in field.choices:
+        raise ConfigError(f"{dotted}: expected one of {list(field.choices)}, found {value!r}")
+    return value
+
+
+def _merge(target: Dict[str, Any], source: Any, schema: Dict[str, Any], prefix: str = "") -> None:
+    if not isinstance(source, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or '<root>'}: expected a mapping, found {type(source).__name__}")
+    for key, value in source.items():
+        if key not in schema:
+            raise _unknown(str(key), schema, prefix)
+        node = schema[key]
+        if isinstance(node, dict):
+            _merge(target[key], value if value is not None else {}, node, prefix + key + ".")
+        else:
+            target[key] = _check_value(prefix + key, node, value)
+
+
+def _parse_override(item: str) -> Tuple[List[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected key=value (e.g. trainer.total_training_steps=3)")
+    key, raw = item.split("=", 1)
+    key = key.strip().lstrip("+")
+    if not key:
+        raise ConfigError(f"override {item!r}: expected a dotted key before '='")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def _apply_override(config: Dict[str, Any], parts: List[str], value: Any) -> None:
+    nested: Any = value
+    for part in reversed(parts):
+        nested = {part: nested}
+    _merge(config, nested, SCHEMA)
+
+
+# --------------------------------------------------------------------------- semantic checks
+def world_size(cfg: Dict[str, Any]) -> int:
+    return cfg["trainer"]["nnodes"] * cfg["trainer"]["n_gpus_per_node"]
+
+
+def use_critic(cfg: Dict[str, Any]) -> bool:
+    """verl: a critic exists exactly when advantages come from GAE."""
+    return cfg["algorithm"]["adv_estimator"] == "gae"
+
+
+def use_reference(cfg: Dict[str, Any]) -> bool:
+    return cfg["algorithm"]["use_kl_in_reward"] or cfg["actor_rollout_ref"]["actor"]["use_kl_loss"]
+
+
+def _positive(cfg: Dict[str, Any], dotted: str) -> int:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = node[part]
+    if node is None or node < 1:
+        raise ConfigError(f"{dotted}: expected a positive integer, found {node!r}")
+    return node
+
+
+def _check_divides(what: str, divisor: int, total_what: str, total: int) -> None:
+    if total % divisor:
+        raise ConfigError(f"{what}={divisor}: expected a divisor of {total_what}={total}, found remainder {total % divisor}")
+
+
+def _resolve_path(path: Optional[str], base_dir: str) -> Optional[str]:
+    if path is None:
+        return None
+    path = os.path.expanduser(path)
+    if os.path.isabs(path) or os.path.exists(path):
+        return os.path.abspath(path)
+    candidate = os.path.join(base_dir, path)
+    return os.path.abspath(candidate) if os.path.exists(candidate) else os.path.abspath(path)
+
+
+def _validate(cfg: Dict[str, Any], launcher_world_size: Optional[int]) -> None:
+    from verl.models.config import ModelConfig, ModelConfigError
+    from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
+
+    data, arr, algo, trainer = cfg["data"], cfg["actor_rollout_ref"], cfg["algorithm"], cfg["trainer"]
+    actor, rollout, critic = arr["actor"], arr["rollout"], cfg["critic"]
+    for key in ("data.max_prompt_length", "data.max_response_length", "data.train_batch_size",
+                "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                "actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.rollout.n",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size",
+                "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+                "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
+                "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.total_epochs",
+                "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.ppo_epochs",
+                "hybrid_engine.bucket_bytes"):
+        _positive(cfg, key)
+    if trainer["total_training_steps"] is not None:
+        _positive(cfg, "trainer.total_training_steps")
+    for key in cfg["trainer"]["logger"]:
+        if key not in LOGGERS:
+            raise ConfigError(f"trainer.logger: expected entries among {list(LOGGERS)}, found {key!r}")
+    for key in ("train_files", "tokenizer"):
+        if data[key] is None:
+            raise ConfigError(f"data.{key}: expected a path, found null")
+    for key in ("train_files", "val_files"):
+        files = data[key]
+        for path in ([files] if isinstance(files, str) else files or []):
+            if not os.path.isfile(path):
+                raise ConfigError(f"data.{key}: expected an existing parquet file, found no file at {path} "
+                                  f"(generate the quickstart data with `verl data arithmetic --out DIR`)")
+    if not os.path.isdir(data["tokenizer"]):
+        raise ConfigError(f"data.tokenizer: expected a tokenizer directory, found nothing at {data['tokenizer']}")
+    if arr["model"]["path"] is None:
+        raise ConfigError("actor_rollout_ref.model.path: expected an HF config.json or model directory, found null")
+    try:
+        model = ModelConfig.from_pretrained(arr["model"]["path"])
+    except ModelConfigError as err:
+        raise ConfigError(f"actor_rollout_ref.model.path: {err}") from None
+
+    # Parallel layout: Megatron (t, p, d) for actor, reference and critic; rollout t_g.
+    world = world_size(cfg)
+    tp = actor["megatron"]["tensor_model_parallel_size"]
+    pp = actor["megatron"]["pipeline_model_parallel_size"]
+    prefix = "actor_rollout_ref.actor.megatron."
+    try:
+        check_parallel_layout(model, tp, pp)
+    except ModelLayoutError as err:
+        raise ConfigError(f"{prefix}{err}") from None
+    _check_divides(prefix + "tensor_model_parallel_size * pipeline_model_parallel_size", tp * pp,
+                   "trainer.nnodes * trainer.n_gpus_per_node", world)
+    rollout_tp = rollout["tensor_model_parallel_size"]
+    _check_divides("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp, "world size", world)
+    for key, value in (("num_attention_heads", model.num_attention_heads),
+                       ("intermediate_size", model.intermediate_size)):
+        _check_divides("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp, key, value)
+    dp = world // (tp * pp)
+    rollout_dp = world // rollout_tp
+
+    # Batch sizes: train batch -> mini-batches -> DP ranks -> micro-batches (all in responses).
+    n = rollout["n"]
+    train_bs = data["train_batch_size"]
+    if train_bs % rollout_dp:
+        raise ConfigError(f"data.train_batch_size={train_bs}: expected a multiple of the rollout DP size "
+                          f"(world {world} / rollout tp {rollout_tp} = {rollout_dp})")
+    roles = [("actor_rollout_ref.actor", actor)] + ([("critic", critic)] if use_critic(cfg) else [])
+    for name, role in roles:
+        mini = role["ppo_mini_batch_size"]
+        _check_divides(f"{name}.ppo_mini_batch_size", mini, "data.train_batch_size", train_bs)
+        _check_divides(f"{name}.ppo_mini_batch_size * rollout.n / dp ({dp})", dp,
+                       f"{name}.ppo_mini_batch_size * rollout.n", mini * n)
+        _check_divides(f"{name}.ppo_micro_batch_size_per_gpu", role["ppo_micro_batch_size_per_gpu"],
+                       f"{name}.ppo_mini_batch_size * rollout.n / dp", mini * n // dp)
+    for key in ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
+        section, _, leaf = key.rpartition(".")
+        micro = arr[section.split(".")[1]][leaf]
+        _check_divides(key, micro, "data.train_batch_size * rollout.n / dp", train_bs * n // dp)
+    if algo["adv_estimator"] in ("grpo", "rloo", "reinforce_plus_plus_baseline") and n < 2:
+        raise ConfigError(f"actor_rollout_ref.rollout.n: expected >= 2 for {algo['adv_estimator']} "
+                          f"(group baselines), found {n}")
+    if model.max_position_embeddings < data["max_prompt_length"] + data["max_response_length"]:
+        raise ConfigError(
+            f"data.max_prompt_length + data.max_response_length: expected <= the model's max_position_embeddings="
+            f"{model.max_position_embeddings}, found {data['max_prompt_length'] + data['max_response_length']}")
+    if cfg["reward_model"]["enable"]:
+        _validate_reward_model(cfg, model, tp, pp, train_bs * n // dp)
+        if algo["adv_estimator"] == "remax":  # the greedy baselines: one response per prompt
+            _check_divides("reward_model.micro_batch_size_per_gpu", cfg["reward_model"]["micro_batch_size_per_gpu"],
+                           "data.train_batch_size / dp (remax's greedy baselines)", train_bs // dp)
+    elif cfg["reward_model"]["hot_swap"]["watch"] or cfg["reward_model"]["hot_swap"]["path"] is not None:
+        raise ConfigError("reward_model.hot_swap: expected reward_model.enable=true to swap a reward model, found it false")
+    if launcher_world_size is not None and launcher_world_size != world:
+        raise ConfigError(f"trainer.nnodes * trainer.n_gpus_per_node: expected the launcher's world size "
+                          f"{launcher_world_size}, found {trainer['nnodes']} * {trainer['n_gpus_per_node']} = {world}")
+
+
+def _validate_reward_model(cfg: Dict[str, Any], actor_model: Any, tp: int, pp: int, per_dp_batch: int) -> None:
+    from verl.models.config import ModelConfig, ModelConfigError
+    from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
+
+    rm = cfg["reward_model"]
+    _positive(cfg, "reward_model.micro_batch_size_per_gpu")
+    _check_divides("reward_model.micro_batch_size_per_gpu", rm["micro_batch_size_per_gpu"],
+                   "data.train_batch_size * rollout.n / dp", per_dp_batch)
+    swap = rm["hot_swap"]
+    if (swap["path"] is None) != (swap["at_step"] is None):
+        raise ConfigError(f"reward_model.hot_swap.path and reward_model.hot_swap.at_step: expected both or neither, "
+                          f"found path={swap['path']!r} at_step={swap['at_step']!r}")
+    if swap["at_step"] is not None:
+        _positive(cfg, "reward_model.hot_swap.at_step")
+    for key in ("model.path", "hot_swap.path"):
+        path = rm["model"]["path"] if key == "model.path" else swap["path"]
+        if key == "hot_swap.path" and path is None:
+            continue
+        if path is None or not os.path.isfile(os.path.join(path, "config.json")):
+            raise ConfigError(f"reward_model.{key}: expected an HF reward model directory (config.json + safetensors "
+                              f"with score.weight), found {'null' if path is None else 'no config.json in ' + path}")
+        try:
+            model = ModelConfig.from_pretrained(path)
+            check_parallel_layout(model, tp, pp)
+        except (ModelConfigError, ModelLayoutError) as err:
+            raise ConfigError(f"reward_model.{key}: {err}") from None
+        if model.vocab_size != actor_model.vocab_size:
+            raise ConfigError(f"reward_model.{key}: expected the actor's vocab_size={actor_model.vocab_size} (the "
+                              f"reward model scores the actor's token ids), found {model.vocab_size}")
+
+
+def load_config(path: Optional[str], overrides: Sequence[str] = (), launcher_world_size: Optional[int] = None):
+    """Defaults <- YAML file <- dotted overrides, validated; returns an OmegaConf DictConfig.
+
+    Relative paths in the file (data files, tokenizer, model) resolve against the working directory
+    first, then the repository root (the directory above ``configs/``).
+    """
+    from omegaconf import OmegaConf
+
+    cfg = _defaults(SCHEMA)
+    base_dir = os.getcwd()
+    if path is not None:
+        if not os.path.isfile(path):
+            raise ConfigError(f"--config: expected a YAML file, found nothing at {path}")
+        with open(path, encoding="utf-8") as fh:
+            try:
+                loaded = yaml.safe_load(fh)
+            except yaml.YAMLError as err:
+                mark = getattr(err, "problem_mark", None)
+                where = f" line {mark.line + 1}" if mark is not None else ""
+                raise ConfigError(f"{path}:{where} not valid YAML ({getattr(err, 'problem', err)})") from None
+        _merge(cfg, loaded or {}, SCHEMA)
+        config_dir = os.path.dirname(os.path.abspath(path))
+        base_dir = os.path.dirname(config_dir) if os.path.basename(config_dir) == "configs" else config_dir
+    for item in overrides:
+        _apply_override(cfg, *_parse_override(item))
+
+    data = cfg["data"]
+    for key in ("train_files", "val_files"):
+        if isinstance(data[key], list):
+            data[key] = [_resolve_path(p, base_dir) for p in data[key]]
+        else:
+            data[key] = _resolve_path(data[key], base_dir)
+    data["tokenizer"] = _resolve_path(data["tokenizer"], base_dir)
+    cfg["actor_rollout_ref"]["model"]["path"] = _resolve_path(cfg["actor_rollout_ref"]["model"]["path"], base_dir)
+    rm = cfg["reward_model"]
+    rm["model"]["path"] = _resolve_path(rm["model"]["path"], base_dir)
+    rm["hot_swap"]["path"] = _resolve_path(rm["hot_swap"]["path"], base_dir)
+    cfg["critic"]["model"]["path"] = _resolve_path(cfg["critic"]["model"]["path"], base_dir) \
+        or cfg["actor_rollout_ref"]["model"]["path"]
+    if cfg["trainer"]["default_local_dir"] is None:
+        cfg["trainer"]["default_local_dir"] = os.path.join(cfg["trainer"]["output_dir"], "checkpoints")
+    _validate(cfg, launcher_world_size)
+    return OmegaConf.create(cfg)

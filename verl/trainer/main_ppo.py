@@ -1,0 +1,85 @@
+"""`verl train --config F [key=value ...] [--dry-run]`: PPO-family RL training.
+
+The config is loaded and validated first; a bad one prints one line and exits 2 before any rank
+starts. Then:
+- under Slurm / torchrun / mpirun (the launcher set the rank variables) this process is one rank;
+- otherwise, for ``trainer.nnodes * trainer.n_gpus_per_node`` = 1 everything runs in this process;
+- otherwise this process spawns that many local ranks (``launch.spawn.spawn_local``) running
+  ``python -m verl.trainer.main_ppo`` with the same arguments, and returns their exit code.
+
+``--dry-run`` runs one step (generation, rewards, log-probs, values, advantages, metrics) without
+updating weights, saving checkpoints or validating.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+EXIT_CONFIG_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        print(f"verl train: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG_ERROR)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="verl train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="trainer YAML (e.g. configs/grpo_arith_tiny.yaml)")
+    parser.add_argument("--dry-run", action="store_true", help="one step without weight updates")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="dotted overrides, e.g. trainer.total_training_steps=3 algorithm.adv_estimator=grpo")
+    return parser
+
+
+def run_rank(config, dry_run: bool) -> int:
+    """This process as one rank of the job: torch.distributed, workers, the PPO loop."""
+    from launch.bootstrap import destroy_distributed, init_distributed
+
+    init_distributed(seed=config.trainer.seed)
+    try:
+        from transformers import AutoTokenizer
+
+        from verl.trainer.ppo.trainer import PPOTrainer
+
+        tokenizer = AutoTokenizer.from_pretrained(config.data.tokenizer)
+        return PPOTrainer(config, tokenizer, dry_run=dry_run).fit()
+    finally:
+        destroy_distributed()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+
+    from launch.env import LaunchError, discover
+    from verl.trainer.config import ConfigError, load_config, world_size
+
+    try:
+        env = discover()
+    except LaunchError as err:
+        print(f"verl train: {err}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    launched = env.source != "local"
+    try:
+        config = load_config(args.config, args.overrides, launcher_world_size=env.world_size if launched else None)
+    except ConfigError as err:
+        print(f"verl train: config error: {err}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    world = world_size(config)
+    if launched or world == 1:
+        return run_rank(config, args.dry_run)
+    if config.trainer.nnodes > 1:
+        print(f"verl train: config error: trainer.nnodes={config.trainer.nnodes}: expected 1 outside a launcher "
+              f"(multi-node runs start under srun/mpirun, see slurm/)", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    from launch.spawn import spawn_local
+
+    return spawn_local(world, [sys.executable, "-m", "verl.trainer.main_ppo", *argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

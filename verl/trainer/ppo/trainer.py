@@ -1,0 +1,378 @@
+"""The single-controller PPO loop (DESIGN.md, "One PPO iteration"), run SPMD on every rank.
+
+Every rank executes :meth:`PPOTrainer.fit` with the same data; each worker-group call splits the
+batch over that role's ranks and hands every rank the gathered result, so the loop reads as the
+sequential dataflow of HybridFlow:
+
+    prompts -> generate (reshard in, sample, release) -> reward -> old log-probs -> ref log-probs
+    -> values -> KL-in-reward / advantages -> update critic -> update actor
+
+PPO with critic + GAE; GRPO / RLOO / REINFORCE++ (+baseline) / ReMax without a critic; the reference
+policy when the KL is in the reward or in the loss. Only rank 0 logs and prints.
+
+ReMax (``algorithm.adv_estimator=remax``) also generates one greedy response per prompt
+(``do_sample=False``, timed as ``gen_max``); its sequence reward is the prompt's ``reward_baselines``.
+
+Model-based reward (``reward_model.enable=true``): the reward-model worker writes ``rm_scores`` and
+the reward manager passes them through as ``token_level_scores`` (verl's behaviour). Hot swap,
+between steps, before the step's rewards:
+  - ``reward_model.hot_swap.watch=true``: rank 0 fingerprints ``reward_model.model.path`` (resolved
+    path, inode, every file's name/size/mtime) before each step; when it changed, every rank reloads
+    it. Publish a new model atomically: write it elsewhere, then rename it onto the path or re-point
+    a symlink;
+  - ``reward_model.hot_swap.path=DIR`` and ``hot_swap.at_step=K``: load DIR before step K.
+A swap logs ``reward_model/swapped`` = 1 for that step; checkpoints record the reward model in use
+and a resumed run loads it again.
+
+HF export (``trainer.export_hf_every_save``, ``trainer.export_hf_at_end``): the actor goes to
+``<trainer.output_dir>/actor_hf/`` (see ``verl/models/hf_export.py``) after each checkpoint and/or
+when training completes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from typing import Any, Dict, Iterator
+
+import numpy as np
+import torch
+
+from verl.protocol import DataProto
+from verl.single_controller import WorkerGroup, all_gather_objects, broadcast_object
+from verl.trainer import metrics as metric_utils
+from verl.trainer.config import use_critic, use_reference
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.advantage import apply_kl_penalty, compute_advantage
+from verl.utils import checkpoint as ckpt
+from verl.utils.tracking import rank_zero_tracking
+
+PROMPT_FIELDS = ("input_ids", "attention_mask", "position_ids")
+
+
+class PPOTrainer:
+    def __init__(self, config: Any, tokenizer: Any, dry_run: bool = False):
+        import torch.distributed as dist
+        from torch.utils.data import DataLoader
+
+        from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn, create_rl_sampler
+        from verl.utils.reward_score import load_reward_fn
+        from verl.workers.reward_manager import get_reward_manager_cls
+
+        self.config, self.tokenizer, self.dry_run = config, tokenizer, dry_run
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.use_critic = use_critic(config)
+        self.use_reference = use_reference(config)
+        self.debug = config.trainer.debug
+
+        data = config.data
+        self.train_dataset = RLHFDataset(data.train_files, tokenizer, data)
+        self.sampler = create_rl_sampler(data, self.train_dataset)
+        self.train_dataloader = DataLoader(self.train_dataset, batch_size=data.train_batch_size, sampler=self.sampler,
+                                           collate_fn=collate_fn, drop_last=True, num_workers=0)
+        if len(self.train_dataloader) == 0:
+            raise ValueError(f"data.train_batch_size={data.train_batch_size}: expected at most the "
+                             f"{len(self.train_dataset)} training prompts, found a larger batch")
+        self.val_dataloader = None
+        if data.val_files:
+            val_dataset = RLHFDataset(data.val_files, tokenizer, data)
+            self.val_dataloader = DataLoader(val_dataset, batch_size=data.val_batch_size or len(val_dataset),
+                                             shuffle=False, collate_fn=collate_fn, num_workers=0)
+        steps = len(self.train_dataloader) * config.trainer.total_epochs
+        if config.trainer.total_training_steps is not None:
+            steps = config.trainer.total_training_steps
+        self.total_training_steps = 1 if dry_run else steps
+
+        custom = config.custom_reward_function
+        compute_score = load_reward_fn(custom.path, custom.name) if custom.path else None
+        manager = get_reward_manager_cls(config.reward_model.reward_manager)
+        self.reward_fn = manager(tokenizer, num_examine=0, compute_score=compute_score,
+                                 reward_fn_key=data.reward_fn_key)
+        self.kl_ctrl = core_algos.get_kl_controller(config.algorithm.kl_ctrl)
+
+        from verl.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+
+        role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
+        self.actor_rollout_wg = WorkerGroup(ActorRolloutRefWorker, config, role, self.total_training_steps,
+                                            tokenizer, name="actor_rollout_ref")
+        self.critic_wg = None
+        if self.use_critic:
+            from verl.workers.critic_worker import CriticWorker
+
+            self.critic_wg = WorkerGroup(CriticWorker, config, self.total_training_steps, name="critic")
+        self.use_rm = config.reward_model.enable
+        self.rm_wg = None
+        if self.use_rm:
+            from verl.workers.reward_model_worker import RewardModelWorker
+
+            self.rm_wg = WorkerGroup(RewardModelWorker, config, name="reward_model")
+            self.rm_path = config.reward_model.model.path
+            self._rm_fingerprint = self._watched_rm_fingerprint()
+        self.global_step = 0
+        self._exported_step = None
+        self.tracking = None
+        self._timing: Dict[str, float] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def _print(self, text: str) -> None:
+        if self.rank == 0:
+            from tqdm import tqdm
+
+            tqdm.write(text, file=sys.stdout)
+
+    @contextlib.contextmanager
+    def _timer(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        seconds = time.perf_counter() - start
+        self._timing[name] = seconds
+        if name != "step":
+            self._print(f"[{name}] {seconds:.2f}s")
+
+    def _prompt_batch(self, batch_dict: Dict[str, Any], step: int, validate: bool) -> DataProto:
+        batch = DataProto.from_single_dict(batch_dict)
+        batch.non_tensor_batch["uid"] = np.array([f"{step}-{i}" for i in range(len(batch))], dtype=object)
+        gen = DataProto.from_dict({k: batch.batch[k] for k in PROMPT_FIELDS}, dict(batch.non_tensor_batch))
+        gen.meta_info = {"seed": self.config.trainer.seed * 100003 + step, "validate": validate,
+                         "eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id}
+        return gen
+
+    # ------------------------------------------------------------------ reward model hot swap
+    def _watched_rm_fingerprint(self) -> Any:
+        """Rank 0's view of ``reward_model.model.path``, the same on every rank (None when not watched)."""
+        from verl.workers.reward_model_worker import checkpoint_fingerprint
+
+        if not self.config.reward_model.hot_swap.watch:
+            return None
+        local = checkpoint_fingerprint(self.config.reward_model.model.path) if self.rank == 0 else None
+        return broadcast_object(local)
+
+    def swap_reward_model(self, path: str) -> None:
+        with self._timer("swap_reward_model"):
+            self.rm_wg.swap_reward_model(path)
+        self.rm_path = path
+        self._print(f"[reward_model] swapped to {path}")
+
+    def _maybe_swap_reward_model(self, step: int) -> Dict[str, float]:
+        swap = self.config.reward_model.hot_swap
+        path = None
+        if swap.at_step is not None and step == swap.at_step:
+            path = swap.path
+        fingerprint = self._watched_rm_fingerprint()
+        if fingerprint != self._rm_fingerprint:
+            path = self.config.reward_model.model.path
+            self._rm_fingerprint = fingerprint
+        if path is not None:
+            self.swap_reward_model(path)
+        return {"reward_model/swapped": float(path is not None)}
+
+    # ------------------------------------------------------------------ HF export
+    def export_hf(self) -> None:
+        path = os.path.join(self.config.trainer.output_dir, "actor_hf")
+        with self._timer("export_hf"):
+            self.actor_rollout_wg.export_hf(path)
+        self._exported_step = self.global_step
+        self._print(f"HF export: step {self.global_step} -> {path}")
+
+    # ------------------------------------------------------------------ checkpoints
+    def _trainer_state(self) -> Dict[str, Any]:
+        state = {"sampler": self.sampler.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
+                 "total_training_steps": self.total_training_steps}
+        if self.use_rm:
+            state["reward_model_path"] = self.rm_path
+        return state
+
+    def save_checkpoint(self) -> None:
+        def save_models(staging: str) -> None:
+            self.actor_rollout_wg.save_checkpoint(os.path.join(staging, "actor"))
+            if self.critic_wg is not None:
+                self.critic_wg.save_checkpoint(os.path.join(staging, "critic"))
+
+        with self._timer("save_checkpoint"):
+            path = ckpt.save_trainer_checkpoint(self.config.trainer.default_local_dir, self.global_step,
+                                                self._trainer_state(), save_models)
+        self._print(f"checkpoint: step {self.global_step} -> {path}")
+        if self.config.trainer.export_hf_every_save:
+            self.export_hf()
+
+    def load_checkpoint(self) -> None:
+        path = ckpt.find_resume_dir(self.config.trainer.default_local_dir, self.config.trainer.resume_mode)
+        if path is None:
+            return
+        state = ckpt.load_trainer_state(path)
+        self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
+        if self.critic_wg is not None:
+            self.critic_wg.load_checkpoint(os.path.join(path, "critic"))
+        self.sampler.load_state_dict(state["sampler"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        ckpt.set_rng_state(state["_rng"])
+        self.global_step = int(state["step"])
+        if self.use_rm and state.get("reward_model_path", self.rm_path) != self.rm_path:
+            self.swap_reward_model(state["reward_model_path"])
+        self._print(f"resumed from {path} at step {self.global_step}")
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> Dict[str, float]:
+        """Greedy decoding (rollout.val_kwargs) on the validation set: val/accuracy and val-core names."""
+        scores, sources = [], []
+        for batch_dict in self.val_dataloader:
+            gen = self._prompt_batch(batch_dict, step=0, validate=True)
+            out = self.actor_rollout_wg.generate_sequences(gen)
+            out.meta_info.pop("metrics", None)
+            scores.append(self.reward_fn(out).sum(-1))
+            sources.extend(out.non_tensor_batch[self.config.data.reward_fn_key].tolist())
+        score = torch.cat(scores)
+        metrics = {"val/accuracy": score.mean().item(), "val/num_samples": float(score.numel())}
+        sources_arr = np.array(sources, dtype=object)
+        for source in sorted(set(sources)):
+            mask = torch.as_tensor(sources_arr == source)
+            metrics[f"val-core/{source}/reward/mean@1"] = score[mask].mean().item()
+        return metrics
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self, batch_dict: Dict[str, Any], step: int) -> Dict[str, float]:
+        cfg = self.config
+        metrics: Dict[str, float] = {}
+        self._timing = {}
+        with self._timer("step"):
+            if self.use_rm:
+                metrics.update(self._maybe_swap_reward_model(step))
+            gen = self._prompt_batch(batch_dict, step, validate=False)
+            with self._timer("gen"):
+                batch = self.actor_rollout_wg.generate_sequences(gen)
+            metrics.update(batch.meta_info.pop("metrics"))
+            batch.meta_info = {"seed": step}
+            if cfg.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX.value:
+                with self._timer("gen_max"):
+                    batch.batch["reward_baselines"] = self._greedy_baseline_rewards(gen).repeat_interleave(
+                        cfg.actor_rollout_ref.rollout.n)
+
+            with self._timer("reward"):
+                if self.use_rm:
+                    batch.union(self.rm_wg.compute_rm_score(batch))
+                batch.batch["token_level_scores"] = self.reward_fn(batch)
+            with self._timer("old_log_prob"):
+                old = self.actor_rollout_wg.compute_log_prob(batch)
+                entropys = old.batch.pop("entropys")
+                metrics["actor/entropy"] = core_algos.agg_loss(
+                    entropys, batch.batch["response_mask"], cfg.actor_rollout_ref.actor.loss_agg_mode).item()
+                batch.union(old)
+            if self.use_reference:
+                with self._timer("ref"):
+                    batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+            if self.use_critic:
+                with self._timer("values"):
+                    batch.union(self.critic_wg.compute_values(batch))
+            with self._timer("adv"):
+                if cfg.algorithm.use_kl_in_reward:
+                    batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty)
+                    metrics.update(kl_metrics)
+                else:
+                    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+                batch = compute_advantage(batch, cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma,
+                                          lam=cfg.algorithm.lam, num_repeat=cfg.actor_rollout_ref.rollout.n,
+                                          norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
+            if not self.dry_run:
+                if self.use_critic:
+                    with self._timer("update_critic"):
+                        metrics.update(self.critic_wg.update_critic(batch).meta_info["metrics"])
+                with self._timer("update_actor"):
+                    metrics.update(self.actor_rollout_wg.update_actor(batch).meta_info["metrics"])
+        metrics.update(metric_utils.compute_data_metrics(batch, self.use_critic))
+        metrics.update(metric_utils.compute_rollout_probs_diff_metrics(batch))
+        metrics.update(metric_utils.compute_timing_metrics(batch, self._timing))
+        metrics.update(metric_utils.compute_throughput_metrics(batch, self._timing["step"], self.world_size))
+        metrics.update(metric_utils.reduce_memory_metrics(all_gather_objects(metric_utils.local_memory_metrics())))
+        if self.debug:
+            self._debug_print(batch, metrics)
+        return metrics
+
+    def _greedy_baseline_rewards(self, gen: DataProto) -> torch.Tensor:
+        """ReMax: the sequence reward [B] of one greedy (do_sample=False) response per prompt."""
+        baseline_gen = DataProto.from_dict({k: gen.batch[k] for k in PROMPT_FIELDS}, dict(gen.non_tensor_batch),
+                                           {**gen.meta_info, "do_sample": False})
+        baseline = self.actor_rollout_wg.generate_sequences(baseline_gen)
+        baseline.meta_info.pop("metrics", None)
+        if self.use_rm:
+            baseline.union(self.rm_wg.compute_rm_score(baseline))
+        return self.reward_fn(baseline).sum(-1)
+
+    def _debug_print(self, batch: DataProto, metrics: Dict[str, float]) -> None:
+        count = 1 if self.debug == "light" else min(4, len(batch))
+        response_length = batch.batch["responses"].shape[-1]
+        for i in range(count):
+            prompt_ids = batch.batch["input_ids"][i, :-response_length][batch.batch["attention_mask"][i, :-response_length].bool()]
+            n = int(batch.batch["response_mask"][i].sum())
+            line = (f"[debug] sample {i}: prompt={self.tokenizer.decode(prompt_ids.tolist())!r} "
+                    f"response={self.tokenizer.decode(batch.batch['responses'][i, :n].tolist())!r} "
+                    f"score={batch.batch['token_level_scores'][i].sum().item():.3f} "
+                    f"advantage={batch.batch['advantages'][i, 0].item():.3f}")
+            if self.debug == "full" and "values" in batch.batch:
+                line += f" values={[round(v, 3) for v in batch.batch['values'][i, :n].tolist()]}"
+            self._print(line)
+        if self.debug == "full":
+            losses = {k: round(v, 5) for k, v in metrics.items() if k.endswith("_loss") or k.endswith("loss/mean")}
+            self._print(f"[debug] losses {losses}")
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> int:
+        """Train to ``total_training_steps`` (or until preempted); returns the process exit code."""
+        from tqdm import tqdm
+
+        from launch.preemption import PreemptionHandler
+
+        trainer = self.config.trainer
+        if not self.dry_run:
+            self.load_checkpoint()
+        self.tracking = rank_zero_tracking(self.config, self.rank)
+        validate = self.val_dataloader is not None and not self.dry_run
+        if validate and trainer.val_before_train and self.global_step == 0:
+            with self._timer("testing"):
+                val = self.validate()
+            self._log(val, 0)
+        # A bar only on a terminal: through pipes (spawned ranks, Slurm logs) the console line is the progress.
+        progress = tqdm(total=self.total_training_steps, initial=self.global_step, desc="training", file=sys.stderr,
+                        disable=self.rank != 0 or not sys.stderr.isatty(), dynamic_ncols=True)
+        preempted = False
+        with PreemptionHandler() as preempt:
+            while self.global_step < self.total_training_steps and not preempted:
+                epoch_before = self.sampler.epoch
+                for batch_dict in self.train_dataloader:
+                    step = self.global_step + 1
+                    metrics = self.train_step(batch_dict, step)
+                    self.global_step = step
+                    last = step >= self.total_training_steps
+                    if validate and trainer.test_freq > 0 and (step % trainer.test_freq == 0 or last):
+                        with self._timer("testing"):
+                            metrics.update(self.validate())
+                        metrics["timing_s/testing"] = self._timing["testing"]
+                    saved = False
+                    if not self.dry_run and trainer.save_freq > 0 and (step % trainer.save_freq == 0 or last):
+                        self.save_checkpoint()
+                        saved = True
+                    preempted = preempt.should_stop()
+                    if preempted and not saved and not self.dry_run:
+                        self.save_checkpoint()
+                    self._log(metrics, step)
+                    progress.update(1)
+                    if last or preempted:
+                        break
+                if self.sampler.epoch == epoch_before and not (preempted or self.global_step >= self.total_training_steps):
+                    raise RuntimeError("train dataloader: expected a new epoch after a full pass, found none")
+        progress.close()
+        if (trainer.export_hf_at_end and not self.dry_run and not preempted
+                and self.global_step >= self.total_training_steps
+                and self._exported_step != self.global_step):
+            self.export_hf()
+        if preempted:
+            self._print(f"preempted: stopped after step {self.global_step} with a checkpoint; exiting 0")
+        if self.tracking is not None:
+            self.tracking.close()
+        return 0
+
+    def _log(self, metrics: Dict[str, float], step: int) -> None:
+        if self.tracking is not None:
+            self.tracking.log(metrics, step, total_steps=self.total_training_steps)

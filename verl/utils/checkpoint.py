@@ -1,0 +1,117 @@
+"""Trainer checkpoints: one directory per saved step, written atomically, found again by ``resume_mode``.
+
+    <default_local_dir>/global_step_<N>/
+        actor/  critic/            Megatron model + optimizer + scheduler (workers/megatron/checkpoint.py)
+        trainer_state.json         step, dataloader sampler state, KL controller (rank 0)
+        rng/rank<r>.pt             python / numpy / torch RNG of every rank
+    <default_local_dir>/latest_checkpointed_iteration.txt   (verl's name) the newest complete step
+
+Atomic: every part is written under ``global_step_<N>.tmp``; after a barrier rank 0 renames it and
+only then updates ``latest_checkpointed_iteration.txt`` (itself written to a temp file and renamed),
+so a run killed at any instant leaves either the previous or the new checkpoint, never a torn one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+STATE_FILE = "trainer_state.json"
+
+
+class CheckpointError(ValueError):
+    """A resume target that is missing or incomplete."""
+
+
+def step_dir(root: str, step: int) -> str:
+    return os.path.join(root, f"global_step_{step}")
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def rng_state() -> Dict[str, Any]:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    return {"python": [version, list(internal), gauss], "numpy": [name, torch.from_numpy(keys.astype(np.int64)),
+                                                                  pos, has_gauss, cached],
+            "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+
+
+def save_trainer_checkpoint(root: str, step: int, trainer_state: Dict[str, Any],
+                            save_models: Callable[[str], None]) -> str:
+    """Collective: ``save_models(staging_dir)`` writes the workers' parts; returns the final directory."""
+    final = step_dir(root, step)
+    staging = final + ".tmp"
+    if _rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(os.path.join(staging, "rng"))
+    _barrier()
+    save_models(staging)
+    torch.save(rng_state(), os.path.join(staging, "rng", f"rank{_rank()}.pt"))
+    if _rank() == 0:
+        with open(os.path.join(staging, STATE_FILE), "w", encoding="utf-8") as fh:
+            json.dump({"step": step, **trainer_state}, fh, indent=2)
+    _barrier()
+    if _rank() == 0:
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        latest = os.path.join(root, LATEST_FILE)
+        with open(latest + ".tmp", "w", encoding="utf-8") as fh:
+            fh.write(f"{step}\n")
+        os.replace(latest + ".tmp", latest)
+    _barrier()
+    return final
+
+
+def find_resume_dir(root: str, resume_mode: str) -> Optional[str]:
+    """``auto``: the latest complete checkpoint under ``root`` (None if there is none); ``disable``:
+    None; anything else: that checkpoint directory, which must exist."""
+    if resume_mode == "disable":
+        return None
+    if resume_mode == "auto":
+        latest = os.path.join(root, LATEST_FILE)
+        if not os.path.isfile(latest):
+            return None
+        with open(latest, encoding="utf-8") as fh:
+            path = step_dir(root, int(fh.read().strip()))
+    else:
+        path = os.path.abspath(resume_mode)
+    if not os.path.isfile(os.path.join(path, STATE_FILE)):
+        raise CheckpointError(f"trainer.resume_mode: expected a checkpoint directory with {STATE_FILE}, "
+                              f"found none at {path}")
+    return path
+
+
+def load_trainer_state(path: str) -> Dict[str, Any]:
+    """The trainer state of checkpoint ``path``, and this rank's RNG restored."""
+    with open(os.path.join(path, STATE_FILE), encoding="utf-8") as fh:
+        state = json.load(fh)
+    rng_file = os.path.join(path, "rng", f"rank{_rank()}.pt")
+    if not os.path.isfile(rng_file):
+        raise CheckpointError(f"checkpoint {path}: expected {rng_file} (saved with the same world size), found none")
+    state["_rng"] = torch.load(rng_file, weights_only=True)
+    return state

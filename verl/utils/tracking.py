@@ -1,0 +1,125 @@
+"""Tracking: one ``log(data, step)`` fanned out to the configured backends (rank 0 only).
+
+Always ``<output_dir>/metrics.jsonl`` (one JSON object per step, with ``step``); ``trainer.logger``
+adds ``console`` (a compact line per step), ``csv`` (``metrics.csv``; rewritten when new columns
+appear) and ``tensorboard`` (``<output_dir>/tensorboard``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+# The compact console line shows these, in this order, when present.
+CONSOLE_KEYS = (
+    ("critic/score/mean", "score"),
+    ("critic/rewards/mean", "reward"),
+    ("val/accuracy", "val_acc"),
+    ("actor/pg_loss", "pg_loss"),
+    ("actor/entropy", "entropy"),
+    ("actor/ppo_kl", "kl"),
+    ("critic/vf_loss", "vf_loss"),
+    ("response_length/mean", "resp_len"),
+    ("timing_s/step", "step_s"),
+    ("perf/throughput", "tok/s/rank"),
+)
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class Tracking:
+    def __init__(self, output_dir: str, backends: Sequence[str] = ("console",), project_name: str = "",
+                 experiment_name: str = "", stream=None):
+        self.output_dir = output_dir
+        self.backends = list(backends)
+        self.stream = stream or sys.stdout
+        os.makedirs(output_dir, exist_ok=True)
+        self._jsonl = open(os.path.join(output_dir, "metrics.jsonl"), "a", encoding="utf-8")
+        self._csv_path = os.path.join(output_dir, "metrics.csv")
+        self._csv_rows: List[Dict[str, Any]] = self._read_csv() if "csv" in self.backends else []
+        self._csv_columns: List[str] = list(dict.fromkeys(k for row in self._csv_rows for k in row))
+        self._tb = None
+        if "tensorboard" in self.backends:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+        self.project_name, self.experiment_name = project_name, experiment_name
+
+    def _read_csv(self) -> List[Dict[str, Any]]:
+        if not os.path.isfile(self._csv_path):
+            return []
+        with open(self._csv_path, newline="", encoding="utf-8") as fh:
+            return list(csv.DictReader(fh))
+
+    def log(self, data: Dict[str, Any], step: int, total_steps: Optional[int] = None) -> None:
+        record = {"step": step, **{k: _plain(v) for k, v in sorted(data.items())}}
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        if "csv" in self.backends:
+            self._log_csv(record)
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if "console" in self.backends:
+            self.stream.write(self.console_line(record, total_steps) + "\n")
+            self.stream.flush()
+
+    @staticmethod
+    def console_line(record: Dict[str, Any], total_steps: Optional[int] = None) -> str:
+        parts = [f"step {record['step']}" + (f"/{total_steps}" if total_steps else "")]
+        for key, short in CONSOLE_KEYS:
+            value = record.get(key)
+            if isinstance(value, (int, float)):
+                parts.append(f"{short} {value:.4g}")
+        return " | ".join(parts)
+
+    def _log_csv(self, record: Dict[str, Any]) -> None:
+        new_columns = [k for k in record if k not in self._csv_columns]
+        self._csv_columns += new_columns
+        self._csv_rows.append(record)
+        if new_columns or not os.path.isfile(self._csv_path):
+            tmp = self._csv_path + ".tmp"
+            with open(tmp, "w", newline="", encoding="utf-8") as fh:
+                writer = csv.DictWriter(fh, fieldnames=self._csv_columns)
+                writer.writeheader()
+                writer.writerows(self._csv_rows)
+            os.replace(tmp, self._csv_path)
+        else:
+            with open(self._csv_path, "a", newline="", encoding="utf-8") as fh:
+                csv.DictWriter(fh, fieldnames=self._csv_columns).writerow(record)
+
+    def close(self) -> None:
+        self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(output_dir: str) -> List[Dict[str, Any]]:
+    """Every record of ``metrics.jsonl``; a step logged twice (a resumed run) keeps its last record."""
+    path = os.path.join(output_dir, "metrics.jsonl")
+    by_step: Dict[int, Dict[str, Any]] = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                record = json.loads(line)
+                by_step[record["step"]] = record
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def rank_zero_tracking(config: Any, rank: int) -> Optional[Tracking]:
+    if rank != 0:
+        return None
+    return Tracking(config.trainer.output_dir, list(config.trainer.logger), config.trainer.project_name,
+                    config.trainer.experiment_name)

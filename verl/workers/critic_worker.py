@@ -1,0 +1,87 @@
+"""The critic (value model) on Megatron, colocated with the actor: values and PPO value updates.
+
+It shares the actor's Megatron (t, p, d) layout (one parallel state per process) and its batches
+are split over Megatron DP replicas (MEGATRON_COMPUTE_PROTO).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import torch
+
+from verl.models.config import ModelConfig
+from verl.protocol import DataProto
+from verl.single_controller import Dispatch, MeshRank, Worker, register
+from verl.trainer.ppo import core_algos
+from verl.workers.actor_rollout_ref_worker import (ACTOR_FIELDS, batch_fields, ensure_megatron, load_initial_weights,
+                                                   mean_metrics, megatron_mesh, optim_config, ppo_mini_batches)
+
+
+class CriticWorker(Worker):
+    def __init__(self, config: Any, total_training_steps: int = 1):
+        from megatron.core import parallel_state as mpu
+
+        from verl.workers.megatron.critic import MegatronCritic
+        from verl.workers.megatron.engine import MegatronEngine
+
+        self.config = config.critic
+        self.n = config.actor_rollout_ref.rollout.n
+        mega = config.actor_rollout_ref.actor.megatron
+        ensure_megatron(mega.tensor_model_parallel_size, mega.pipeline_model_parallel_size, mega.seed)
+        self.dp_size = mpu.get_data_parallel_world_size()
+        model_config = ModelConfig.from_pretrained(self.config.model.path)
+        engine = MegatronEngine(model_config, head="value",
+                                optim=optim_config(self.config.optim, total_training_steps,
+                                                   mega.use_distributed_optimizer))
+        load_initial_weights(engine, self.config.model.path, model_config, "value")
+        self.critic = MegatronCritic(engine, micro_batch_size=self.config.ppo_micro_batch_size_per_gpu)
+
+    def dispatch_meshes(self) -> Dict[str, MeshRank]:
+        return {"megatron": megatron_mesh()}
+
+    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """values [B, R]: V of the prefix before each response token."""
+        out = self.critic.compute_values(batch_fields(data, ACTOR_FIELDS))
+        return DataProto.from_dict({"values": out["values"]})
+
+    def _value_loss(self):
+        cfg = self.config
+
+        def loss_fn(outputs: Dict[str, torch.Tensor], mb: Dict[str, torch.Tensor]):
+            vpreds, mask = outputs["values"], mb["response_mask"]
+            vf_loss, vf_clipfrac = core_algos.compute_value_loss(
+                vpreds=vpreds, returns=mb["returns"], values=mb["values"], response_mask=mask,
+                cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode)
+            vpred_mean = (vpreds * mask).sum() / mask.sum().clamp(min=1)
+            return vf_loss, {"critic/vf_loss": vf_loss, "critic/vf_clipfrac": vf_clipfrac,
+                             "critic/vpred_mean": vpred_mean}
+
+        return loss_fn
+
+    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        """PPO epochs over mini-batches of the value loss; meta_info["metrics"] averaged over steps."""
+        cfg = self.config
+        fields = batch_fields(data, ACTOR_FIELDS + ("response_mask", "values", "returns"))
+        mini = cfg.ppo_mini_batch_size * self.n // self.dp_size
+        steps = []
+        for batch in ppo_mini_batches(fields, mini, cfg.ppo_epochs, cfg.shuffle, int(data.meta_info.get("seed", 0))):
+            m = self.critic.update_critic(batch, self._value_loss())
+            steps.append({k: v for k, v in m.items() if k.startswith("critic/")}
+                         | {"critic/grad_norm": m["grad_norm"], "critic/lr": m["lr"]})
+        return DataProto(meta_info={"metrics": mean_metrics(steps)})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        """Megatron model + optimizer; the iteration recorded is the optimizer's step count (Adam's t)."""
+        from verl.workers.megatron.checkpoint import save_checkpoint
+
+        save_checkpoint(self.critic.engine, path, int(self.critic.engine.scheduler.num_steps))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> int:
+        from verl.workers.megatron.checkpoint import load_checkpoint
+
+        return load_checkpoint(self.critic.engine, path)
