@@ -41,6 +41,7 @@ RESPONSE_LENGTH_FIELDS = (
     "advantages",
     "returns",
     "rollout_log_probs",
+    "rm_scores",
 )
 # Fields that are [B, L] with L = prompt length + response length.
 SEQUENCE_LENGTH_FIELDS = ("input_ids", "attention_mask", "position_ids")
@@ -55,6 +56,7 @@ FLOAT_FIELDS = (
     "advantages",
     "returns",
     "rollout_log_probs",
+    "rm_scores",
 )
 
 _WIRE_FORMAT = "verl-hpc.DataProto/1"

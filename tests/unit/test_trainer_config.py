@@ -121,3 +121,29 @@ def test_group_estimators_need_several_samples_per_prompt(data_args):
                                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
                                        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
                                        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2"])
+
+
+def test_remax_is_accepted(data_args):
+    assert load_config(GRPO, [*data_args, "algorithm.adv_estimator=remax"]).algorithm.adv_estimator == "remax"
+
+
+def test_reward_model_config_needs_a_compatible_hf_directory(data_args, no_ranks, capsys, tmp_path):
+    import json
+
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "reward_model.enable=true"],
+                  "reward_model.model.path: expected an HF reward model directory", "found null")
+    rm = tmp_path / "rm"
+    rm.mkdir()
+    actor = json.load(open(os.path.join(REPO, "configs", "models", "qwen2_tiny_arith.json")))
+    (rm / "config.json").write_text(json.dumps({**actor, "vocab_size": 64}))
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "reward_model.enable=true", f"reward_model.model.path={rm}"],
+                  "reward_model.model.path: expected the actor's vocab_size=32", "found 64")
+    (rm / "config.json").write_text(json.dumps(actor))
+    config = load_config(GRPO, [*data_args, "reward_model.enable=true", f"reward_model.model.path={rm}"])
+    assert config.reward_model.enable
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "reward_model.enable=true", f"reward_model.model.path={rm}",
+                           "reward_model.hot_swap.at_step=2"], "reward_model.hot_swap.path and", "both or neither")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "reward_model.hot_swap.watch=true"],
+                  "reward_model.hot_swap: expected reward_model.enable=true")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "reward_model.enable=true", f"reward_model.model.path={rm}",
+                           "reward_model.micro_batch_size_per_gpu=3"], "reward_model.micro_batch_size_per_gpu=3")

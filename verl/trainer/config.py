@@ -419,7 +419,8 @@ def _validate(cfg: Dict[str, Any], launcher_world_size: Optional[int]) -> None:
             _check_divides("reward_model.micro_batch_size_per_gpu", cfg["reward_model"]["micro_batch_size_per_gpu"],
                            "data.train_batch_size / dp (remax's greedy baselines)", train_bs // dp)
     elif cfg["reward_model"]["hot_swap"]["watch"] or cfg["reward_model"]["hot_swap"]["path"] is not None:
-        raise ConfigError("reward_model.hot_swap: expected reward_model.enable=true to swap a reward model, found it false")
+        raise ConfigError("reward_model.hot_swap: expected reward_model.enable=true to swap a reward model, "
+                          "found it false")
     if launcher_world_size is not None and launcher_world_size != world:
         raise ConfigError(f"trainer.nnodes * trainer.n_gpus_per_node: expected the launcher's world size "
                           f"{launcher_world_size}, found {trainer['nnodes']} * {trainer['n_gpus_per_node']} = {world}")

@@ -59,8 +59,9 @@ def compute_rollout_probs_diff_metrics(batch: DataProto) -> Dict[str, float]:
     diff = (batch.batch["rollout_log_probs"].exp() - batch.batch["old_log_probs"].exp()).abs()[mask].float()
     if diff.numel() == 0:
         return {}
-    return {"training/rollout_probs_diff_max": diff.max().item(), "training/rollout_probs_diff_mean": diff.mean().item(),
-            "training/rollout_probs_diff_std": diff.std(unbiased=False).item()}
+    return {"training/rollout_probs_diff_max": diff.max().item(),
+            "training/rollout_probs_diff_mean": diff.mean().item(),
+            "training/rollout_probs_diff_std": diff.std(correction=0).item()}
 
 
 def compute_timing_metrics(batch: DataProto, timing: Dict[str, float]) -> Dict[str, float]:

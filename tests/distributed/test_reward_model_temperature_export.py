@@ -1,0 +1,190 @@
+"""Reward model worker, actor temperature and HF export on 2 gloo ranks at Megatron TP=2.
+
+One spawned job (TP=2, DP=1) runs all three; single-process transformers is the oracle:
+- ``RewardModelWorker.compute_rm_score`` equals the HF reward model's score head at the last valid
+  token, placed on the last valid response token; ``swap_reward_model`` to another checkpoint gives
+  that checkpoint's scores;
+- ``MegatronActor.compute_log_prob(temperature=0.7)`` recomputes the native rollout's
+  ``rollout_log_probs`` of responses sampled at temperature 0.7 (and temperature 1 does not);
+- ``export_actor_hf`` of a perturbed actor writes a directory transformers loads, whose logits equal
+  the Megatron actor's.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from test_megatron_tiny_models import VOCAB, hf_model  # noqa: E402
+from verl.workers.megatron.spawn import run_ranks  # noqa: E402
+
+TEMPERATURE = 0.7
+PROMPT, RESPONSE = 6, 5
+
+
+def rm_batch():
+    """Rollout-shaped rows: left-padded prompts, right-padded responses (one empty)."""
+    generator = torch.Generator().manual_seed(7)
+    input_ids = torch.randint(3, VOCAB, (4, PROMPT + RESPONSE), generator=generator)
+    prompt_pad, response_len = [0, 2, 4, 1], [5, 3, 1, 0]
+    attention_mask = torch.zeros_like(input_ids)
+    for row in range(4):
+        attention_mask[row, prompt_pad[row]:PROMPT + response_len[row]] = 1
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+            "responses": input_ids[:, PROMPT:]}
+
+
+def save_reward_model(path, seed):
+    """A tiny random Qwen2 sequence-classification model (score.weight [1, hidden])."""
+    import transformers
+
+    config = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      num_labels=1, pad_token_id=0, initializer_range=0.3,
+                                      attn_implementation="eager")
+    torch.manual_seed(seed)
+    model = transformers.Qwen2ForSequenceClassification(config).eval()
+    model.save_pretrained(path)
+    return model
+
+
+def reference_rm_scores(model, batch):
+    with torch.no_grad():
+        hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                             position_ids=batch["position_ids"]).last_hidden_state
+        per_token = model.score(hidden)[..., 0]
+    out = torch.zeros(len(per_token), RESPONSE)
+    for row in range(len(per_token)):
+        n = int(batch["attention_mask"][row, PROMPT:].sum())
+        if n:
+            out[row, n - 1] = per_token[row, PROMPT + n - 1]
+    return out
+
+
+def _job(lm_dir, rm_a, rm_b, export_dir, batch):
+    from omegaconf import OmegaConf
+
+    from verl.models.config import ModelConfig
+    from verl.models.hf_export import export_actor_hf
+    from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
+    from verl.protocol import DataProto
+    from verl.single_controller import WorkerGroup
+    from verl.workers.megatron.actor import MegatronActor
+    from verl.workers.megatron.engine import MegatronEngine
+    from verl.workers.megatron.padding import restore
+    from verl.workers.megatron.parallel import initialize_megatron
+    from verl.workers.reward_model_worker import RewardModelWorker
+    from verl.workers.rollout.base import SamplingParams
+    from verl.workers.rollout.native.engine import NativeRollout
+
+    initialize_megatron(2, 1, seed=1)
+    result = {}
+
+    # Reward model: scores, then a hot swap.
+    config = OmegaConf.create({
+        "reward_model": {"model": {"path": rm_a}, "micro_batch_size_per_gpu": 2},
+        "actor_rollout_ref": {"actor": {"megatron": {"tensor_model_parallel_size": 2,
+                                                     "pipeline_model_parallel_size": 1, "seed": 1}}}})
+    rm_wg = WorkerGroup(RewardModelWorker, config, name="reward_model")
+    result["rm_a"] = rm_wg.compute_rm_score(DataProto.from_dict(batch)).batch["rm_scores"]
+    rm_wg.swap_reward_model(rm_b)
+    result["rm_b"] = rm_wg.compute_rm_score(DataProto.from_dict(batch)).batch["rm_scores"]
+
+    # Temperature: the rollout samples at 0.7, the TP=2 actor recomputes.
+    lm_config = ModelConfig.from_pretrained(lm_dir)
+    engine = MegatronEngine(lm_config, optim=None)
+    load_hf_into_model(engine.module, lm_config, HFCheckpoint(lm_dir).get)
+    actor = MegatronActor(engine, micro_batch_size=2)
+    rollout = NativeRollout(lm_config)
+    rollout.load_hf_checkpoint(lm_dir)
+    prompts = batch["input_ids"][:, :PROMPT]
+    prompt_mask = batch["attention_mask"][:, :PROMPT]
+    out = rollout.generate(prompts, prompt_mask, SamplingParams(temperature=TEMPERATURE, response_length=RESPONSE,
+                                                                seed=11, n=2))
+    fields = {k: out[k] for k in ("input_ids", "attention_mask", "position_ids", "responses")}
+    result["response_mask"] = out["response_mask"]
+    result["rollout_log_probs"] = out["rollout_log_probs"]
+    result["log_probs_t"] = actor.compute_log_prob(fields, calculate_entropy=False,
+                                                   temperature=TEMPERATURE)["log_probs"]
+    result["log_probs_1"] = actor.compute_log_prob(fields, calculate_entropy=False)["log_probs"]
+
+    # HF export of a perturbed actor (seeded by name: replicated tensors stay equal across TP ranks).
+    with torch.no_grad():
+        for name, param in engine.module.named_parameters():
+            generator = torch.Generator().manual_seed(sum(map(ord, name)))
+            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    export_actor_hf(engine, lm_config, lm_dir, export_dir, tokenizer=None)
+
+    def full_logits(logits, aligned_ids, shifts, micro_batch):
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        return {"logits": restore(gather_from_tensor_model_parallel_region(logits)[..., :VOCAB], shifts)}
+
+    result["megatron_logits"] = engine.forward(batch, 2, full_logits)["logits"]
+    return result
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rm_temp_export")
+    lm_dir = str(root / "lm")
+    hf_model("qwen2_gqa_tied").save_pretrained(lm_dir)
+    models = {name: save_reward_model(str(root / name), seed) for name, seed in (("rm_a", 0), ("rm_b", 1))}
+    batch = rm_batch()
+    result = run_ranks(_job, 2, lm_dir, str(root / "rm_a"), str(root / "rm_b"), str(root / "actor_hf"), batch,
+                       timeout_s=240)
+    return {"ranks": result, "models": models, "batch": batch, "export_dir": root / "actor_hf"}
+
+
+def test_reward_model_scores_equal_hf_reference_at_last_response_token(job):
+    expected = reference_rm_scores(job["models"]["rm_a"], job["batch"])
+    for rank in job["ranks"]:
+        assert rank["rm_a"].shape == (4, RESPONSE)
+        torch.testing.assert_close(rank["rm_a"], expected, atol=1e-5, rtol=1e-5)
+    assert torch.all(expected[3] == 0)  # the empty response carries no score
+    assert torch.all(expected[:3].abs().sum(-1) > 0)
+
+
+def test_reward_model_hot_swap_gives_the_new_checkpoints_scores(job):
+    expected = reference_rm_scores(job["models"]["rm_b"], job["batch"])
+    for rank in job["ranks"]:
+        torch.testing.assert_close(rank["rm_b"], expected, atol=1e-5, rtol=1e-5)
+        assert (rank["rm_b"] - rank["rm_a"]).abs().max() > 1e-2
+
+
+def test_actor_log_probs_at_rollout_temperature_equal_rollout_log_probs(job):
+    for rank in job["ranks"]:
+        mask = rank["response_mask"].bool()
+        assert mask.sum() > 0
+        diff = (rank["log_probs_t"] - rank["rollout_log_probs"]).abs()[mask]
+        assert diff.max() < 1e-4, diff.max()
+        # Without the temperature the actor would disagree with the rollout.
+        assert (rank["log_probs_1"] - rank["rollout_log_probs"]).abs()[mask].max() > 1e-2
+
+
+def test_hf_export_loads_in_transformers_with_the_megatron_logits(job):
+    import transformers
+
+    export_dir = job["export_dir"]
+    assert sorted(os.listdir(export_dir.parent)).count("actor_hf.tmp") == 0
+    assert {"config.json", "model.safetensors", "generation_config.json"} <= set(os.listdir(export_dir))
+    assert json.loads((export_dir / "config.json").read_text())["torch_dtype"] == "float32"
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(export_dir), attn_implementation="eager").eval()
+    batch = job["batch"]
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"]).logits
+    valid = batch["attention_mask"].bool()
+    megatron = job["ranks"][0]["megatron_logits"]
+    torch.testing.assert_close(megatron[valid], logits[valid], atol=1e-4, rtol=1e-4)
+    # The export is the perturbed actor, not the checkpoint it started from.
+    original = transformers.AutoModelForCausalLM.from_pretrained(
+        str(export_dir.parent / "lm"), attn_implementation="eager").eval()
+    with torch.no_grad():
+        before = original(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                          position_ids=batch["position_ids"]).logits
+    assert (before[valid] - logits[valid]).abs().max() > 1e-2

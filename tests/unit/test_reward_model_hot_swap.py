@@ -1,0 +1,81 @@
+"""Reward-model hot swap triggers (no model): the watched path's fingerprint and the trainer's
+between-step decision, plus the token-level placement of sequence scores."""
+
+import os
+import time
+
+import torch
+from omegaconf import OmegaConf
+
+from verl.trainer.ppo.trainer import PPOTrainer
+from verl.workers.reward_model_worker import checkpoint_fingerprint, token_level_rm_scores
+
+
+def write_checkpoint(path, payload):
+    os.makedirs(path)
+    with open(os.path.join(path, "model.safetensors"), "w") as fh:
+        fh.write(payload)
+
+
+def test_fingerprint_changes_when_the_directory_is_replaced_by_rename_or_symlink(tmp_path):
+    write_checkpoint(tmp_path / "v1", "a")
+    write_checkpoint(tmp_path / "v2", "a")
+    link = tmp_path / "current"
+    os.symlink(tmp_path / "v1", link)
+    before = checkpoint_fingerprint(str(link))
+    assert checkpoint_fingerprint(str(link)) == before
+    os.remove(link)
+    os.symlink(tmp_path / "v2", link)
+    assert checkpoint_fingerprint(str(link)) != before
+    replaced = checkpoint_fingerprint(str(tmp_path / "v2"))
+    write_checkpoint(tmp_path / "v3", "a")
+    os.rename(tmp_path / "v2", tmp_path / "old")
+    os.rename(tmp_path / "v3", tmp_path / "v2")
+    assert checkpoint_fingerprint(str(tmp_path / "v2")) != replaced
+
+
+class RecordingRewardModelGroup:
+    def __init__(self):
+        self.swaps = []
+
+    def swap_reward_model(self, path):
+        self.swaps.append(path)
+
+
+def trainer_with(tmp_path, **hot_swap):
+    trainer = PPOTrainer.__new__(PPOTrainer)
+    trainer.config = OmegaConf.create({"reward_model": {"model": {"path": str(tmp_path / "rm")},
+                                                        "hot_swap": {"watch": False, "path": None, "at_step": None,
+                                                                     **hot_swap}}})
+    trainer.rank, trainer._timing, trainer.rm_wg = 0, {}, RecordingRewardModelGroup()
+    trainer.rm_path = trainer.config.reward_model.model.path
+    trainer._rm_fingerprint = trainer._watched_rm_fingerprint()
+    return trainer
+
+
+def test_watch_swaps_once_after_the_path_changes(tmp_path):
+    write_checkpoint(tmp_path / "rm", "a")
+    trainer = trainer_with(tmp_path, watch=True)
+    assert trainer._maybe_swap_reward_model(1) == {"reward_model/swapped": 0.0}
+    time.sleep(0.01)
+    write_checkpoint(tmp_path / "rm_new", "bb")
+    os.rename(tmp_path / "rm", tmp_path / "rm_old")
+    os.rename(tmp_path / "rm_new", tmp_path / "rm")
+    assert trainer._maybe_swap_reward_model(2) == {"reward_model/swapped": 1.0}
+    assert trainer._maybe_swap_reward_model(3) == {"reward_model/swapped": 0.0}
+    assert trainer.rm_wg.swaps == [str(tmp_path / "rm")]
+
+
+def test_scheduled_swap_happens_at_its_step_only(tmp_path):
+    write_checkpoint(tmp_path / "rm", "a")
+    trainer = trainer_with(tmp_path, path=str(tmp_path / "rm_b"), at_step=2)
+    swapped = [trainer._maybe_swap_reward_model(step)["reward_model/swapped"] for step in (1, 2, 3)]
+    assert swapped == [0.0, 1.0, 0.0]
+    assert trainer.rm_wg.swaps == [str(tmp_path / "rm_b")] and trainer.rm_path == str(tmp_path / "rm_b")
+
+
+def test_sequence_scores_land_on_the_last_valid_response_token():
+    # rows: response lengths 3, 1, 0 (prompt columns 0-1, response columns 2-4)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
+    out = token_level_rm_scores(torch.tensor([0.5, -2.0, 7.0]), mask, response_length=3)
+    assert out.tolist() == [[0.0, 0.0, 0.5], [-2.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
