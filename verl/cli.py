@@ -17,6 +17,8 @@ import verl
 # command -> (module with main(argv), one-line help). Nested groups map a sub-command name too.
 COMMANDS: Dict[str, Tuple[str, str]] = {
     "train": ("verl.trainer.main_ppo", "RL post-training (PPO, GRPO, RLOO, REINFORCE++) from a YAML config"),
+    "sft": ("verl.trainer.sft_trainer", "supervised fine-tuning on the Megatron engine (the RL warm start)"),
+    "eval": ("verl.trainer.evaluate", "greedy held-out accuracy of an HF checkpoint with the native engine"),
     "generate": ("verl.workers.rollout.generate_cli", "generate from token-id prompts with the native, sglang or megatron engine"),
     "convert": ("verl.models.mcore.convert", "convert weights: hf-to-mcore (any tp/pp) and mcore-to-hf"),
     "check-env": ("verl.utils.env_check", "report what this machine has for verl-hpc (exit 1 if a required part is missing)"),

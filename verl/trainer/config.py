@@ -41,7 +41,7 @@ class Field:
     choices: Optional[Tuple[Any, ...]] = None
 
 
-def _f(default: Any, *types: type, nullable: bool = False, choices: Optional[Sequence[Any]] = None) -> Field:
+def field(default: Any, *types: type, nullable: bool = False, choices: Optional[Sequence[Any]] = None) -> Field:
     if not types:
         types = (type(default),)
     if float in types and int not in types:
@@ -58,163 +58,163 @@ DTYPES = ("float32", "bfloat16")
 
 def _optim() -> Dict[str, Field]:
     return {
-        "lr": _f(1e-6, float),
-        "min_lr": _f(0.0, float),
-        "lr_warmup_steps": _f(0, int),
-        "lr_decay_style": _f("constant", choices=("constant", "linear", "cosine")),
-        "weight_decay": _f(0.01, float),
-        "betas": _f([0.9, 0.999], list),
-        "clip_grad": _f(1.0, float),
+        "lr": field(1e-6, float),
+        "min_lr": field(0.0, float),
+        "lr_warmup_steps": field(0, int),
+        "lr_decay_style": field("constant", choices=("constant", "linear", "cosine")),
+        "weight_decay": field(0.01, float),
+        "betas": field([0.9, 0.999], list),
+        "clip_grad": field(1.0, float),
     }
 
 
 def _megatron() -> Dict[str, Field]:
     return {
-        "tensor_model_parallel_size": _f(1, int),
-        "pipeline_model_parallel_size": _f(1, int),
-        "use_distributed_optimizer": _f(False, bool),
-        "seed": _f(42, int),
+        "tensor_model_parallel_size": field(1, int),
+        "pipeline_model_parallel_size": field(1, int),
+        "use_distributed_optimizer": field(False, bool),
+        "seed": field(42, int),
     }
 
 
 SCHEMA: Dict[str, Any] = {
     "data": {
-        "tokenizer": _f(None, str),
-        "train_files": _f(None, str, list),
-        "val_files": _f(None, str, list),
-        "prompt_key": _f("prompt", str),
-        "reward_fn_key": _f("data_source", str),
-        "max_prompt_length": _f(512, int),
-        "max_response_length": _f(512, int),
-        "train_batch_size": _f(1024, int),
-        "val_batch_size": _f(None, int),
-        "shuffle": _f(True, bool),
-        "seed": _f(1, int),
-        "truncation": _f("error", choices=("error", "left", "right")),
-        "filter_overlong_prompts": _f(False, bool),
-        "dataloader_num_workers": _f(0, int, choices=(0,)),
+        "tokenizer": field(None, str),
+        "train_files": field(None, str, list),
+        "val_files": field(None, str, list),
+        "prompt_key": field("prompt", str),
+        "reward_fn_key": field("data_source", str),
+        "max_prompt_length": field(512, int),
+        "max_response_length": field(512, int),
+        "train_batch_size": field(1024, int),
+        "val_batch_size": field(None, int),
+        "shuffle": field(True, bool),
+        "seed": field(1, int),
+        "truncation": field("error", choices=("error", "left", "right")),
+        "filter_overlong_prompts": field(False, bool),
+        "dataloader_num_workers": field(0, int, choices=(0,)),
     },
     "actor_rollout_ref": {
-        "hybrid_engine": _f(True, bool, choices=(True,)),
+        "hybrid_engine": field(True, bool, choices=(True,)),
         "model": {
-            "path": _f(None, str),
+            "path": field(None, str),
         },
         "actor": {
-            "strategy": _f("megatron", choices=("megatron",)),
-            "ppo_mini_batch_size": _f(256, int),
-            "ppo_micro_batch_size_per_gpu": _f(1, int),
-            "ppo_epochs": _f(1, int),
-            "shuffle": _f(False, bool),
-            "clip_ratio": _f(0.2, float),
-            "clip_ratio_low": _f(None, float),
-            "clip_ratio_high": _f(None, float),
-            "clip_ratio_c": _f(3.0, float),
-            "loss_agg_mode": _f("token-mean", choices=LOSS_AGG_MODES),
-            "entropy_coeff": _f(0.0, float),
-            "use_kl_loss": _f(False, bool),
-            "kl_loss_coef": _f(0.001, float),
-            "kl_loss_type": _f("low_var_kl", choices=KL_TYPES),
+            "strategy": field("megatron", choices=("megatron",)),
+            "ppo_mini_batch_size": field(256, int),
+            "ppo_micro_batch_size_per_gpu": field(1, int),
+            "ppo_epochs": field(1, int),
+            "shuffle": field(False, bool),
+            "clip_ratio": field(0.2, float),
+            "clip_ratio_low": field(None, float),
+            "clip_ratio_high": field(None, float),
+            "clip_ratio_c": field(3.0, float),
+            "loss_agg_mode": field("token-mean", choices=LOSS_AGG_MODES),
+            "entropy_coeff": field(0.0, float),
+            "use_kl_loss": field(False, bool),
+            "kl_loss_coef": field(0.001, float),
+            "kl_loss_type": field("low_var_kl", choices=KL_TYPES),
             "optim": _optim(),
             "megatron": _megatron(),
         },
         "ref": {
-            "log_prob_micro_batch_size_per_gpu": _f(1, int),
+            "log_prob_micro_batch_size_per_gpu": field(1, int),
         },
         "rollout": {
-            "name": _f("native", choices=("native",)),
-            "dtype": _f("float32", choices=DTYPES),
-            "temperature": _f(1.0, float),
-            "top_k": _f(-1, int),
-            "top_p": _f(1.0, float),
-            "do_sample": _f(True, bool),
-            "n": _f(1, int),
-            "tensor_model_parallel_size": _f(1, int),
-            "log_prob_micro_batch_size_per_gpu": _f(1, int),
-            "ignore_eos": _f(False, bool),
+            "name": field("native", choices=("native",)),
+            "dtype": field("float32", choices=DTYPES),
+            "temperature": field(1.0, float),
+            "top_k": field(-1, int),
+            "top_p": field(1.0, float),
+            "do_sample": field(True, bool),
+            "n": field(1, int),
+            "tensor_model_parallel_size": field(1, int),
+            "log_prob_micro_batch_size_per_gpu": field(1, int),
+            "ignore_eos": field(False, bool),
             "val_kwargs": {
-                "do_sample": _f(False, bool),
-                "temperature": _f(0.0, float),
-                "top_k": _f(-1, int),
-                "top_p": _f(1.0, float),
-                "n": _f(1, int),
+                "do_sample": field(False, bool),
+                "temperature": field(0.0, float),
+                "top_k": field(-1, int),
+                "top_p": field(1.0, float),
+                "n": field(1, int),
             },
         },
     },
     "critic": {
-        "strategy": _f("megatron", choices=("megatron",)),
+        "strategy": field("megatron", choices=("megatron",)),
         "model": {
-            "path": _f(None, str),
+            "path": field(None, str),
         },
-        "ppo_mini_batch_size": _f(256, int),
-        "ppo_micro_batch_size_per_gpu": _f(1, int),
-        "ppo_epochs": _f(1, int),
-        "shuffle": _f(False, bool),
-        "cliprange_value": _f(0.5, float),
-        "loss_agg_mode": _f("token-mean", choices=LOSS_AGG_MODES),
+        "ppo_mini_batch_size": field(256, int),
+        "ppo_micro_batch_size_per_gpu": field(1, int),
+        "ppo_epochs": field(1, int),
+        "shuffle": field(False, bool),
+        "cliprange_value": field(0.5, float),
+        "loss_agg_mode": field("token-mean", choices=LOSS_AGG_MODES),
         "optim": _optim(),
     },
     "reward_model": {
-        "enable": _f(False, bool),
-        "strategy": _f("megatron", choices=("megatron",)),
+        "enable": field(False, bool),
+        "strategy": field("megatron", choices=("megatron",)),
         "model": {
-            "path": _f(None, str),
+            "path": field(None, str),
         },
-        "micro_batch_size_per_gpu": _f(1, int),
-        "reward_manager": _f("naive", choices=("naive",)),
+        "micro_batch_size_per_gpu": field(1, int),
+        "reward_manager": field("naive", choices=("naive",)),
         # Replace the reward model between steps (verl-hpc extension, see reward_model_worker.py).
         "hot_swap": {
-            "watch": _f(False, bool),
-            "path": _f(None, str),
-            "at_step": _f(None, int),
+            "watch": field(False, bool),
+            "path": field(None, str),
+            "at_step": field(None, int),
         },
     },
     "custom_reward_function": {
-        "path": _f(None, str),
-        "name": _f("compute_score", str),
+        "path": field(None, str),
+        "name": field("compute_score", str),
     },
     "algorithm": {
-        "adv_estimator": _f("gae", choices=ADV_ESTIMATORS),
-        "gamma": _f(1.0, float),
-        "lam": _f(1.0, float),
-        "norm_adv_by_std_in_grpo": _f(True, bool),
-        "use_kl_in_reward": _f(False, bool),
-        "kl_penalty": _f("kl", choices=KL_TYPES),
+        "adv_estimator": field("gae", choices=ADV_ESTIMATORS),
+        "gamma": field(1.0, float),
+        "lam": field(1.0, float),
+        "norm_adv_by_std_in_grpo": field(True, bool),
+        "use_kl_in_reward": field(False, bool),
+        "kl_penalty": field("kl", choices=KL_TYPES),
         "kl_ctrl": {
-            "type": _f("fixed", choices=("fixed", "adaptive")),
-            "kl_coef": _f(0.001, float),
-            "horizon": _f(10000, int),
-            "target_kl": _f(0.1, float),
+            "type": field("fixed", choices=("fixed", "adaptive")),
+            "kl_coef": field(0.001, float),
+            "horizon": field(10000, int),
+            "target_kl": field(0.1, float),
         },
     },
     "hybrid_engine": {
-        "bucket_bytes": _f(64 << 20, int),
+        "bucket_bytes": field(64 << 20, int),
     },
     "trainer": {
-        "project_name": _f("verl_hpc", str),
-        "experiment_name": _f("run", str),
-        "logger": _f(["console"], list),
-        "nnodes": _f(1, int),
-        "n_gpus_per_node": _f(1, int),
-        "total_epochs": _f(1, int),
-        "total_training_steps": _f(None, int),
-        "output_dir": _f("outputs/run", str),
-        "default_local_dir": _f(None, str),
-        "save_freq": _f(-1, int),
-        "test_freq": _f(-1, int),
-        "val_before_train": _f(True, bool),
-        "resume_mode": _f("auto", str),
-        "debug": _f(None, str, choices=("light", "full")),
-        "log_val_generations": _f(0, int),
-        "export_hf_every_save": _f(False, bool),
-        "export_hf_at_end": _f(True, bool),
-        "seed": _f(1234, int),
+        "project_name": field("verl_hpc", str),
+        "experiment_name": field("run", str),
+        "logger": field(["console"], list),
+        "nnodes": field(1, int),
+        "n_gpus_per_node": field(1, int),
+        "total_epochs": field(1, int),
+        "total_training_steps": field(None, int),
+        "output_dir": field("outputs/run", str),
+        "default_local_dir": field(None, str),
+        "save_freq": field(-1, int),
+        "test_freq": field(-1, int),
+        "val_before_train": field(True, bool),
+        "resume_mode": field("auto", str),
+        "debug": field(None, str, choices=("light", "full")),
+        "log_val_generations": field(0, int),
+        "export_hf_every_save": field(False, bool),
+        "export_hf_at_end": field(True, bool),
+        "seed": field(1234, int),
     },
 }
 
 
 # --------------------------------------------------------------------------- merging and types
-def _defaults(schema: Dict[str, Any]) -> Dict[str, Any]:
-    return {k: _defaults(v) if isinstance(v, dict) else copy.deepcopy(v.default) for k, v in schema.items()}
+def schema_defaults(schema: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: schema_defaults(v) if isinstance(v, dict) else copy.deepcopy(v.default) for k, v in schema.items()}
 
 
 def _all_keys(schema: Dict[str, Any], prefix: str = "") -> List[str]:
@@ -255,7 +255,7 @@ def _check_value(dotted: str, field: Field, value: Any) -> Any:
     return value
 
 
-def _merge(target: Dict[str, Any], source: Any, schema: Dict[str, Any], prefix: str = "") -> None:
+def merge_into_schema(target: Dict[str, Any], source: Any, schema: Dict[str, Any], prefix: str = "") -> None:
     if not isinstance(source, dict):
         raise ConfigError(f"{prefix.rstrip('.') or '<root>'}: expected a mapping, found {type(source).__name__}")
     for key, value in source.items():
@@ -263,7 +263,7 @@ def _merge(target: Dict[str, Any], source: Any, schema: Dict[str, Any], prefix: 
             raise _unknown(str(key), schema, prefix)
         node = schema[key]
         if isinstance(node, dict):
-            _merge(target[key], value if value is not None else {}, node, prefix + key + ".")
+            merge_into_schema(target[key], value if value is not None else {}, node, prefix + key + ".")
         else:
             target[key] = _check_value(prefix + key, node, value)
 
@@ -282,11 +282,11 @@ def _parse_override(item: str) -> Tuple[List[str], Any]:
     return key.split("."), value
 
 
-def _apply_override(config: Dict[str, Any], parts: List[str], value: Any) -> None:
+def _apply_override(config: Dict[str, Any], parts: List[str], value: Any, schema: Dict[str, Any]) -> None:
     nested: Any = value
     for part in reversed(parts):
         nested = {part: nested}
-    _merge(config, nested, SCHEMA)
+    merge_into_schema(config, nested, schema)
 
 
 # --------------------------------------------------------------------------- semantic checks
@@ -317,7 +317,7 @@ def _check_divides(what: str, divisor: int, total_what: str, total: int) -> None
         raise ConfigError(f"{what}={divisor}: expected a divisor of {total_what}={total}, found remainder {total % divisor}")
 
 
-def _resolve_path(path: Optional[str], base_dir: str) -> Optional[str]:
+def resolve_path(path: Optional[str], base_dir: str) -> Optional[str]:
     if path is None:
         return None
     path = os.path.expanduser(path)
@@ -457,15 +457,14 @@ def _validate_reward_model(cfg: Dict[str, Any], actor_model: Any, tp: int, pp: i
                               f"reward model scores the actor's token ids), found {model.vocab_size}")
 
 
-def load_config(path: Optional[str], overrides: Sequence[str] = (), launcher_world_size: Optional[int] = None):
-    """Defaults <- YAML file <- dotted overrides, validated; returns an OmegaConf DictConfig.
+def read_config_tree(path: Optional[str], overrides: Sequence[str], schema: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
+    """Defaults of ``schema`` <- YAML file <- dotted overrides, each key and type checked.
 
-    Relative paths in the file (data files, tokenizer, model) resolve against the working directory
-    first, then the repository root (the directory above ``configs/``).
+    Returns the plain nested dict and the directory relative paths in the file resolve against
+    (the repository root for a file in ``configs/``, else the file's directory; the working
+    directory when there is no file). Shared by every YAML-configured command.
     """
-    from omegaconf import OmegaConf
-
-    cfg = _defaults(SCHEMA)
+    cfg = schema_defaults(schema)
     base_dir = os.getcwd()
     if path is not None:
         if not os.path.isfile(path):
@@ -477,24 +476,36 @@ def load_config(path: Optional[str], overrides: Sequence[str] = (), launcher_wor
                 mark = getattr(err, "problem_mark", None)
                 where = f" line {mark.line + 1}" if mark is not None else ""
                 raise ConfigError(f"{path}:{where} not valid YAML ({getattr(err, 'problem', err)})") from None
-        _merge(cfg, loaded or {}, SCHEMA)
+        merge_into_schema(cfg, loaded or {}, schema)
         config_dir = os.path.dirname(os.path.abspath(path))
         base_dir = os.path.dirname(config_dir) if os.path.basename(config_dir) == "configs" else config_dir
     for item in overrides:
-        _apply_override(cfg, *_parse_override(item))
+        _apply_override(cfg, *_parse_override(item), schema)
+    return cfg, base_dir
+
+
+def load_config(path: Optional[str], overrides: Sequence[str] = (), launcher_world_size: Optional[int] = None):
+    """Defaults <- YAML file <- dotted overrides, validated; returns an OmegaConf DictConfig.
+
+    Relative paths in the file (data files, tokenizer, model) resolve against the working directory
+    first, then the repository root (the directory above ``configs/``).
+    """
+    from omegaconf import OmegaConf
+
+    cfg, base_dir = read_config_tree(path, overrides, SCHEMA)
 
     data = cfg["data"]
     for key in ("train_files", "val_files"):
         if isinstance(data[key], list):
-            data[key] = [_resolve_path(p, base_dir) for p in data[key]]
+            data[key] = [resolve_path(p, base_dir) for p in data[key]]
         else:
-            data[key] = _resolve_path(data[key], base_dir)
-    data["tokenizer"] = _resolve_path(data["tokenizer"], base_dir)
-    cfg["actor_rollout_ref"]["model"]["path"] = _resolve_path(cfg["actor_rollout_ref"]["model"]["path"], base_dir)
+            data[key] = resolve_path(data[key], base_dir)
+    data["tokenizer"] = resolve_path(data["tokenizer"], base_dir)
+    cfg["actor_rollout_ref"]["model"]["path"] = resolve_path(cfg["actor_rollout_ref"]["model"]["path"], base_dir)
     rm = cfg["reward_model"]
-    rm["model"]["path"] = _resolve_path(rm["model"]["path"], base_dir)
-    rm["hot_swap"]["path"] = _resolve_path(rm["hot_swap"]["path"], base_dir)
-    cfg["critic"]["model"]["path"] = _resolve_path(cfg["critic"]["model"]["path"], base_dir) \
+    rm["model"]["path"] = resolve_path(rm["model"]["path"], base_dir)
+    rm["hot_swap"]["path"] = resolve_path(rm["hot_swap"]["path"], base_dir)
+    cfg["critic"]["model"]["path"] = resolve_path(cfg["critic"]["model"]["path"], base_dir) \
         or cfg["actor_rollout_ref"]["model"]["path"]
     if cfg["trainer"]["default_local_dir"] is None:
         cfg["trainer"]["default_local_dir"] = os.path.join(cfg["trainer"]["output_dir"], "checkpoints")

@@ -34,6 +34,16 @@ def compute_position_id_with_mask(mask: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.cumsum(mask, dim=-1) - 1, min=0)
 
 
+def render_prompt(messages, tokenizer) -> str:
+    """A prompt string, or chat messages rendered with the tokenizer's chat template (or their
+    contents joined when it has none): the one place prompts become text, for RL and SFT alike."""
+    if isinstance(messages, str):
+        return messages
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    return "".join(message["content"] for message in messages)
+
+
 class RLHFDataset(Dataset):
     """Prompts from one or more parquet files, tokenised and left-padded to ``max_prompt_length``.
 
@@ -84,12 +94,7 @@ class RLHFDataset(Dataset):
         return table.to_pylist()
 
     def prompt_text(self, row: dict) -> str:
-        messages = row[self.prompt_key]
-        if isinstance(messages, str):
-            return messages
-        if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return "".join(message["content"] for message in messages)
+        return render_prompt(row[self.prompt_key], self.tokenizer)
 
     def _prompt_ids(self, row: dict) -> list[int]:
         return list(self.tokenizer(self.prompt_text(row), add_special_tokens=False)["input_ids"])
