@@ -5,13 +5,12 @@ import os
 import shutil
 
 import pytest
-import torch
 
 pytest.importorskip("megatron.core")
 
 from test_megatron_tiny_models import RESPONSE, hf_model, model_config, padded_batch, save_hf  # noqa: E402
 from test_megatron_train import sft_loss  # noqa: E402
-from verl.workers.megatron.spawn import run_ranks  # noqa: E402
+from verl.utils.local_ranks import run_ranks  # noqa: E402
 
 STEPS = 6
 

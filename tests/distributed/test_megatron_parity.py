@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 from test_megatron_tiny_models import RESPONSE, TINY_CONFIGS, hf_model, model_config, padded_batch, save_hf  # noqa: E402
-from verl.workers.megatron.spawn import run_ranks  # noqa: E402
+from verl.utils.local_ranks import run_ranks  # noqa: E402
 
 LAYOUTS = ((1, 1), (2, 1), (1, 2), (2, 2))
 GREEDY_PROMPT, GREEDY_TOKENS = [5, 17, 42, 99], 6

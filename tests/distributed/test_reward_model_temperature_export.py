@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 from test_megatron_tiny_models import VOCAB, hf_model  # noqa: E402
-from verl.workers.megatron.spawn import run_ranks  # noqa: E402
+from verl.utils.local_ranks import run_ranks  # noqa: E402
 
 TEMPERATURE = 0.7
 PROMPT, RESPONSE = 6, 5

@@ -12,7 +12,7 @@ pytest.importorskip("megatron.core")
 
 from verl.trainer import sft_trainer  # noqa: E402
 from verl.utils.dataset import arithmetic  # noqa: E402
-from verl.workers.megatron.spawn import run_ranks  # noqa: E402
+from verl.utils.local_ranks import run_ranks  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "sft_arith_tiny.yaml")

@@ -20,7 +20,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -147,61 +146,12 @@ def sglang_shard(hf: Dict[str, torch.Tensor], config: ModelConfig, tp: int, tp_r
 # Local gloo ranks
 # ------------------------------------------------------------------------------------------------
 
-def _rank_entry(fn, rank: int, nproc: int, init_file: str, args: tuple, results) -> None:
-    import torch.distributed as dist
-
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)  # N ranks share the machine's cores
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=nproc)
-        results.put((rank, "ok", fn(rank, nproc, *args)))
-        dist.destroy_process_group()
-    except BaseException as exc:  # reported to the parent, which ends the run
-        results.put((rank, "error", f"{type(exc).__name__}: {exc}"))
-        raise
-
-
 def spawn_gloo_ranks(fn, nproc: int, args: tuple = (), timeout_s: float = 120.0) -> List:
-    """Run ``fn(rank, nproc, *args)`` on ``nproc`` spawned gloo ranks (file:// rendezvous, loopback).
+    """Run ``fn(rank, nproc, *args)`` on ``nproc`` local gloo ranks, one thread each; the first rank
+    failure, or the timeout, ends every rank and raises."""
+    from verl.utils.local_ranks import run_ranks_with_rank
 
-    Returns the per-rank results; the first rank failure, or the timeout, kills every rank and raises.
-    """
-    import multiprocessing as mp
-    import queue
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="verl_gloo_") as tmp:
-        init_file = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_rank_entry, args=(fn, r, nproc, init_file, args, results), daemon=True)
-                 for r in range(nproc)]
-        for p in procs:
-            p.start()
-        out: Dict[int, object] = {}
-        deadline = time.monotonic() + timeout_s
-        try:
-            while len(out) < nproc:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"gloo ranks: expected {nproc} results within {timeout_s:.0f} s, "
-                                       f"found {len(out)}")
-                try:
-                    rank, status, value = results.get(timeout=min(remaining, 1.0))
-                except queue.Empty:
-                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in out]
-                    if dead:
-                        raise RuntimeError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} before reporting")
-                    continue
-                if status == "error":
-                    raise RuntimeError(f"rank {rank} failed: {value}")
-                out[rank] = value
-        finally:
-            for p in procs:
-                p.join(timeout=5 if len(out) == nproc else 0.1)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-        return [out[r] for r in range(nproc)]
+    return run_ranks_with_rank(fn, nproc, *args, timeout_s=timeout_s, threads_per_rank=1)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import functools
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from verl.hybrid_engine.groups import HYBRIDFLOW, ReshardGroups, derive_groups
-from verl.hybrid_engine.layouts import ParamLayout, TrainingLayout, as_matrix, hf_tensor_shapes, local_pieces
+from verl.hybrid_engine.layouts import ParamLayout, TrainingLayout, hf_tensor_shapes, local_pieces
 from verl.hybrid_engine.rollout_layout import RolloutLayout
 from verl.models.config import ModelConfig
 

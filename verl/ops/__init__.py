@@ -7,3 +7,5 @@ from verl.ops.copy_program import (  # noqa: F401
     run_copy_program,
     validate_program,
 )
+
+__all__ = ["SEGMENT_FIELDS", "CopyProgramError", "make_program", "run_copy_program", "validate_program"]

@@ -522,7 +522,7 @@ def _parse_args(argv: List[str]):
 
 def main(argv: Optional[List[str]] = None) -> int:
     from launch.env import LaunchError, discover
-    from verl.workers.megatron.spawn import RankFailure, run_ranks
+    from verl.utils.local_ranks import RankFailure, run_ranks
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -84,7 +84,7 @@ def _check_out(out: str) -> None:
 
 
 def hf_to_mcore(args) -> None:
-    from verl.workers.megatron.spawn import run_ranks
+    from verl.utils.local_ranks import run_ranks
 
     hf_config = _read_hf_config(args.hf_dir)
     config = ModelConfig.from_dict(hf_config)
@@ -97,7 +97,7 @@ def hf_to_mcore(args) -> None:
 
 def mcore_to_hf(args) -> None:
     from verl.workers.megatron.checkpoint import read_manifest
-    from verl.workers.megatron.spawn import run_ranks
+    from verl.utils.local_ranks import run_ranks
 
     manifest = read_manifest(args.ckpt)
     if "hf_config" not in manifest:

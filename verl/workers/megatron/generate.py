@@ -96,7 +96,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from verl.models.config import ModelConfig, ModelConfigError
     from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
     from verl.models.mcore.weights import HFCheckpoint, WeightsError
-    from verl.workers.megatron.spawn import run_ranks
+    from verl.utils.local_ranks import run_ranks
 
     args = _parser().parse_args(argv)
     try:

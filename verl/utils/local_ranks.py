@@ -1,7 +1,7 @@
 """Run a function on N local ranks (one process each, gloo over loopback) and collect its results.
 
-Used by the convert / generate entry points (which spawn the ranks they need) and by the multi-rank
-tests. Rendezvous is a ``file://`` store in a fresh temp dir (no TCP listener). The first rank to
+Used by the entry points that spawn the ranks they need (convert, generate, sft, bench reshard) and
+by the multi-rank tests. Rendezvous is a ``file://`` store in a fresh temp dir (no TCP listener). The first rank to
 fail, or the timeout, ends every rank: nothing waits forever on a collective a dead rank will never
 join.
 """
@@ -86,3 +86,15 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args, timeout_s: float =
                     proc.kill()
                     proc.join()
     return [values[r] for r in range(world_size)]
+
+
+def _call_with_rank(fn, *args):
+    import torch.distributed as dist
+
+    return fn(dist.get_rank(), dist.get_world_size(), *args)
+
+
+def run_ranks_with_rank(fn: Callable[..., Any], world_size: int, *args, timeout_s: float = 120.0,
+                        threads_per_rank: int = 1) -> List[Any]:
+    """Like :func:`run_ranks`, calling ``fn(rank, world_size, *args)``."""
+    return run_ranks(_call_with_rank, world_size, fn, *args, timeout_s=timeout_s, threads_per_rank=threads_per_rank)
