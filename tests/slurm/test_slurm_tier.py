@@ -1,12 +1,18 @@
 """Slurm tier: a real one-node Slurm on localhost (slurm/local/start.sh) runs the sbatch templates.
 
-The jobs run `python -m launch.selftest` (VERL_CMD) until `verl train` exists. Every job gets a
-unique name, and every test cancels its jobs when it ends (also on a timeout), because killing an
-`sbatch --wait` client leaves the job running.
+- `quickstart_cpu.sbatch` runs the real `verl train` (tiny GRPO, shortened, 2 tasks): it finishes
+  with exit 0 and metrics; one trainer rank per Slurm task, loopback only; SIGUSR1 -> checkpoint
+  and exit 0; a resubmission resumes from that step and finishes.
+- `srun --mpi=pmix`, the rank-death case and the GPU template's dry CPU mode run the launch selftest
+  (seconds per job instead of the trainer's ~40 s start-up; each case says why that suffices).
+
+Every job gets a unique name and is cancelled when its test ends (also on a timeout), because
+killing an `sbatch --wait` client leaves the job running.
 """
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,6 +26,18 @@ SLURM_DIR = os.path.join(REPO, "slurm")
 SCRIPTS = ["quickstart_cpu.sbatch", "ppo_multinode_gpu.sbatch", "local/start.sh", "local/stop.sh"]
 DAEMONS = {"slurmctld", "slurmscriptd", "slurmd", "slurmstepd", "munged"}
 CANNOT_INSTALL = 3  # start.sh: packages missing and apt-get failed
+LOOPBACK_HEX = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1 in /proc/net/tcp*
+# Qwen2-7B-Instruct's shape: what configs/ppo_megatron_gpu.yaml's layouts must divide.
+QWEN2_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 152064,
+            "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+            "num_attention_heads": 28, "num_key_value_heads": 4, "max_position_embeddings": 32768,
+            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+            "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16"}
+# The tiny GRPO run, shortened: small batch, no validation, no periodic checkpoints (a preemption
+# still writes one), console log only. Quoted: the job's shell parses VERL_OVERRIDES.
+QUICK_OVERRIDES = ("data.train_batch_size=2 trainer.save_freq=-1 trainer.val_before_train=false"
+                   " trainer.test_freq=-1 'trainer.logger=[console]'")
+TRAINER_START_S = 240  # the trainer's start-up on a loaded 2-core machine is ~40-90 s
 
 
 def running_daemons():
@@ -40,6 +58,49 @@ def running_daemons():
     return found
 
 
+def listening_addresses(pids):
+    """Hex local addresses of the TCP sockets in LISTEN state that ``pids`` hold."""
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in open(table).read().splitlines()[1:]:
+            cols = row.split()
+            if cols[3] == "0A" and cols[9] in inodes:
+                listening.append(cols[1].split(":")[0])
+    return listening
+
+
+def job_processes(job_id):
+    """pid -> (argv, environment) of every process that Slurm started for ``job_id``."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                raw_env = f.read().decode(errors="replace")
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        env = dict(kv.split("=", 1) for kv in raw_env.split("\0") if "=" in kv)
+        if env.get("SLURM_JOB_ID") == job_id:
+            found[int(entry)] = (argv, env)
+    return found
+
+
 @pytest.fixture(scope="session")
 def cluster():
     if os.geteuid() != 0:
@@ -56,31 +117,36 @@ def cluster():
     assert running_daemons() == [], "daemons left running after stop.sh"
 
 
+class Slurm:
+    """Submits jobs with a job environment (venv python first on PATH); `cancel()` ends them all."""
+
+    def __init__(self, out_dir):
+        self.out_dir = out_dir
+        self.names = []
+
+    @staticmethod
+    def env(**extra):
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("SLURM_", "OMPI_", "PMIX_"))
+               and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        env.update(PATH=f"{os.path.dirname(sys.executable)}:{env.get('PATH', '/usr/bin:/bin')}",
+                   PYTHONPATH=REPO, OMPI_MCA_btl="self,vader", **extra)
+        return env
+
+    def job_name(self):
+        self.names.append(f"verl-test-{uuid.uuid4().hex[:10]}")
+        return self.names[-1]
+
+    def cancel(self):
+        for name in self.names:
+            subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=30)
+
+
 @pytest.fixture
 def slurm(cluster, tmp_path):
-    """Submits jobs with a job environment (venv python first on PATH) and cancels them at the end."""
-    names = []
-
-    class Slurm:
-        out_dir = tmp_path
-
-        @staticmethod
-        def env(**extra):
-            env = {k: v for k, v in os.environ.items()
-                   if not k.startswith(("SLURM_", "OMPI_", "PMIX_"))
-                   and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-            env.update(PATH=f"{os.path.dirname(sys.executable)}:{env.get('PATH', '/usr/bin:/bin')}",
-                       PYTHONPATH=REPO, OMPI_MCA_btl="self,vader", **extra)
-            return env
-
-        @staticmethod
-        def job_name():
-            names.append(f"verl-test-{uuid.uuid4().hex[:10]}")
-            return names[-1]
-
-    yield Slurm
-    for name in names:
-        subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=30)
+    jobs = Slurm(tmp_path)
+    yield jobs
+    jobs.cancel()
 
 
 def events(path):
@@ -91,13 +157,24 @@ def events(path):
     return evs
 
 
-def wait_for(predicate, timeout, what):
+def metric_steps(run_dir):
+    """Steps logged in ``run_dir/metrics.jsonl`` so far (a line still being written is skipped)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    lines = open(path).read().split("\n")[:-1]  # everything before the last newline is complete
+    return [json.loads(line)["step"] for line in lines if line]
+
+
+def wait_for(predicate, timeout, what, log=None):
+    """Poll ``predicate`` until true; on a timeout the error shows the end of ``log`` (a job's output)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    tail = open(log).read()[-3000:] if log is not None and os.path.exists(log) else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{tail}")
 
 
 def output_has(path, text):
@@ -108,6 +185,20 @@ def job_state(job_id):
     proc = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True)
     fields = dict(kv.split("=", 1) for kv in proc.stdout.split() if "=" in kv)
     return fields
+
+
+@pytest.fixture(scope="module")
+def qwen2_7b_inputs(tmp_path_factory):
+    """Overrides that point configs/ppo_megatron_gpu.yaml at a Qwen2-7B config.json and stand-in data
+    files: the validator reads the model's shape and checks that the data files exist."""
+    root = tmp_path_factory.mktemp("qwen2_7b")
+    (root / "model").mkdir()
+    (root / "model" / "config.json").write_text(json.dumps(QWEN2_7B))
+    for name in ("train.parquet", "test.parquet"):
+        (root / name).touch()
+    return [f"actor_rollout_ref.model.path={root / 'model'}", f"critic.model.path={root / 'model'}",
+            f"data.tokenizer={root / 'model'}", f"data.train_files={root / 'train.parquet'}",
+            f"data.val_files={root / 'test.parquet'}"]
 
 
 # ------------------------------------------------------------------------------------- scripts
@@ -127,40 +218,113 @@ def test_scripts_pass_bash_n_and_shellcheck():
     assert proc.returncode == 0, proc.stdout
 
 
+@pytest.mark.parametrize("nodes,tp,pp,rollout_tp", [(2, 4, 1, 2), (2, 4, 2, 2), (4, 4, 2, 4), (8, 4, 1, 2)])
+def test_gpu_config_validates_for_qwen2_7b_layouts(qwen2_7b_inputs, nodes, tp, pp, rollout_tp):
+    from verl.trainer.config import load_config
+
+    config = load_config(os.path.join(REPO, "configs", "ppo_megatron_gpu.yaml"), [
+        *qwen2_7b_inputs, f"trainer.nnodes={nodes}", "trainer.n_gpus_per_node=8",
+        f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}",
+        f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp}",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout_tp}"], launcher_world_size=nodes * 8)
+    assert config.algorithm.adv_estimator == "gae" and config.trainer.resume_mode == "auto"
+
+
 def test_local_cluster_listens_on_loopback_only(cluster):
     pids = {pid for name, pid in running_daemons() if name in ("slurmctld", "slurmd")}
     assert len(pids) == 2, running_daemons()
-    inodes = set()
-    for pid in pids:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if target.startswith("socket:["):
-                inodes.add(target[len("socket:["):-1])
-    listening = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for row in open(table).read().splitlines()[1:]:
-            cols = row.split()
-            if cols[3] == "0A" and cols[9] in inodes:
-                listening.append(cols[1])
+    listening = listening_addresses(pids)
     assert len(listening) >= 2, listening  # slurmctld 6817, slurmd 6818
-    assert all(addr.split(":")[0] == "0100007F" for addr in listening), listening
+    assert set(listening) <= LOOPBACK_HEX, listening
 
 
-# ------------------------------------------------------------------------------------- jobs
-def test_quickstart_sbatch_wait_exits_0_and_writes_output(slurm):
-    out = slurm.out_dir / "quickstart.out"
+# ------------------------------------------------------------------- the quickstart: verl train
+def test_quickstart_sbatch_wait_trains_two_steps_exits_0_and_writes_metrics(slurm):
+    run_dir, data_dir, out = slurm.out_dir / "run", slurm.out_dir / "data" / "arithmetic", slurm.out_dir / "q.out"
     proc = subprocess.run(
         ["sbatch", "--wait", f"--job-name={slurm.job_name()}", f"--output={out}",
-         os.path.join(SLURM_DIR, "quickstart_cpu.sbatch")], cwd=REPO, capture_output=True,
-        text=True, timeout=120,
-        env=slurm.env(VERL_CMD="python -m launch.selftest", VERL_OUTPUT_DIR=str(slurm.out_dir)))
-    assert proc.returncode == 0, proc.stderr + out.read_text()
-    hello = sorted((e["rank"], e["world_size"], e["source"], e["sum"])
-                   for e in events(out) if e["event"] == "hello")
-    assert hello == [(0, 2, "slurm", 3.0), (1, 2, "slurm", 3.0)], out.read_text()
+         os.path.join(SLURM_DIR, "quickstart_cpu.sbatch")], cwd=REPO, capture_output=True, text=True,
+        timeout=TRAINER_START_S,
+        env=slurm.env(VERL_OUTPUT_DIR=str(run_dir), VERL_DATA_DIR=str(data_dir),
+                      VERL_OVERRIDES=f"trainer.total_training_steps=2 {QUICK_OVERRIDES}"))
+    text = out.read_text()
+    assert proc.returncode == 0, proc.stderr + text
+    assert (data_dir / "train.parquet").is_file(), "the job did not generate the arithmetic data"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2], text
+    assert all("actor/pg_loss" in r and "critic/score/mean" in r for r in records), records
 
 
+@pytest.fixture(scope="module")
+def preempted_quickstart(cluster, tmp_path_factory):
+    """`sbatch --wait slurm/quickstart_cpu.sbatch` with its default command (the tiny GRPO config)
+    for 50 steps, sent SIGUSR1 once step 1 is logged. Yields what the tests check."""
+    root = tmp_path_factory.mktemp("quickstart")
+    jobs = Slurm(root)
+    run = {"run_dir": root / "run", "data_dir": root / "data" / "arithmetic", "out": root / "preempt.out",
+           "jobs": jobs}
+    env = jobs.env(VERL_OUTPUT_DIR=str(run["run_dir"]), VERL_DATA_DIR=str(run["data_dir"]),
+                   VERL_OVERRIDES=f"trainer.total_training_steps=50 {QUICK_OVERRIDES}")
+    sbatch = subprocess.Popen(
+        ["sbatch", "--wait", "--parsable", f"--job-name={jobs.job_name()}", f"--output={run['out']}",
+         os.path.join(SLURM_DIR, "quickstart_cpu.sbatch")], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        run["job_id"] = sbatch.stdout.readline().strip().split(";")[0]
+        wait_for(lambda: metric_steps(run["run_dir"]), TRAINER_START_S, "the trainer's first step", run["out"])
+        # While it runs: the trainer ranks (argv has --config) and their listening sockets.
+        run["ranks"] = {pid: env for pid, (argv, env) in job_processes(run["job_id"]).items() if "--config" in argv}
+        run["listening"] = listening_addresses(run["ranks"])
+        subprocess.run(["scancel", "--signal=USR1", run["job_id"]], check=True, timeout=30)
+        _, run["stderr"] = sbatch.communicate(timeout=120)
+        run["returncode"] = sbatch.returncode
+        yield run
+    finally:
+        if sbatch.poll() is None:
+            sbatch.kill()
+        jobs.cancel()
+
+
+def test_quickstart_runs_verl_train_as_one_rank_per_slurm_task_on_loopback(preempted_quickstart):
+    ranks, listening = preempted_quickstart["ranks"], preempted_quickstart["listening"]
+    # srun's two tasks are the ranks themselves: no `verl train` spawning local ranks (RANK=...).
+    assert sorted(env["SLURM_PROCID"] for env in ranks.values()) == ["0", "1"], ranks
+    assert not any("RANK" in env for env in ranks.values()), ranks
+    assert listening, "rank 0's rendezvous store is not listening"
+    assert set(listening) <= LOOPBACK_HEX, listening
+
+
+def test_quickstart_preempted_by_usr1_checkpoints_and_exits_0(preempted_quickstart):
+    run = preempted_quickstart
+    text = run["out"].read_text()
+    assert run["returncode"] == 0, run["stderr"] + text
+    steps = metric_steps(run["run_dir"])
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) < 50, steps
+    latest = run["run_dir"] / "checkpoints" / "latest_checkpointed_iteration.txt"
+    assert latest.read_text().strip() == str(steps[-1]), text
+    assert f"preempted: stopped after step {steps[-1]} with a checkpoint; exiting 0" in text, text
+
+
+def test_quickstart_resubmission_resumes_from_the_preemption_checkpoint(preempted_quickstart):
+    run = preempted_quickstart
+    saved = metric_steps(run["run_dir"])[-1]
+    out = run["out"].with_name("resume.out")
+    env = run["jobs"].env(VERL_OUTPUT_DIR=str(run["run_dir"]), VERL_DATA_DIR=str(run["data_dir"]),
+                          VERL_OVERRIDES=f"trainer.total_training_steps={saved + 2} trainer.resume_mode=auto"
+                                         f" {QUICK_OVERRIDES}")
+    proc = subprocess.run(
+        ["sbatch", "--wait", f"--job-name={run['jobs'].job_name()}", f"--output={out}",
+         os.path.join(SLURM_DIR, "quickstart_cpu.sbatch")], cwd=REPO, capture_output=True, text=True,
+        timeout=TRAINER_START_S, env=env)
+    text = out.read_text()
+    assert proc.returncode == 0, proc.stderr + text
+    assert f"at step {saved}" in text and "resumed from" in text, text
+    assert metric_steps(run["run_dir"]) == list(range(1, saved + 3)), text
+
+
+# ------------------------------------------------------------------- launch paths: the selftest
 def test_srun_pmix_bootstraps_through_mpi4py(slurm):
+    # The quickstart uses --mpi=none; this is the GPU template's path (rank 0 broadcasts the port).
     proc = subprocess.run(
         ["srun", "-n", "2", "--mpi=pmix", "--kill-on-bad-exit=1", f"--job-name={slurm.job_name()}",
          "python", "-m", "launch.selftest"], cwd=REPO, capture_output=True, text=True, timeout=120,
@@ -172,6 +336,9 @@ def test_srun_pmix_bootstraps_through_mpi4py(slurm):
 
 
 def test_killed_rank_fails_the_job_within_60s(slurm):
+    # The selftest, not the trainer: what ends the job is srun --kill-on-bad-exit and gloo's dead-peer
+    # error in launch.bootstrap's process group, the same for any command, and a rank that dies at
+    # a chosen moment needs no trainer start-up (~40 s) inside the 60 s being measured.
     out = slurm.out_dir / "die.out"
     t0 = time.monotonic()
     proc = subprocess.run(
@@ -186,42 +353,14 @@ def test_killed_rank_fails_the_job_within_60s(slurm):
     assert {"event": "dying", "rank": 1} in events(out), out.read_text()
 
 
-def test_preempted_job_checkpoints_and_resubmission_resumes(slurm):
-    ckpt = slurm.out_dir / "ckpt"
-    cmd = f"python -m launch.selftest --steps 500 --step-seconds 0.2 --checkpoint-dir {ckpt}"
-    out = slurm.out_dir / "preempt.out"
-    sbatch = subprocess.Popen(
-        ["sbatch", "--wait", "--parsable", f"--job-name={slurm.job_name()}", f"--output={out}",
-         os.path.join(SLURM_DIR, "quickstart_cpu.sbatch")], cwd=REPO, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env=slurm.env(VERL_CMD=cmd, VERL_OUTPUT_DIR=str(ckpt)))
-    try:
-        job_id = sbatch.stdout.readline().strip().split(";")[0]
-        wait_for(output_has(out, '"event": "step"'), 60, "the job's first step")
-        subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=30)
-        _, stderr = sbatch.communicate(timeout=60)
-    finally:
-        if sbatch.poll() is None:
-            sbatch.kill()
-    assert sbatch.returncode == 0, stderr + out.read_text()
-    preempted = [e for e in events(out) if e["event"] == "preempted"]
-    assert len(preempted) == 1, out.read_text()
-    saved = json.loads((ckpt / "selftest_state.json").read_text())
-    assert saved["step"] == preempted[0]["step"] < 499
+def test_gpu_template_dry_cpu_run_preempts_requeues_and_resumes(slurm, qwen2_7b_inputs):
+    """The GPU script's own logic: USR1 to the batch shell -> forwarded -> checkpoint -> requeue.
 
-    out2 = slurm.out_dir / "resume.out"
-    cmd2 = f"python -m launch.selftest --steps {saved['step'] + 3} --step-seconds 0 --checkpoint-dir {ckpt}"
-    proc = subprocess.run(
-        ["sbatch", "--wait", f"--job-name={slurm.job_name()}", f"--output={out2}",
-         os.path.join(SLURM_DIR, "quickstart_cpu.sbatch")], cwd=REPO, capture_output=True,
-        text=True, timeout=120, env=slurm.env(VERL_CMD=cmd2, VERL_OUTPUT_DIR=str(ckpt)))
-    assert proc.returncode == 0, proc.stderr + out2.read_text()
-    evs = events(out2)
-    assert {"event": "resumed", "rank": 0, "step": saved["step"]} in evs, out2.read_text()
-    assert [e["step"] for e in evs if e["event"] == "step"] == [saved["step"] + 1, saved["step"] + 2]
+    The tasks run the resumable selftest (the trainer needs GPUs for the 7B config); the trainer
+    command the script builds is checked against the config validator instead.
+    """
+    from verl.trainer.config import load_config
 
-
-def test_gpu_template_dry_cpu_run_preempts_requeues_and_resumes(slurm):
-    """The GPU script's own logic: USR1 to the batch shell -> forwarded -> checkpoint -> requeue."""
     run_dir = slurm.out_dir / "ppo"
     out = slurm.out_dir / "ppo.out"
     proc = subprocess.run(
@@ -229,16 +368,18 @@ def test_gpu_template_dry_cpu_run_preempts_requeues_and_resumes(slurm):
          "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0", "--time=10",
          os.path.join(SLURM_DIR, "ppo_multinode_gpu.sbatch")], cwd=REPO, capture_output=True,
         text=True, timeout=60,
-        env=slurm.env(VERL_DRY_RUN_CPU="1", VERL_RUN_DIR=str(run_dir)))
+        env=slurm.env(VERL_DRY_RUN_CPU="1", VERL_RUN_DIR=str(run_dir), VERL_TP="2", VERL_PP="1",
+                      VERL_ROLLOUT_TP="2"))
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip().split(";")[0]
-    wait_for(output_has(out, '"event": "step"'), 60, "the job's first step")
+    wait_for(output_has(out, '"event": "step"'), 90, "the job's first step", out)
     # What --signal=B:USR1@120 does before the time limit: signal the batch shell only.
     subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], check=True, timeout=30)
-    wait_for(lambda: job_state(job_id).get("Restarts") == "1", 60, "the job to requeue itself")
+    wait_for(lambda: job_state(job_id).get("Restarts") == "1", 60, "the job to requeue itself", out)
     # Slurm delays a requeued job's start by ~2 minutes; start it now.
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True, timeout=30)
-    wait_for(output_has(out, '"event": "done"'), 90, "the resumed job to finish")
+    # Up to a scheduling cycle to start again, then start-up and the remaining steps on a loaded host.
+    wait_for(output_has(out, '"event": "done"'), 180, "the resumed job to finish", out)
     wait_for(lambda: job_state(job_id).get("JobState") in (None, "COMPLETED"), 30, "job completion")
 
     text = out.read_text()
@@ -248,4 +389,12 @@ def test_gpu_template_dry_cpu_run_preempts_requeues_and_resumes(slurm):
     assert len(preempted) == 1 and all(e["source"] == "mpi" for e in evs if e["event"] == "hello")
     assert {"event": "resumed", "rank": 0, "step": preempted[0]["step"]} in evs, text
     done = [e for e in evs if e["event"] == "done"]
-    assert done == [{"event": "done", "rank": 0, "steps": 50, "resumed_from": preempted[0]["step"] + 1}]
+    assert done == [{"event": "done", "rank": 0, "steps": 30, "resumed_from": preempted[0]["step"] + 1}]
+
+    marker = "[ppo] dry run; on GPUs the tasks would run: "
+    train_cmd = shlex.split(next(line for line in text.splitlines() if line.startswith(marker))[len(marker):])
+    assert train_cmd[0] == os.path.join(REPO, ".venv", "bin", "verl") and train_cmd[1:3] == ["train", "--config"]
+    config = load_config(os.path.join(REPO, train_cmd[3]), train_cmd[4:] + qwen2_7b_inputs, launcher_world_size=2)
+    assert (config.trainer.nnodes, config.trainer.n_gpus_per_node) == (1, 2)
+    assert config.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == 2
+    assert config.trainer.default_local_dir == str(run_dir / "checkpoints")
