@@ -228,6 +228,10 @@ def _from_openmpi(env: Mapping[str, str]) -> DistEnv:
 def _from_slurm(env: Mapping[str, str]) -> DistEnv:
     src = "slurm"
     rank, world = _int(env, "SLURM_PROCID", src), _int(env, "SLURM_NTASKS", src)
+    if world > 1 and "SLURM_STEP_ID" not in env and "SLURM_STEPID" not in env:
+        # The batch script itself: it would wait forever for ranks 1..N-1 that nobody started.
+        raise LaunchError(f"{src}: SLURM_NTASKS={world} but no SLURM_STEP_ID: this is the batch script, "
+                          "not a task; start the ranks with `srun` (e.g. srun --kill-on-bad-exit=1 verl train ...)")
     local_rank = _int(env, "SLURM_LOCALID", src)
     nodelist_key = "SLURM_STEP_NODELIST" if "SLURM_STEP_NODELIST" in env else "SLURM_JOB_NODELIST"
     tasks_key = ("SLURM_STEP_TASKS_PER_NODE" if "SLURM_STEP_TASKS_PER_NODE" in env

@@ -8,6 +8,7 @@ from launch.env import (PORT_MAX, PORT_MIN, DistEnv, LaunchError, derive_port, d
 SLURM_2x2 = {
     "SLURM_JOB_ID": "4242", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
     "SLURM_NODEID": "1", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "SLURM_STEP_ID": "0",  # srun tasks have one; the batch script does not
 }
 
 
@@ -49,7 +50,7 @@ def test_port_is_deterministic_in_range_and_spread():
 
 def test_slurm_port_comes_from_job_id_unless_master_port_set():
     env = discover(SLURM_2x2)
-    assert env.master_port == derive_port("4242")
+    assert env.master_port == derive_port("4242", "0")
     assert discover({**SLURM_2x2, "SLURM_STEP_ID": "3"}).master_port == derive_port("4242", "3")
     assert discover({**SLURM_2x2, "MASTER_PORT": "29555"}).master_port == 29555
 
@@ -59,15 +60,21 @@ def test_slurm_multinode():
     env = discover(SLURM_2x2)
     assert env == DistEnv(rank=3, world_size=4, local_rank=1, local_world_size=2,
                           node_list=("gpu07", "gpu08"), master_addr="gpu07",
-                          master_port=derive_port("4242"), source="slurm")
+                          master_port=derive_port("4242", "0"), source="slurm")
     assert not env.is_loopback
 
 
 def test_slurm_single_node_uses_loopback():
-    env = discover({"SLURM_JOB_ID": "9", "SLURM_PROCID": "1", "SLURM_NTASKS": "2",
+    env = discover({"SLURM_JOB_ID": "9", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0",
                     "SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "localhost"})
     assert (env.rank, env.world_size, env.local_world_size) == (1, 2, 2)
     assert env.master_addr == "127.0.0.1" and env.is_loopback
+
+
+def test_slurm_batch_script_with_several_tasks_is_not_a_rank():
+    batch = {k: v for k, v in SLURM_2x2.items() if k != "SLURM_STEP_ID"}
+    with pytest.raises(LaunchError, match="this is the batch script, not a task; start the ranks with `srun`"):
+        discover(batch)
 
 
 def test_slurm_step_variables_win_over_job_variables():
