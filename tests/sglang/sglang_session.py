@@ -1,0 +1,89 @@
+"""Runs under .venv-sglang/bin/python (the tests drive SGLang from .venv through this script).
+
+    python sglang_session.py SPEC.json OUT.json
+
+SPEC: {"cases": {NAME: {"model_dir", "tp", "prompts": [[ids]], "new_tokens", "push_model_dir"
+(optional), "bucket_bytes" (optional)}}}. The cases run one after another in this one process
+(SGLang's import is paid once). Each case is one SGLangRollout session: greedy generate on the
+start weights; then, if ``push_model_dir`` is given, build every rollout TP rank's flat buffer
+from that HF checkpoint through the project's rollout-layout code, push it into the running
+engine, and greedy-generate again.
+OUT: {NAME: {"before": {"ids", "logprobs"}, "after": {...}, "buckets": int, "seconds": {...}}}.
+"""
+
+import json
+import sys
+import time
+
+import torch
+
+
+def left_pad(prompts, pad_id=0):
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.int64)
+    mask = torch.zeros(len(prompts), width, dtype=torch.int64)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+def rank_buffers(model_dir, config, tp, dtype):
+    """Each rollout TP rank's flat buffer, filled from an HF checkpoint by the layout loader."""
+    from verl.hybrid_engine.rollout_layout import rollout_param_specs
+    from verl.workers.rollout.native.flat_params import FlatParams
+    from verl.workers.rollout.native.weights import load_hf_checkpoint
+
+    buffers = []
+    for rank in range(tp):
+        params = FlatParams(rollout_param_specs(config, tp, rank), dtype)
+        load_hf_checkpoint(model_dir, config, tp, rank, params.views)
+        buffers.append(params.flat)
+    return buffers
+
+
+def greedy(rollout, ids, mask, new_tokens):
+    from verl.workers.rollout.base import SamplingParams
+
+    out = rollout.generate(ids, mask, SamplingParams(temperature=0.0, response_length=new_tokens))
+    lengths = out["response_mask"].sum(-1).tolist()
+    return {"ids": [r[:n] for r, n in zip(out["responses"].tolist(), lengths)],
+            "logprobs": [r[:n] for r, n in zip(out["rollout_log_probs"].tolist(), lengths)]}
+
+
+def run_case(spec):
+    from verl.models.config import ModelConfig
+    from verl.workers.rollout.sglang_rollout import SGLangRollout
+
+    config = ModelConfig.from_pretrained(spec["model_dir"])
+    ids, mask = left_pad(spec["prompts"])
+    result, seconds = {}, {}
+    start = time.perf_counter()
+    # A small KV pool: SGLang otherwise sizes it from free host memory (GBs, seconds to allocate).
+    with SGLangRollout(config, spec["model_dir"], tp_size=spec["tp"], dtype=torch.float32,
+                       max_total_tokens=spec.get("max_total_tokens", 4096)) as rollout:
+        seconds["engine_start"] = time.perf_counter() - start
+        rollout.resume()
+        result["before"] = greedy(rollout, ids, mask, spec["new_tokens"])
+        rollout.release()
+        if spec.get("push_model_dir"):
+            buffers = rank_buffers(spec["push_model_dir"], config, spec["tp"], torch.float32)
+            rollout.resume()
+            start = time.perf_counter()
+            result["buckets"] = rollout.update_weights(buffers, bucket_bytes=spec.get("bucket_bytes", 64 << 20))
+            seconds["push"] = time.perf_counter() - start
+            result["after"] = greedy(rollout, ids, mask, spec["new_tokens"])
+    result["seconds"] = seconds
+    return result
+
+
+def main(spec_path, out_path):
+    with open(spec_path) as fh:
+        spec = json.load(fh)
+    results = {name: run_case(case) for name, case in spec["cases"].items()}
+    with open(out_path, "w") as fh:
+        json.dump(results, fh)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,168 @@
+"""SGLang rollout tokens/s on one model and prompt set, for `verl bench rollout` and by hand.
+
+    python -m verl.workers.rollout.sglang_bench --model HF_DIR --batch 8 --prompt-len 128 \\
+        --new-tokens 128 [--tp 1] [--dtype float32] [--json PATH]
+
+:func:`bench_sglang` measures through :class:`SGLangRollout` (the engine the trainer uses): every
+sequence generates exactly ``new_tokens`` tokens (no stop ids), tokens/s = B*K / wall time of one
+whole generate call (prefill included), median over ``repeats`` after a warm-up call. SGLang may
+live in another environment than the caller (the CPU route installs it into .venv-sglang): when
+``sglang`` is not importable here, the measurement runs in a subprocess of that environment's
+python (``VERL_SGLANG_PYTHON``, default ``<repo>/.venv-sglang/bin/python``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Optional, Sequence, Union
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+class SGLangBenchError(RuntimeError):
+    """The SGLang measurement could not run (no SGLang environment, or it failed)."""
+
+
+def sglang_python() -> str:
+    return os.environ.get("VERL_SGLANG_PYTHON", os.path.join(_REPO, ".venv-sglang", "bin", "python"))
+
+
+def bench_sglang(model_dir: str, prompts: Union[torch.Tensor, Sequence[Sequence[int]]], new_tokens: int,
+                 dtype: str = "float32", temperature: float = 1.0, repeats: int = 3, seed: int = 0,
+                 tp_size: int = 1) -> dict:
+    """SGLang tokens/s generating ``new_tokens`` after each of ``prompts`` (equal-length rows).
+
+    Returns ``{"tokens_per_s", "median_s", "seconds", "new_tokens", "engine_start_s"}``.
+    """
+    prompts = prompts.tolist() if isinstance(prompts, torch.Tensor) else [list(p) for p in prompts]
+    if not prompts or len({len(p) for p in prompts}) != 1 or not prompts[0]:
+        raise SGLangBenchError("sglang bench: expected a non-empty batch of equal-length, non-empty prompts")
+    if dtype not in DTYPES:
+        raise SGLangBenchError(f"sglang bench: dtype expected one of {sorted(DTYPES)}, found {dtype!r}")
+    if importlib.util.find_spec("sglang") is not None:
+        return _bench_in_process(model_dir, prompts, new_tokens, dtype, temperature, repeats, seed, tp_size)
+    python = sglang_python()
+    if not os.path.isfile(python):
+        raise SGLangBenchError(
+            f"sglang bench: sglang is not importable here and {python} does not exist; "
+            "run tests/sglang/install_sglang_cpu.sh or set VERL_SGLANG_PYTHON"
+        )
+    with tempfile.TemporaryDirectory(prefix="verl-sglang-bench-") as work:
+        request = os.path.join(work, "request.json")
+        result = os.path.join(work, "result.json")
+        with open(request, "w", encoding="utf-8") as fh:
+            json.dump({"model_dir": model_dir, "prompts": prompts, "new_tokens": new_tokens, "dtype": dtype,
+                       "temperature": temperature, "repeats": repeats, "seed": seed, "tp_size": tp_size}, fh)
+        proc = subprocess.run([python, "-m", "verl.workers.rollout.sglang_bench", "--request", request,
+                               "--json", result], capture_output=True, text=True, cwd=_REPO)
+        if proc.returncode != 0:
+            raise SGLangBenchError(f"sglang bench subprocess failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        with open(result, encoding="utf-8") as fh:
+            return json.load(fh)
+
+
+def _bench_in_process(model_dir: str, prompts: List[List[int]], new_tokens: int, dtype: str, temperature: float,
+                      repeats: int, seed: int, tp_size: int) -> dict:
+    from verl.models.config import ModelConfig
+    from verl.workers.rollout.base import SamplingParams
+    from verl.workers.rollout.sglang_rollout import SGLangRollout
+
+    ids = torch.tensor(prompts, dtype=torch.int64)
+    mask = torch.ones_like(ids)
+    params = SamplingParams(temperature=temperature, response_length=new_tokens, seed=seed)
+    start = time.perf_counter()
+    # KV pool sized for the batch: SGLang otherwise sizes it from free host memory.
+    with SGLangRollout(ModelConfig.from_pretrained(model_dir), model_dir, tp_size=tp_size, dtype=DTYPES[dtype],
+                       seed=seed, max_total_tokens=max(16384, 4 * len(prompts) * (ids.shape[1] + new_tokens))) as rollout:
+        engine_start = time.perf_counter() - start
+        rollout.generate(ids, mask, params)  # warm-up
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            out = rollout.generate(ids, mask, params)
+            seconds.append(time.perf_counter() - start)
+            if int(out["response_mask"].sum()) != len(prompts) * new_tokens:
+                raise SGLangBenchError("sglang bench: expected every sequence to generate all new tokens")
+    tokens = len(prompts) * new_tokens
+    median = statistics.median(seconds)
+    return {"tokens_per_s": tokens / median, "median_s": median, "seconds": seconds, "new_tokens": tokens,
+            "engine_start_s": engine_start}
+
+
+def _random_model(config_overrides: dict, path: str, seed: int, dtype: str) -> str:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    overrides = dict(config_overrides)
+    config = AutoConfig.for_model(overrides.pop("model_type"), **overrides)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype]).save_pretrained(path)
+    return path
+
+
+TINY_QWEN2 = dict(model_type="qwen2", vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  bos_token_id=None, eos_token_id=None)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m verl.workers.rollout.sglang_bench",
+                                     description="SGLang rollout tokens/s (see module doc)")
+    parser.add_argument("--model", help="HF checkpoint dir; default: random tiny Qwen2 (hidden 64, 2 layers, "
+                                        "4 heads / 2 KV heads, vocab 320)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--request", help=argparse.SUPPRESS)  # subprocess entry of bench_sglang
+    parser.add_argument("--json", metavar="PATH", help="write the result to this JSON file")
+    args = parser.parse_args(argv)
+    for key in ("batch", "prompt_len", "new_tokens", "tp", "repeats"):
+        if getattr(args, key) < 1:
+            print(f"sglang bench: --{key.replace('_', '-')} expected >= 1, found {getattr(args, key)}", file=sys.stderr)
+            return 2
+    try:
+        if args.request:
+            with open(args.request, encoding="utf-8") as fh:
+                request = json.load(fh)
+            result = _bench_in_process(**request)
+        else:
+            with tempfile.TemporaryDirectory(prefix="verl-sglang-bench-model-") as work:
+                model_dir = args.model or _random_model(TINY_QWEN2, work, args.seed, args.dtype)
+                from verl.models.config import ModelConfig
+
+                vocab = ModelConfig.from_pretrained(model_dir).vocab_size
+                prompts = torch.randint(0, vocab, (args.batch, args.prompt_len),
+                                        generator=torch.Generator().manual_seed(args.seed))
+                result = bench_sglang(model_dir, prompts, args.new_tokens, args.dtype, args.temperature,
+                                      args.repeats, args.seed, args.tp)
+                result.update(batch=args.batch, prompt_len=args.prompt_len, tp=args.tp, dtype=args.dtype,
+                              model=args.model or "tiny-qwen2(random)")
+    except (SGLangBenchError, ValueError) as exc:
+        print(f"sglang bench: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=2)
+    if not args.request:
+        print(f"sglang {result['tokens_per_s']:9.0f} tok/s  (median {result['median_s'] * 1e3:.1f} ms for "
+              f"{result['new_tokens']} tokens, engine start {result['engine_start_s']:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

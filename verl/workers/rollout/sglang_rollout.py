@@ -1,0 +1,257 @@
+"""The SGLang rollout engine: one ``sglang.Engine`` per rollout TP group, fed in place by the hybrid engine.
+
+The engine runs SGLang's model in its own processes (one per rollout TP rank). Prompts go in as
+token ids (no tokenizer: ``skip_tokenizer_init``); responses come back with per-token logprobs and
+are returned in verl's fields through :class:`BaseRollout`. Weights are pushed with
+:meth:`SGLangRollout.update_weights`: each rollout TP rank's flat buffer (``rollout_param_specs``
+order, as the hybrid engine's executor produces it) travels in buckets through SGLang's
+``update_weights_from_tensor`` with our custom loader (``sglang_cpu.loader``), which copies each
+bucket into SGLang's parameters with ``verl._C`` copy programs. On CPU the engine uses SGLang's
+torch-native attention and no CUDA graphs (the route in tests/sglang/install_sglang_cpu.sh).
+
+Semantics that differ from the native engine (SGLang's own behaviour, kept):
+- besides ``stop_ids``, SGLang also stops at the model config's ``eos_token_id`` unless nothing is
+  asked to stop a sequence (then every sequence runs ``response_length`` tokens, ``ignore_eos``);
+- sampled (non-greedy) logprobs are SGLang's: log-probabilities of the temperature-scaled
+  distribution it samples from; greedy logprobs are the raw log-softmax, as in the native engine.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
+
+import torch
+
+from verl.hybrid_engine.rollout_layout import rollout_param_specs
+from verl.models.config import ModelConfig
+from verl.workers.rollout.base import BaseRollout, SamplingParams
+from verl.workers.rollout.sglang_cpu.loader import LOADER_PATH, bucket_name, spec_offsets
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+DEFAULT_BUCKET_BYTES = 64 << 20  # the hybrid engine's default bucket size
+MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_TYPES
+
+
+class SGLangRolloutError(RuntimeError):
+    """SGLang refused a request (engine start, weight update) or returned something unexpected."""
+
+
+def cpu_threads_bind(tp_size: int, cpus: Optional[Sequence[int]] = None) -> str:
+    """SGLANG_CPU_OMP_THREADS_BIND value giving each TP rank its own block of the usable cores.
+
+    With fewer cores than ranks, ranks share cores round-robin (slow, but it runs).
+    """
+    cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if len(cpus) < tp_size:
+        return "|".join(str(cpus[r % len(cpus)]) for r in range(tp_size))
+    per_rank = len(cpus) // tp_size
+    groups = [cpus[r * per_rank:(r + 1) * per_rank] for r in range(tp_size)]
+    return "|".join(",".join(str(c) for c in g) if g[-1] - g[0] + 1 != len(g)
+                    else (f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0])) for g in groups)
+
+
+def sglang_sampling_params(sp: SamplingParams) -> Dict[str, Any]:
+    """Our SamplingParams -> one SGLang sampling_params dict (``n`` and seeds are set per request)."""
+    stop = list(sp.stop_ids)
+    return {
+        "temperature": 0.0 if sp.greedy else float(sp.temperature),
+        "top_p": 1.0 if sp.greedy else float(sp.top_p),
+        "top_k": -1 if sp.greedy or sp.top_k <= 0 else int(sp.top_k),
+        "max_new_tokens": int(sp.response_length),
+        "stop_token_ids": stop or None,
+        "ignore_eos": not stop,
+        "skip_special_tokens": False,
+    }
+
+
+class SGLangRollout(BaseRollout):
+    """An ``sglang.Engine`` over one rollout TP group (``tp_size`` SGLang worker processes).
+
+    ``model_path`` is an HF directory: SGLang builds the model from its config and loads its
+    weights at start; later weights arrive through :meth:`update_weights`. ``device`` None picks
+    CUDA when available, else CPU. ``engine_kwargs`` are passed to ``sglang.Engine`` last.
+    """
+
+    def __init__(self, config: ModelConfig, model_path: str, tp_size: int = 1, dtype: torch.dtype = torch.float32,
+                 device: Optional[str] = None, pad_token_id: int = 0, seed: int = 0,
+                 mem_fraction_static: float = 0.2, **engine_kwargs: Any):
+        super().__init__(config, pad_token_id)
+        for rank in range(tp_size):  # fail here, with our message, on a tp the layout cannot split
+            rollout_param_specs(config, tp_size, rank)
+        if dtype not in DTYPE_NAMES:
+            raise SGLangRolloutError(f"dtype: expected one of {list(DTYPE_NAMES)}, found {dtype}")
+        self.tp_size = tp_size
+        self.dtype = dtype
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device == "cpu" and (config.num_key_value_heads % tp_size or config.num_attention_heads % tp_size):
+            # SGLang's CPU path pads heads instead of replicating KV heads (see sglang_cpu.loader).
+            raise SGLangRolloutError(
+                f"rollout tp={tp_size} on CPU: expected a tp dividing num_key_value_heads="
+                f"{config.num_key_value_heads} (SGLang pads heads on CPU, so weight pushes cannot match), "
+                f"found tp={tp_size}"
+            )
+        if self.device == "cpu":
+            # SGLang picks its CPU code paths at import time from this variable (is_cpu()).
+            os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+        import sglang  # only the SGLang environment has it
+
+        args: Dict[str, Any] = dict(
+            model_path=model_path, tp_size=tp_size, dtype=DTYPE_NAMES[dtype], device=self.device,
+            random_seed=seed, skip_tokenizer_init=True, skip_server_warmup=True, log_level="error",
+            mem_fraction_static=mem_fraction_static, custom_weight_loader=[LOADER_PATH],
+        )
+        if self.device == "cpu":
+            args.update(attention_backend="torch_native", disable_cuda_graph=True)
+            if tp_size > 1:  # SGLang binds each CPU rank's OpenMP threads to the cores listed here
+                os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", cpu_threads_bind(tp_size))
+        args.update(engine_kwargs)
+        self.engine = sglang.Engine(**args)
+        self._specs = [rollout_param_specs(config, tp_size, rank) for rank in range(tp_size)]
+        self._released: set = set()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def __enter__(self) -> "SGLangRollout":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # ---------------------------------------------------------------- memory
+    def release(self, tags: Optional[Sequence[str]] = None) -> None:
+        """Free SGLang's memory of ``tags`` (among MEMORY_TAGS; all when None) after generation.
+
+        SGLang frees memory only with ``enable_memory_saver`` (needs CUDA); on CPU it only records
+        the release. Weights released this way must be pushed again after :meth:`resume`.
+        """
+        tags = self._tags(tags)
+        self.engine.release_memory_occupation(sorted(tags))
+        self._released |= tags
+
+    def resume(self, tags: Optional[Sequence[str]] = None) -> None:
+        """Re-acquire released memory of ``tags`` (all released when None); nothing released: no-op."""
+        tags = self._tags(tags) & self._released  # SGLang rejects resuming what it never released
+        if tags:
+            self.engine.resume_memory_occupation(sorted(tags))
+            self._released -= tags
+
+    def _tags(self, tags: Optional[Sequence[str]]) -> set:
+        chosen = set(MEMORY_TAGS if tags is None else tags)
+        if not chosen <= set(MEMORY_TAGS):
+            raise SGLangRolloutError(f"memory tags: expected among {MEMORY_TAGS}, found {sorted(chosen)}")
+        return chosen
+
+    # ---------------------------------------------------------------- weights
+    def rank_numel(self, tp_rank: int) -> int:
+        """Elements in rollout TP rank ``tp_rank``'s flat buffer."""
+        return spec_offsets(self._specs[tp_rank])[1]
+
+    def update_weights(self, rank_buffers: Sequence[torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
+        """Push every TP rank's flat rollout buffer into the running engine; return the bucket count.
+
+        ``rank_buffers[r]`` is rank r's buffer (``rollout_param_specs(config, tp, r)`` order, the
+        engine's dtype). It is cut into buckets of at most ``bucket_bytes``; bucket k of every rank
+        travels in one ``update_weights_from_tensor`` call (each SGLang rank receives only its own
+        slice), all inside one ``begin_weight_update()/end_weight_update()`` session.
+        """
+        from sglang.srt.model_executor.model_runner_components.weight_updater import LocalSerializedTensor
+        from sglang.srt.utils import MultiprocessingSerializer
+
+        if len(rank_buffers) != self.tp_size:
+            raise SGLangRolloutError(f"update_weights: expected {self.tp_size} rank buffers, found {len(rank_buffers)}")
+        for rank, flat in enumerate(rank_buffers):
+            want = self.rank_numel(rank)
+            if flat.dim() != 1 or flat.numel() != want or flat.dtype != self.dtype:
+                raise SGLangRolloutError(
+                    f"update_weights: rank {rank} expected a 1-D {self.dtype} buffer of {want} elements, "
+                    f"found {flat.dtype} of shape {tuple(flat.shape)}"
+                )
+        if bucket_bytes < rank_buffers[0].element_size():
+            raise SGLangRolloutError(f"bucket_bytes: expected >= one element, found {bucket_bytes}")
+        bucket_elems = bucket_bytes // rank_buffers[0].element_size()
+        longest = rank_buffers[0].numel()
+        if any(flat.numel() != longest for flat in rank_buffers):
+            raise SGLangRolloutError("update_weights: expected equal per-rank buffer sizes (the rollout layout's)")
+        starts = list(range(0, longest, bucket_elems))
+        self._check(self.engine.begin_weight_update(), "begin_weight_update")
+        try:
+            for k, start in enumerate(starts):
+                end = min(start + bucket_elems, longest)
+                # Each SGLang rank deserializes only its own entry (shared memory on CPU, IPC on GPU).
+                payloads = [MultiprocessingSerializer.serialize(flat[start:end]) for flat in rank_buffers]
+                named = [(bucket_name(start, end), LocalSerializedTensor(values=payloads))]
+                result = self.engine.update_weights_from_tensor(
+                    named, load_format=LOADER_PATH, flush_cache=k + 1 == len(starts))
+                self._check(result, "update_weights_from_tensor")
+        finally:
+            self._check(self.engine.end_weight_update(), "end_weight_update")
+        return len(starts)
+
+    def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        """Named rollout-layout tensors of the (single) TP rank -> the engine (TP 1 only).
+
+        Under rollout TP > 1 every rank holds different tensors: use :meth:`update_weights`.
+        """
+        if self.tp_size != 1:
+            raise SGLangRolloutError(
+                f"load_weights: expected rollout tp 1 (one rank's tensors), found tp {self.tp_size}; "
+                "push every rank's flat buffer with update_weights()"
+            )
+        offsets, total = spec_offsets(self._specs[0])
+        shapes = {spec.name: spec.shape for spec in self._specs[0]}
+        flat = torch.empty(total, dtype=self.dtype)
+        seen = set()
+        for name, tensor in named_tensors:
+            if name not in shapes:
+                raise SGLangRolloutError(f"load_weights: expected a name of the rollout layout, found {name!r}")
+            if tuple(tensor.shape) != shapes[name]:
+                raise SGLangRolloutError(f"load_weights {name}: expected shape {shapes[name]}, found {tuple(tensor.shape)}")
+            n = tensor.numel()
+            flat[offsets[name]:offsets[name] + n].copy_(tensor.reshape(-1))
+            seen.add(name)
+        missing = sorted(set(shapes) - seen)
+        if missing:
+            raise SGLangRolloutError(f"load_weights: expected every rollout tensor, found {missing[:3]} missing")
+        self.update_weights([flat])
+
+    @staticmethod
+    def _check(result: Any, what: str) -> None:
+        # SGLang answers (success, message) tuples or objects with .success/.message.
+        success, message = (result[0], result[1]) if isinstance(result, tuple) else (
+            getattr(result, "success", True), getattr(result, "message", ""))
+        if not success:
+            raise SGLangRolloutError(f"SGLang {what} failed: {message}")
+
+    # ---------------------------------------------------------------- generation
+    def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           sampling_params: SamplingParams,
+                           pad_token_id: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        sp = sampling_params
+        mask = attention_mask.bool()
+        prompts = [input_ids[i][mask[i]].tolist() for i in range(input_ids.shape[0])]
+        prompts = [p for p in prompts for _ in range(sp.n)]  # row i*n + j: sample j of prompt i
+        base = sglang_sampling_params(sp)
+        per_request = []
+        for row in range(len(prompts)):
+            params = dict(base)
+            if not sp.greedy and sp.seed is not None:
+                params["sampling_seed"] = sp.seed + row  # distinct, reproducible stream per row
+            per_request.append(params)
+        outputs = self.engine.generate(input_ids=prompts, sampling_params=per_request, return_logprob=True)
+        if len(outputs) != len(prompts):
+            raise SGLangRolloutError(f"generate: expected {len(prompts)} outputs, found {len(outputs)}")
+        steps = sp.response_length
+        responses = torch.full((len(prompts), steps), pad_token_id, dtype=torch.int64)
+        response_mask = torch.zeros(len(prompts), steps, dtype=torch.int64)
+        log_probs = torch.zeros(len(prompts), steps, dtype=torch.float32)
+        for row, out in enumerate(outputs):
+            ids = out["output_ids"][:steps]
+            token_logprobs = out["meta_info"]["output_token_logprobs"][:len(ids)]
+            if [t[1] for t in token_logprobs] != list(ids):
+                raise SGLangRolloutError(f"generate: row {row} logprob token ids disagree with output_ids")
+            responses[row, :len(ids)] = torch.tensor(ids, dtype=torch.int64)
+            response_mask[row, :len(ids)] = 1
+            log_probs[row, :len(ids)] = torch.tensor([t[0] for t in token_logprobs], dtype=torch.float32)
+        return responses, response_mask, log_probs
