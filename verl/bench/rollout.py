@@ -74,33 +74,17 @@ def bench_native(model_dir: str, prompts: torch.Tensor, new_tokens: int, dtype: 
 
 def bench_sglang(model_dir: str, prompts: torch.Tensor, new_tokens: int, dtype: str, temperature: float,
                  repeats: int, seed: int) -> dict:
-    """SGLang's offline Engine on the same checkpoint and prompts (CPU route: torch_native attention).
+    """SGLang's engine on the same checkpoint and prompts, through the project's SGLang rollout
+    (in the SGLang environment when it is not this one: see verl.workers.rollout.sglang_bench).
 
-    Returns ``{"skipped": reason}`` when SGLang is not importable. Written against the SGLang
-    0.5.23 API as documented for this project; exercised once the SGLang test tier installs it.
+    Returns ``{"skipped": reason}`` when no SGLang environment exists on this machine.
     """
-    try:
-        import sglang
-    except ImportError as exc:
-        return {"skipped": f"sglang is not importable ({exc})"}
-    on_gpu = torch.cuda.is_available()
-    engine = sglang.Engine(model_path=model_dir, dtype=dtype, tp_size=1, random_seed=seed, log_level="error",
-                           device="cuda" if on_gpu else "cpu",
-                           **({} if on_gpu else {"attention_backend": "torch_native", "disable_cuda_graph": True}))
-    try:
-        sampling = {"temperature": temperature, "max_new_tokens": new_tokens, "ignore_eos": True}
-        ids = prompts.tolist()
-        engine.generate(input_ids=ids, sampling_params=sampling)  # warm-up
-        seconds = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            outs = engine.generate(input_ids=ids, sampling_params=sampling)
-            seconds.append(time.perf_counter() - start)
-            if sum(len(o["output_ids"]) for o in outs) != prompts.shape[0] * new_tokens:
-                raise RuntimeError("sglang bench: expected every sequence to generate all new tokens")
-    finally:
-        engine.shutdown()
-    return _summary(seconds, prompts.shape[0] * new_tokens)
+    from verl.workers.rollout.sglang_bench import bench_sglang as measure, sglang_available
+
+    if not sglang_available():
+        return {"skipped": "sglang is not installed here (bash tests/sglang/install_sglang_cpu.sh installs it on CPU)"}
+    result = measure(model_dir, prompts, new_tokens, dtype=dtype, temperature=temperature, repeats=repeats, seed=seed)
+    return _summary(result["seconds"], prompts.shape[0] * new_tokens)
 
 
 def main(argv=None) -> int:

@@ -38,6 +38,11 @@ def sglang_python() -> str:
     return os.environ.get("VERL_SGLANG_PYTHON", os.path.join(_REPO, ".venv-sglang", "bin", "python"))
 
 
+def sglang_available() -> bool:
+    """SGLang importable here, or an SGLang environment to run the measurement in."""
+    return importlib.util.find_spec("sglang") is not None or os.path.exists(sglang_python())
+
+
 def bench_sglang(model_dir: str, prompts: Union[torch.Tensor, Sequence[Sequence[int]]], new_tokens: int,
                  dtype: str = "float32", temperature: float = 1.0, repeats: int = 3, seed: int = 0,
                  tp_size: int = 1) -> dict:
