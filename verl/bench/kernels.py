@@ -174,13 +174,17 @@ def make_case(kind: str, size_bytes: int, elem_size: int = 4) -> KernelCase:
     return KernelCase(f"{kind}/{size_bytes // MB}MB", src_numel, dst_numel, program)
 
 
-def _best_of(fn: Callable[[], object], repeats: int) -> float:
+def _best_of(fn: Callable[[], object], repeats: int, budget_s: float = 0.25, max_runs: int = 200) -> float:
+    """Minimum wall time over at least ``repeats`` runs, continuing (up to ``max_runs``) while the
+    runs so far took less than ``budget_s``: small cases get many samples, so one unlucky
+    scheduling delay on a shared machine does not become the result."""
     fn()  # warm-up: page faults on fresh buffers are not what we measure
-    best = float("inf")
-    for _ in range(repeats):
+    best, spent, runs = float("inf"), 0.0, 0
+    while runs < repeats or (spent < budget_s and runs < max_runs):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        best, spent, runs = min(best, elapsed), spent + elapsed, runs + 1
     return best
 
 
