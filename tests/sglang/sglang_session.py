@@ -2,12 +2,13 @@
 
     python sglang_session.py SPEC.json OUT.json
 
-SPEC: {"cases": {NAME: {"model_dir", "tp", "prompts": [[ids]], "new_tokens", "push_model_dir"
-(optional), "bucket_bytes" (optional)}}}. The cases run one after another in this one process
-(SGLang's import is paid once). Each case is one SGLangRollout session: greedy generate on the
-start weights; then, if ``push_model_dir`` is given, build every rollout TP rank's flat buffer
-from that HF checkpoint through the project's rollout-layout code, push it into the running
-engine, and greedy-generate again.
+SPEC: {"cases": {NAME: {"model_dir", "tp", "prompts": [[ids]], "new_tokens", "push_model_dir" or
+"push_buffers" (optional), "bucket_bytes" (optional)}}}. The cases run one after another in this one
+process (SGLang's import is paid once). Each case is one SGLangRollout session: greedy generate on
+the start weights; then, if a push is given, push every rollout TP rank's flat buffer into the
+running engine and greedy-generate again. The buffers are built from the HF checkpoint
+``push_model_dir`` through the project's rollout-layout code, or read from ``push_buffers`` (a
+``torch.save``'d list, one flat buffer per rollout TP rank, e.g. the hybrid engine's reshard output).
 OUT: {NAME: {"before": {"ids", "logprobs"}, "after": {...}, "buckets": int, "seconds": {...}}}.
 """
 
@@ -66,8 +67,11 @@ def run_case(spec):
         rollout.resume()
         result["before"] = greedy(rollout, ids, mask, spec["new_tokens"])
         rollout.release()
-        if spec.get("push_model_dir"):
-            buffers = rank_buffers(spec["push_model_dir"], config, spec["tp"], torch.float32)
+        if spec.get("push_model_dir") or spec.get("push_buffers"):
+            if spec.get("push_buffers"):
+                buffers = torch.load(spec["push_buffers"], weights_only=True)
+            else:
+                buffers = rank_buffers(spec["push_model_dir"], config, spec["tp"], torch.float32)
             rollout.resume()
             start = time.perf_counter()
             result["buckets"] = rollout.update_weights(buffers, bucket_bytes=spec.get("bucket_bytes", 64 << 20))

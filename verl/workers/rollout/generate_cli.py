@@ -1,13 +1,15 @@
 """`verl generate`: sample continuations of token-id prompts from an HF checkpoint with a rollout engine.
 
-    verl generate --engine native --model HF_DIR --tp T --input-ids 1,2,3 [--input-ids 4,5 ...]
+    verl generate --engine native|sglang --model HF_DIR --tp T --input-ids 1,2,3 [--input-ids 4,5 ...]
                   --max-new-tokens K --temperature T --top-p P --n N --json PATH
 
 Writes ``{"output_ids": [[...]], "logprobs": [[...]]}``: one list per sample (``n`` per prompt, in
-prompt order), cut at the stop token (kept) or after K tokens. ``--tp`` > 1 runs T local ranks
-(subprocesses) joined over gloo through a rendezvous file in a private temporary directory, so
-nothing listens on the network. Inputs are checked before any rank starts; a bad one prints one
-line and exits 2.
+prompt order), cut at the stop token (kept) or after K tokens. Native: ``--tp`` > 1 runs T local
+ranks (subprocesses) joined over gloo through a rendezvous file in a private temporary directory,
+so nothing listens on the network. SGLang: one ``SGLangRollout`` (SGLang starts its own T worker
+processes), in this process when ``sglang`` is importable, else by re-running this command with
+the SGLang environment's python (``VERL_SGLANG_PYTHON``, default ``.venv-sglang/bin/python``).
+Inputs are checked before any rank or engine starts; a bad one prints one line and exits 2.
 """
 
 from __future__ import annotations
@@ -16,17 +18,20 @@ import argparse
 import datetime
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from typing import List, Optional
 
 import torch
 
-ENGINES = ("native", "megatron")  # megatron is routed to verl.workers.megatron.generate
+ENGINES = ("native", "sglang", "megatron")  # megatron is routed to verl.workers.megatron.generate
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Set by the launching `verl generate` in each rank it spawns.
 RENDEZVOUS_ENV = "VERL_GENERATE_RENDEZVOUS"
 OUTPUT_ENV = "VERL_GENERATE_OUTPUT"
+# Set by `verl generate --engine sglang` in the command it re-runs with the SGLang environment's python.
+IN_SGLANG_ENV = "VERL_GENERATE_IN_SGLANG_ENV"
 RANK_TIMEOUT_S = 300
 
 
@@ -110,13 +115,27 @@ def prepare(args: argparse.Namespace):
 
 
 def generate_json(args: argparse.Namespace, tp_group=None) -> dict:
-    """Run the engine on this rank; the result is the same on every rank of the TP group."""
+    """Run the native engine on this rank; the result is the same on every rank of the TP group."""
     from verl.workers.rollout.native.engine import NativeRollout
 
     config, input_ids, attention_mask, params, pad = prepare(args)
     engine = NativeRollout(config, tp_group=tp_group, dtype=DTYPES[args.dtype], pad_token_id=pad)
     engine.load_hf_checkpoint(args.model)
-    out = engine.generate(input_ids, attention_mask, params)
+    return _output_json(engine.generate(input_ids, attention_mask, params))
+
+
+def generate_sglang_json(args: argparse.Namespace) -> dict:
+    """Run one SGLangRollout over ``--tp`` SGLang workers in this process (sglang must be importable)."""
+    from verl.workers.rollout.sglang_rollout import SGLangRollout, kv_pool_tokens
+
+    config, input_ids, attention_mask, params, pad = prepare(args)
+    pool = kv_pool_tokens(input_ids.shape[0] * params.n, input_ids.shape[1] + params.response_length)
+    with SGLangRollout(config, os.path.abspath(args.model), tp_size=args.tp, dtype=DTYPES[args.dtype],
+                       pad_token_id=pad, seed=args.seed or 0, max_total_tokens=pool) as engine:
+        return _output_json(engine.generate(input_ids, attention_mask, params))
+
+
+def _output_json(out) -> dict:
     lengths = out["response_mask"].sum(-1).tolist()
     return {
         "output_ids": [row[:n] for row, n in zip(out["responses"].tolist(), lengths)],
@@ -146,6 +165,27 @@ def _run_rank(args: argparse.Namespace) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _run_sglang(args: argparse.Namespace, argv: List[str]) -> int:
+    from verl.workers.rollout.sglang_rollout import REPO, check_cpu_tp, sglang_importable, sglang_python
+
+    config = prepare(args)[0]  # fail here, once, before SGLang starts
+    if not torch.cuda.is_available():
+        check_cpu_tp(config, args.tp)
+    if sglang_importable():
+        _write(generate_sglang_json(args), args.json)
+        return 0
+    python = sglang_python()
+    if os.environ.get(IN_SGLANG_ENV):
+        raise UsageError(f"--engine sglang: expected sglang importable in {sys.executable}, found it is not")
+    if not os.path.isfile(python):
+        raise UsageError(f"--engine sglang: sglang is not importable here and {python} does not exist; "
+                         "run tests/sglang/install_sglang_cpu.sh or set VERL_SGLANG_PYTHON")
+    env = dict(os.environ)
+    env[IN_SGLANG_ENV] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    return subprocess.run([python, "-m", "verl.workers.rollout.generate_cli", *argv], env=env).returncode
 
 
 def _spawn_ranks(args: argparse.Namespace, argv: List[str]) -> int:
@@ -191,6 +231,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from verl.models.config import ModelConfigError
     from verl.workers.rollout.base import RolloutInputError
     from verl.workers.rollout.native.weights import CheckpointError
+    from verl.workers.rollout.sglang_rollout import SGLangRolloutError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     engine = _engine_of(argv)
@@ -201,6 +242,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return megatron_generate(_without_engine(argv))
     try:
         args = build_parser().parse_args(argv)
+        if args.engine == "sglang":
+            return _run_sglang(args, argv)
         if RENDEZVOUS_ENV in os.environ:
             return _run_rank(args)
         if args.tp == 1:
@@ -208,7 +251,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         prepare(args)  # fail here, once, before any rank starts
         return _spawn_ranks(args, argv)
-    except (UsageError, RolloutInputError, ModelConfigError, RolloutLayoutError, CheckpointError) as exc:
+    except (UsageError, RolloutInputError, ModelConfigError, RolloutLayoutError, CheckpointError,
+            SGLangRolloutError) as exc:
         print(f"verl generate: error: {exc}", file=sys.stderr)
         return 2
 

@@ -14,7 +14,6 @@ python (``VERL_SGLANG_PYTHON``, default ``<repo>/.venv-sglang/bin/python``).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -26,21 +25,18 @@ from typing import List, Optional, Sequence, Union
 
 import torch
 
+from verl.workers.rollout.sglang_rollout import REPO, kv_pool_tokens, sglang_importable, sglang_python
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 class SGLangBenchError(RuntimeError):
     """The SGLang measurement could not run (no SGLang environment, or it failed)."""
 
 
-def sglang_python() -> str:
-    return os.environ.get("VERL_SGLANG_PYTHON", os.path.join(_REPO, ".venv-sglang", "bin", "python"))
-
-
 def sglang_available() -> bool:
     """SGLang importable here, or an SGLang environment to run the measurement in."""
-    return importlib.util.find_spec("sglang") is not None or os.path.exists(sglang_python())
+    return sglang_importable() or os.path.exists(sglang_python())
 
 
 def bench_sglang(model_dir: str, prompts: Union[torch.Tensor, Sequence[Sequence[int]]], new_tokens: int,
@@ -55,7 +51,7 @@ def bench_sglang(model_dir: str, prompts: Union[torch.Tensor, Sequence[Sequence[
         raise SGLangBenchError("sglang bench: expected a non-empty batch of equal-length, non-empty prompts")
     if dtype not in DTYPES:
         raise SGLangBenchError(f"sglang bench: dtype expected one of {sorted(DTYPES)}, found {dtype!r}")
-    if importlib.util.find_spec("sglang") is not None:
+    if sglang_importable():
         return _bench_in_process(model_dir, prompts, new_tokens, dtype, temperature, repeats, seed, tp_size)
     python = sglang_python()
     if not os.path.isfile(python):
@@ -70,7 +66,7 @@ def bench_sglang(model_dir: str, prompts: Union[torch.Tensor, Sequence[Sequence[
             json.dump({"model_dir": model_dir, "prompts": prompts, "new_tokens": new_tokens, "dtype": dtype,
                        "temperature": temperature, "repeats": repeats, "seed": seed, "tp_size": tp_size}, fh)
         proc = subprocess.run([python, "-m", "verl.workers.rollout.sglang_bench", "--request", request,
-                               "--json", result], capture_output=True, text=True, cwd=_REPO)
+                               "--json", result], capture_output=True, text=True, cwd=REPO)
         if proc.returncode != 0:
             raise SGLangBenchError(f"sglang bench subprocess failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         with open(result, encoding="utf-8") as fh:
@@ -87,9 +83,8 @@ def _bench_in_process(model_dir: str, prompts: List[List[int]], new_tokens: int,
     mask = torch.ones_like(ids)
     params = SamplingParams(temperature=temperature, response_length=new_tokens, seed=seed)
     start = time.perf_counter()
-    # KV pool sized for the batch: SGLang otherwise sizes it from free host memory.
     with SGLangRollout(ModelConfig.from_pretrained(model_dir), model_dir, tp_size=tp_size, dtype=DTYPES[dtype],
-                       seed=seed, max_total_tokens=max(16384, 4 * len(prompts) * (ids.shape[1] + new_tokens))) as rollout:
+                       seed=seed, max_total_tokens=kv_pool_tokens(len(prompts), ids.shape[1] + new_tokens)) as rollout:
         engine_start = time.perf_counter() - start
         rollout.generate(ids, mask, params)  # warm-up
         seconds = []

@@ -18,6 +18,7 @@ Semantics that differ from the native engine (SGLang's own behaviour, kept):
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
@@ -29,12 +30,40 @@ from verl.workers.rollout.base import BaseRollout, SamplingParams
 from verl.workers.rollout.sglang_cpu.loader import LOADER_PATH, bucket_name, spec_offsets
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DEFAULT_BUCKET_BYTES = 64 << 20  # the hybrid engine's default bucket size
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_TYPES
 
 
 class SGLangRolloutError(RuntimeError):
     """SGLang refused a request (engine start, weight update) or returned something unexpected."""
+
+
+def sglang_python() -> str:
+    """The python of the environment SGLang lives in when it is not importable here (the CPU route
+    installs it into .venv-sglang): ``VERL_SGLANG_PYTHON``, default ``<repo>/.venv-sglang/bin/python``."""
+    return os.environ.get("VERL_SGLANG_PYTHON", os.path.join(REPO, ".venv-sglang", "bin", "python"))
+
+
+def sglang_importable() -> bool:
+    return importlib.util.find_spec("sglang") is not None
+
+
+def check_cpu_tp(config: ModelConfig, tp_size: int) -> None:
+    """SGLang's CPU path pads attention heads instead of replicating KV heads (see sglang_cpu.loader),
+    so a rollout-layout weight push matches it only when tp divides both head counts."""
+    if config.num_key_value_heads % tp_size or config.num_attention_heads % tp_size:
+        raise SGLangRolloutError(
+            f"rollout tp={tp_size} on CPU: expected a tp dividing num_key_value_heads="
+            f"{config.num_key_value_heads} (SGLang pads heads on CPU, so weight pushes cannot match), "
+            f"found tp={tp_size}"
+        )
+
+
+def kv_pool_tokens(rows: int, seq_len: int) -> int:
+    """A KV pool for ``rows`` sequences of up to ``seq_len`` tokens (``max_total_tokens``): SGLang
+    otherwise sizes it from free host memory on CPU (GBs, seconds to allocate)."""
+    return max(16384, 4 * rows * seq_len)
 
 
 def cpu_threads_bind(tp_size: int, cpus: Optional[Sequence[int]] = None) -> str:
@@ -84,14 +113,8 @@ class SGLangRollout(BaseRollout):
         self.tp_size = tp_size
         self.dtype = dtype
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if self.device == "cpu" and (config.num_key_value_heads % tp_size or config.num_attention_heads % tp_size):
-            # SGLang's CPU path pads heads instead of replicating KV heads (see sglang_cpu.loader).
-            raise SGLangRolloutError(
-                f"rollout tp={tp_size} on CPU: expected a tp dividing num_key_value_heads="
-                f"{config.num_key_value_heads} (SGLang pads heads on CPU, so weight pushes cannot match), "
-                f"found tp={tp_size}"
-            )
         if self.device == "cpu":
+            check_cpu_tp(config, tp_size)
             # SGLang picks its CPU code paths at import time from this variable (is_cpu()).
             os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
         import sglang  # only the SGLang environment has it

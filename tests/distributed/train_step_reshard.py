@@ -1,0 +1,153 @@
+"""Helpers (no tests): one optimizer step on a Megatron actor, then the hybrid engine's reshard into a
+rollout engine that was created before the step. Used by test_rollout_after_train_step.py (native
+engine) and tests/sglang/test_sglang_after_train_step.py (the resharded buffers pushed into SGLang).
+
+:func:`train_step_job` runs on every local rank (``run_ranks``). Per case it builds the Megatron
+actor (with optimizer) from an HF checkpoint, a native rollout engine for the case's rollout TP and
+the :class:`HybridEngine` glue joining them, then:
+  before: reshard -> native greedy, Megatron greedy (the parity oracle);
+  step:   one ``update_policy`` step (negative log-likelihood of random responses, large lr);
+  after:  reshard into the *same* rollout buffer -> native greedy, Megatron greedy, and this rank's
+          resharded rollout buffer (what an SGLang rollout TP rank receives).
+"""
+
+from __future__ import annotations
+
+import torch
+
+PROMPTS = [[5, 17, 42, 99, 7], [250, 3, 3, 18, 77, 120, 64, 9, 31], list(range(40, 52))]
+NEW_TOKENS = 8
+BUCKET_BYTES = 16 << 10  # small: the reshard runs several buckets
+LR = 2e-2  # one Adam step moves every weight by ~LR: enough to change some greedy choices
+
+# Tiny random models. Qwen2: tied embeddings, qkv bias, vocab a multiple of 64.
+# Llama: untied lm_head, vocab 300 (padded to 320 in the rollout layout, to 512 in Megatron's at TP2).
+MODELS = {
+    "qwen2": dict(model_type="qwen2", vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    "llama": dict(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
+}
+
+
+def save_tiny_model(kind: str, path: str, seed: int = 0) -> str:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(MODELS[kind])
+    model_type = cfg.pop("model_type")
+    # A wide init keeps the top logits apart, so greedy choices do not hinge on fp32 summation order.
+    config = AutoConfig.for_model(model_type, max_position_embeddings=128, initializer_range=0.2,
+                                  bos_token_id=None, eos_token_id=None, pad_token_id=0, **cfg)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    return path
+
+
+def left_pad(prompts, pad_id: int = 0):
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.int64)
+    mask = torch.zeros(len(prompts), width, dtype=torch.int64)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+def training_batch(vocab_size: int, rows: int = 4, prompt_len: int = 8, response_len: int = 4, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, vocab_size, (rows, prompt_len + response_len), generator=generator)
+    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
+            "responses": input_ids[:, -response_len:], "response_mask": torch.ones(rows, response_len)}
+
+
+def nll_loss(outputs, micro_batch):
+    mask = micro_batch["response_mask"]
+    return -(outputs["log_probs"] * mask).sum() / mask.sum(), {}
+
+
+def _native_greedy(rollout):
+    from verl.workers.rollout.base import SamplingParams
+
+    ids, mask = left_pad(PROMPTS)
+    out = rollout.generate(ids, mask, SamplingParams(temperature=0.0, response_length=NEW_TOKENS))
+    return out["responses"].tolist()
+
+
+def _megatron_greedy(engine):
+    from verl.workers.megatron.generate import greedy_generate
+
+    return [greedy_generate(engine, prompt, NEW_TOKENS)[0] for prompt in PROMPTS]
+
+
+def _rollout_tp_group(groups):
+    """This rank's rollout TP group (None at rollout TP 1); every rank creates every group."""
+    import torch.distributed as dist
+
+    mine = None
+    for ranks in groups.rollout_tp_groups:
+        group = dist.new_group(list(ranks)) if groups.rollout_tp > 1 else None
+        if dist.get_rank() in ranks:
+            mine = group
+    return mine
+
+
+def _run_case(hf_dir: str, training, rollout_tp: int) -> dict:
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    from verl.hybrid_engine.groups import derive_groups
+    from verl.models.config import ModelConfig
+    from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
+    from verl.workers.actor_rollout_ref_worker import HybridEngine
+    from verl.workers.megatron.actor import MegatronActor
+    from verl.workers.megatron.engine import MegatronEngine, OptimConfig
+    from verl.workers.rollout.native.engine import NativeRollout
+
+    config = ModelConfig.from_pretrained(hf_dir)
+    engine = MegatronEngine(config, optim=OptimConfig(lr=LR, weight_decay=0.0, clip_grad=0.0))
+    load_hf_into_model(engine.module, config, HFCheckpoint(hf_dir).get)
+    groups = derive_groups(training, rollout_tp)
+    rollout = NativeRollout(config, tp_group=_rollout_tp_group(groups), dtype=torch.float32)
+    hybrid = HybridEngine(engine, rollout, config, training, rollout_tp, BUCKET_BYTES, "float32")
+    result = {"rollout_tp_rank": groups.rollout_tp_rank[dist.get_rank()], "case": groups.case}
+
+    hybrid.to_rollout()
+    result["native_before"] = _native_greedy(rollout)
+    hybrid.to_training()
+    result["megatron_before"] = _megatron_greedy(engine)
+
+    batch = training_batch(config.vocab_size)
+    dp, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
+    share = batch["input_ids"].shape[0] // dp
+    metrics = MegatronActor(engine, micro_batch_size=share).update_policy(
+        {k: v[dp_rank * share:(dp_rank + 1) * share] for k, v in batch.items()}, nll_loss, calculate_entropy=False)
+    result["update_successful"] = metrics["update_successful"]
+
+    buffer_before = rollout.weight_buffer()
+    hybrid.to_rollout()
+    result["same_rollout_buffer"] = rollout.weight_buffer() is buffer_before
+    result["native_after"] = _native_greedy(rollout)
+    result["rollout_buffer"] = rollout.weight_buffer().clone()
+    hybrid.to_training()
+    result["megatron_after"] = _megatron_greedy(engine)
+    return result
+
+
+def train_step_job(cases) -> dict:
+    """``cases``: {name: (hf_dir, tp, pp, rollout_tp)}; cases sharing (tp, pp) should be adjacent."""
+    import torch.distributed as dist
+
+    from verl.hybrid_engine.layouts import TrainingLayout
+    from verl.workers.megatron.parallel import destroy_megatron, initialize_megatron
+
+    results, layout = {}, None
+    for name, (hf_dir, tp, pp, rollout_tp) in cases.items():
+        if layout != (tp, pp):
+            if layout is not None:
+                destroy_megatron()
+            initialize_megatron(tp, pp, seed=7)
+            layout = (tp, pp)
+        training = TrainingLayout(tp=tp, pp=pp, dp=dist.get_world_size() // (tp * pp))
+        results[name] = _run_case(hf_dir, training, rollout_tp)
+    destroy_megatron()
+    return results
