@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# README command (A): set everything up and run the main CPU job.
-# Today the main job is the environment report and the reshard-kernel benchmark; it grows into
-# data -> SFT -> GRPO on a tiny model as the trainer lands (see the README).
+# README command (A): set everything up, then the main CPU job -- a tiny Qwen2 that visibly learns
+# arithmetic by RL on 2 CPU ranks: data -> SFT warm start -> GRPO (Megatron TP=2 actor, native rollout
+# TP=1, so the 3D-HybridEngine reshards every step), then a summary table and a plot.
+#
+#   bash launch/quickstart.sh                           # -> outputs/quickstart/{metrics.jsonl,metrics.png,...}
+#   bash launch/quickstart.sh --fresh                   # start over instead of resuming
+#   bash launch/quickstart.sh --config configs/ppo_arith_tiny.yaml --out outputs/quickstart_ppo   # PPO + critic
+#   bash launch/quickstart.sh trainer.total_training_steps=50   # extra args: verl train overrides
+#
+# Rerunning resumes: finished stages (data, SFT) are skipped, GRPO resumes from its last checkpoint
+# (trainer.resume_mode=auto); Ctrl-C during GRPO checkpoints the current step first. Under Slurm,
+# `sbatch slurm/quickstart_cpu.sbatch` runs the RL stage alone (see slurm/README.md).
+# Stage logs: outputs/quickstart/logs/. Details: `python -m launch.quickstart --help`.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash launch/setup_env.sh
-OUT="${VERL_OUTPUT_DIR:-outputs/quickstart}"
-mkdir -p "$OUT"
-.venv/bin/verl check-env
-.venv/bin/verl bench kernels --json "$OUT/bench_kernels.json"
+exec .venv/bin/python -m launch.quickstart "$@"

@@ -21,6 +21,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "eval": ("verl.trainer.evaluate", "greedy held-out accuracy of an HF checkpoint with the native engine"),
     "generate": ("verl.workers.rollout.generate_cli", "generate from token-id prompts with the native, sglang or megatron engine"),
     "convert": ("verl.models.mcore.convert", "convert weights: hf-to-mcore (any tp/pp) and mcore-to-hf"),
+    "plot": ("verl.utils.plotting", "plot reward / accuracy / KL / response length per step from a metrics.jsonl"),
     "check-env": ("verl.utils.env_check", "report what this machine has for verl-hpc (exit 1 if a required part is missing)"),
 }
 GROUPS: Dict[str, Tuple[str, Dict[str, Tuple[str, str]]]] = {

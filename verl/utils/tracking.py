@@ -107,8 +107,9 @@ class Tracking:
 
 
 def read_metrics(output_dir: str) -> List[Dict[str, Any]]:
-    """Every record of ``metrics.jsonl``; a step logged twice (a resumed run) keeps its last record."""
-    path = os.path.join(output_dir, "metrics.jsonl")
+    """Every record of ``metrics.jsonl`` (``output_dir`` is its directory or the file itself), by step;
+    a step logged twice (a resumed run) keeps its last record."""
+    path = output_dir if os.path.isfile(output_dir) else os.path.join(output_dir, "metrics.jsonl")
     by_step: Dict[int, Dict[str, Any]] = {}
     with open(path, encoding="utf-8") as fh:
         for line in fh:

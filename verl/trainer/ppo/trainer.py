@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
 from typing import Any, Dict, Iterator
@@ -337,7 +338,8 @@ class PPOTrainer:
         progress = tqdm(total=self.total_training_steps, initial=self.global_step, desc="training", file=sys.stderr,
                         disable=self.rank != 0 or not sys.stderr.isatty(), dynamic_ncols=True)
         preempted = False
-        with PreemptionHandler() as preempt:
+        # Ctrl-C (SIGINT) too: finish the step, checkpoint, exit 0 -- so an interrupted run resumes.
+        with PreemptionHandler(signals=(signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)) as preempt:
             while self.global_step < self.total_training_steps and not preempted:
                 epoch_before = self.sampler.epoch
                 for batch_dict in self.train_dataloader:

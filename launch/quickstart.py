@@ -1,0 +1,437 @@
+"""README command (A)'s main job: data -> SFT warm start -> RL (GRPO), then a summary and a plot.
+
+    python -m launch.quickstart [--out outputs/quickstart] [--config configs/grpo_arith_tiny.yaml]
+                                [--fresh] [--sft-override KEY=VALUE ...] [RL overrides KEY=VALUE ...]
+
+(``bash launch/quickstart.sh`` runs the set-up, then this.) Stages, each a ``verl`` command whose
+full output goes to ``<out>/logs/<stage>.log`` while the console shows a progress bar:
+
+  data   ``verl data arithmetic --out <out>/data``                 (the task + tokenizer)
+  sft    ``verl sft --config configs/sft_arith_tiny.yaml``         -> ``<out>/sft/hf``
+  rl     ``verl train --config <config> actor_rollout_ref.model.path=<out>/sft/hf``  -> ``<out>``
+  report ``<out>/metrics.png`` (``verl plot``), ``<out>/summary.json`` and the table on the console
+
+Idempotent, stage by stage. Each stage records its command in ``<out>/.quickstart/<stage>.json``
+once it completed; a rerun skips a completed stage whose command is unchanged. Data and SFT, when
+they run, restart from scratch; the RL stage *resumes*: ``verl train`` runs with
+``trainer.resume_mode=auto`` from the latest complete checkpoint in ``<out>/checkpoints`` (a
+completed run only re-prints its report). When an upstream stage reran or the RL command changed,
+the RL outputs (checkpoints, metrics, TensorBoard, plot) are cleared first, since they no longer
+belong to that command. ``--fresh`` clears everything under ``<out>`` the quickstart wrote.
+
+Ctrl-C during RL: the ranks finish the current step, write a checkpoint and exit (``verl train``
+treats SIGINT like a Slurm preemption); rerunning the same command resumes from it. Ctrl-C during
+data or SFT stops that stage; a rerun redoes it.
+
+Exit code: 0 when every stage succeeded, the failing stage's exit code otherwise, 130 after Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_OUT = "outputs/quickstart"
+DEFAULT_RL_CONFIG = "configs/grpo_arith_tiny.yaml"
+DEFAULT_SFT_CONFIG = "configs/sft_arith_tiny.yaml"
+STATE_DIR = ".quickstart"
+RL_OUTPUTS = ("checkpoints", "metrics.jsonl", "metrics.csv", "tensorboard", "actor_hf", "metrics.png", "summary.json")
+# tqdm's "  37/600 [" (the SFT bar) in a child's output stream.
+TQDM_PROGRESS = re.compile(rb"(\d+)/(\d+) \[")
+EXIT_INTERRUPTED = 130
+
+
+class StageFailed(Exception):
+    def __init__(self, stage: str, code: int, log: str):
+        super().__init__(f"{stage}: exited {code}; see {log}")
+        self.stage, self.code, self.log = stage, code, log
+
+
+# --------------------------------------------------------------------------- console
+class Console:
+    """A progress bar on a terminal (tqdm); elsewhere (CI, Slurm logs) a line every ~10% of a stage."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self._bar = None
+        self._last_printed = -1
+
+    def say(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def start(self, desc: str, total: Optional[int], initial: int = 0) -> None:
+        self._last_printed = initial
+        if self.tty:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, desc=desc, file=self.stream, dynamic_ncols=True,
+                             leave=True, unit="step")
+
+    def update(self, done: int, total: Optional[int], postfix: str = "") -> None:
+        if self._bar is not None:
+            if total and self._bar.total != total:
+                self._bar.total = total
+            self._bar.n = done
+            if postfix:
+                self._bar.set_postfix_str(postfix, refresh=False)
+            self._bar.refresh()
+        elif total and done != self._last_printed and (done == total or done - self._last_printed >= max(1, total // 10)):
+            self._last_printed = done
+            print(f"  {done}/{total}" + (f" | {postfix}" if postfix else ""), file=self.stream, flush=True)
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+# --------------------------------------------------------------------------- running a stage
+def run_stage(console: Console, stage: str, cmd: Sequence[str], log_path: str, env: Dict[str, str],
+              total: Optional[int] = None, poll=None) -> None:
+    """Run ``cmd``; its output goes to ``log_path``; progress comes from ``poll()`` -> (done, total, postfix)
+    or, without it, from tqdm counters in the output. Ctrl-C is passed on and the child is waited for."""
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    console.say(f"[{stage}] $ {' '.join(_shell_quote(c) for c in cmd)}")
+    console.say(f"[{stage}] log: {log_path}")
+    console.start(stage, total)
+    interrupted = False
+    with open(log_path, "ab") as log:
+        log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} $ {' '.join(cmd)}\n".encode())
+        proc = subprocess.Popen(list(cmd), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                bufsize=0)
+        while True:
+            try:
+                chunk = proc.stdout.read1(65536) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096)
+            except KeyboardInterrupt:
+                # The child (same process group on a terminal) got the SIGINT too; make sure, then drain.
+                interrupted = True
+                console.say(f"[{stage}] Ctrl-C: waiting for the stage to stop cleanly (RL: finish the step, "
+                            f"checkpoint)...")
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+                continue
+            if not chunk:
+                break
+            log.write(chunk.replace(b"\r", b"\n"))
+            if poll is not None:
+                done, new_total, postfix = poll()
+                console.update(done, new_total, postfix)
+            else:
+                matches = TQDM_PROGRESS.findall(chunk)
+                if matches:
+                    done, new_total = (int(x) for x in matches[-1])
+                    console.update(done, new_total)
+        code = proc.wait()
+    console.stop()
+    if interrupted:
+        raise KeyboardInterrupt
+    if code != 0:
+        tail = _tail(log_path, 25)
+        console.say(f"[{stage}] failed (exit {code}); last lines of {log_path}:\n{tail}")
+        raise StageFailed(stage, code, log_path)
+
+
+def _tail(path: str, lines: int) -> str:
+    with open(path, "rb") as fh:
+        data = fh.read()[-20000:].decode(errors="replace")
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def _shell_quote(arg: str) -> str:
+    return arg if re.fullmatch(r"[\w@%+=:,./\-\[\]]+", arg) else "'" + arg.replace("'", "'\\''") + "'"
+
+
+# --------------------------------------------------------------------------- stage records
+def _record_path(out: str, stage: str) -> str:
+    return os.path.join(out, STATE_DIR, f"{stage}.json")
+
+
+def _with_config_digests(cmd: Sequence[str]) -> List[str]:
+    """The command plus the sha256 of each ``--config`` file: an edited config is a changed command."""
+    import hashlib
+
+    digests = []
+    for flag, value in zip(cmd, cmd[1:]):
+        if flag == "--config" and os.path.isfile(value):
+            with open(value, "rb") as fh:
+                digests.append(f"#sha256({value})={hashlib.sha256(fh.read()).hexdigest()}")
+    return list(cmd) + digests
+
+
+def completed(out: str, stage: str, cmd: Sequence[str]) -> bool:
+    path = _record_path(out, stage)
+    if not os.path.isfile(path):
+        return False
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh).get("cmd") == _with_config_digests(cmd)
+
+
+def record(out: str, stage: str, cmd: Sequence[str], **extra: Any) -> None:
+    path = _record_path(out, stage)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump({"cmd": _with_config_digests(cmd), **extra}, fh, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def forget(out: str, *stages: str) -> None:
+    for stage in stages:
+        if os.path.exists(_record_path(out, stage)):
+            os.remove(_record_path(out, stage))
+
+
+def clear_rl_outputs(out: str) -> None:
+    for name in RL_OUTPUTS:
+        path = os.path.join(out, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+    forget(out, "rl")
+
+
+# --------------------------------------------------------------------------- metrics
+def _read(path: str) -> List[Dict[str, Any]]:
+    from verl.utils.tracking import read_metrics
+
+    return read_metrics(path) if os.path.isfile(path) else []
+
+
+def _mean(records: Sequence[Dict[str, Any]], key: str) -> Optional[float]:
+    values = [r[key] for r in records if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return sum(values) / len(values) if values else None
+
+
+def summarize(out: str, walls: Dict[str, float], resumed_from: int) -> Dict[str, Any]:
+    rl = _read(os.path.join(out, "metrics.jsonl"))
+    sft = _read(os.path.join(out, "sft", "metrics.jsonl"))
+    val = [(r["step"], r["val/accuracy"]) for r in rl if "val/accuracy" in r]
+    steps = [r for r in rl if "timing_s/step" in r]
+    tokens = sum(r.get("perf/total_num_tokens", 0.0) for r in steps)
+    step_seconds = sum(r["timing_s/step"] for r in steps)
+    summary = {
+        "val_accuracy_after_sft": val[0][1] if val and val[0][0] == 0 else None,
+        "val_accuracy_after_rl": val[-1][1] if val and val[-1][0] > 0 else None,
+        "val_accuracy_sft_trainer": next((r["val/accuracy"] for r in reversed(sft) if "val/accuracy" in r), None),
+        "val_num_samples": next((r["val/num_samples"] for r in rl if "val/num_samples" in r), None),
+        "rl_steps": max((r["step"] for r in steps), default=0),
+        "rl_resumed_from_step": resumed_from,
+        "tokens_per_s": tokens / step_seconds if step_seconds else None,
+        "tokens_per_s_per_rank": _mean(steps, "perf/throughput"),
+        "step_s": _mean(steps, "timing_s/step"),
+        "gen_s_per_step": _mean(steps, "timing_s/gen"),
+        "update_actor_s_per_step": _mean(steps, "timing_s/update_actor"),
+        "reshard_s_per_step": _mean(steps, "timing_s/reshard"),
+        "reshard_bytes_per_step": _mean(steps, "perf/reshard_bytes"),
+        "final_score_mean": _mean(steps[-10:], "critic/score/mean"),
+        "wall_s": dict(walls),
+    }
+    first, last = summary["val_accuracy_after_sft"], summary["val_accuracy_after_rl"]
+    summary["val_accuracy_gain_points"] = 100.0 * (last - first) if first is not None and last is not None else None
+    return summary
+
+
+def format_summary(summary: Dict[str, Any], out: str, algo: str) -> str:
+    def num(value, fmt):
+        return "n/a" if value is None else format(value, fmt)
+
+    walls = summary["wall_s"]
+    gain = summary["val_accuracy_gain_points"]
+    n = summary["val_num_samples"]
+    held_out = f"greedy, {int(n)} held-out" if n else "greedy, held-out"
+    rows = [
+        (f"val/accuracy after SFT  (RL step 0, {held_out})", num(summary["val_accuracy_after_sft"], ".3f")),
+        (f"val/accuracy after {algo}  (step {summary['rl_steps']})",
+         num(summary["val_accuracy_after_rl"], ".3f") + ("" if gain is None else f"  ({gain:+.1f} points)")),
+        ("val/accuracy of the SFT export (verl sft's own eval)", num(summary["val_accuracy_sft_trainer"], ".3f")),
+        (f"{algo} steps" + (f" (resumed at step {summary['rl_resumed_from_step']})"
+                            if summary["rl_resumed_from_step"] else ""), str(summary["rl_steps"])),
+        ("tokens/s (all ranks; per rank)", f"{num(summary['tokens_per_s'], '.0f')}; "
+                                           f"{num(summary['tokens_per_s_per_rank'], '.0f')}"),
+        ("step time (s): total / gen / update_actor",
+         " / ".join(num(summary[k], ".3f") for k in ("step_s", "gen_s_per_step", "update_actor_s_per_step"))),
+        ("reshard per step (3D-HybridEngine, TP=2 -> rollout TP=1)",
+         f"{num(None if summary['reshard_s_per_step'] is None else 1000 * summary['reshard_s_per_step'], '.1f')} ms, "
+         f"{num(None if summary['reshard_bytes_per_step'] is None else summary['reshard_bytes_per_step'] / 1024, '.0f')}"
+         f" KiB received/rank"),
+        ("wall time (s): " + " + ".join(walls), " + ".join(f"{v:.0f}" for v in walls.values())
+         + f" = {sum(walls.values()):.0f}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = ["", f"quickstart summary ({out})", "-" * (width + 24)]
+    lines += [f"{k.ljust(width)}  {v}" for k, v in rows]
+    lines += ["-" * (width + 24),
+              f"metrics  {os.path.join(out, 'metrics.jsonl')}  (also metrics.csv)",
+              f"plot     {os.path.join(out, 'metrics.png')}",
+              f"tboard   tensorboard --logdir {os.path.join(out, 'tensorboard')}",
+              f"model    {os.path.join(out, 'actor_hf')}  (HF format)"]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- main
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="launch/quickstart.sh", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=os.environ.get("VERL_OUTPUT_DIR") or DEFAULT_OUT,
+                   help=f"output directory (default $VERL_OUTPUT_DIR or {DEFAULT_OUT})")
+    p.add_argument("--config", default=DEFAULT_RL_CONFIG, help=f"RL trainer config (default {DEFAULT_RL_CONFIG}); "
+                   "configs/ppo_arith_tiny.yaml runs PPO with a critic")
+    p.add_argument("--sft-config", default=DEFAULT_SFT_CONFIG, help=f"SFT config (default {DEFAULT_SFT_CONFIG})")
+    p.add_argument("--sft-override", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override for verl sft (repeatable), e.g. trainer.total_training_steps=20")
+    p.add_argument("--num-train", type=int, default=4000, help="training problems (verl data arithmetic)")
+    p.add_argument("--num-test", type=int, default=256, help="held-out problems (verl data arithmetic)")
+    p.add_argument("--fresh", action="store_true", help="clear what earlier quickstart runs wrote under --out first")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides for verl train (the RL stage)")
+    return p
+
+
+def _child_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # Two ranks share this machine's cores: one intra-op thread each (as torchrun does by default).
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    return env
+
+
+def _checkpointed_step(out: str) -> int:
+    from verl.utils.checkpoint import LATEST_FILE
+
+    latest = os.path.join(out, "checkpoints", LATEST_FILE)
+    if not os.path.isfile(latest):
+        return 0
+    with open(latest, encoding="utf-8") as fh:
+        return int(fh.read().strip())
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    out = os.path.abspath(args.out)
+    console = Console()
+    if args.fresh:
+        for name in ("data", "sft", "logs", STATE_DIR, *RL_OUTPUTS):
+            path = os.path.join(out, name)
+            shutil.rmtree(path) if os.path.isdir(path) else (os.path.exists(path) and os.remove(path))
+    os.makedirs(out, exist_ok=True)
+    env = _child_env()
+    py = sys.executable
+    data_dir, sft_dir, logs = os.path.join(out, "data"), os.path.join(out, "sft"), os.path.join(out, "logs")
+    algo = "PPO" if "ppo" in os.path.basename(args.config) else "GRPO"
+    walls: Dict[str, float] = {}
+    total_start = time.perf_counter()
+    try:
+        # ---------------------------------------------------------------- data
+        data_cmd = [py, "-m", "verl.cli", "data", "arithmetic", "--out", data_dir, "--num-train", str(args.num_train),
+                    "--num-test", str(args.num_test)]
+        upstream_ran = False
+        if completed(out, "data", data_cmd):
+            console.say(f"[data] done earlier: {data_dir}")
+        else:
+            start = time.perf_counter()
+            shutil.rmtree(data_dir, ignore_errors=True)
+            run_stage(console, "data", data_cmd, os.path.join(logs, "data.log"), env)
+            record(out, "data", data_cmd)
+            walls["data"] = time.perf_counter() - start
+            upstream_ran = True
+            forget(out, "sft")
+
+        # ---------------------------------------------------------------- SFT
+        sft_cmd = [py, "-m", "verl.trainer.sft_trainer", "--config", os.path.join(REPO, args.sft_config),
+                   f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
+                   f"model.tokenizer_path={data_dir}/tokenizer", f"trainer.output_dir={sft_dir}", *args.sft_override]
+        hf_dir = os.path.join(sft_dir, "hf")
+        if completed(out, "sft", sft_cmd) and os.path.isfile(os.path.join(hf_dir, "model.safetensors")):
+            console.say(f"[sft] done earlier: {hf_dir}")
+        else:
+            start = time.perf_counter()
+            run_stage(console, "sft", sft_cmd, os.path.join(logs, "sft.log"), env)
+            record(out, "sft", sft_cmd)
+            walls["sft"] = time.perf_counter() - start
+            upstream_ran = True
+        sft_acc = next((r["val/accuracy"] for r in reversed(_read(os.path.join(sft_dir, "metrics.jsonl")))
+                        if "val/accuracy" in r), None)
+        if sft_acc is not None:
+            console.say(f"[sft] val/accuracy of {hf_dir}: {sft_acc:.3f}")
+
+        # ---------------------------------------------------------------- RL
+        rl_cmd = [py, "-m", "verl.cli", "train", "--config", os.path.join(REPO, args.config),
+                  f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
+                  f"data.tokenizer={data_dir}/tokenizer", f"actor_rollout_ref.model.path={hf_dir}",
+                  f"trainer.output_dir={out}", "trainer.resume_mode=auto", *args.overrides]
+        record_path = _record_path(out, "rl")
+        started_before = os.path.isfile(record_path)
+        if upstream_ran or (started_before and not completed(out, "rl", rl_cmd)):
+            if started_before or os.path.isdir(os.path.join(out, "checkpoints")):
+                console.say("[rl] its inputs or command changed: clearing the previous RL outputs")
+            clear_rl_outputs(out)
+        elif not started_before:
+            clear_rl_outputs(out)  # outputs with no record are not the quickstart's to resume
+        # Recorded before training, so an interrupted run resumes under the same command.
+        record(out, "rl", rl_cmd)
+        resumed_from = _checkpointed_step(out)
+        from verl.trainer.config import load_config
+
+        total = load_config(os.path.join(REPO, args.config), rl_cmd[rl_cmd.index("--config") + 2:]).trainer
+        total_steps = total.total_training_steps
+        if resumed_from:
+            console.say(f"[rl] resuming from the step-{resumed_from} checkpoint in {out}/checkpoints")
+        metrics_path = os.path.join(out, "metrics.jsonl")
+
+        def poll():
+            records = _read(metrics_path)
+            step = max((r["step"] for r in records), default=0)
+            last = records[-1] if records else {}
+            vals = [r["val/accuracy"] for r in records if "val/accuracy" in r]
+            parts = []
+            if "critic/score/mean" in last:
+                parts.append(f"score {last['critic/score/mean']:.2f}")
+            if vals:
+                parts.append(f"val_acc {vals[0]:.3f}->{vals[-1]:.3f}")
+            return step, total_steps, " ".join(parts)
+
+        start = time.perf_counter()
+        run_stage(console, algo.lower(), rl_cmd, os.path.join(logs, "rl.log"), env, total=total_steps, poll=poll)
+        walls[algo.lower()] = time.perf_counter() - start
+
+        # ---------------------------------------------------------------- report
+        from verl.utils.plotting import plot_metrics
+
+        records = _read(metrics_path)
+        png = plot_metrics(records, os.path.join(out, "metrics.png"),
+                           title=f"quickstart: SFT warm start -> {algo} on arithmetic ({os.path.basename(args.config)})")
+        walls["total"] = time.perf_counter() - total_start
+        summary = summarize(out, {k: v for k, v in walls.items() if k != "total"}, resumed_from)
+        summary["wall_s_total"] = walls["total"]
+        summary["plot"] = png
+        with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as fh:
+            json.dump(summary, fh, indent=2)
+        console.say(format_summary(summary, out, algo))
+        return 0
+    except StageFailed as err:
+        console.stop()
+        print(f"quickstart: {err}", file=sys.stderr)
+        return err.code
+    except KeyboardInterrupt:
+        console.stop()
+        step = _checkpointed_step(out)
+        where = f"checkpoint at step {step} in {out}/checkpoints; " if step else ""
+        print(f"quickstart: interrupted; {where}rerun the same command to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""`verl plot METRICS.jsonl --out PNG`: one PNG of a training run's curves, per step.
+
+Four panels from the metrics ``verl train`` logs (``verl/trainer/metrics.py`` names):
+  reward           critic/score/mean (the task score) and critic/rewards/mean (after a KL penalty)
+  accuracy         val/accuracy, the greedy validation logged at step 0 and every test_freq steps
+  KL               actor/ppo_kl (rollout policy vs updated actor), actor/kl_loss (to the reference,
+                   GRPO's KL loss) and actor/reward_kl_penalty (PPO's KL in the reward), when logged
+  response length  response_length/mean, with its min-max band
+
+A panel whose metrics are absent says so instead of drawing nothing. matplotlib runs on its Agg
+backend (no display needed); the file is written then renamed, so a reader never sees half a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+# (panel title, [(metric, legend label)], y label)
+PANELS: Tuple[Tuple[str, Tuple[Tuple[str, str], ...], str], ...] = (
+    ("reward", (("critic/score/mean", "score (task)"), ("critic/rewards/mean", "reward (after KL)")), "mean per response"),
+    ("validation accuracy (greedy)", (("val/accuracy", "val/accuracy"),), "exact match"),
+    ("KL", (("actor/ppo_kl", "ppo_kl (old vs new)"), ("actor/kl_loss", "kl_loss (vs ref)"),
+            ("actor/reward_kl_penalty", "reward_kl_penalty (vs ref)")), "nats / token"),
+    ("response length", (("response_length/mean", "mean"),), "tokens"),
+)
+
+
+def _series(records: Sequence[Dict[str, Any]], key: str) -> Tuple[List[int], List[float]]:
+    steps, values = [], []
+    for record in records:
+        value = record.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            steps.append(int(record["step"]))
+            values.append(float(value))
+    return steps, values
+
+
+def plot_metrics(records: Sequence[Dict[str, Any]], out_png: str, title: Optional[str] = None) -> str:
+    """Draw the four panels of ``records`` (``read_metrics`` rows) into ``out_png``; returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    for ax, (panel, metrics, ylabel) in zip(axes.flat, PANELS):
+        drawn = False
+        for key, label in metrics:
+            steps, values = _series(records, key)
+            if not steps:
+                continue
+            # Validation is sparse (a few steps): markers make single points visible.
+            ax.plot(steps, values, marker="o" if len(steps) <= 30 else None, markersize=4, label=label)
+            drawn = True
+        if panel == "response length":
+            low, high = _series(records, "response_length/min"), _series(records, "response_length/max")
+            if low[0] and low[0] == high[0]:
+                ax.fill_between(low[0], low[1], high[1], alpha=0.2, label="min-max")
+        if drawn:
+            ax.legend(fontsize=8, loc="best")
+        else:
+            names = ", ".join(key for key, _ in metrics)
+            ax.text(0.5, 0.5, f"not logged:\n{names}", ha="center", va="center", fontsize=8,
+                    transform=ax.transAxes, color="gray")
+        ax.set_title(panel, fontsize=10)
+        ax.set_ylabel(ylabel, fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    last = max((int(r["step"]) for r in records), default=0)
+    fig.suptitle(title or f"training metrics ({last} steps)", fontsize=11)
+    fig.tight_layout()
+    out_png = os.path.abspath(out_png)
+    os.makedirs(os.path.dirname(out_png), exist_ok=True)
+    staging = f"{out_png}.tmp-{os.getpid()}.png"
+    fig.savefig(staging, dpi=100)
+    plt.close(fig)
+    os.replace(staging, out_png)
+    return out_png
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl plot", description=__doc__.splitlines()[0])
+    parser.add_argument("metrics", metavar="METRICS.jsonl",
+                        help="a run's metrics.jsonl (or its directory, trainer.output_dir)")
+    parser.add_argument("--out", required=True, metavar="PNG", help="where to write the plot")
+    parser.add_argument("--title", default=None, help="figure title (default: the step count)")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from verl.utils.tracking import read_metrics
+
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    path = args.metrics
+    if not (os.path.isfile(path) or os.path.isfile(os.path.join(path, "metrics.jsonl"))):
+        print(f"verl plot: expected a metrics.jsonl file or a directory holding one, found nothing at {path}",
+              file=sys.stderr)
+        return 2
+    records = read_metrics(path)
+    if not records:
+        print(f"verl plot: expected at least one record in {path}, found an empty file", file=sys.stderr)
+        return 2
+    out = plot_metrics(records, args.out, args.title)
+    print(f"plot: {len(records)} steps -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
