@@ -35,7 +35,11 @@ QWEN2_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab
             "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16"}
 # The tiny GRPO run, shortened: small batch, no validation, no periodic checkpoints (a preemption
 # still writes one), console log only. Quoted: the job's shell parses VERL_OVERRIDES.
-QUICK_OVERRIDES = ("data.train_batch_size=2 trainer.save_freq=-1 trainer.val_before_train=false"
+QUICK_OVERRIDES = ("data.train_batch_size=2 actor_rollout_ref.rollout.n=4"
+                   " actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"
+                   " actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"
+                   " actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"
+                   " trainer.save_freq=-1 trainer.val_before_train=false"
                    " trainer.test_freq=-1 'trainer.logger=[console]'")
 TRAINER_START_S = 240  # the trainer's start-up on a loaded 2-core machine is ~40-90 s
 
