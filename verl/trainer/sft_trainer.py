@@ -6,8 +6,13 @@ The quickstart's warm start: prompt -> response pairs from parquet (verl's SFT k
 response tokens and the eos after them (the prompt is masked), Adam + warmup/decay on Megatron
 (TP x PP x DP), and the final weights written as ``<trainer.output_dir>/hf`` (config.json,
 model.safetensors, tokenizer files, generation_config.json with eos), ready to be the RL actor.
-``data.label_noise`` replaces that fraction of the training targets with another example's answer,
-so the warm start is deliberately imperfect and RL has room to improve it.
+``data.label_noise`` makes the warm start deliberately imperfect so that RL has room to improve it:
+with ``data.label_noise_mode=random`` that fraction of the training targets gets another example's
+answer; with ``drop_carry`` (arithmetic prompts ``a+b=`` / ``a-b=``) that fraction of the problems
+that involve a carry (ones digits summing to >= 10) or a borrow gets the answer computed without it
+(``37+48=`` -> ``75``, ``52-37=`` -> ``25``) -- a systematic, human-like error that the model learns
+next to the right skill, so sampling still finds the right answer and RL's exact-match reward can
+flip the greedy choice.
 
 Ranks: under a launcher (Slurm, torchrun, mpirun) this process is one rank; otherwise ``verl sft``
 runs ``trainer.nproc`` local ranks itself (gloo over loopback). Rank 0 shows a progress bar, prints
@@ -26,6 +31,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -38,6 +44,7 @@ from verl.trainer.config import ConfigError, field, read_config_tree, resolve_pa
 
 USAGE_ERROR = 2
 LOGGERS = ("console", "tensorboard")
+LABEL_NOISE_MODES = ("random", "drop_carry")
 
 SCHEMA: Dict[str, Any] = {
     "data": {
@@ -51,6 +58,7 @@ SCHEMA: Dict[str, Any] = {
         "train_batch_size": field(64, int),
         "micro_batch_size_per_gpu": field(8, int),
         "label_noise": field(0.0, float),
+        "label_noise_mode": field("random", choices=LABEL_NOISE_MODES),
     },
     "model": {
         "path": field(None, str),
@@ -259,6 +267,42 @@ def add_label_noise(pairs: List[tuple], fraction: float, seed: int) -> tuple:
     return noisy, len(chosen)
 
 
+_PROBLEM = re.compile(r"^\s*(\d+)\s*([+-])\s*(\d+)\s*=\s*$")
+
+
+def drop_carry_answer(prompt: str) -> Optional[str]:
+    """The answer to ``a+b=`` / ``a-b=`` computed by forgetting the carry out of (or the borrow into)
+    the ones digit, or None when the problem has none (or is not such a prompt).
+
+    ``37+48=`` -> ``75`` (7+8=15: write 5, forget the 1); ``12+13=`` -> None; ``52-37=`` -> ``25``
+    (2-7: borrow to get 5, forget to take it from the tens); ``37-52=`` -> ``-25`` (the same slip on
+    52-37, sign kept).
+    """
+    match = _PROBLEM.match(prompt)
+    if match is None:
+        return None
+    a, op, b = int(match.group(1)), match.group(2), int(match.group(3))
+    if op == "+":
+        return str(a + b - 10) if a % 10 + b % 10 >= 10 else None
+    big, small, sign = (a, b, "") if a >= b else (b, a, "-")
+    if big % 10 >= small % 10:
+        return None
+    return sign + str(big - small + 10)
+
+
+def add_drop_carry_noise(pairs: List[tuple], fraction: float, seed: int) -> tuple:
+    """(pairs, count): ``round(fraction * M)`` seeded rows of the M that involve a carry (or borrow)
+    get the carry-dropped answer (:func:`drop_carry_answer`) as their response."""
+    rng = random.Random(seed)
+    dropped = {i: drop_carry_answer(p) for i, (p, _) in enumerate(pairs)}
+    candidates = [i for i, answer in dropped.items() if answer is not None]
+    noisy = list(pairs)
+    chosen = rng.sample(candidates, round(fraction * len(candidates)))
+    for i in chosen:
+        noisy[i] = (pairs[i][0], dropped[i])
+    return noisy, len(chosen)
+
+
 def encode_pairs(pairs: List[tuple], tokenizer: Any, max_length: int) -> List[tuple]:
     """(prompt ids, response ids + eos) per pair; every pair must fit in ``max_length`` tokens."""
     encoded = [(tokenizer(p, add_special_tokens=False)["input_ids"],
@@ -303,7 +347,8 @@ def prepare_data(cfg: Dict[str, Any]) -> tuple:
     if len(train_pairs) < data["train_batch_size"]:
         raise ConfigError(f"data.train_batch_size: expected at most the {len(train_pairs)} training rows, "
                           f"found {data['train_batch_size']}")
-    train_pairs, noisy = add_label_noise(train_pairs, data["label_noise"], cfg["trainer"]["seed"])
+    noise = add_drop_carry_noise if data["label_noise_mode"] == "drop_carry" else add_label_noise
+    train_pairs, noisy = noise(train_pairs, data["label_noise"], cfg["trainer"]["seed"])
     train = encode_pairs(train_pairs, tokenizer, data["max_length"])
     val = encode_pairs(read_pairs(data["val_files"], data, tokenizer), tokenizer, data["max_length"]) \
         if data["val_files"] else []
