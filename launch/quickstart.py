@@ -264,7 +264,7 @@ def format_summary(summary: Dict[str, Any], out: str, algo: str) -> str:
                                            f"{num(summary['tokens_per_s_per_rank'], '.0f')}"),
         ("step time (s): total / gen / update_actor",
          " / ".join(num(summary[k], ".3f") for k in ("step_s", "gen_s_per_step", "update_actor_s_per_step"))),
-        ("reshard per step (3D-HybridEngine, TP=2 -> rollout TP=1)",
+        ("reshard per step (3D-HybridEngine, training -> rollout layout)",
          f"{num(None if summary['reshard_s_per_step'] is None else 1000 * summary['reshard_s_per_step'], '.1f')} ms, "
          f"{num(None if summary['reshard_bytes_per_step'] is None else summary['reshard_bytes_per_step'] / 1024, '.0f')}"
          f" KiB received/rank"),
