@@ -383,7 +383,7 @@ def test_gpu_template_dry_cpu_run_preempts_requeues_and_resumes(slurm, qwen2_7b_
     # Slurm delays a requeued job's start by ~2 minutes; start it now.
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True, timeout=30)
     # Up to a scheduling cycle to start again, then start-up and the remaining steps on a loaded host.
-    wait_for(output_has(out, '"event": "done"'), 180, "the resumed job to finish", out)
+    wait_for(output_has(out, '"event": "done"'), 300, "the resumed job to finish", out)
     wait_for(lambda: job_state(job_id).get("JobState") in (None, "COMPLETED"), 30, "job completion")
 
     text = out.read_text()

@@ -86,7 +86,8 @@ def test_tensor_parallel_size_must_divide_the_attention_heads(data_args, no_rank
 
 
 def test_batch_sizes_must_divide(data_args, no_ranks, capsys):
-    expect_exit_2(capsys, ["--config", GRPO, *data_args, "actor_rollout_ref.actor.ppo_mini_batch_size=3"],
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "data.train_batch_size=4",
+                           "actor_rollout_ref.actor.ppo_mini_batch_size=3"],
                   "actor_rollout_ref.actor.ppo_mini_batch_size=3", "data.train_batch_size=4")
     expect_exit_2(capsys, ["--config", PPO, *data_args, "critic.ppo_micro_batch_size_per_gpu=3"],
                   "critic.ppo_micro_batch_size_per_gpu=3")

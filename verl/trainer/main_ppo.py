@@ -46,7 +46,13 @@ def run_rank(config, dry_run: bool) -> int:
         from verl.trainer.ppo.trainer import PPOTrainer
 
         tokenizer = AutoTokenizer.from_pretrained(config.data.tokenizer)
-        return PPOTrainer(config, tokenizer, dry_run=dry_run).fit()
+        code = PPOTrainer(config, tokenizer, dry_run=dry_run).fit()
+        # Leave together: a rank that tears its process group down and exits while rank 0 is still
+        # writing (the HF export, the last checkpoint) was seen to abort in teardown.
+        import torch.distributed as dist
+
+        dist.barrier()
+        return code
     finally:
         destroy_distributed()
 
