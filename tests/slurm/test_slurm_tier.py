@@ -178,7 +178,20 @@ def wait_for(predicate, timeout, what, log=None):
             return
         time.sleep(0.2)
     tail = open(log).read()[-3000:] if log is not None and os.path.exists(log) else ""
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{tail}")
+    queue = subprocess.run(["squeue", "-h", "-o", "%i %j %T %r"], capture_output=True, text=True, timeout=30).stdout
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}\nqueue:\n{queue}\n{tail}")
+
+
+def wait_for_idle_cluster(timeout=120):
+    """Cancel what earlier tests' jobs left in the queue (all are named verl-test-*) and wait until
+    it is empty: a requeued 2-task job needs both CPUs of the one-node cluster."""
+    listing = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=30).stdout
+    for line in listing.splitlines():
+        job_id, name = line.split(maxsplit=1)
+        if name.startswith("verl-test-"):
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+    wait_for(lambda: not subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=30).stdout.strip(),
+             timeout, "the queue to empty")
 
 
 def output_has(path, text):
@@ -365,6 +378,7 @@ def test_gpu_template_dry_cpu_run_preempts_requeues_and_resumes(slurm, qwen2_7b_
     """
     from verl.trainer.config import load_config
 
+    wait_for_idle_cluster()
     run_dir = slurm.out_dir / "ppo"
     out = slurm.out_dir / "ppo.out"
     proc = subprocess.run(
@@ -380,10 +394,22 @@ def test_gpu_template_dry_cpu_run_preempts_requeues_and_resumes(slurm, qwen2_7b_
     # What --signal=B:USR1@120 does before the time limit: signal the batch shell only.
     subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], check=True, timeout=30)
     wait_for(lambda: job_state(job_id).get("Restarts") == "1", 60, "the job to requeue itself", out)
-    # Slurm delays a requeued job's start by ~2 minutes; start it now.
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True, timeout=30)
+    # Slurm delays a requeued job's start by ~2 minutes; start it now. The requeue may still be in
+    # flight (the job COMPLETING), in which case Slurm sets the delay after our update: so repeat
+    # the update while the job is pending.
+    done = output_has(out, '"event": "done"')
+    last_kick = [0.0]
+
+    def resumed_and_done():
+        if done():
+            return True
+        if job_state(job_id).get("JobState") == "PENDING" and time.monotonic() - last_kick[0] > 5:
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True, timeout=30)
+            last_kick[0] = time.monotonic()
+        return False
+
     # Up to a scheduling cycle to start again, then start-up and the remaining steps on a loaded host.
-    wait_for(output_has(out, '"event": "done"'), 300, "the resumed job to finish", out)
+    wait_for(resumed_and_done, 300, "the resumed job to finish", out)
     wait_for(lambda: job_state(job_id).get("JobState") in (None, "COMPLETED"), 30, "job completion")
 
     text = out.read_text()
