@@ -95,6 +95,10 @@ EnforcePartLimits=ALL
 # Short ages so sbatch --wait, scancel and requeue return within seconds.
 MinJobAge=5
 KillWait=5
+# A requeued job waits cred_expire + 1 s (default 120) before it may start again: the old run's
+# credential must expire first. 30 s still covers a step launch on a loaded 2-core host. Forcing an
+# earlier start (scontrol update StartTime=now) races the revocation and slurmd kills the job.
+AuthInfo=cred_expire=30
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
