@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from train_step_reshard import save_tiny_model, train_step_job  # noqa: E402
+from tiny_models import save_tiny_model  # noqa: E402
+from train_step_reshard import train_step_job  # noqa: E402
 from verl.utils.local_ranks import run_ranks  # noqa: E402
 
 CASES = {  # name -> (model, training tp, training pp, rollout tp)

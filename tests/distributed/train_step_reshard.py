@@ -15,43 +15,12 @@ from __future__ import annotations
 
 import torch
 
+from tiny_models import left_pad
+
 PROMPTS = [[5, 17, 42, 99, 7], [250, 3, 3, 18, 77, 120, 64, 9, 31], list(range(40, 52))]
 NEW_TOKENS = 8
 BUCKET_BYTES = 16 << 10  # small: the reshard runs several buckets
 LR = 2e-2  # one Adam step moves every weight by ~LR: enough to change some greedy choices
-
-# Tiny random models. Qwen2: tied embeddings, qkv bias, vocab a multiple of 64.
-# Llama: untied lm_head, vocab 300 (padded to 320 in the rollout layout, to 512 in Megatron's at TP2).
-MODELS = {
-    "qwen2": dict(model_type="qwen2", vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
-    "llama": dict(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
-}
-
-
-def save_tiny_model(kind: str, path: str, seed: int = 0) -> str:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = dict(MODELS[kind])
-    model_type = cfg.pop("model_type")
-    # A wide init keeps the top logits apart, so greedy choices do not hinge on fp32 summation order.
-    config = AutoConfig.for_model(model_type, max_position_embeddings=128, initializer_range=0.2,
-                                  bos_token_id=None, eos_token_id=None, pad_token_id=0, **cfg)
-    torch.manual_seed(seed)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
-    return path
-
-
-def left_pad(prompts, pad_id: int = 0):
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.int64)
-    mask = torch.zeros(len(prompts), width, dtype=torch.int64)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    return ids, mask
-
 
 def training_batch(vocab_size: int, rows: int = 4, prompt_len: int = 8, response_len: int = 4, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)

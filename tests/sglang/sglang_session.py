@@ -13,20 +13,14 @@ OUT: {NAME: {"before": {"ids", "logprobs"}, "after": {...}, "buckets": int, "sec
 """
 
 import json
+import os
 import sys
 import time
 
 import torch
 
-
-def left_pad(prompts, pad_id=0):
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.int64)
-    mask = torch.zeros(len(prompts), width, dtype=torch.int64)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    return ids, mask
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tiny_models import left_pad  # noqa: E402  (tests/, not a package)
 
 
 def rank_buffers(model_dir, config, tp, dtype):

@@ -25,7 +25,8 @@ pytest.importorskip("megatron.core")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "distributed"))
 
-from train_step_reshard import NEW_TOKENS, PROMPTS, save_tiny_model, train_step_job  # noqa: E402
+from tiny_models import save_tiny_model  # noqa: E402
+from train_step_reshard import NEW_TOKENS, PROMPTS, train_step_job  # noqa: E402
 from verl.utils.local_ranks import run_ranks  # noqa: E402
 
 SESSION_SCRIPT = os.path.join(HERE, "sglang_session.py")

@@ -13,6 +13,7 @@ import subprocess
 import pytest
 import torch
 
+from tiny_models import save_tiny_model
 from verl.hybrid_engine.rollout_layout import rollout_param_specs
 from verl.models.config import ModelConfig
 
@@ -23,33 +24,8 @@ PROMPTS = [[5, 17, 42, 99, 7], [250, 3, 3, 18, 77, 120, 64, 9, 31], list(range(4
 LOGPROB_ATOL = 1e-4
 BUCKET_BYTES = 32 << 10  # small, so pushed tensors straddle bucket boundaries
 
-# Tiny random models. Qwen2: tied embeddings, qkv bias, vocab already a multiple of 64.
-# Llama: untied lm_head, vocab 300 padded to 320 (padding rows on rollout TP rank 1).
-# Two KV heads: on CPU SGLang pads (not replicates) KV heads when tp > kv heads, see sglang_cpu.loader.
-MODELS = {
-    "qwen2": dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], vocab_size=320, hidden_size=64,
-                  intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  tie_word_embeddings=True),
-    "llama": dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=300, hidden_size=64,
-                  intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  tie_word_embeddings=False),
-}
 CASES = [("qwen2", 1), ("llama", 1), ("llama", 2)]
 CASE_NAMES = [f"{kind}-tp{tp}" for kind, tp in CASES]
-
-
-def make_hf_model(kind: str, seed: int, path: str) -> str:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = dict(MODELS[kind])
-    model_type = cfg.pop("model_type")
-    # Larger-than-default init widens the gaps between top logits, so greedy choices are stable
-    # against fp32 summation-order differences between the two implementations.
-    config = AutoConfig.for_model(model_type, max_position_embeddings=128, initializer_range=0.2,
-                                  bos_token_id=None, eos_token_id=None, pad_token_id=0, **cfg)
-    torch.manual_seed(seed)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
-    return path
 
 
 def hf_greedy(model_dir: str):
@@ -78,8 +54,8 @@ def sessions(sglang_python, tmp_path_factory):
         name = f"{kind}-tp{tp}"
         model_a, model_b = (str(work / f"{kind}-{w}") for w in "ab")
         if not os.path.isdir(model_a):
-            make_hf_model(kind, 1, model_a)
-            make_hf_model(kind, 2, model_b)
+            save_tiny_model(kind, model_a, seed=1)
+            save_tiny_model(kind, model_b, seed=2)
             oracles[kind] = (hf_greedy(model_a), hf_greedy(model_b), ModelConfig.from_pretrained(model_a))
         cases[name] = {"model_dir": model_a, "push_model_dir": model_b, "tp": tp, "prompts": PROMPTS,
                        "new_tokens": NEW_TOKENS, "bucket_bytes": BUCKET_BYTES}

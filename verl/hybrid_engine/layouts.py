@@ -24,9 +24,9 @@ import dataclasses
 from typing import Dict, List, NamedTuple, Optional, Tuple, Union
 
 from verl.models.config import ModelConfig
-
-# Megatron pads the vocab to a multiple of make_vocab_size_divisible_by (default 128) times tp.
-MEGATRON_VOCAB_DIVISOR = 128
+# Megatron pads the vocab to a multiple of make_vocab_size_divisible_by (128) times tp: the model
+# builder's rule is the layout's rule.
+from verl.models.mcore.model import padded_vocab_size
 
 
 class LayoutError(ValueError):
@@ -175,11 +175,6 @@ def local_shape(param: ParamLayout, shapes: Dict[str, Tuple[int, ...]], tp_size:
 # Megatron training layout (megatron-core 0.16.1 GPTModel, local spec)
 # --------------------------------------------------------------------------------------------
 
-def megatron_padded_vocab(vocab_size: int, tp_size: int) -> int:
-    multiple = MEGATRON_VOCAB_DIVISOR * tp_size
-    return -(-vocab_size // multiple) * multiple
-
-
 @dataclasses.dataclass(frozen=True)
 class TrainingLayout:
     """Megatron (p, t, d); global rank numbering follows parallel_state's default order
@@ -229,7 +224,7 @@ class TrainingLayout:
         if not 0 <= pp_rank < self.pp:
             raise LayoutError(f"pp rank: expected 0 <= rank < {self.pp}, found {pp_rank}")
         last = self.pp - 1
-        vocab = megatron_padded_vocab(config.vocab_size, self.tp)
+        vocab = padded_vocab_size(config.vocab_size, self.tp)
         per_stage = config.num_hidden_layers // self.pp
         out: List[ParamLayout] = []
         if pp_rank == 0:

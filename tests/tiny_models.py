@@ -1,0 +1,42 @@
+"""Tiny random HF checkpoints and left padding, shared by the Megatron, native-rollout and SGLang tests.
+
+Imported by name: pyproject's pytest `pythonpath` puts tests/ on sys.path; sglang_session.py (run
+under .venv-sglang) adds it itself.
+"""
+
+import torch
+
+# Qwen2: tied embeddings, qkv bias, vocab a multiple of 64 (no rollout padding).
+# Llama: untied lm_head, vocab 300 (padded to 320 in the rollout layout, to 512 in Megatron's at TP2).
+# Two KV heads: on CPU SGLang pads (not replicates) KV heads when tp > kv heads, see sglang_cpu.loader.
+MODELS = {
+    "qwen2": dict(model_type="qwen2", vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    "llama": dict(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
+}
+
+
+def save_tiny_model(kind: str, path: str, seed: int = 0) -> str:
+    """Write a random fp32 ``kind`` model (a key of MODELS) as an HF checkpoint at ``path``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(MODELS[kind])
+    model_type = cfg.pop("model_type")
+    # A wide init keeps the top logits apart, so greedy choices do not hinge on fp32 summation order.
+    config = AutoConfig.for_model(model_type, max_position_embeddings=128, initializer_range=0.2,
+                                  bos_token_id=None, eos_token_id=None, pad_token_id=0, **cfg)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    return path
+
+
+def left_pad(prompts, pad_id: int = 0):
+    """Token-id lists -> (input_ids, attention_mask), both [B, longest], padded on the left."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.int64)
+    mask = torch.zeros(len(prompts), width, dtype=torch.int64)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids, mask
