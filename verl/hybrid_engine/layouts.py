@@ -24,8 +24,6 @@ import dataclasses
 from typing import Dict, List, NamedTuple, Optional, Tuple, Union
 
 from verl.models.config import ModelConfig
-# Megatron pads the vocab to a multiple of make_vocab_size_divisible_by (128) times tp: the model
-# builder's rule is the layout's rule.
 from verl.models.mcore.model import padded_vocab_size
 
 
@@ -224,7 +222,7 @@ class TrainingLayout:
         if not 0 <= pp_rank < self.pp:
             raise LayoutError(f"pp rank: expected 0 <= rank < {self.pp}, found {pp_rank}")
         last = self.pp - 1
-        vocab = padded_vocab_size(config.vocab_size, self.tp)
+        vocab = padded_vocab_size(config.vocab_size, self.tp)  # the model builder's padding rule
         per_stage = config.num_hidden_layers // self.pp
         out: List[ParamLayout] = []
         if pp_rank == 0:
