@@ -12,9 +12,7 @@ engine start ~35 s, a second Megatron case ~8 s). TP2 pushes into SGLang are cov
 test_sglang_rollout.py, and the reshard's TP2 buffers by tests/distributed/test_rollout_after_train_step.py.
 """
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -29,13 +27,12 @@ from tiny_models import save_tiny_model  # noqa: E402
 from train_step_reshard import NEW_TOKENS, PROMPTS, train_step_job  # noqa: E402
 from verl.utils.local_ranks import run_ranks  # noqa: E402
 
-SESSION_SCRIPT = os.path.join(HERE, "sglang_session.py")
 ROLLOUT_TPS = (1,)
 PUSH_BUCKET_BYTES = 32 << 10  # several update_weights_from_tensor calls per push
 
 
 @pytest.fixture(scope="module")
-def outcome(sglang_python, tmp_path_factory):
+def outcome(run_sglang_session, tmp_path_factory):
     work = tmp_path_factory.mktemp("sglang-after-train-step")
     hf_dir = save_tiny_model("qwen2", str(work / "qwen2"), seed=3)
     cases = {f"rollout tp{t}": (hf_dir, 2, 1, t) for t in ROLLOUT_TPS}
@@ -51,13 +48,7 @@ def outcome(sglang_python, tmp_path_factory):
         torch.save(buffers, path)
         spec[name] = {"model_dir": hf_dir, "tp": rollout_tp, "prompts": PROMPTS, "new_tokens": NEW_TOKENS,
                       "push_buffers": str(path), "bucket_bytes": PUSH_BUCKET_BYTES, "max_total_tokens": 1024}
-    (work / "spec.json").write_text(json.dumps({"cases": spec}))
-    out = work / "out.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sglang_python, SESSION_SCRIPT, str(work / "spec.json"), str(out)],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=str(work))
-    assert proc.returncode == 0, f"SGLang session failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}"
-    return ranks, json.loads(out.read_text())
+    return ranks, run_sglang_session(spec, work, timeout_s=300)
 
 
 @pytest.mark.parametrize("rollout_tp", ROLLOUT_TPS)

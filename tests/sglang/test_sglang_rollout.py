@@ -6,9 +6,7 @@ checkpoint by the project's rollout-layout code, sent in small buckets so tensor
 boundaries), then greedy again without restarting the engine. HF generate is the oracle.
 """
 
-import json
 import os
-import subprocess
 
 import pytest
 import torch
@@ -17,8 +15,6 @@ from tiny_models import save_tiny_model
 from verl.hybrid_engine.rollout_layout import rollout_param_specs
 from verl.models.config import ModelConfig
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SESSION_SCRIPT = os.path.join(HERE, "sglang_session.py")
 NEW_TOKENS = 16
 PROMPTS = [[5, 17, 42, 99, 7], [250, 3, 3, 18, 77, 120, 64, 9, 31], list(range(40, 56))]
 LOGPROB_ATOL = 1e-4
@@ -46,7 +42,7 @@ def hf_greedy(model_dir: str):
 
 
 @pytest.fixture(scope="module")
-def sessions(sglang_python, tmp_path_factory):
+def sessions(run_sglang_session, tmp_path_factory):
     """Every case's SGLang session (one subprocess, engines one after another) and HF oracles."""
     work = tmp_path_factory.mktemp("sglang-sessions")
     cases, oracles = {}, {}
@@ -59,13 +55,7 @@ def sessions(sglang_python, tmp_path_factory):
             oracles[kind] = (hf_greedy(model_a), hf_greedy(model_b), ModelConfig.from_pretrained(model_a))
         cases[name] = {"model_dir": model_a, "push_model_dir": model_b, "tp": tp, "prompts": PROMPTS,
                        "new_tokens": NEW_TOKENS, "bucket_bytes": BUCKET_BYTES}
-    (work / "spec.json").write_text(json.dumps({"cases": cases}))
-    out = work / "out.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sglang_python, SESSION_SCRIPT, str(work / "spec.json"), str(out)],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=str(work))
-    assert proc.returncode == 0, f"SGLang session failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}"
-    results = json.loads(out.read_text())
+    results = run_sglang_session(cases, work, timeout_s=600)
     for kind, tp in CASES:
         r = results[f"{kind}-tp{tp}"]
         r["hf_a"], r["hf_b"], r["config"] = oracles[kind]
