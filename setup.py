@@ -11,13 +11,32 @@ from setuptools import find_packages, setup
 from torch.utils import cpp_extension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-CSRC = os.path.join("csrc")
-CPU_SOURCES = [
-    os.path.join(CSRC, "bindings.cpp"),
-    os.path.join(CSRC, "reshard", "validate.cpp"),
-    os.path.join(CSRC, "reshard", "reshard_cpu.cpp"),
-]
-CUDA_SOURCES = [os.path.join(CSRC, "reshard", "reshard_cuda.cu")]
+CSRC = "csrc"
+DEFAULT_CUDA_ARCHS = ("8.0", "9.0")  # A100, H100
+
+
+def _kernel_sources() -> list:
+    """csrc/sources.txt: the kernel sources shared with CMakeLists.txt."""
+    with open(os.path.join(ROOT, CSRC, "sources.txt"), encoding="utf-8") as fh:
+        return [line.strip() for line in fh if line.strip() and not line.startswith("#")]
+
+
+CPU_SOURCES = [os.path.join(CSRC, "bindings.cpp")] + [s for s in _kernel_sources() if not s.endswith(".cu")]
+CUDA_SOURCES = [s for s in _kernel_sources() if s.endswith(".cu")]
+
+
+def _cuda_arch_list() -> str:
+    """TORCH_CUDA_ARCH_LIST when set (torch's own convention); else the local GPU's arch plus sm_80 and
+    sm_90, so one build serves this node and the common cluster GPUs."""
+    import torch
+
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return os.environ["TORCH_CUDA_ARCH_LIST"]
+    archs = list(DEFAULT_CUDA_ARCHS)
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(0)
+        archs.append(f"{major}.{minor}")
+    return ";".join(sorted(set(archs), key=float))
 
 
 def _use_cuda() -> bool:
@@ -32,6 +51,8 @@ def _extension():
     cxx_flags = ["-O3", "-std=c++17", "-fopenmp"]
     include_dirs = [os.path.join(ROOT, CSRC)]
     if _use_cuda():
+        # torch's build reads TORCH_CUDA_ARCH_LIST to choose the -gencode flags.
+        os.environ["TORCH_CUDA_ARCH_LIST"] = _cuda_arch_list()
         return cpp_extension.CUDAExtension(
             "verl._C",
             CPU_SOURCES + CUDA_SOURCES,
@@ -39,8 +60,7 @@ def _extension():
             define_macros=[("VERL_WITH_CUDA", None)],
             extra_compile_args={
                 "cxx": cxx_flags,
-                "nvcc": ["-O3", "-std=c++17", "-gencode", "arch=compute_80,code=sm_80",
-                         "-gencode", "arch=compute_90,code=sm_90"],
+                "nvcc": ["-O3", "-std=c++17"],
             },
             extra_link_args=["-fopenmp"],
         )
@@ -51,6 +71,11 @@ def _extension():
         extra_compile_args={"cxx": cxx_flags},
         extra_link_args=["-fopenmp"],
     )
+
+
+def _requirements(name: str) -> list:
+    with open(os.path.join(ROOT, name), encoding="utf-8") as fh:
+        return [line.split("#")[0].strip() for line in fh if line.split("#")[0].strip()]
 
 
 def _version() -> str:
@@ -64,34 +89,16 @@ def _version() -> str:
 setup(
     name="verl-hpc",
     version=_version(),
-    description="HybridFlow (verl) RL post-training on Megatron-core, SGLang and Slurm, with an in-place compiled 3D-HybridEngine",
+    description=("HybridFlow (verl) RL post-training on Megatron-core, SGLang and Slurm, with an in-place compiled "
+                 "3D-HybridEngine"),
     python_requires=">=3.10",
     packages=find_packages(include=["verl", "verl.*", "launch", "launch.*"]),
     include_package_data=True,
-    install_requires=[
-        "torch>=2.6",
-        "megatron-core>=0.16.1",
-        "numpy",
-        "pybind11",
-        "ninja",
-        "mpi4py",
-        "safetensors",
-        "transformers",
-        "tokenizers",
-        "pyarrow",
-        "pandas",
-        "omegaconf",
-        "pyyaml",
-        "tensorboard",
-        "tqdm",
-        "rich",
-        "matplotlib",
-        "psutil",
-    ],
+    install_requires=_requirements("requirements.txt"),
     extras_require={
         # The CPU path of this project's machines and CI: the local CPU wheel of torch.
         "cpu": ["torch==2.13.0"],
-        "test": ["pytest", "pytest-benchmark", "hypothesis", "scipy"],
+        "test": _requirements("requirements-test.txt"),
         # SGLang is installed by tests/sglang/install_sglang_cpu.sh (--no-deps route on CPU);
         # on GPU clusters install `sglang` from its own instructions.
     },

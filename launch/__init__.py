@@ -1,12 +1,9 @@
-"""Launch: rank discovery, rendezvous and process start-up for verl-hpc.
+"""What users run to start verl-hpc: set-up and quickstart scripts and thin launch entry points.
 
-- `launch.env`: who am I? (`discover()` -> `DistEnv` from Slurm, Open MPI, torchrun or local)
-- `launch.bootstrap`: `init_distributed()` — rendezvous (mpi4py or env), torch.distributed, device, seed
-- `launch.spawn`: `spawn_local()` — N local ranks as subprocesses, fail-fast, signal forwarding
-- `launch.preemption`: `PreemptionHandler` — SIGUSR1/SIGTERM -> every rank stops at the same step
+- `bash launch/setup_env.sh`, `bash launch/quickstart.sh`: README commands
+- `python -m launch.quickstart`: the data -> SFT -> GRPO driver behind quickstart.sh
 - `python -m launch.selftest`: a tiny real distributed job used by the tests and the sbatch templates
+
+The machinery (rank discovery, rendezvous, spawning, preemption) lives in `verl.launcher`; this
+package imports only verl's public entry points.
 """
-
-from launch.env import DistEnv, LaunchError, discover, expand_nodelist
-
-__all__ = ["DistEnv", "LaunchError", "discover", "expand_nodelist"]

@@ -38,7 +38,8 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = "outputs/quickstart"
@@ -73,7 +74,7 @@ class Console:
         else:
             print(text, file=self.stream, flush=True)
 
-    def start(self, desc: str, total: Optional[int], initial: int = 0) -> None:
+    def start(self, desc: str, total: int | None, initial: int = 0) -> None:
         self._last_printed = initial
         if self.tty:
             from tqdm import tqdm
@@ -81,7 +82,7 @@ class Console:
             self._bar = tqdm(total=total, initial=initial, desc=desc, file=self.stream, dynamic_ncols=True,
                              leave=True, unit="step")
 
-    def update(self, done: int, total: Optional[int], postfix: str = "") -> None:
+    def update(self, done: int, total: int | None, postfix: str = "") -> None:
         if self._bar is not None:
             if total and self._bar.total != total:
                 self._bar.total = total
@@ -89,7 +90,8 @@ class Console:
             if postfix:
                 self._bar.set_postfix_str(postfix, refresh=False)
             self._bar.refresh()
-        elif total and done != self._last_printed and (done == total or done - self._last_printed >= max(1, total // 10)):
+        elif total and done != self._last_printed and (
+                done == total or done - self._last_printed >= max(1, total // 10)):
             self._last_printed = done
             print(f"  {done}/{total}" + (f" | {postfix}" if postfix else ""), file=self.stream, flush=True)
 
@@ -100,8 +102,8 @@ class Console:
 
 
 # --------------------------------------------------------------------------- running a stage
-def run_stage(console: Console, stage: str, cmd: Sequence[str], log_path: str, env: Dict[str, str],
-              total: Optional[int] = None, poll=None) -> None:
+def run_stage(console: Console, stage: str, cmd: Sequence[str], log_path: str, env: dict[str, str],
+              total: int | None = None, poll=None) -> None:
     """Run ``cmd``; its output goes to ``log_path``; progress comes from ``poll()`` -> (done, total, postfix)
     or, without it, from tqdm counters in the output. Ctrl-C is passed on and the child is waited for."""
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
@@ -160,12 +162,12 @@ def _record_path(out: str, stage: str) -> str:
     return os.path.join(out, STATE_DIR, f"{stage}.json")
 
 
-def _with_config_digests(cmd: Sequence[str]) -> List[str]:
+def _with_config_digests(cmd: Sequence[str]) -> list[str]:
     """The command plus the sha256 of each ``--config`` file: an edited config is a changed command."""
     import hashlib
 
     digests = []
-    for flag, value in zip(cmd, cmd[1:]):
+    for flag, value in zip(cmd, cmd[1:], strict=False):
         if flag == "--config" and os.path.isfile(value):
             with open(value, "rb") as fh:
                 digests.append(f"#sha256({value})={hashlib.sha256(fh.read()).hexdigest()}")
@@ -205,18 +207,18 @@ def clear_rl_outputs(out: str) -> None:
 
 
 # --------------------------------------------------------------------------- metrics
-def _read(path: str) -> List[Dict[str, Any]]:
+def _read(path: str) -> list[dict[str, Any]]:
     from verl.utils.tracking import read_metrics
 
     return read_metrics(path) if os.path.isfile(path) else []
 
 
-def _mean(records: Sequence[Dict[str, Any]], key: str) -> Optional[float]:
+def _mean(records: Sequence[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in records if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
     return sum(values) / len(values) if values else None
 
 
-def summarize(out: str, walls: Dict[str, float], resumed_from: int) -> Dict[str, Any]:
+def summarize(out: str, walls: dict[str, float], resumed_from: int) -> dict[str, Any]:
     rl = _read(os.path.join(out, "metrics.jsonl"))
     sft = _read(os.path.join(out, "sft", "metrics.jsonl"))
     val = [(r["step"], r["val/accuracy"]) for r in rl if "val/accuracy" in r]
@@ -245,13 +247,14 @@ def summarize(out: str, walls: Dict[str, float], resumed_from: int) -> Dict[str,
     return summary
 
 
-def format_summary(summary: Dict[str, Any], out: str, algo: str) -> str:
+def format_summary(summary: dict[str, Any], out: str, algo: str) -> str:
     def num(value, fmt):
         return "n/a" if value is None else format(value, fmt)
 
     walls = summary["wall_s"]
     gain = summary["val_accuracy_gain_points"]
     n = summary["val_num_samples"]
+    reshard_bytes = summary["reshard_bytes_per_step"]
     held_out = f"greedy, {int(n)} held-out" if n else "greedy, held-out"
     rows = [
         (f"val/accuracy after SFT  (RL step 0, {held_out})", num(summary["val_accuracy_after_sft"], ".3f")),
@@ -266,7 +269,7 @@ def format_summary(summary: Dict[str, Any], out: str, algo: str) -> str:
          " / ".join(num(summary[k], ".3f") for k in ("step_s", "gen_s_per_step", "update_actor_s_per_step"))),
         ("reshard per step (3D-HybridEngine, training -> rollout layout)",
          f"{num(None if summary['reshard_s_per_step'] is None else 1000 * summary['reshard_s_per_step'], '.1f')} ms, "
-         f"{num(None if summary['reshard_bytes_per_step'] is None else summary['reshard_bytes_per_step'] / 1024, '.0f')}"
+         f"{num(None if reshard_bytes is None else reshard_bytes / 1024, '.0f')}"
          f" KiB received/rank"),
         ("wall time (s): " + " + ".join(walls), " + ".join(f"{v:.0f}" for v in walls.values())
          + f" = {sum(walls.values()):.0f}"),
@@ -299,7 +302,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _child_env() -> Dict[str, str]:
+def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     # Two ranks share this machine's cores: one intra-op thread each (as torchrun does by default).
@@ -318,7 +321,7 @@ def _checkpointed_step(out: str) -> int:
         return int(fh.read().strip())
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     out = os.path.abspath(args.out)
     console = Console()
@@ -331,7 +334,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     py = sys.executable
     data_dir, sft_dir, logs = os.path.join(out, "data"), os.path.join(out, "sft"), os.path.join(out, "logs")
     algo = "PPO" if "ppo" in os.path.basename(args.config) else "GRPO"
-    walls: Dict[str, float] = {}
+    walls: dict[str, float] = {}
     total_start = time.perf_counter()
     try:
         # ---------------------------------------------------------------- data
@@ -412,7 +415,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         records = _read(metrics_path)
         png = plot_metrics(records, os.path.join(out, "metrics.png"),
-                           title=f"quickstart: SFT warm start -> {algo} on arithmetic ({os.path.basename(args.config)})")
+                           title=f"quickstart: SFT warm start -> {algo} on arithmetic "
+                                 f"({os.path.basename(args.config)})")
         walls["total"] = time.perf_counter() - total_start
         summary = summarize(out, {k: v for k, v in walls.items() if k != "total"}, resumed_from)
         summary["wall_s_total"] = walls["total"]

@@ -1,6 +1,6 @@
 """A tiny real distributed job: ``python -m launch.selftest`` under any launcher.
 
-It bootstraps through `launch.bootstrap`, all-reduces ``rank + 1`` and checks the sum, then prints
+It bootstraps through `verl.launcher.bootstrap`, all-reduces ``rank + 1`` and checks the sum, then prints
 one JSON line per rank: ``{"event": "hello", "rank", "world_size", "source", "backend", ...}``.
 
 Options exercise what a trainer needs from its launcher:
@@ -19,9 +19,9 @@ import os
 import sys
 import time
 
-from launch.bootstrap import destroy_distributed, init_distributed
-from launch.env import LaunchError
-from launch.preemption import PreemptionHandler
+from verl.launcher.bootstrap import destroy_distributed, init_distributed
+from verl.launcher.env import LaunchError
+from verl.launcher.preemption import PreemptionHandler
 
 STATE_FILE = "selftest_state.json"
 

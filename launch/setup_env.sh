@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up verl-hpc on a fresh Debian 12 machine (as root): system packages, .venv in the repository
 # root, the CPU torch wheel, the package with its compiled extension verl._C. Idempotent: a second
-# run only re-installs what changed (keyed by a hash of setup.py, pyproject.toml and csrc/).
+# run only re-installs what changed (keyed by a hash of setup.py, pyproject.toml, requirements*.txt and csrc/).
 #
 #   bash launch/setup_env.sh          # then: source .venv/bin/activate
 set -euo pipefail
@@ -35,7 +35,7 @@ fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 
 stamp=.venv/.verl-install-stamp
-want="$(cat setup.py pyproject.toml $(find csrc -type f | sort) | sha256sum | cut -d' ' -f1)"
+want="$(cat setup.py pyproject.toml requirements*.txt $(find csrc -type f | sort) | sha256sum | cut -d' ' -f1)"
 if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]] && .venv/bin/python -c "import torch, verl._C" 2>/dev/null; then
   log "verl-hpc already installed and built (.venv)"
   exit 0
@@ -43,7 +43,7 @@ fi
 
 log "installing build tools and torch==2.13.0 (CPU wheel)"
 "${PIP[@]}" install --upgrade pip setuptools wheel
-"${PIP[@]}" install torch==2.13.0 numpy pybind11 ninja
+"${PIP[@]}" install torch==2.13.0 numpy -r requirements-build.txt
 log "installing verl-hpc with its dependencies and building verl._C"
 "${PIP[@]}" install --no-build-isolation -e ".[cpu,test]"
 .venv/bin/python -c "import torch, verl._C" || { echo "setup: verl._C failed to build (see the pip log above)" >&2; exit 1; }

@@ -10,25 +10,28 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Dict, List, Optional, Tuple
 
 import verl
 
 # command -> (module with main(argv), one-line help). Nested groups map a sub-command name too.
-COMMANDS: Dict[str, Tuple[str, str]] = {
+COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("verl.trainer.main_ppo", "RL post-training (PPO, GRPO, RLOO, REINFORCE++) from a YAML config"),
     "sft": ("verl.trainer.sft_trainer", "supervised fine-tuning on the Megatron engine (the RL warm start)"),
     "eval": ("verl.trainer.evaluate", "greedy held-out accuracy of an HF checkpoint with the native engine"),
-    "generate": ("verl.workers.rollout.generate_cli", "generate from token-id prompts with the native, sglang or megatron engine"),
-    "convert": ("verl.models.mcore.convert", "convert weights: hf-to-mcore (any tp/pp) and mcore-to-hf"),
+    "generate": ("verl.trainer.main_generation",
+                 "generate from token-id prompts with the native, sglang or megatron engine"),
+    "convert": ("verl.engine.megatron.convert", "convert weights: hf-to-mcore (any tp/pp) and mcore-to-hf"),
     "plot": ("verl.utils.plotting", "plot reward / accuracy / KL / response length per step from a metrics.jsonl"),
-    "check-env": ("verl.utils.env_check", "report what this machine has for verl-hpc (exit 1 if a required part is missing)"),
+    "check-env": ("verl.utils.env_check",
+                  "report what this machine has for verl-hpc (exit 1 if a required part is missing)"),
 }
-GROUPS: Dict[str, Tuple[str, Dict[str, Tuple[str, str]]]] = {
+GROUPS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
     "bench": ("benchmarks that print ratios against baselines measured in the same run", {
         "kernels": ("verl.bench.kernels", "copy-program kernels vs memcpy and the naive per-segment path"),
-        "rollout": ("verl.bench.rollout", "rollout tokens/s: the native engine (and SGLang when installed) on one model"),
-        "reshard": ("verl.bench.reshard", "3D-HybridEngine reshard on N local ranks vs memcpy and the naive gather path"),
+        "rollout": ("verl.bench.rollout",
+                    "rollout tokens/s: the native engine (and SGLang when installed) on one model"),
+        "reshard": ("verl.bench.reshard",
+                    "3D-HybridEngine reshard on N local ranks vs memcpy and the naive gather path"),
     }),
     "data": ("prepare verl-format parquet datasets from local files", {
         "arithmetic": ("verl.utils.dataset.arithmetic", "generate the arithmetic quickstart task and its tokenizer"),
@@ -55,11 +58,11 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(module: str, argv: List[str]) -> int:
+def _run(module: str, argv: list[str]) -> int:
     return int(importlib.import_module(module).main(argv) or 0)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
     if not argv or argv[0] in ("-h", "--help", "--version"):

@@ -21,8 +21,9 @@ import copy
 import io
 import json
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -143,7 +144,7 @@ def _arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
         return False
     if a.dtype != object and b.dtype != object:
         return bool(np.array_equal(a, b))
-    return all(x is y or x == y for x, y in zip(a.ravel().tolist(), b.ravel().tolist()))
+    return all(x is y or x == y for x, y in zip(a.ravel().tolist(), b.ravel().tolist(), strict=False))
 
 
 @dataclass
@@ -191,17 +192,17 @@ class DataProto:
         tensors: dict[str, torch.Tensor] | None = None,
         non_tensors: dict[str, Any] | None = None,
         meta_info: dict | None = None,
-    ) -> "DataProto":
+    ) -> DataProto:
         return cls(batch=tensors, non_tensor_batch=non_tensors, meta_info=meta_info)
 
     @classmethod
-    def from_single_dict(cls, data: dict[str, Any], meta_info: dict | None = None) -> "DataProto":
+    def from_single_dict(cls, data: dict[str, Any], meta_info: dict | None = None) -> DataProto:
         """Split one dict into tensors (torch.Tensor values) and non-tensors (everything else)."""
         tensors = {k: v for k, v in data.items() if isinstance(v, torch.Tensor)}
         non_tensors = {k: v for k, v in data.items() if not isinstance(v, torch.Tensor)}
         return cls.from_dict(tensors, non_tensors, meta_info)
 
-    def _derive(self, batch: TensorBatch, non_tensor_batch: dict, meta_info: dict | None = None) -> "DataProto":
+    def _derive(self, batch: TensorBatch, non_tensor_batch: dict, meta_info: dict | None = None) -> DataProto:
         keys = set(batch) | set(non_tensor_batch)
         producers = {k: v for k, v in self.field_producers.items() if k in keys}
         return DataProto(batch, non_tensor_batch, self.meta_info if meta_info is None else meta_info, producers)
@@ -228,14 +229,14 @@ class DataProto:
             f"DataProto indices must be int, slice, list, numpy array or tensor, found {type(item).__name__}"
         )
 
-    def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> "DataProto":
+    def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> DataProto:
         """Rows start:end:step (tensors are views)."""
         s = slice(start, end, step)
         size = len(range(*s.indices(len(self))))
         batch = TensorBatch({k: v[s] for k, v in self.batch.items()}, batch_size=size)
         return self._derive(batch, {k: v[s] for k, v in self.non_tensor_batch.items()})
 
-    def select_idxs(self, idxs: Sequence[int] | np.ndarray | torch.Tensor) -> "DataProto":
+    def select_idxs(self, idxs: Sequence[int] | np.ndarray | torch.Tensor) -> DataProto:
         """Rows at integer indices, or where a boolean mask of length B is true."""
         index = torch.as_tensor(np.asarray(idxs) if isinstance(idxs, list) else idxs)
         if index.dtype == torch.bool:
@@ -258,7 +259,7 @@ class DataProto:
         non_tensor_batch_keys: Sequence[str] | None = None,
         meta_info_keys: Sequence[str] | None = None,
         deepcopy: bool = False,
-    ) -> "DataProto":
+    ) -> DataProto:
         """A DataProto with only the named keys (None keeps all keys of that kind)."""
 
         def pick(source: dict, keys, kind: str) -> dict:
@@ -283,7 +284,7 @@ class DataProto:
         batch_keys: Sequence[str] | None = None,
         non_tensor_batch_keys: Sequence[str] | None = None,
         meta_info_keys: Sequence[str] | None = None,
-    ) -> "DataProto":
+    ) -> DataProto:
         """Remove the named keys from self and return them as a new DataProto."""
         popped = self.select(batch_keys or [], non_tensor_batch_keys or [], meta_info_keys or [])
         for key in batch_keys or []:
@@ -297,7 +298,7 @@ class DataProto:
         return popped
 
     # ----------------------------------------------------------------- combination
-    def union(self, other: "DataProto") -> "DataProto":
+    def union(self, other: DataProto) -> DataProto:
         """Add ``other``'s fields to self (in place, returns self); shared keys must be equal."""
         if len(self) != len(other) and (self.batch or self.non_tensor_batch):
             raise DataProtoError(f"union: expected batch size {len(self)}, found {len(other)} in the other DataProto")
@@ -327,7 +328,7 @@ class DataProto:
         return self
 
     @staticmethod
-    def concat(data: Sequence["DataProto"]) -> "DataProto":
+    def concat(data: Sequence[DataProto]) -> DataProto:
         """Concatenate along the batch dim; all parts need the same keys. meta_info is the first's."""
         if not data:
             raise DataProtoError("concat: expected at least one DataProto, found an empty list")
@@ -347,13 +348,13 @@ class DataProto:
                 producers.setdefault(key, producer)
         return DataProto(batch, non_tensor, first.meta_info, producers)
 
-    def split(self, split_size: int) -> list["DataProto"]:
+    def split(self, split_size: int) -> list[DataProto]:
         """Consecutive pieces of ``split_size`` rows (the last may be smaller)."""
         if split_size <= 0:
             raise DataProtoError(f"split: expected a positive split_size, found {split_size}")
         return [self.slice(start, start + split_size) for start in range(0, len(self), split_size)]
 
-    def chunk(self, chunks: int) -> list["DataProto"]:
+    def chunk(self, chunks: int) -> list[DataProto]:
         """``chunks`` equal consecutive pieces; the batch size must be divisible by ``chunks``."""
         if chunks <= 0 or len(self) % chunks != 0:
             raise DataProtoError(
@@ -364,7 +365,7 @@ class DataProto:
             return [self.slice(0, 0) for _ in range(chunks)]
         return self.split(len(self) // chunks)
 
-    def repeat(self, repeat_times: int = 2, interleave: bool = True) -> "DataProto":
+    def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
         """Repeat every row; interleave gives [a, a, b, b], otherwise [a, b, a, b]."""
         if repeat_times < 1:
             raise DataProtoError(f"repeat: expected repeat_times >= 1, found {repeat_times}")
@@ -386,7 +387,7 @@ class DataProto:
         self.batch = reordered.batch
         self.non_tensor_batch = reordered.non_tensor_batch
 
-    def to(self, device: str | torch.device) -> "DataProto":
+    def to(self, device: str | torch.device) -> DataProto:
         """Move every tensor to ``device`` (in place, returns self)."""
         self.batch = TensorBatch({k: v.to(device) for k, v in self.batch.items()}, batch_size=len(self))
         return self
@@ -494,7 +495,7 @@ class DataProto:
         return buffer.getvalue()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "DataProto":
+    def from_bytes(cls, data: bytes) -> DataProto:
         payload = torch.load(io.BytesIO(data), weights_only=True)
         if not isinstance(payload, dict) or payload.get("format") != _WIRE_FORMAT:
             found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__

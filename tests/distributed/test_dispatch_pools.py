@@ -1,7 +1,7 @@
 """Worker groups on separate rank sets (resource pools): a DataProto produced on one pool reaches
 every rank's driver and feeds the next group on another pool, over gloo."""
 
-from verl.utils.local_ranks import run_ranks
+from verl.launcher.spawn import run_ranks
 
 
 def _pools_job():

@@ -1,4 +1,4 @@
-"""Local multi-rank launch: `launch.spawn` + `launch.selftest` on gloo over loopback.
+"""Local multi-rank launch: `verl.launcher.spawn` + `launch.selftest` on gloo over loopback.
 
 Every rank carries a unique token in its environment, so the tests can find the job's processes
 in /proc (to check their listening sockets, and that none is left behind).
@@ -54,7 +54,7 @@ def pids_with_token(tok):
 
 
 def spawn(tok, nproc, *args, **popen):
-    cmd = [sys.executable, "-m", "launch.spawn", "--nproc", str(nproc), "--", *SELFTEST, *args]
+    cmd = [sys.executable, "-m", "verl.launcher.spawn", "--nproc", str(nproc), "--", *SELFTEST, *args]
     return subprocess.Popen(cmd, cwd=REPO, env=job_env(tok), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **popen)
 
@@ -169,14 +169,14 @@ def test_preemption_checkpoints_and_resume_continues(token, tmp_path):
 
 
 def test_spawn_cli_rejects_bad_usage_with_exit_2():
-    proc = subprocess.run([sys.executable, "-m", "launch.spawn", "--nproc", "0", "--", "true"],
+    proc = subprocess.run([sys.executable, "-m", "verl.launcher.spawn", "--nproc", "0", "--", "true"],
                           cwd=REPO, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert "--nproc: expected >= 1, found 0" in proc.stderr
 
 
 def _free_port():
-    from launch.spawn import free_loopback_port
+    from verl.launcher.spawn import free_loopback_port
     return free_loopback_port()
 
 
@@ -188,7 +188,7 @@ def test_selftest_cli_rejects_steps_without_checkpoint_dir_with_exit_2():
 
 
 def test_preemption_handler_records_signal_and_restores_previous_handler():
-    from launch.preemption import PreemptionHandler
+    from verl.launcher.preemption import PreemptionHandler
 
     before = signal.getsignal(signal.SIGUSR1)
     with PreemptionHandler() as preempt:

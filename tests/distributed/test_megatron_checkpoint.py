@@ -10,7 +10,8 @@ pytest.importorskip("megatron.core")
 
 from test_megatron_tiny_models import RESPONSE, hf_model, model_config, padded_batch, save_hf  # noqa: E402
 from test_megatron_train import sft_loss  # noqa: E402
-from verl.utils.local_ranks import run_ranks  # noqa: E402
+
+from verl.launcher.spawn import run_ranks  # noqa: E402
 
 STEPS = 6
 
@@ -18,7 +19,7 @@ STEPS = 6
 def _full_logits(engine):
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
-    from verl.workers.megatron.padding import restore
+    from verl.engine.megatron.padding import restore
 
     def output_fn(logits, aligned_ids, shifts, micro_batch):
         return {"logits": restore(gather_from_tensor_model_parallel_region(logits), shifts)}
@@ -29,11 +30,11 @@ def _full_logits(engine):
 def _checkpoint_job(hf_dir, ckpt_root, batch):
     from megatron.core import parallel_state as mpu
 
+    from verl.engine.megatron.actor import MegatronActor
+    from verl.engine.megatron.checkpoint import load_checkpoint, save_checkpoint
+    from verl.engine.megatron.engine import MegatronEngine, OptimConfig
+    from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
-    from verl.workers.megatron.actor import MegatronActor
-    from verl.workers.megatron.checkpoint import load_checkpoint, save_checkpoint
-    from verl.workers.megatron.engine import MegatronEngine, OptimConfig
-    from verl.workers.megatron.parallel import destroy_megatron, initialize_megatron
 
     config = model_config(hf_dir)
     optim = OptimConfig(lr=3e-3, weight_decay=0.01, lr_warmup_steps=2, total_training_steps=STEPS,
@@ -96,7 +97,7 @@ def test_tp2_pp2_checkpoint_loads_at_tp1_pp1(checkpoint_run):
 
 
 def test_checkpoint_is_atomic_and_complete(checkpoint_run):
-    from verl.workers.megatron.checkpoint import MANIFEST, read_manifest
+    from verl.engine.megatron.checkpoint import MANIFEST, read_manifest
 
     root = checkpoint_run[0]
     assert sorted(os.listdir(root)) == ["tp2_dp2", "tp2_pp2"], "no staging directory may remain"
@@ -106,7 +107,7 @@ def test_checkpoint_is_atomic_and_complete(checkpoint_run):
 
 
 def test_missing_file_is_one_clear_error(checkpoint_run, tmp_path):
-    from verl.workers.megatron.checkpoint import CheckpointError, read_manifest
+    from verl.engine.megatron.checkpoint import CheckpointError, read_manifest
 
     broken = str(tmp_path / "broken")
     shutil.copytree(os.path.join(checkpoint_run[0], "tp2_pp2"), broken)

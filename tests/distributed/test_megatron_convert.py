@@ -9,7 +9,8 @@ import torch
 pytest.importorskip("megatron.core")
 
 from test_megatron_tiny_models import hf_model, save_hf  # noqa: E402
-from verl.models.mcore.convert import main  # noqa: E402
+
+from verl.engine.megatron.convert import main  # noqa: E402
 
 
 @pytest.fixture(scope="module")

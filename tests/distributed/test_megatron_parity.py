@@ -11,7 +11,8 @@ import torch
 pytest.importorskip("megatron.core")
 
 from test_megatron_tiny_models import RESPONSE, TINY_CONFIGS, hf_model, model_config, padded_batch, save_hf  # noqa: E402
-from verl.utils.local_ranks import run_ranks  # noqa: E402
+
+from verl.launcher.spawn import run_ranks  # noqa: E402
 
 LAYOUTS = ((1, 1), (2, 1), (1, 2), (2, 2))
 GREEDY_PROMPT, GREEDY_TOKENS = [5, 17, 42, 99], 6
@@ -21,8 +22,8 @@ def _full_vocab_outputs(engine):
     """output_fn: gathered full-vocab logits and the vocab-parallel actor outputs from one forward."""
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
-    from verl.workers.megatron.actor import token_log_probs
-    from verl.workers.megatron.padding import restore
+    from verl.engine.megatron.actor import token_log_probs
+    from verl.engine.megatron.padding import restore
 
     actor_outputs = token_log_probs(engine, compute_entropy=True)
 
@@ -36,11 +37,11 @@ def _full_vocab_outputs(engine):
 def _parity_job(hf_dirs, hf_logits, batch, hf_greedy):
     from megatron.core import parallel_state as mpu
 
+    from verl.engine.megatron.engine import MegatronEngine
+    from verl.engine.megatron.generate import greedy_generate
+    from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.hybrid_engine.layouts import training_param_specs
     from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
-    from verl.workers.megatron.engine import MegatronEngine
-    from verl.workers.megatron.generate import greedy_generate
-    from verl.workers.megatron.parallel import destroy_megatron, initialize_megatron
 
     mask = batch["attention_mask"].bool()
     response_mask = mask[:, -RESPONSE:]

@@ -40,7 +40,7 @@ def left_padded():
 
 def run_generate(model_dir, tmp_path, tp, *extra):
     output = tmp_path / f"tp{tp}.json"
-    cmd = [sys.executable, "-m", "verl.workers.rollout.generate_cli", "--engine", "native", "--model", model_dir,
+    cmd = [sys.executable, "-m", "verl.trainer.main_generation", "--engine", "native", "--model", model_dir,
            "--tp", str(tp), "--json", str(output), *extra]
     for prompt in PROMPTS:
         cmd += ["--input-ids", ",".join(map(str, prompt))]
@@ -88,7 +88,7 @@ def test_tp_sampling_ranks_agree_on_tokens_without_a_seed(tmp_path):
     result = run_generate(str(tmp_path / "model"), tmp_path, 2, "--temperature", str(temperature),
                           "--max-new-tokens", "10", "--n", "2")
     assert len(result["output_ids"]) == 2 * len(PROMPTS)
-    for row, (tokens, log_probs) in enumerate(zip(result["output_ids"], result["logprobs"])):
+    for row, (tokens, log_probs) in enumerate(zip(result["output_ids"], result["logprobs"], strict=False)):
         prompt = PROMPTS[row // 2]
         with torch.no_grad():
             logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]

@@ -19,7 +19,8 @@ import torch
 pytest.importorskip("megatron.core")
 
 from test_megatron_tiny_models import VOCAB, hf_model  # noqa: E402
-from verl.utils.local_ranks import run_ranks  # noqa: E402
+
+from verl.launcher.spawn import run_ranks  # noqa: E402
 
 TEMPERATURE = 0.7
 PROMPT, RESPONSE = 6, 5
@@ -68,18 +69,18 @@ def reference_rm_scores(model, batch):
 def _job(lm_dir, rm_a, rm_b, export_dir, batch):
     from omegaconf import OmegaConf
 
+    from verl.engine.megatron.actor import MegatronActor
+    from verl.engine.megatron.engine import MegatronEngine
+    from verl.engine.megatron.padding import restore
+    from verl.engine.megatron.parallel import initialize_megatron
+    from verl.engine.rollout.base import SamplingParams
+    from verl.engine.rollout.native.engine import NativeRollout
     from verl.models.config import ModelConfig
     from verl.models.hf_export import export_actor_hf
     from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
     from verl.protocol import DataProto
     from verl.single_controller import WorkerGroup
-    from verl.workers.megatron.actor import MegatronActor
-    from verl.workers.megatron.engine import MegatronEngine
-    from verl.workers.megatron.padding import restore
-    from verl.workers.megatron.parallel import initialize_megatron
     from verl.workers.reward_model_worker import RewardModelWorker
-    from verl.workers.rollout.base import SamplingParams
-    from verl.workers.rollout.native.engine import NativeRollout
 
     initialize_megatron(2, 1, seed=1)
     result = {}

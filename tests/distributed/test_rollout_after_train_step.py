@@ -4,7 +4,7 @@ engine (created once, before the step) generate exactly the Megatron engine's gr
 2 gloo ranks, fp32. Training layouts: Qwen2 (tied embeddings, qkv bias) at TP2, and Llama (untied,
 padded vocab) at TP1 x DP2; rollout TP 1 and 2 for each (TP1 x DP2 -> rollout TP2 has no
 zero-redundancy grouping: the all-to-all path). The Megatron engine's cache-free greedy
-(verl.workers.megatron.generate) is the oracle; the step must change at least one greedy choice.
+(verl.engine.megatron.generate) is the oracle; the step must change at least one greedy choice.
 """
 
 import pytest
@@ -13,7 +13,8 @@ pytest.importorskip("megatron.core")
 
 from tiny_models import save_tiny_model  # noqa: E402
 from train_step_reshard import train_step_job  # noqa: E402
-from verl.utils.local_ranks import run_ranks  # noqa: E402
+
+from verl.launcher.spawn import run_ranks  # noqa: E402
 
 CASES = {  # name -> (model, training tp, training pp, rollout tp)
     "qwen2 tp2 -> rollout tp1": ("qwen2", 2, 1, 1),

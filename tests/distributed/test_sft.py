@@ -10,9 +10,9 @@ import torch
 
 pytest.importorskip("megatron.core")
 
+from verl.launcher.spawn import run_ranks  # noqa: E402
 from verl.trainer import sft_trainer  # noqa: E402
 from verl.utils.dataset import arithmetic  # noqa: E402
-from verl.utils.local_ranks import run_ranks  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "sft_arith_tiny.yaml")
@@ -61,8 +61,8 @@ def _train_and_logits(cfg, train, val, out_root):
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
     from transformers import AutoTokenizer
 
-    from verl.workers.megatron.padding import restore
-    from verl.workers.megatron.parallel import destroy_megatron
+    from verl.engine.megatron.padding import restore
+    from verl.engine.megatron.parallel import destroy_megatron
 
     tokenizer = AutoTokenizer.from_pretrained(cfg["model"]["tokenizer_path"])
     batch = val.batch(torch.arange(8))
@@ -121,7 +121,7 @@ def test_malformed_config_exits_2_with_one_line_and_writes_nothing(arith_dir, tm
 def test_label_noise_relabels_the_configured_fraction_with_wrong_answers():
     pairs = [(f"{a}+1=", str(a + 1)) for a in range(10, 110)]
     noisy, count = sft_trainer.add_label_noise(pairs, 0.3, seed=7)
-    changed = [i for i, (old, new) in enumerate(zip(pairs, noisy)) if old != new]
+    changed = [i for i, (old, new) in enumerate(zip(pairs, noisy, strict=False)) if old != new]
     assert count == 30 and len(changed) == 30
     assert all(noisy[i][0] == pairs[i][0] for i in range(len(pairs)))  # prompts untouched
     assert noisy == sft_trainer.add_label_noise(pairs, 0.3, seed=7)[0]  # seeded

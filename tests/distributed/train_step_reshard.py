@@ -14,7 +14,6 @@ the :class:`HybridEngine` glue joining them, then:
 from __future__ import annotations
 
 import torch
-
 from tiny_models import left_pad
 
 PROMPTS = [[5, 17, 42, 99, 7], [250, 3, 3, 18, 77, 120, 64, 9, 31], list(range(40, 52))]
@@ -35,7 +34,7 @@ def nll_loss(outputs, micro_batch):
 
 
 def _native_greedy(rollout):
-    from verl.workers.rollout.base import SamplingParams
+    from verl.engine.rollout.base import SamplingParams
 
     ids, mask = left_pad(PROMPTS)
     out = rollout.generate(ids, mask, SamplingParams(temperature=0.0, response_length=NEW_TOKENS))
@@ -43,7 +42,7 @@ def _native_greedy(rollout):
 
 
 def _megatron_greedy(engine):
-    from verl.workers.megatron.generate import greedy_generate
+    from verl.engine.megatron.generate import greedy_generate
 
     return [greedy_generate(engine, prompt, NEW_TOKENS)[0] for prompt in PROMPTS]
 
@@ -64,13 +63,13 @@ def _run_case(hf_dir: str, training, rollout_tp: int) -> dict:
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
 
+    from verl.engine.megatron.actor import MegatronActor
+    from verl.engine.megatron.engine import MegatronEngine, OptimConfig
+    from verl.engine.rollout.native.engine import NativeRollout
     from verl.hybrid_engine.groups import derive_groups
     from verl.models.config import ModelConfig
     from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
     from verl.workers.actor_rollout_ref_worker import HybridEngine
-    from verl.workers.megatron.actor import MegatronActor
-    from verl.workers.megatron.engine import MegatronEngine, OptimConfig
-    from verl.workers.rollout.native.engine import NativeRollout
 
     config = ModelConfig.from_pretrained(hf_dir)
     engine = MegatronEngine(config, optim=OptimConfig(lr=LR, weight_decay=0.0, clip_grad=0.0))
@@ -106,8 +105,8 @@ def train_step_job(cases) -> dict:
     """``cases``: {name: (hf_dir, tp, pp, rollout_tp)}; cases sharing (tp, pp) should be adjacent."""
     import torch.distributed as dist
 
+    from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.hybrid_engine.layouts import TrainingLayout
-    from verl.workers.megatron.parallel import destroy_megatron, initialize_megatron
 
     results, layout = {}, None
     for name, (hf_dir, tp, pp, rollout_tp) in cases.items():

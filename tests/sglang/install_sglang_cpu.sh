@@ -12,7 +12,7 @@ PY="${PYTHON:-python3.11}"
 SGLANG_VERSION=0.5.23
 SGLANG_KERNEL_VERSION=0.4.10  # the sglang-kernel that sglang 0.5.23 pins
 REQS="$ROOT/tests/sglang/requirements-sglang-cpu.txt"
-CPU_DIR="$ROOT/verl/workers/rollout/sglang_cpu"
+CPU_DIR="$ROOT/verl/engine/rollout/sglang_cpu"
 STAMP="$VENV/.verl-sglang-cpu.stamp"
 
 # The stamp records what was installed; any change to these inputs reinstalls the changed parts.
@@ -56,6 +56,6 @@ PYEOF
 cp "$CPU_DIR/torchvision_op_shim.py" "$SITE/sitecustomize.py"
 
 # Prove the install: SGLang's engine and our loader import in a fresh process.
-"$VENV/bin/python" -c "import sglang, torchvision; from sglang.srt.entrypoints.engine import Engine; import verl.workers.rollout.sglang_cpu.loader"
+"$VENV/bin/python" -c "import sglang, torchvision; from sglang.srt.entrypoints.engine import Engine; import verl.engine.rollout.sglang_cpu.loader"
 echo "$want_stamp" > "$STAMP"
 echo "install_sglang_cpu: installed sglang==$SGLANG_VERSION (CPU route) into $VENV in $(( $(date +%s) - start )) s" >&2

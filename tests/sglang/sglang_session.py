@@ -25,9 +25,9 @@ from tiny_models import left_pad  # noqa: E402  (tests/, not a package)
 
 def rank_buffers(model_dir, config, tp, dtype):
     """Each rollout TP rank's flat buffer, filled from an HF checkpoint by the layout loader."""
+    from verl.engine.rollout.native.flat_params import FlatParams
+    from verl.engine.rollout.native.weights import load_hf_checkpoint
     from verl.hybrid_engine.rollout_layout import rollout_param_specs
-    from verl.workers.rollout.native.flat_params import FlatParams
-    from verl.workers.rollout.native.weights import load_hf_checkpoint
 
     buffers = []
     for rank in range(tp):
@@ -38,17 +38,17 @@ def rank_buffers(model_dir, config, tp, dtype):
 
 
 def greedy(rollout, ids, mask, new_tokens):
-    from verl.workers.rollout.base import SamplingParams
+    from verl.engine.rollout.base import SamplingParams
 
     out = rollout.generate(ids, mask, SamplingParams(temperature=0.0, response_length=new_tokens))
     lengths = out["response_mask"].sum(-1).tolist()
-    return {"ids": [r[:n] for r, n in zip(out["responses"].tolist(), lengths)],
-            "logprobs": [r[:n] for r, n in zip(out["rollout_log_probs"].tolist(), lengths)]}
+    return {"ids": [r[:n] for r, n in zip(out["responses"].tolist(), lengths, strict=False)],
+            "logprobs": [r[:n] for r, n in zip(out["rollout_log_probs"].tolist(), lengths, strict=False)]}
 
 
 def run_case(spec):
+    from verl.engine.rollout.sglang_rollout import SGLangRollout
     from verl.models.config import ModelConfig
-    from verl.workers.rollout.sglang_rollout import SGLangRollout
 
     config = ModelConfig.from_pretrained(spec["model_dir"])
     ids, mask = left_pad(spec["prompts"])

@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "distributed"))
 
 from tiny_models import save_tiny_model  # noqa: E402
 from train_step_reshard import NEW_TOKENS, PROMPTS, train_step_job  # noqa: E402
-from verl.utils.local_ranks import run_ranks  # noqa: E402
+
+from verl.launcher.spawn import run_ranks  # noqa: E402
 
 ROLLOUT_TPS = (1,)
 PUSH_BUCKET_BYTES = 32 << 10  # several update_weights_from_tensor calls per push

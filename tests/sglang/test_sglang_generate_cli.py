@@ -35,7 +35,7 @@ def model_dir(tmp_path_factory):
 
 
 def verl_generate(engine, model_dir, out, *extra, sglang_python=None, timeout=300):
-    cmd = [sys.executable, "-m", "verl.workers.rollout.generate_cli", "--engine", engine, "--model", model_dir,
+    cmd = [sys.executable, "-m", "verl.trainer.main_generation", "--engine", engine, "--model", model_dir,
            "--json", str(out), *extra]
     for prompt in PROMPTS:
         cmd += ["--input-ids", ",".join(map(str, prompt))]
@@ -54,8 +54,8 @@ def test_sglang_greedy_ids_equal_native_through_verl_generate(sglang_python, mod
         results[engine] = json.loads((tmp_path / f"{engine}.json").read_text())
     assert [len(row) for row in results["sglang"]["output_ids"]] == [NEW_TOKENS] * len(PROMPTS)
     assert results["sglang"]["output_ids"] == results["native"]["output_ids"]
-    diff = max(abs(a - b) for ra, rb in zip(results["sglang"]["logprobs"], results["native"]["logprobs"])
-               for a, b in zip(ra, rb))
+    diff = max(abs(a - b) for ra, rb in zip(results["sglang"]["logprobs"], results["native"]["logprobs"], strict=False)
+               for a, b in zip(ra, rb, strict=False))
     assert diff <= LOGPROB_ATOL
 
 

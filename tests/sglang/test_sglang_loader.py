@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from verl.hybrid_engine.rollout_layout import rollout_param_specs
-from verl.models.config import ModelConfig
-from verl.workers.rollout.sglang_cpu.loader import (
+from verl.engine.rollout.base import SamplingParams
+from verl.engine.rollout.sglang_cpu.loader import (
     RolloutBucketError,
     bucket_name,
     check_model_matches_layout,
@@ -13,8 +12,9 @@ from verl.workers.rollout.sglang_cpu.loader import (
     parse_bucket_name,
     spec_offsets,
 )
-from verl.workers.rollout.sglang_rollout import cpu_threads_bind, sglang_sampling_params
-from verl.workers.rollout.base import SamplingParams
+from verl.engine.rollout.sglang_rollout import cpu_threads_bind, sglang_sampling_params
+from verl.hybrid_engine.rollout_layout import rollout_param_specs
+from verl.models.config import ModelConfig
 
 CONFIG = ModelConfig.from_dict(dict(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=128,
                                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1))
@@ -75,7 +75,8 @@ def test_cpu_threads_bind_gives_each_rank_its_cores():
 
 def test_sampling_params_map_to_sglang_names():
     greedy = sglang_sampling_params(SamplingParams(temperature=0.7, do_sample=False, response_length=9))
-    assert (greedy["temperature"], greedy["top_k"], greedy["max_new_tokens"], greedy["ignore_eos"]) == (0.0, -1, 9, True)
+    got = (greedy["temperature"], greedy["top_k"], greedy["max_new_tokens"], greedy["ignore_eos"])
+    assert got == (0.0, -1, 9, True)
     sampled = sglang_sampling_params(SamplingParams(temperature=0.7, top_p=0.9, top_k=5, eos_token_id=2,
                                                     stop_token_ids=(7,)))
     assert sampled["stop_token_ids"] == [2, 7] and sampled["ignore_eos"] is False
@@ -85,7 +86,7 @@ def test_sampling_params_map_to_sglang_names():
 def test_sglang_cpu_head_padding_is_rejected_by_the_loader():
     from types import SimpleNamespace
 
-    from verl.workers.rollout.sglang_cpu.loader import check_no_head_padding
+    from verl.engine.rollout.sglang_cpu.loader import check_no_head_padding
 
     # What SGLang 0.5.23 leaves in model.config on CPU for 4 heads / 1 KV head at tp 2.
     padded = SimpleNamespace(num_attention_heads=8, num_key_value_heads=2, original_num_attention_heads=4,
@@ -96,7 +97,7 @@ def test_sglang_cpu_head_padding_is_rejected_by_the_loader():
 
 
 def test_sglang_rollout_refuses_cpu_tp_above_kv_heads_before_starting():
-    from verl.workers.rollout.sglang_rollout import SGLangRollout, SGLangRolloutError
+    from verl.engine.rollout.sglang_rollout import SGLangRollout, SGLangRolloutError
 
     with pytest.raises(SGLangRolloutError, match="tp=2 on CPU: expected a tp dividing num_key_value_heads=1"):
         SGLangRollout(CONFIG, "/nonexistent", tp_size=2, device="cpu")

@@ -10,8 +10,8 @@ import os
 
 import pytest
 import torch
-
 from tiny_models import save_tiny_model
+
 from verl.hybrid_engine.rollout_layout import rollout_param_specs
 from verl.models.config import ModelConfig
 
@@ -69,7 +69,7 @@ def session(request, sessions):
 
 
 def _max_logprob_diff(got, want):
-    return max(abs(g - w) for row_g, row_w in zip(got, want) for g, w in zip(row_g, row_w))
+    return max(abs(g - w) for row_g, row_w in zip(got, want, strict=False) for g, w in zip(row_g, row_w, strict=False))
 
 
 @pytest.mark.parametrize("session", CASE_NAMES, indirect=True)

@@ -36,7 +36,8 @@ QWEN2_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab
 # The tiny GRPO run, shortened: small batch, no validation, no periodic checkpoints (a preemption
 # still writes one), console log only. Quoted: the job's shell parses VERL_OVERRIDES.
 QUICK_OVERRIDES = ("data.train_batch_size=2 actor_rollout_ref.rollout.n=4"
-                   " actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"
+                   " actor_rollout_ref.actor.ppo_mini_batch_size=2"
+                   " actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"
                    " actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"
                    " actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"
                    " trainer.save_freq=-1 trainer.val_before_train=false"
@@ -357,7 +358,7 @@ def test_srun_pmix_bootstraps_through_mpi4py(slurm):
 
 def test_killed_rank_fails_the_job_within_60s(slurm):
     # The selftest, not the trainer: what ends the job is srun --kill-on-bad-exit and gloo's dead-peer
-    # error in launch.bootstrap's process group, the same for any command, and a rank that dies at
+    # error in verl.launcher.bootstrap's process group, the same for any command, and a rank that dies at
     # a chosen moment needs no trainer start-up (~40 s) inside the 60 s being measured.
     out = slurm.out_dir / "die.out"
     t0 = time.monotonic()

@@ -36,7 +36,8 @@ def test_check_env_all_required_present():
     buf = io.StringIO()
     assert env_check.check_env(buf) == 0
     text = buf.getvalue()
-    for name in ("python", "torch", "megatron-core", "verl._C (cpu)", "mpi4py", "slurm", "sglang", "apex", "nvcc", "gpus"):
+    for name in ("python", "torch", "megatron-core", "verl._C (cpu)", "mpi4py", "slurm", "sglang", "apex", "nvcc",
+                 "gpus"):
         assert any(line.split("]", 1)[1].strip().startswith(name) for line in text.splitlines()), name
     assert all(line[:3] in ("[✓]", "[!]", "[✗]") for line in text.splitlines())
 

@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from verl.protocol import DataProto
-from verl.single_controller import (Dispatch, DispatchInfo, MeshRank, Worker, WorkerGroup,
-                                    make_nd_compute_dataproto_dispatch_fn, register)
+from verl.single_controller import (
+    Dispatch,
+    DispatchInfo,
+    MeshRank,
+    Worker,
+    WorkerGroup,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
 from verl.single_controller.decorator import get_dispatch_spec, registered_methods, run_on_fake_world
 
 

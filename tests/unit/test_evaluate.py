@@ -70,7 +70,8 @@ def test_mismatched_lengths_raise_one_clear_error(truths, responses, message):
 def test_eval_set_reads_prompts_and_ground_truths_from_verl_parquet(arith_dir, tokenizer):
     eval_set = load_eval_set(os.path.join(arith_dir, "test.parquet"), tokenizer, n=4)
     assert len(eval_set) == 4 and eval_set.data_sources == ["arithmetic"] * 4
-    assert all(p.endswith("=") and _oracle(p) == t for p, t in zip(eval_set.prompts, eval_set.ground_truths))
+    pairs = zip(eval_set.prompts, eval_set.ground_truths, strict=True)
+    assert all(p.endswith("=") and _oracle(p) == t for p, t in pairs)
 
 
 class FakeRollout:
@@ -82,7 +83,7 @@ class FakeRollout:
     def generate(self, input_ids, attention_mask, params, pad_token_id=None):
         self.seen.append((input_ids.clone(), attention_mask.clone(), params))
         rows = []
-        for i, (ids, mask) in enumerate(zip(input_ids, attention_mask)):
+        for i, (ids, mask) in enumerate(zip(input_ids, attention_mask, strict=False)):
             prompt = self.tokenizer.decode(ids[mask.bool()].tolist())
             answer = str(int(_oracle(prompt)) + (1 if i in self.wrong_rows else 0))
             rows.append(self.tokenizer(answer, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id])

@@ -2,8 +2,16 @@
 
 import pytest
 
-from launch.env import (PORT_MAX, PORT_MIN, DistEnv, LaunchError, derive_port, discover,
-                        expand_nodelist, expand_tasks_per_node)
+from verl.launcher.env import (
+    PORT_MAX,
+    PORT_MIN,
+    DistEnv,
+    LaunchError,
+    derive_port,
+    discover,
+    expand_nodelist,
+    expand_tasks_per_node,
+)
 
 SLURM_2x2 = {
     "SLURM_JOB_ID": "4242", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",

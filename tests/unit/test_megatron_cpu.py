@@ -6,7 +6,7 @@ import torch
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU patches apply only without CUDA")
 
-from verl.utils.megatron_cpu import PATCHES, apply_cpu_patches, cpu_patch_reverted  # noqa: E402
+from verl.engine.megatron.cpu_patches import PATCHES, apply_cpu_patches, cpu_patch_reverted  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -27,7 +27,8 @@ def test_qwen2_always_has_qkv_bias_llama_only_when_configured():
 
 
 def test_head_dim_defaults_to_hidden_over_heads_and_kv_heads_to_heads():
-    cfg = ModelConfig.from_dict(dict(model_type="llama", **{k: v for k, v in _hf().items() if k != "num_key_value_heads"}))
+    hf = {k: v for k, v in _hf().items() if k != "num_key_value_heads"}
+    cfg = ModelConfig.from_dict(dict(model_type="llama", **hf))
     assert cfg.head_dim == 8 and cfg.num_key_value_heads == 4
 
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from verl.engine.rollout.base import RolloutInputError, SamplingParams
+from verl.engine.rollout.native.engine import NativeRollout
+from verl.engine.rollout.native.sampler import sample_tokens, truncation_mask
+from verl.engine.rollout.native.weights import CheckpointError
 from verl.models.config import ModelConfig
-from verl.workers.rollout.base import RolloutInputError, SamplingParams
-from verl.workers.rollout.native.engine import NativeRollout
-from verl.workers.rollout.native.sampler import sample_tokens, truncation_mask
-from verl.workers.rollout.native.weights import CheckpointError
 
 VOCAB = 320
 PAD = 0
@@ -371,7 +371,7 @@ def build_hf_tied_only(path, config):
 def test_generate_cli_writes_greedy_ids_and_logprobs_equal_to_hf_and_stops_at_model_eos(tmp_path):
     import json
 
-    from verl.workers.rollout.generate_cli import main
+    from verl.trainer.main_generation import main
 
     # Default theta: the CLI reads the config through ModelConfig, which takes `rope_theta` only.
     model, path, config = build_hf(tmp_path, "llama", kv_heads=2, tied=False)
@@ -381,13 +381,13 @@ def test_generate_cli_writes_greedy_ids_and_logprobs_equal_to_hf_and_stops_at_mo
     output = tmp_path / "out.json"
     argv = ["--engine", "native", "--model", path, "--tp", "1", "--max-new-tokens", "7", "--temperature", "0",
             "--json", str(output)]
-    for prompt, mask in zip(PROMPTS.tolist(), MASK.tolist()):
-        argv += ["--input-ids", ",".join(str(t) for t, m in zip(prompt, mask) if m)]
+    for prompt, mask in zip(PROMPTS.tolist(), MASK.tolist(), strict=False):
+        argv += ["--input-ids", ",".join(str(t) for t, m in zip(prompt, mask, strict=False) if m)]
     assert main(argv) == 0
     result = json.loads(output.read_text())
     hf_ids, hf_log_probs = hf_greedy(model, 7, eos=eos)
     assert len(result["output_ids"][0]) == 4 and result["output_ids"][0][-1] == eos
-    for row, (ids, log_probs) in enumerate(zip(result["output_ids"], result["logprobs"])):
+    for row, (ids, log_probs) in enumerate(zip(result["output_ids"], result["logprobs"], strict=False)):
         assert ids == hf_ids[row, :len(ids)].tolist()
         assert (torch.tensor(log_probs) - hf_log_probs[row, :len(ids)]).abs().max() < 1e-4
         assert len(ids) == 7 or ids[-1] == eos
@@ -402,7 +402,7 @@ def test_generate_cli_writes_greedy_ids_and_logprobs_equal_to_hf_and_stops_at_mo
     (["--input-ids", "1", "--tp"], "argument --tp: expected one argument"),
 ])
 def test_generate_cli_bad_input_is_one_line_and_exit_2(qwen, capsys, args, message):
-    from verl.workers.rollout.generate_cli import main
+    from verl.trainer.main_generation import main
 
     model, path, config = qwen
     assert main(["--model", path, *args]) == 2

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 from verl.protocol import DataProto
 from verl.utils.dataset import arithmetic, gsm8k
 from verl.utils.dataset.errors import DatasetError
-from verl.utils.dataset.rl_dataset import RLHFDataset, ResumableSampler, collate_fn, create_rl_sampler
+from verl.utils.dataset.rl_dataset import ResumableSampler, RLHFDataset, collate_fn, create_rl_sampler
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,7 @@ def test_sampler_resume_matches_uninterrupted_run(tokenizer, data_dir):
     config = {"shuffle": True, "seed": 5}
 
     def uids(batch):
-        return [r["ground_truth"] + str(i) for r, i in zip(batch["reward_model"], batch["index"])]
+        return [r["ground_truth"] + str(i) for r, i in zip(batch["reward_model"], batch["index"], strict=False)]
 
     reference = []
     sampler = create_rl_sampler(config, ds)

@@ -28,7 +28,7 @@ def test_drop_carry_noise_relabels_that_fraction_of_the_carry_problems_only():
     pairs = [(f"{a}+{b}=", str(a + b)) for a in range(10, 30) for b in range(10, 30)]
     carry = [i for i, (p, _) in enumerate(pairs) if drop_carry_answer(p) is not None]
     noisy, count = add_drop_carry_noise(pairs, 0.5, seed=3)
-    changed = [i for i, (old, new) in enumerate(zip(pairs, noisy)) if old != new]
+    changed = [i for i, (old, new) in enumerate(zip(pairs, noisy, strict=False)) if old != new]
     assert count == round(0.5 * len(carry)) == len(changed) and set(changed) <= set(carry)
     assert all(noisy[i] == (pairs[i][0], drop_carry_answer(pairs[i][0])) for i in changed)
     assert all(int(noisy[i][1]) == int(pairs[i][1]) - 10 for i in changed)

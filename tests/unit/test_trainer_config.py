@@ -31,7 +31,7 @@ def no_ranks(monkeypatch):
     spawned = []
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr("launch.spawn.spawn_local", lambda nproc, argv: spawned.append((nproc, argv)) or 0)
+    monkeypatch.setattr("verl.launcher.spawn.spawn_local", lambda nproc, argv: spawned.append((nproc, argv)) or 0)
 
     def run_rank(config, dry_run):
         raise AssertionError("a rank was started")

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import sys
 import time
-from typing import Callable, Dict, List, Tuple
+from collections.abc import Callable
 
 import torch
 
@@ -153,7 +153,7 @@ def _small_tensors_bucket(elems: int, hidden: int = 1024, heads: int = 16, kv_he
     return layers * per_layer, layers * per_layer, segs
 
 
-CASE_GENERATORS: Dict[str, Callable[[int], Tuple[int, int, list]]] = {
+CASE_GENERATORS: dict[str, Callable[[int], tuple[int, int, list]]] = {
     "qkv_regroup": _qkv_regroup,
     "gate_up_split": _gate_up_split,
     "row_parallel_interleave": _row_parallel_interleave,
@@ -213,7 +213,7 @@ def time_case(case: KernelCase, dtype: torch.dtype = torch.float32, repeats: int
     }
 
 
-def run_all(sizes_mb=DEFAULT_SIZES_MB, kinds=tuple(CASE_GENERATORS), repeats: int = 5, progress=None) -> List[dict]:
+def run_all(sizes_mb=DEFAULT_SIZES_MB, kinds=tuple(CASE_GENERATORS), repeats: int = 5, progress=None) -> list[dict]:
     results = []
     for size in sizes_mb:
         for kind in kinds:
@@ -226,8 +226,9 @@ def run_all(sizes_mb=DEFAULT_SIZES_MB, kinds=tuple(CASE_GENERATORS), repeats: in
     return results
 
 
-def format_table(results: List[dict]) -> str:
-    header = f"{'case':34s} {'segments':>8s} {'MB':>8s} {'ms':>9s} {'memcpy ms':>9s} {'naive ms':>9s} {'vs memcpy':>9s} {'vs naive':>9s}"
+def format_table(results: list[dict]) -> str:
+    header = (f"{'case':34s} {'segments':>8s} {'MB':>8s} {'ms':>9s} {'memcpy ms':>9s} {'naive ms':>9s} "
+              f"{'vs memcpy':>9s} {'vs naive':>9s}")
     lines = [header, "-" * len(header)]
     for r in results:
         lines.append(

@@ -21,20 +21,19 @@ import math
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
+from verl.hybrid_engine.planner import DEFAULT_BUCKET_BYTES
 from verl.models.config import ModelConfig, ModelConfigError
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
+from verl.utils.torch_dtypes import DTYPES
 
 # ------------------------------------------------------------------------------------------------
 # Pure-torch reference (oracle)
 # ------------------------------------------------------------------------------------------------
 
-def random_hf_weights(config: ModelConfig, seed: int, dtype: torch.dtype = torch.float32) -> Dict[str, torch.Tensor]:
+def random_hf_weights(config: ModelConfig, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """A full HF-style (unfused) weight set, identical on every rank for the same seed."""
     gen = torch.Generator().manual_seed(seed)
     h, inter, hd = config.hidden_size, config.intermediate_size, config.head_dim
@@ -69,13 +68,13 @@ def _pad_rows(table: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([table, table.new_zeros(rows - table.shape[0], *table.shape[1:])])
 
 
-def megatron_shard(hf: Dict[str, torch.Tensor], config: ModelConfig, tp: int, pp: int, tp_rank: int,
-                   pp_rank: int) -> Dict[str, torch.Tensor]:
+def megatron_shard(hf: dict[str, torch.Tensor], config: ModelConfig, tp: int, pp: int, tp_rank: int,
+                   pp_rank: int) -> dict[str, torch.Tensor]:
     """Megatron GPTModel (local spec) state dict of (pp_rank, tp_rank), built from full HF weights."""
     ng, hd = config.num_key_value_heads, config.head_dim
     vm = -(-config.vocab_size // (128 * tp)) * 128 * tp
     per_stage = config.num_hidden_layers // pp
-    out: Dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {}
 
     def vocab_shard(table):
         return _pad_rows(table, vm).chunk(tp)[tp_rank].clone()
@@ -94,7 +93,8 @@ def megatron_shard(hf: Dict[str, torch.Tensor], config: ModelConfig, tp: int, pp
         layer = {n[len(f"model.layers.{i}."):]: t for n, t in hf.items() if n.startswith(f"model.layers.{i}.")}
         m = f"decoder.layers.{k}."
         out[m + "input_layernorm.weight"] = layer["input_layernorm.weight"].clone()
-        out[m + "self_attention.linear_proj.weight"] = layer["self_attn.o_proj.weight"].chunk(tp, dim=1)[tp_rank].clone()
+        proj = layer["self_attn.o_proj.weight"].chunk(tp, dim=1)[tp_rank]
+        out[m + "self_attention.linear_proj.weight"] = proj.clone()
         out[m + "self_attention.linear_qkv.weight"] = qkv(layer, "weight")
         if config.attention_bias:
             out[m + "self_attention.linear_qkv.bias"] = qkv(layer, "bias")
@@ -111,7 +111,7 @@ def megatron_shard(hf: Dict[str, torch.Tensor], config: ModelConfig, tp: int, pp
     return out
 
 
-def sglang_shard(hf: Dict[str, torch.Tensor], config: ModelConfig, tp: int, tp_rank: int) -> Dict[str, torch.Tensor]:
+def sglang_shard(hf: dict[str, torch.Tensor], config: ModelConfig, tp: int, tp_rank: int) -> dict[str, torch.Tensor]:
     """SGLang per-rank parameters of rollout rank ``tp_rank`` of ``tp``, built from full HF weights."""
     ng, hd = config.num_key_value_heads, config.head_dim
     vp = -(-config.vocab_size // 64) * 64
@@ -146,10 +146,10 @@ def sglang_shard(hf: Dict[str, torch.Tensor], config: ModelConfig, tp: int, tp_r
 # Local gloo ranks
 # ------------------------------------------------------------------------------------------------
 
-def spawn_gloo_ranks(fn, nproc: int, args: tuple = (), timeout_s: float = 120.0) -> List:
+def spawn_gloo_ranks(fn, nproc: int, args: tuple = (), timeout_s: float = 120.0) -> list:
     """Run ``fn(rank, nproc, *args)`` on ``nproc`` local gloo ranks, one thread each; the first rank
     failure, or the timeout, ends every rank and raises."""
-    from verl.utils.local_ranks import run_ranks_with_rank
+    from verl.launcher.spawn import run_ranks_with_rank
 
     return run_ranks_with_rank(fn, nproc, *args, timeout_s=timeout_s, threads_per_rank=1)
 
@@ -159,7 +159,7 @@ def spawn_gloo_ranks(fn, nproc: int, args: tuple = (), timeout_s: float = 120.0)
 # ------------------------------------------------------------------------------------------------
 
 def _naive_full_to_hf(name: str, full: torch.Tensor, config: ModelConfig, tp: int, pp_rank: int,
-                      per_stage: int) -> Dict[str, torch.Tensor]:
+                      per_stage: int) -> dict[str, torch.Tensor]:
     """HF tensors from one all-gathered Megatron tensor (the rename/split table)."""
     v, ng, hd = config.vocab_size, config.num_key_value_heads, config.head_dim
     if name == "embedding.word_embeddings.weight":
@@ -188,7 +188,8 @@ def _naive_full_to_hf(name: str, full: torch.Tensor, config: ModelConfig, tp: in
     return {p + rename[rest]: full}
 
 
-def sglang_shard_partial(hf: Dict[str, torch.Tensor], config: ModelConfig, tp: int, tp_rank: int) -> Dict[str, torch.Tensor]:
+def sglang_shard_partial(hf: dict[str, torch.Tensor], config: ModelConfig, tp: int,
+                         tp_rank: int) -> dict[str, torch.Tensor]:
     """The rollout-rank slices of whichever HF tensors are given, keyed 'rollout name:row offset'."""
     ng, hd = config.num_key_value_heads, config.head_dim
     vp = -(-config.vocab_size // 64) * 64
@@ -220,10 +221,11 @@ def sglang_shard_partial(hf: Dict[str, torch.Tensor], config: ModelConfig, tp: i
     return out
 
 
-def naive_reshard(rank: int, config: ModelConfig, training, rollout_tp: int, train: Dict[str, torch.Tensor],
-                  rollout_params: Dict[str, torch.Tensor], tp_groups: Dict, pp_groups: Dict) -> None:
+def naive_reshard(rank: int, config: ModelConfig, training, rollout_tp: int, train: dict[str, torch.Tensor],
+                  rollout_params: dict[str, torch.Tensor], tp_groups: dict, pp_groups: dict) -> None:
     """Per-tensor TP all-gather + PP broadcast to full size -> HF rename/split -> narrow/copy."""
     import torch.distributed as dist
+
     from verl.hybrid_engine.groups import derive_groups
     from verl.hybrid_engine.layouts import training_param_specs
 
@@ -274,7 +276,7 @@ def _timed(fn, repeats: int) -> float:
     return best
 
 
-def build_training_buffer(config: ModelConfig, training, rank: int, hf: Dict[str, torch.Tensor], dtype: torch.dtype):
+def build_training_buffer(config: ModelConfig, training, rank: int, hf: dict[str, torch.Tensor], dtype: torch.dtype):
     """(flat buffer, offsets, views) of this rank's Megatron shard, in training_param_specs order."""
     from verl.hybrid_engine.executor import flat_offsets
     from verl.hybrid_engine.layouts import training_param_specs
@@ -298,6 +300,7 @@ def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int
                  bucket_bytes: int, seed: int, repeats: int, with_naive: bool) -> dict:
     """Reshard on this rank, verify bit-exactly against the reference, and time all three paths."""
     import torch.distributed as dist
+
     from verl.hybrid_engine.executor import ReshardExecutor, ReshardProcessGroups
     from verl.hybrid_engine.groups import derive_groups
     from verl.hybrid_engine.layouts import TrainingLayout
@@ -335,7 +338,7 @@ def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int
                      for d in range(training.dp) for r in range(training.tp)}
         naive_flat = torch.zeros(executor.rollout_numel, dtype=dtype)
         naive_params = {n: naive_flat[o:o + t.numel()].view(t.shape)
-                        for (n, o), t in zip(executor.rollout_offsets.items(), got.values())}
+                        for (n, o), t in zip(executor.rollout_offsets.items(), got.values(), strict=False)}
 
         def naive():
             naive_reshard(rank, config, training, rollout_tp, train_views, naive_params, tp_groups, pp_groups)
@@ -354,7 +357,7 @@ def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int
 # CLI
 # ------------------------------------------------------------------------------------------------
 
-def _parse_sizes(text: str, keys: Sequence[str], what: str) -> Dict[str, int]:
+def _parse_sizes(text: str, keys: Sequence[str], what: str) -> dict[str, int]:
     sizes = {k: 1 for k in keys}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
@@ -372,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, required=True, help="local gloo ranks to spawn (= tp*pp*dp)")
     p.add_argument("--json", help="write the result here")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
-    p.add_argument("--bucket-bytes", type=int, default=64 << 20)
+    p.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES)
     p.add_argument("--repeats", type=int, default=3, help="timings are best of this many")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-naive", action="store_true", help="skip timing the naive path")
@@ -380,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from verl.hybrid_engine.layouts import LayoutError, TrainingLayout, hf_tensor_shapes
     from verl.hybrid_engine.planner import plan_reshard

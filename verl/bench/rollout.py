@@ -19,11 +19,10 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import List
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from verl.utils.torch_dtypes import DTYPES
 
 
 def checkpoint_dir(model: str, workdir: str, seed: int, dtype: str) -> str:
@@ -42,7 +41,7 @@ def random_prompts(vocab_size: int, batch: int, prompt_len: int, seed: int) -> t
     return torch.randint(0, vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
 
 
-def _summary(seconds: List[float], tokens: int, cpu_seconds: List[float] | None = None) -> dict:
+def _summary(seconds: list[float], tokens: int, cpu_seconds: list[float] | None = None) -> dict:
     median = statistics.median(seconds)
     summary = {"tokens_per_s": tokens / median, "median_s": median, "seconds": seconds, "new_tokens": tokens}
     if cpu_seconds:  # CPU time of this process: the figure to trust on a machine shared with others
@@ -52,9 +51,9 @@ def _summary(seconds: List[float], tokens: int, cpu_seconds: List[float] | None 
 
 def bench_native(model_dir: str, prompts: torch.Tensor, new_tokens: int, dtype: str, temperature: float,
                  repeats: int, seed: int) -> dict:
+    from verl.engine.rollout.base import SamplingParams
+    from verl.engine.rollout.native.engine import NativeRollout
     from verl.models.config import ModelConfig
-    from verl.workers.rollout.base import SamplingParams
-    from verl.workers.rollout.native.engine import NativeRollout
 
     engine = NativeRollout(ModelConfig.from_pretrained(model_dir), dtype=DTYPES[dtype])
     engine.load_hf_checkpoint(model_dir)
@@ -75,11 +74,12 @@ def bench_native(model_dir: str, prompts: torch.Tensor, new_tokens: int, dtype: 
 def bench_sglang(model_dir: str, prompts: torch.Tensor, new_tokens: int, dtype: str, temperature: float,
                  repeats: int, seed: int) -> dict:
     """SGLang's engine on the same checkpoint and prompts, through the project's SGLang rollout
-    (in the SGLang environment when it is not this one: see verl.workers.rollout.sglang_bench).
+    (in the SGLang environment when it is not this one: see verl.bench.sglang_rollout).
 
     Returns ``{"skipped": reason}`` when no SGLang environment exists on this machine.
     """
-    from verl.workers.rollout.sglang_bench import bench_sglang as measure, sglang_available
+    from verl.bench.sglang_rollout import bench_sglang as measure
+    from verl.bench.sglang_rollout import sglang_available
 
     if not sglang_available():
         return {"skipped": "sglang is not installed here (bash tests/sglang/install_sglang_cpu.sh installs it on CPU)"}

@@ -1,6 +1,6 @@
 """SGLang rollout tokens/s on one model and prompt set, for `verl bench rollout` and by hand.
 
-    python -m verl.workers.rollout.sglang_bench --model HF_DIR --batch 8 --prompt-len 128 \\
+    python -m verl.bench.sglang_rollout --model HF_DIR --batch 8 --prompt-len 128 \\
         --new-tokens 128 [--tp 1] [--dtype float32] [--json PATH]
 
 :func:`bench_sglang` measures through :class:`SGLangRollout` (the engine the trainer uses): every
@@ -21,13 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional, Sequence, Union
+from collections.abc import Sequence
 
 import torch
 
-from verl.workers.rollout.sglang_rollout import REPO, kv_pool_tokens, sglang_importable, sglang_python
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from verl.engine.rollout.sglang_rollout import REPO, kv_pool_tokens, sglang_importable, sglang_python
+from verl.utils.torch_dtypes import DTYPES
 
 
 class SGLangBenchError(RuntimeError):
@@ -39,7 +38,7 @@ def sglang_available() -> bool:
     return sglang_importable() or os.path.exists(sglang_python())
 
 
-def bench_sglang(model_dir: str, prompts: Union[torch.Tensor, Sequence[Sequence[int]]], new_tokens: int,
+def bench_sglang(model_dir: str, prompts: torch.Tensor | Sequence[Sequence[int]], new_tokens: int,
                  dtype: str = "float32", temperature: float = 1.0, repeats: int = 3, seed: int = 0,
                  tp_size: int = 1) -> dict:
     """SGLang tokens/s generating ``new_tokens`` after each of ``prompts`` (equal-length rows).
@@ -65,7 +64,7 @@ def bench_sglang(model_dir: str, prompts: Union[torch.Tensor, Sequence[Sequence[
         with open(request, "w", encoding="utf-8") as fh:
             json.dump({"model_dir": model_dir, "prompts": prompts, "new_tokens": new_tokens, "dtype": dtype,
                        "temperature": temperature, "repeats": repeats, "seed": seed, "tp_size": tp_size}, fh)
-        proc = subprocess.run([python, "-m", "verl.workers.rollout.sglang_bench", "--request", request,
+        proc = subprocess.run([python, "-m", "verl.bench.sglang_rollout", "--request", request,
                                "--json", result], capture_output=True, text=True, cwd=REPO)
         if proc.returncode != 0:
             raise SGLangBenchError(f"sglang bench subprocess failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -73,11 +72,11 @@ def bench_sglang(model_dir: str, prompts: Union[torch.Tensor, Sequence[Sequence[
             return json.load(fh)
 
 
-def _bench_in_process(model_dir: str, prompts: List[List[int]], new_tokens: int, dtype: str, temperature: float,
+def _bench_in_process(model_dir: str, prompts: list[list[int]], new_tokens: int, dtype: str, temperature: float,
                       repeats: int, seed: int, tp_size: int) -> dict:
+    from verl.engine.rollout.base import SamplingParams
+    from verl.engine.rollout.sglang_rollout import SGLangRollout
     from verl.models.config import ModelConfig
-    from verl.workers.rollout.base import SamplingParams
-    from verl.workers.rollout.sglang_rollout import SGLangRollout
 
     ids = torch.tensor(prompts, dtype=torch.int64)
     mask = torch.ones_like(ids)
@@ -115,8 +114,8 @@ TINY_QWEN2 = dict(model_type="qwen2", vocab_size=320, hidden_size=64, intermedia
                   bos_token_id=None, eos_token_id=None)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m verl.workers.rollout.sglang_bench",
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m verl.bench.sglang_rollout",
                                      description="SGLang rollout tokens/s (see module doc)")
     parser.add_argument("--model", help="HF checkpoint dir; default: random tiny Qwen2 (hidden 64, 2 layers, "
                                         "4 heads / 2 KV heads, vocab 320)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -30,7 +30,7 @@ class ReshardBindError(ValueError):
     """A plan that does not match the buffers it is bound to."""
 
 
-def flat_offsets(specs: Iterable[Tuple[str, Sequence[int]]]) -> Tuple[Dict[str, int], int]:
+def flat_offsets(specs: Iterable[tuple[str, Sequence[int]]]) -> tuple[dict[str, int], int]:
     """Element offset of each (name, shape) laid out back to back, and the total size."""
     offsets, total = {}, 0
     for name, shape in specs:
@@ -42,7 +42,7 @@ def flat_offsets(specs: Iterable[Tuple[str, Sequence[int]]]) -> Tuple[Dict[str, 
     return offsets, total
 
 
-def offsets_from_views(flat: torch.Tensor, params: Mapping[str, torch.Tensor]) -> Dict[str, int]:
+def offsets_from_views(flat: torch.Tensor, params: Mapping[str, torch.Tensor]) -> dict[str, int]:
     """Offsets of parameters that are contiguous views of ``flat`` (e.g. Megatron's param buffer)."""
     base, size = flat.data_ptr(), flat.element_size()
     out = {}
@@ -50,7 +50,8 @@ def offsets_from_views(flat: torch.Tensor, params: Mapping[str, torch.Tensor]) -
         delta = t.data_ptr() - base
         if t.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr() or not t.is_contiguous() \
                 or delta % size or not 0 <= delta // size <= flat.numel() - t.numel():
-            raise ReshardBindError(f"{name}: expected a contiguous view of the flat training buffer, found a separate tensor")
+            raise ReshardBindError(f"{name}: expected a contiguous view of the flat training buffer, "
+                                   "found a separate tensor")
         out[name] = delta // size
     return out
 
@@ -62,15 +63,16 @@ class _BoundBucket:
     unpack: torch.Tensor
 
 
-def _program(segments: Sequence[Segment], src_offsets: Optional[Mapping[str, int]],
-             dst_offsets: Optional[Mapping[str, int]], src_numel: int, dst_numel: int, what: str) -> torch.Tensor:
+def _program(segments: Sequence[Segment], src_offsets: Mapping[str, int] | None,
+             dst_offsets: Mapping[str, int] | None, src_numel: int, dst_numel: int, what: str) -> torch.Tensor:
     rows = []
     for seg in segments:
         try:
             src = seg.src_offset + (src_offsets[seg.src_param] if seg.src_param is not None else 0)
             dst = seg.dst_offset + (dst_offsets[seg.dst_param] if seg.dst_param is not None else 0)
         except KeyError as exc:
-            raise ReshardBindError(f"{what}: plan names parameter {exc.args[0]!r}, not found in the bound buffer") from None
+            raise ReshardBindError(f"{what}: plan names parameter {exc.args[0]!r}, "
+                                   "not found in the bound buffer") from None
         rows.append((src, dst, seg.rows, seg.row_elems, seg.src_stride, seg.dst_stride))
     program = make_program(rows)
     validate_program(program, src_numel, dst_numel)
@@ -86,7 +88,7 @@ class ReshardStats:
     copy_seconds: float = 0.0         # pack + unpack + local copies
     collective_seconds: float = 0.0
 
-    def metrics(self) -> Dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         return {METRIC_SECONDS: self.seconds, METRIC_BYTES: float(self.bytes_received),
                 METRIC_PEAK_EXTRA_MB: self.peak_extra_bytes / 2**20}
 
@@ -99,7 +101,7 @@ class ReshardProcessGroups:
         for ranks in groups.micro_dp_groups:  # same order on every rank, as new_group requires
             self._groups[ranks] = dist.new_group(list(ranks)) if len(ranks) < dist.get_world_size() else None
 
-    def get(self, ranks: Tuple[int, ...]):
+    def get(self, ranks: tuple[int, ...]):
         if len(ranks) == dist.get_world_size():
             return None  # the default (world) group
         return self._groups[ranks]
@@ -109,9 +111,10 @@ class ReshardExecutor:
     """Moves training weights into the rollout buffer on this rank, following ``plan``."""
 
     def __init__(self, plan: ReshardPlan, training_flat: torch.Tensor, training_offsets: Mapping[str, int],
-                 rollout_specs: Sequence[Tuple[str, Sequence[int]]], process_groups: ReshardProcessGroups):
+                 rollout_specs: Sequence[tuple[str, Sequence[int]]], process_groups: ReshardProcessGroups):
         if training_flat.dim() != 1 or not training_flat.is_contiguous():
-            raise ReshardBindError(f"training buffer: expected a contiguous 1-D tensor, found shape {tuple(training_flat.shape)}")
+            raise ReshardBindError(f"training buffer: expected a contiguous 1-D tensor, "
+                                   f"found shape {tuple(training_flat.shape)}")
         if training_flat.element_size() != plan.element_size:
             raise ReshardBindError(f"training buffer: expected {plan.dtype} elements ({plan.element_size} bytes), "
                                    f"found {training_flat.dtype}")
@@ -120,11 +123,11 @@ class ReshardExecutor:
         self.rollout_specs = [(name, tuple(shape)) for name, shape in rollout_specs]
         self.rollout_offsets, self.rollout_numel = flat_offsets(self.rollout_specs)
         self.process_groups = process_groups
-        self.rollout_flat: Optional[torch.Tensor] = None
+        self.rollout_flat: torch.Tensor | None = None
         train_numel = training_flat.numel()
         self._local = _program(plan.local, training_offsets, self.rollout_offsets, train_numel, self.rollout_numel,
                                "local copies")
-        self._buckets: List[_BoundBucket] = []
+        self._buckets: list[_BoundBucket] = []
         for b in plan.buckets:
             send_numel = b.recv_elems if b.collective == ALL_GATHER else b.send_elems
             pack = _program(b.pack, training_offsets, None, train_numel, send_numel, f"bucket {b.index} pack")
@@ -134,7 +137,7 @@ class ReshardExecutor:
         self._scratch_numel = max((b.extra_elems for b in plan.buckets), default=0)
 
     # -- rollout buffer lifetime --------------------------------------------------------------
-    def acquire(self, into: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def acquire(self, into: torch.Tensor | None = None) -> torch.Tensor:
         """Allocate the rollout buffer, or adopt ``into`` (a rollout engine's own flat weight
         buffer, e.g. the native engine's), with vocab-padding rows zeroed; idempotent."""
         if into is not None:
@@ -162,14 +165,14 @@ class ReshardExecutor:
         """Drop the rollout buffer (after generation); the training weights are untouched."""
         self.rollout_flat = None
 
-    def rollout_params(self) -> Dict[str, torch.Tensor]:
+    def rollout_params(self) -> dict[str, torch.Tensor]:
         if self.rollout_flat is None:
             raise RuntimeError("rollout buffer is released; call acquire() or to_rollout() first")
         return {name: self.rollout_flat[off:off + _numel(shape)].view(shape)
-                for (name, shape), off in zip(self.rollout_specs, self.rollout_offsets.values())}
+                for (name, shape), off in zip(self.rollout_specs, self.rollout_offsets.values(), strict=False)}
 
     # -- the transition ------------------------------------------------------------------------
-    def to_rollout(self, into: Optional[torch.Tensor] = None) -> ReshardStats:
+    def to_rollout(self, into: torch.Tensor | None = None) -> ReshardStats:
         """Training -> rollout layout, into ``into`` when given (see :meth:`acquire`)."""
         start = time.perf_counter()
         rollout = self.acquire(into)

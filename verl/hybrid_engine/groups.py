@@ -15,7 +15,6 @@ overlaps it (local slices first) and the rest moves by an all-to-all among the h
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Tuple
 
 from verl.hybrid_engine.layouts import LayoutError, TrainingLayout
 
@@ -29,24 +28,24 @@ class ReshardGroups:
     rollout_tp: int
     case: str                                     # HYBRIDFLOW or GENERAL
     reason: str
-    rollout_tp_rank: Tuple[int, ...]              # per global rank
-    rollout_tp_groups: Tuple[Tuple[int, ...], ...]  # each ordered by rollout tp rank
-    micro_dp_groups: Tuple[Tuple[int, ...], ...]    # HYBRIDFLOW only, each sorted
+    rollout_tp_rank: tuple[int, ...]              # per global rank
+    rollout_tp_groups: tuple[tuple[int, ...], ...]  # each ordered by rollout tp rank
+    micro_dp_groups: tuple[tuple[int, ...], ...]    # HYBRIDFLOW only, each sorted
 
     @property
     def micro_dp_size(self) -> int:
         return len(self.micro_dp_groups[0]) if self.micro_dp_groups else 0
 
-    def rollout_tp_group_of(self, rank: int) -> Tuple[int, ...]:
+    def rollout_tp_group_of(self, rank: int) -> tuple[int, ...]:
         return self._group_index(self.rollout_tp_groups)[rank]
 
-    def micro_dp_group_of(self, rank: int) -> Tuple[int, ...]:
+    def micro_dp_group_of(self, rank: int) -> tuple[int, ...]:
         if not self.micro_dp_groups:
             raise LayoutError(f"micro-DP groups exist only in the {HYBRIDFLOW} case, this is {self.case}")
         return self._group_index(self.micro_dp_groups)[rank]
 
     @staticmethod
-    def _group_index(groups: Tuple[Tuple[int, ...], ...]) -> Dict[int, Tuple[int, ...]]:
+    def _group_index(groups: tuple[tuple[int, ...], ...]) -> dict[int, tuple[int, ...]]:
         return {rank: group for group in groups for rank in group}
 
     def summary(self) -> str:

@@ -21,7 +21,7 @@ This module also holds the Megatron training layout (megatron-core GPTModel buil
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import NamedTuple
 
 from verl.models.config import ModelConfig
 from verl.models.mcore.model import padded_vocab_size
@@ -49,7 +49,7 @@ class Replicate:
         return "Replicate()"
 
 
-Placement = Union[Shard, Replicate]
+Placement = Shard | Replicate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +57,11 @@ class ParamLayout:
     """One local parameter of an engine: which logical tensors it fuses and how they are placed."""
 
     name: str                  # the engine's own name (Megatron state-dict key or SGLang param name)
-    parts: Tuple[str, ...]     # logical HF tensors stacked on dim 0, in this order
-    tp: Union[Placement, Tuple[Placement, ...]]  # over the tp mesh dim: one for all parts, or one per part
-    stages: Tuple[int, ...] = (0,)
+    parts: tuple[str, ...]     # logical HF tensors stacked on dim 0, in this order
+    tp: Placement | tuple[Placement, ...]  # over the tp mesh dim: one for all parts, or one per part
+    stages: tuple[int, ...] = (0,)
     groups: int = 1            # rows of all parts interleave in this many groups (global count)
-    padded_rows: Optional[int] = None  # vocab tables: rows after padding, before sharding
+    padded_rows: int | None = None  # vocab tables: rows after padding, before sharding
 
     def part_placement(self, index: int) -> Placement:
         return self.tp[index] if isinstance(self.tp, tuple) else self.tp
@@ -86,10 +86,10 @@ class Piece(NamedTuple):
 
 class ParamSpec(NamedTuple):
     name: str
-    shape: Tuple[int, ...]
+    shape: tuple[int, ...]
 
 
-def as_matrix(shape: Tuple[int, ...]) -> Tuple[int, int]:
+def as_matrix(shape: tuple[int, ...]) -> tuple[int, int]:
     """Every tensor is addressed as rows x cols (a 1-D tensor of n elements is n x 1)."""
     cols = 1
     for s in shape[1:]:
@@ -97,10 +97,10 @@ def as_matrix(shape: Tuple[int, ...]) -> Tuple[int, int]:
     return shape[0], cols
 
 
-def hf_tensor_shapes(config: ModelConfig) -> Dict[str, Tuple[int, ...]]:
+def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The logical (unfused, unpadded HF) tensors of the model, in HF order."""
     h, inter = config.hidden_size, config.intermediate_size
-    shapes: Dict[str, Tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, h)}
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, h)}
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
         shapes[p + "input_layernorm.weight"] = (h,)
@@ -122,7 +122,7 @@ def hf_tensor_shapes(config: ModelConfig) -> Dict[str, Tuple[int, ...]]:
     return shapes
 
 
-def _shard_range(length: int, placement: Placement, dim: int, tp_size: int, tp_rank: int) -> Tuple[int, int]:
+def _shard_range(length: int, placement: Placement, dim: int, tp_size: int, tp_rank: int) -> tuple[int, int]:
     """[start, stop) of ``dim`` (of ``length``, padding included) that ``tp_rank`` holds."""
     if isinstance(placement, Replicate) or placement.dim != dim:
         return 0, length
@@ -133,8 +133,8 @@ def _shard_range(length: int, placement: Placement, dim: int, tp_size: int, tp_r
 
 
 def local_pieces(
-    param: ParamLayout, shapes: Dict[str, Tuple[int, ...]], tp_size: int, tp_rank: int
-) -> Tuple[Tuple[int, int], List[Piece]]:
+    param: ParamLayout, shapes: dict[str, tuple[int, ...]], tp_size: int, tp_rank: int
+) -> tuple[tuple[int, int], list[Piece]]:
     """(local rows x cols, pieces) of ``param`` on ``tp_rank``. Rows not covered by a piece are padding."""
     local_groups = param.groups
     if param.groups > 1:  # grouped fusion needs one row placement shared by all parts
@@ -149,7 +149,7 @@ def local_pieces(
         r0, r1 = _shard_range(padded, placement, 0, tp_size, tp_rank)
         c0, c1 = _shard_range(cols, placement, 1, tp_size, tp_rank)
         blocks.append((name, r0, r1, rows, c0, c1))
-    pieces: List[Piece] = []
+    pieces: list[Piece] = []
     local_row = 0
     local_cols = blocks[0][5] - blocks[0][4]
     for g in range(local_groups):
@@ -163,7 +163,7 @@ def local_pieces(
     return (local_row, local_cols), pieces
 
 
-def local_shape(param: ParamLayout, shapes: Dict[str, Tuple[int, ...]], tp_size: int, tp_rank: int) -> Tuple[int, ...]:
+def local_shape(param: ParamLayout, shapes: dict[str, tuple[int, ...]], tp_size: int, tp_rank: int) -> tuple[int, ...]:
     """The local tensor's true shape (1-D params stay 1-D)."""
     (rows, cols), _ = local_pieces(param, shapes, tp_size, tp_rank)
     return (rows,) if len(shapes[param.parts[0]]) == 1 else (rows, cols)
@@ -192,7 +192,7 @@ class TrainingLayout:
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
 
-    def coords(self, rank: int) -> Tuple[int, int, int]:
+    def coords(self, rank: int) -> tuple[int, int, int]:
         """(pp_rank, dp_rank, tp_rank) of a global rank."""
         if not 0 <= rank < self.world_size:
             raise LayoutError(f"rank: expected 0 <= rank < {self.world_size}, found {rank}")
@@ -216,7 +216,7 @@ class TrainingLayout:
                 f"training pp={self.pp}: expected a divisor of num_hidden_layers={config.num_hidden_layers}"
             )
 
-    def params(self, config: ModelConfig, pp_rank: int) -> List[ParamLayout]:
+    def params(self, config: ModelConfig, pp_rank: int) -> list[ParamLayout]:
         """The parameters stage ``pp_rank`` holds, in GPTModel state-dict order."""
         self.check(config)
         if not 0 <= pp_rank < self.pp:
@@ -224,7 +224,7 @@ class TrainingLayout:
         last = self.pp - 1
         vocab = padded_vocab_size(config.vocab_size, self.tp)  # the model builder's padding rule
         per_stage = config.num_hidden_layers // self.pp
-        out: List[ParamLayout] = []
+        out: list[ParamLayout] = []
         if pp_rank == 0:
             out.append(ParamLayout("embedding.word_embeddings.weight", ("model.embed_tokens.weight",),
                                    Shard(0), (0,), padded_rows=vocab))
@@ -242,13 +242,14 @@ class TrainingLayout:
                                        Shard(0), st, groups=config.num_query_groups))
             out.append(ParamLayout(mg + "pre_mlp_layernorm.weight", (hf + "post_attention_layernorm.weight",),
                                    Replicate(), st))
-            out.append(ParamLayout(mg + "mlp.linear_fc1.weight", (hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"),
-                                   Shard(0), st))
+            out.append(ParamLayout(mg + "mlp.linear_fc1.weight",
+                                   (hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"), Shard(0), st))
             out.append(ParamLayout(mg + "mlp.linear_fc2.weight", (hf + "mlp.down_proj.weight",), Shard(1), st))
         if pp_rank == last:
             out.append(ParamLayout("decoder.final_layernorm.weight", ("model.norm.weight",), Replicate(), (last,)))
             if not config.tie_word_embeddings:
-                out.append(ParamLayout("output_layer.weight", ("lm_head.weight",), Shard(0), (last,), padded_rows=vocab))
+                out.append(ParamLayout("output_layer.weight", ("lm_head.weight",), Shard(0), (last,),
+                                       padded_rows=vocab))
             elif self.pp > 1:
                 # Tied with pp > 1: the last stage keeps its own copy of the embedding as output_layer.
                 out.append(ParamLayout("output_layer.weight", ("model.embed_tokens.weight",), Shard(0), (last,),
@@ -256,7 +257,7 @@ class TrainingLayout:
         return out
 
 
-def training_param_specs(config: ModelConfig, tp: int, pp: int, tp_rank: int, pp_rank: int) -> List[ParamSpec]:
+def training_param_specs(config: ModelConfig, tp: int, pp: int, tp_rank: int, pp_rank: int) -> list[ParamSpec]:
     """(name, shape) of every parameter of Megatron GPTModel (local spec) on (pp_rank, tp_rank), in
     state-dict order."""
     layout = TrainingLayout(tp=tp, pp=pp)

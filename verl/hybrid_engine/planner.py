@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 from verl.hybrid_engine.groups import HYBRIDFLOW, ReshardGroups, derive_groups
 from verl.hybrid_engine.layouts import ParamLayout, TrainingLayout, hf_tensor_shapes, local_pieces
 from verl.hybrid_engine.rollout_layout import RolloutLayout
 from verl.models.config import ModelConfig
+from verl.utils.torch_dtypes import ELEMENT_SIZES
 
 DEFAULT_BUCKET_BYTES = 64 << 20
-ELEMENT_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
 
 ALL_GATHER = "all_gather"
 ALL_TO_ALL = "all_to_all"
@@ -41,9 +42,9 @@ ALL_TO_ALL = "all_to_all"
 class Segment:
     """One strided block copy addressed logically; a ``None`` param is the bucket's buffer."""
 
-    src_param: Optional[str]
+    src_param: str | None
     src_offset: int
-    dst_param: Optional[str]
+    dst_param: str | None
     dst_offset: int
     rows: int
     row_elems: int
@@ -61,14 +62,14 @@ class Bucket:
 
     index: int
     collective: str                 # ALL_GATHER (over ``group``) or ALL_TO_ALL (over the world)
-    group: Tuple[int, ...]          # global ranks, in collective order
+    group: tuple[int, ...]          # global ranks, in collective order
     recv_elems: int                 # receive buffer; ALL_GATHER: len(group) slots of slot_elems
     send_elems: int                 # ALL_TO_ALL send buffer; 0 for ALL_GATHER (packs into its slot)
     slot_elems: int                 # ALL_GATHER slot size (equal for all members)
-    send_splits: Tuple[int, ...]    # ALL_TO_ALL, per rank of ``group``
-    recv_splits: Tuple[int, ...]
-    pack: Tuple[Segment, ...]       # training params -> send buffer (ALL_GATHER: own slot of recv)
-    unpack: Tuple[Segment, ...]     # receive buffer -> rollout params
+    send_splits: tuple[int, ...]    # ALL_TO_ALL, per rank of ``group``
+    recv_splits: tuple[int, ...]
+    pack: tuple[Segment, ...]       # training params -> send buffer (ALL_GATHER: own slot of recv)
+    unpack: tuple[Segment, ...]     # receive buffer -> rollout params
     payload_sent: int               # elements delivered to other ranks
     payload_received: int           # elements received from other ranks (padding excluded)
 
@@ -85,15 +86,15 @@ class ReshardPlan:
     training: TrainingLayout
     rollout: RolloutLayout
     rollout_tp_rank: int
-    rollout_tp_group: Tuple[int, ...]
-    micro_dp_group: Tuple[int, ...]   # empty in the general case
+    rollout_tp_group: tuple[int, ...]
+    micro_dp_group: tuple[int, ...]   # empty in the general case
     dtype: str
     bucket_bytes: int
-    local: Tuple[Segment, ...]        # training -> rollout copies on this rank, no communication
-    buckets: Tuple[Bucket, ...]
-    zero_fill: Tuple[Tuple[str, int, int], ...]  # rollout (param, offset, numel): vocab padding
+    local: tuple[Segment, ...]        # training -> rollout copies on this rank, no communication
+    buckets: tuple[Bucket, ...]
+    zero_fill: tuple[tuple[str, int, int], ...]  # rollout (param, offset, numel): vocab padding
     model_bytes: int                  # M: payload bytes of one rollout TP group (all t_g shards)
-    bytes_formula: Optional[float]    # HybridFlow: (p*t - t_g) / (t_g*p*t) * M; None otherwise
+    bytes_formula: float | None    # HybridFlow: (p*t - t_g) / (t_g*p*t) * M; None otherwise
 
     @property
     def element_size(self) -> int:
@@ -138,7 +139,8 @@ class ReshardPlan:
             f"  buckets: {len(self.buckets)} ({gathers} all_gather, {len(self.buckets) - gathers} all_to_all), "
             f"bucket_bytes={self.bucket_bytes}, local copies: {len(self.local)} segments",
             f"  bytes sent: {self.bytes_sent}, received: {self.bytes_received}"
-            + (f" (formula {self.bytes_formula:.0f} for M={self.model_bytes})" if self.bytes_formula is not None else "")
+            + (f" (formula {self.bytes_formula:.0f} for M={self.model_bytes})"
+               if self.bytes_formula is not None else "")
             + f", all-gather padding: {self.padding_bytes}",
             f"  peak extra bytes: {self.peak_extra_bytes}",
         ]
@@ -168,12 +170,12 @@ class _Transfer:
     def numel(self) -> int:
         return self.rows * self.cols
 
-    def sub(self, row: int, rows: int, col: int = 0, cols: Optional[int] = None) -> "_Transfer":
+    def sub(self, row: int, rows: int, col: int = 0, cols: int | None = None) -> _Transfer:
         cols = self.cols - col if cols is None else cols
         return dataclasses.replace(self, src_row=self.src_row + row, dst_row=self.dst_row + row, rows=rows,
                                    src_col=self.src_col + col, dst_col=self.dst_col + col, cols=cols)
 
-    def take(self, space: int, empty: bool) -> Tuple[Optional["_Transfer"], List["_Transfer"]]:
+    def take(self, space: int, empty: bool) -> tuple[_Transfer | None, list[_Transfer]]:
         """The head that fits in ``space`` elements and what remains (rows first, then within a row
         only when the destination chunk is ``empty`` and one row does not fit at all)."""
         if self.numel <= space:
@@ -189,19 +191,19 @@ class _Transfer:
         return self.sub(0, 1, 0, space), rest
 
 
-_Holder = Tuple[int, int, str, int, int, int]  # (stage, tp rank, param, local row, local col, stride)
+_Holder = tuple[int, int, str, int, int, int]  # (stage, tp rank, param, local row, local col, stride)
 
 
 @dataclasses.dataclass
 class _Tables:
-    shapes: Dict[str, Tuple[int, ...]]
-    holders: Dict[str, List[Tuple[int, int, str, int, object]]]  # tensor -> (stage, tp, param, stride, piece)
-    rollout_params: List[List[Tuple[ParamLayout, Tuple[int, int], list]]]  # per rollout tp rank
+    shapes: dict[str, tuple[int, ...]]
+    holders: dict[str, list[tuple[int, int, str, int, object]]]  # tensor -> (stage, tp, param, stride, piece)
+    rollout_params: list[list[tuple[ParamLayout, tuple[int, int], list]]]  # per rollout tp rank
 
 
 def _tables(config: ModelConfig, training: TrainingLayout, rollout: RolloutLayout) -> _Tables:
     shapes = hf_tensor_shapes(config)
-    holders: Dict[str, list] = {}
+    holders: dict[str, list] = {}
     for stage in range(training.pp):
         for param in training.params(config, stage):
             for r in range(training.tp):
@@ -225,7 +227,7 @@ def _sources(tables: _Tables, j: int):
     """
     for param, (_, dst_cols), pieces in tables.rollout_params[j]:
         for dst in pieces:
-            by_rect: Dict[Tuple[int, int, int, int], List[_Holder]] = {}
+            by_rect: dict[tuple[int, int, int, int], list[_Holder]] = {}
             for stage, r, name, src_cols, src in tables.holders[dst.tensor]:
                 r0, r1 = max(dst.row, src.row), min(dst.row + dst.rows, src.row + src.rows)
                 c0, c1 = max(dst.col, src.col), min(dst.col + dst.cols, src.col + src.cols)
@@ -247,14 +249,14 @@ def _from(template: _Transfer, holder: _Holder) -> _Transfer:
 @dataclasses.dataclass
 class _Global:
     groups: ReshardGroups
-    local: Dict[int, List[_Transfer]]
-    gather_chunks: Dict[Tuple[int, ...], List[List[List[_Transfer]]]]  # group -> bucket -> member -> transfers
-    a2a_buckets: List[List[Tuple[int, int, _Transfer]]]                # bucket -> (src rank, dst rank, transfer)
-    zero_fill: Dict[int, List[Tuple[str, int, int]]]                    # rollout tp rank -> padding
-    payload: List[int]                                                  # per rollout tp rank
+    local: dict[int, list[_Transfer]]
+    gather_chunks: dict[tuple[int, ...], list[list[list[_Transfer]]]]  # group -> bucket -> member -> transfers
+    a2a_buckets: list[list[tuple[int, int, _Transfer]]]                # bucket -> (src rank, dst rank, transfer)
+    zero_fill: dict[int, list[tuple[str, int, int]]]                    # rollout tp rank -> padding
+    payload: list[int]                                                  # per rollout tp rank
 
 
-def _zero_fill(tables: _Tables, j: int) -> List[Tuple[str, int, int]]:
+def _zero_fill(tables: _Tables, j: int) -> list[tuple[str, int, int]]:
     out = []
     for param, (rows, cols), pieces in tables.rollout_params[j]:
         covered = sorted((p.local_row, p.local_row + p.rows) for p in pieces)
@@ -266,10 +268,10 @@ def _zero_fill(tables: _Tables, j: int) -> List[Tuple[str, int, int]]:
     return out
 
 
-def _chunk(transfers: Sequence[_Transfer], cap: int) -> List[List[_Transfer]]:
+def _chunk(transfers: Sequence[_Transfer], cap: int) -> list[list[_Transfer]]:
     """Cut an ordered transfer list into consecutive chunks of at most ``cap`` elements."""
-    chunks: List[List[_Transfer]] = []
-    current: List[_Transfer] = []
+    chunks: list[list[_Transfer]] = []
+    current: list[_Transfer] = []
     fill = 0
     queue = list(reversed(transfers))
     while queue:
@@ -290,7 +292,7 @@ def _chunk(transfers: Sequence[_Transfer], cap: int) -> List[List[_Transfer]]:
     return chunks
 
 
-def _split(tr: _Transfer, cap: int) -> List[_Transfer]:
+def _split(tr: _Transfer, cap: int) -> list[_Transfer]:
     out, queue = [], [tr]
     while queue:
         head, rest = queue.pop().take(cap, empty=True)
@@ -299,11 +301,11 @@ def _split(tr: _Transfer, cap: int) -> List[_Transfer]:
     return out
 
 
-def _a2a_buckets(transfers: List[Tuple[int, int, _Transfer]], cap: int) -> List[List[Tuple[int, int, _Transfer]]]:
+def _a2a_buckets(transfers: list[tuple[int, int, _Transfer]], cap: int) -> list[list[tuple[int, int, _Transfer]]]:
     """First-fit: a bucket holds at most ``cap`` send and ``cap`` receive elements per rank."""
-    buckets: List[List[Tuple[int, int, _Transfer]]] = []
-    sent: List[Dict[int, int]] = []
-    received: List[Dict[int, int]] = []
+    buckets: list[list[tuple[int, int, _Transfer]]] = []
+    sent: list[dict[int, int]] = []
+    received: list[dict[int, int]] = []
     for src, dst, tr in transfers:
         for part in _split(tr, cap):
             for b in range(len(buckets) + 1):
@@ -325,12 +327,12 @@ def _global_plan(config: ModelConfig, training: TrainingLayout, rollout: Rollout
     tables = _tables(config, training, rollout)
     n = training.world_size
     load = [0] * n  # elements each rank sends, for least-loaded source choice
-    local: Dict[int, List[_Transfer]] = {rank: [] for rank in range(n)}
-    a2a: List[Tuple[int, int, _Transfer]] = []
+    local: dict[int, list[_Transfer]] = {rank: [] for rank in range(n)}
+    a2a: list[tuple[int, int, _Transfer]] = []
     gather_chunks = {}
     payload = [0] * rollout.tp
 
-    def pick(candidates: List[int], prefer_dp: int) -> int:
+    def pick(candidates: list[int], prefer_dp: int) -> int:
         return min(candidates, key=lambda c: (load[c], training.coords(c)[1] != prefer_dp, c))
 
     if groups.case == HYBRIDFLOW:
@@ -339,13 +341,14 @@ def _global_plan(config: ModelConfig, training: TrainingLayout, rollout: Rollout
             _, dp, r0 = training.coords(group[0])
             j = r0 // block
             members = {(training.coords(m)[0], training.coords(m)[2]): m for m in group}
-            contributions: Dict[int, List[_Transfer]] = {m: [] for m in group}
+            contributions: dict[int, list[_Transfer]] = {m: [] for m in group}
             for template, found in _sources(tables, j):
                 inside = [h for h in found if (h[0], h[1]) in members]
                 if not inside:  # vocab rows across a padding boundary: every member needs them
                     for m in group:
                         src = pick([training.rank(h[0], d, h[1]) for h in found for d in range(training.dp)], dp)
-                        holder = next(h for h in found if (h[0], h[1]) == (training.coords(src)[0], training.coords(src)[2]))
+                        src_coords = training.coords(src)
+                        holder = next(h for h in found if (h[0], h[1]) == (src_coords[0], src_coords[2]))
                         a2a.append((src, m, _from(template, holder)))
                         load[src] += template.numel
                     continue
@@ -361,7 +364,8 @@ def _global_plan(config: ModelConfig, training: TrainingLayout, rollout: Rollout
                 continue
             cap = bucket_elems // len(group)
             if cap <= 0:
-                raise ValueError(f"bucket_bytes: expected room for one element per micro-DP rank ({len(group)}), found too few")
+                raise ValueError(f"bucket_bytes: expected room for one element per micro-DP rank ({len(group)}), "
+                                 "found too few")
             per_member = [_chunk(contributions[m], cap) for m in group]
             count = max(len(c) for c in per_member)
             gather_chunks[group] = [[c[b] if b < len(c) else [] for c in per_member] for b in range(count)]
@@ -388,7 +392,7 @@ def _global_plan(config: ModelConfig, training: TrainingLayout, rollout: Rollout
 # Per-rank plan
 # ------------------------------------------------------------------------------------------------
 
-def _segment(tr: _Transfer, src_buffer: Optional[int], dst_buffer: Optional[int]) -> Segment:
+def _segment(tr: _Transfer, src_buffer: int | None, dst_buffer: int | None) -> Segment:
     """A segment for ``tr``: from its training param (or a buffer at ``src_buffer``) to its rollout
     param (or a buffer at ``dst_buffer``); buffers are dense (stride = cols)."""
     if src_buffer is None:
@@ -409,9 +413,9 @@ def _compact(seg: Segment) -> Segment:
     return seg
 
 
-def _merge(segments: List[Segment]) -> Tuple[Segment, ...]:
+def _merge(segments: list[Segment]) -> tuple[Segment, ...]:
     """Fuse consecutive single-row segments that continue each other on both sides."""
-    out: List[Segment] = []
+    out: list[Segment] = []
     for seg in segments:
         prev = out[-1] if out else None
         if (prev is not None and prev.rows == 1 and seg.rows == 1
@@ -426,7 +430,7 @@ def _merge(segments: List[Segment]) -> Tuple[Segment, ...]:
     return tuple(out)
 
 
-def _gather_bucket(index: int, group: Tuple[int, ...], chunks: List[List[_Transfer]], rank: int) -> Bucket:
+def _gather_bucket(index: int, group: tuple[int, ...], chunks: list[list[_Transfer]], rank: int) -> Bucket:
     slot = max(sum(tr.numel for tr in c) for c in chunks)
     me = group.index(rank)
     pack, unpack = [], []
@@ -443,7 +447,7 @@ def _gather_bucket(index: int, group: Tuple[int, ...], chunks: List[List[_Transf
                   own * (len(group) - 1), received)
 
 
-def _a2a_bucket(index: int, world: int, transfers: List[Tuple[int, int, _Transfer]], rank: int) -> Bucket:
+def _a2a_bucket(index: int, world: int, transfers: list[tuple[int, int, _Transfer]], rank: int) -> Bucket:
     outgoing = sorted((t for t in transfers if t[0] == rank), key=lambda t: t[1])  # stable: plan order kept
     incoming = sorted((t for t in transfers if t[1] == rank), key=lambda t: t[0])
     send_splits, recv_splits = [0] * world, [0] * world
@@ -481,7 +485,7 @@ def plan_reshard(
     groups = g.groups
     training.coords(rank)  # validates the rank
     j = groups.rollout_tp_rank[rank]
-    buckets: List[Bucket] = []
+    buckets: list[Bucket] = []
     micro = ()
     if groups.case == HYBRIDFLOW:
         micro = groups.micro_dp_group_of(rank)

@@ -9,7 +9,6 @@ engines.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Tuple, Union
 
 from verl.hybrid_engine.layouts import ParamLayout, Replicate, Shard, hf_tensor_shapes, local_shape
 from verl.models.config import ModelConfig
@@ -24,7 +23,7 @@ class RolloutLayoutError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class RolloutParamSpec:
     name: str  # HF-style name as SGLang's model holds it, e.g. model.layers.0.self_attn.qkv_proj.weight
-    shape: Tuple[int, ...]
+    shape: tuple[int, ...]
 
     @property
     def numel(self) -> int:
@@ -67,7 +66,7 @@ def check_rollout_tp(config: ModelConfig, tp_size: int) -> None:
         raise RolloutLayoutError(f"rollout tp={tp_size} does not divide " + ", ".join(problems))
 
 
-def kv_placement(config: ModelConfig, tp_size: int) -> Union[Shard, Replicate]:
+def kv_placement(config: ModelConfig, tp_size: int) -> Shard | Replicate:
     """k/v rows over rollout TP: sharded by head, each head on ``tp // kv_heads`` ranks when tp > kv heads."""
     kv = config.num_key_value_heads
     return Shard(0) if tp_size <= kv else Shard(0, replicas=tp_size // kv)
@@ -79,7 +78,7 @@ class RolloutLayout:
 
     tp: int
 
-    def params(self, config: ModelConfig) -> List[ParamLayout]:
+    def params(self, config: ModelConfig) -> list[ParamLayout]:
         """Every parameter of a rollout TP rank, in flat-buffer order, as placement data."""
         check_rollout_tp(config, self.tp)
         vocab = padded_vocab_size(config.vocab_size)
@@ -97,8 +96,8 @@ class RolloutLayout:
             out.append(ParamLayout(p + "self_attn.o_proj.weight", (p + "self_attn.o_proj.weight",), Shard(1)))
             out.append(ParamLayout(p + "post_attention_layernorm.weight", (p + "post_attention_layernorm.weight",),
                                    Replicate()))
-            out.append(ParamLayout(p + "mlp.gate_up_proj.weight", (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                                   Shard(0)))
+            out.append(ParamLayout(p + "mlp.gate_up_proj.weight",
+                                   (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), Shard(0)))
             out.append(ParamLayout(p + "mlp.down_proj.weight", (p + "mlp.down_proj.weight",), Shard(1)))
         out.append(ParamLayout("model.norm.weight", ("model.norm.weight",), Replicate()))
         if not config.tie_word_embeddings:
@@ -106,7 +105,7 @@ class RolloutLayout:
         return out
 
 
-def rollout_param_specs(config: ModelConfig, tp_size: int, tp_rank: int) -> List[RolloutParamSpec]:
+def rollout_param_specs(config: ModelConfig, tp_size: int, tp_rank: int) -> list[RolloutParamSpec]:
     """Every tensor rollout rank ``tp_rank`` of ``tp_size`` holds, in flat-buffer order.
 
     Per rank (G = tp_size): ``qkv_proj`` rows are [q heads of the rank; its k heads; its v heads];

@@ -25,7 +25,7 @@ import os
 import random
 import socket
 
-from launch.env import LOOPBACK, DistEnv, LaunchError, discover
+from verl.launcher.env import LOOPBACK, DistEnv, LaunchError, discover
 
 DEFAULT_TIMEOUT_S = 600.0
 _MPI_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK")

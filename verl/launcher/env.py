@@ -4,13 +4,13 @@ Sources, checked in this order (the first launcher that set its variables wins, 
 launcher sees the outer one's variables too: torchrun under srun, mpirun inside an sbatch allocation):
 
 1. ``torchrun``  RANK, WORLD_SIZE, LOCAL_RANK[, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT]
-                 (also what `launch.spawn.spawn_local` sets for its ranks)
+                 (also what `verl.launcher.spawn.spawn_local` sets for its ranks)
 2. ``openmpi``   OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK[, _LOCAL_SIZE]
 3. ``slurm``     SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_TASKS_PER_NODE, SLURM_JOB_NODELIST
                  (the SLURM_STEP_* variants win inside an srun step: a step may use part of the job)
 4. ``local``     none of the above: one process, rank 0 of 1.
 
-Nothing here touches the network or imports torch; `launch.bootstrap` turns a `DistEnv` into an
+Nothing here touches the network or imports torch; `verl.launcher.bootstrap` turns a `DistEnv` into an
 initialised process group.
 """
 
@@ -21,7 +21,7 @@ import ipaddress
 import os
 import re
 import zlib
-from typing import Mapping
+from collections.abc import Mapping
 
 PORT_MIN = 20000
 PORT_MAX = 60000  # exclusive

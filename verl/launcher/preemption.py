@@ -30,7 +30,7 @@ class PreemptionHandler:
         self.received_signal: int | None = None
         self._previous: dict[int, object] = {}
 
-    def install(self) -> "PreemptionHandler":
+    def install(self) -> PreemptionHandler:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("PreemptionHandler.install: expected the main thread (Python only"
                                " delivers signals there), found "
@@ -44,7 +44,7 @@ class PreemptionHandler:
             signal.signal(sig, previous)
         self._previous.clear()
 
-    def __enter__(self) -> "PreemptionHandler":
+    def __enter__(self) -> PreemptionHandler:
         return self.install()
 
     def __exit__(self, *exc) -> None:

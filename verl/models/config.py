@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 
@@ -63,7 +64,7 @@ class ModelConfig:
         return self.num_key_value_heads * self.head_dim
 
     @classmethod
-    def from_dict(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
+    def from_dict(cls, cfg: Mapping[str, Any]) -> ModelConfig:
         model_type = cfg.get("model_type")
         # transformers >= 5 writes RoPE settings under `rope_parameters`; older configs at top level.
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
@@ -94,7 +95,7 @@ class ModelConfig:
             raise ModelConfigError(f"model config: required key {exc.args[0]!r} is missing") from None
 
     @classmethod
-    def from_pretrained(cls, path: str) -> "ModelConfig":
+    def from_pretrained(cls, path: str) -> ModelConfig:
         """Load from an HF model directory or a config.json path."""
         file = os.path.join(path, "config.json") if os.path.isdir(path) else path
         if not os.path.isfile(file):

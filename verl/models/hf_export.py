@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,7 +32,7 @@ def hf_config_dict(model_path: str, config: ModelConfig, dtype: torch.dtype) -> 
     return hf_config
 
 
-def _write_generation_config(model_path: str, out_dir: str, hf_config: dict, tokenizer: Optional[Any]) -> None:
+def _write_generation_config(model_path: str, out_dir: str, hf_config: dict, tokenizer: Any | None) -> None:
     source = os.path.join(model_path, "generation_config.json") if os.path.isdir(model_path) else None
     if source and os.path.isfile(source):
         shutil.copyfile(source, os.path.join(out_dir, "generation_config.json"))
@@ -57,7 +57,7 @@ def replace_dir(staging: str, out_dir: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def export_actor_hf(engine: Any, config: ModelConfig, model_path: str, out_dir: str, tokenizer: Optional[Any]) -> None:
+def export_actor_hf(engine: Any, config: ModelConfig, model_path: str, out_dir: str, tokenizer: Any | None) -> None:
     """Collective over every rank: the first DP replica gathers the full weights (over its TP/PP
     group) and global rank 0 writes them; every rank returns once the directory is in place."""
     from megatron.core import parallel_state as mpu

@@ -18,7 +18,7 @@ two destination rows overlapping, source and destination buffers disjoint. A bad
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 

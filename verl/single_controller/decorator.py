@@ -28,7 +28,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 
@@ -60,14 +61,14 @@ class DispatchInfo:
     mesh ``name`` ("dp" is the pool itself, one replica per rank).
     """
 
-    ranks: Tuple[int, ...]
-    meshes: Dict[str, Tuple[MeshRank, ...]]
+    ranks: tuple[int, ...]
+    meshes: dict[str, tuple[MeshRank, ...]]
 
     @property
     def world_size(self) -> int:
         return len(self.ranks)
 
-    def mesh(self, name: str) -> Tuple[MeshRank, ...]:
+    def mesh(self, name: str) -> tuple[MeshRank, ...]:
         if name not in self.meshes:
             raise KeyError(f"dispatch mesh {name!r}: expected one of {sorted(self.meshes)} (declared by the "
                            f"worker's dispatch_meshes()), found none")
@@ -77,10 +78,10 @@ class DispatchInfo:
 @dataclasses.dataclass(frozen=True)
 class DispatchSpec:
     name: str
-    dispatch: Callable[[DispatchInfo, int, tuple, dict], Tuple[tuple, dict]]
-    collect: Callable[[DispatchInfo, List[Any], Any], Any]
-    prepare: Callable[[DispatchInfo, tuple, dict], Tuple[tuple, dict, Any]]  # driver side, before dispatch
-    collect_ranks: Callable[[DispatchInfo], List[bool]]
+    dispatch: Callable[[DispatchInfo, int, tuple, dict], tuple[tuple, dict]]
+    collect: Callable[[DispatchInfo, list[Any], Any], Any]
+    prepare: Callable[[DispatchInfo, tuple, dict], tuple[tuple, dict, Any]]  # driver side, before dispatch
+    collect_ranks: Callable[[DispatchInfo], list[bool]]
 
 
 # --------------------------------------------------------------------------- simple modes
@@ -164,8 +165,8 @@ def _collect_ranks(mesh: str):
 
 def _collect_proto(mesh: str):
     def collect(info, outputs, state):
-        by_dp: Dict[int, Any] = {}
-        for m, out in zip(info.mesh(mesh), outputs):
+        by_dp: dict[int, Any] = {}
+        for m, out in zip(info.mesh(mesh), outputs, strict=False):
             if m.is_collect:
                 if m.dp_rank in by_dp:
                     raise ValueError(f"{mesh} collect: expected one collect rank per DP replica, found two for "
@@ -196,7 +197,7 @@ def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> DispatchSpec:
                         _prepare_proto(mesh_name), _collect_ranks(mesh_name))
 
 
-PREDEFINED: Dict[Dispatch, DispatchSpec] = {
+PREDEFINED: dict[Dispatch, DispatchSpec] = {
     Dispatch.ONE_TO_ALL: DispatchSpec("one_to_all", _same, _as_list, _no_prepare, _all_ranks),
     Dispatch.ALL_TO_ALL: DispatchSpec("all_to_all", _dispatch_all_to_all, _as_list, _no_prepare, _all_ranks),
     Dispatch.RANK_ZERO: DispatchSpec("rank_zero", _same, _rank_zero, _no_prepare,
@@ -231,7 +232,7 @@ def register(dispatch_mode: Dispatch | DispatchSpec = Dispatch.ALL_TO_ALL) -> Ca
     return decorator
 
 
-def registered_methods(cls: type) -> Dict[str, DispatchSpec]:
+def registered_methods(cls: type) -> dict[str, DispatchSpec]:
     """Every ``@register``-ed method of ``cls`` (inherited ones included) -> its dispatch spec."""
     out = {}
     for name in dir(cls):
@@ -242,7 +243,7 @@ def registered_methods(cls: type) -> Dict[str, DispatchSpec]:
 
 
 def run_on_fake_world(info: DispatchInfo, spec: DispatchSpec, method: Callable[[int, tuple, dict], Any],
-                      args: Sequence[Any] = (), kwargs: Optional[dict] = None) -> Any:
+                      args: Sequence[Any] = (), kwargs: dict | None = None) -> Any:
     """Dispatch, call ``method(pool_rank, args, kwargs)`` for every pool rank in turn, collect.
 
     The single-process model of what the worker group does across processes (tests, debugging).

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Dict
-
 from verl.single_controller.decorator import MeshRank
 
 
@@ -15,5 +13,5 @@ class Worker:
     The worker group adds the ``"dp"`` mesh (every pool rank its own replica) itself.
     """
 
-    def dispatch_meshes(self) -> Dict[str, MeshRank]:
+    def dispatch_meshes(self) -> dict[str, MeshRank]:
         return {}

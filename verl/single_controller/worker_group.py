@@ -18,7 +18,8 @@ needs no process group at all.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch.distributed as dist
 
@@ -33,9 +34,9 @@ _PROTO_TAG = "verl.DataProto"
 class ResourcePool:
     """The global ranks a worker group runs on; ``None`` ranks means every rank of the job."""
 
-    ranks: Optional[Tuple[int, ...]] = None
+    ranks: tuple[int, ...] | None = None
 
-    def resolve(self, world_size: int) -> Tuple[int, ...]:
+    def resolve(self, world_size: int) -> tuple[int, ...]:
         if self.ranks is None:
             return tuple(range(world_size))
         ranks = tuple(self.ranks)
@@ -44,13 +45,13 @@ class ResourcePool:
         return ranks
 
 
-def _world() -> Tuple[int, int]:
+def _world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
 
-_OBJECT_GROUP: List[Any] = []
+_OBJECT_GROUP: list[Any] = []
 
 
 def _object_group():
@@ -60,13 +61,13 @@ def _object_group():
     return _OBJECT_GROUP[0]
 
 
-def all_gather_objects(obj: Any) -> List[Any]:
+def all_gather_objects(obj: Any) -> list[Any]:
     """Every rank's ``obj``, in rank order, on every rank; DataProto travels as bytes."""
     rank, world = _world()
     if world == 1:
         return [obj]
     payload = (_PROTO_TAG, obj.to_bytes()) if isinstance(obj, DataProto) else obj
-    gathered: List[Any] = [None] * world
+    gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, payload, group=_object_group())
     return [DataProto.from_bytes(p[1]) if isinstance(p, tuple) and len(p) == 2 and p[0] == _PROTO_TAG else p
             for p in gathered]
@@ -85,14 +86,14 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 class WorkerGroup:
     """``worker_cls(*args, **kwargs)`` on the ranks of ``pool``; registered methods become methods here."""
 
-    def __init__(self, worker_cls: type, *args: Any, pool: Optional[ResourcePool] = None,
-                 name: Optional[str] = None, **kwargs: Any):
+    def __init__(self, worker_cls: type, *args: Any, pool: ResourcePool | None = None,
+                 name: str | None = None, **kwargs: Any):
         if not issubclass(worker_cls, Worker):
             raise TypeError(f"WorkerGroup: expected a Worker subclass, found {worker_cls.__name__}")
         self.name = name or worker_cls.__name__
         self.rank, world = _world()
         self.pool_ranks = (pool or ResourcePool()).resolve(world)
-        self.worker: Optional[Worker] = worker_cls(*args, **kwargs) if self.rank in self.pool_ranks else None
+        self.worker: Worker | None = worker_cls(*args, **kwargs) if self.rank in self.pool_ranks else None
         self.info = self._exchange_rank_map()
         for method_name, spec in registered_methods(worker_cls).items():
             setattr(self, method_name, self._bind(method_name, spec))
@@ -122,7 +123,7 @@ class WorkerGroup:
         call.__name__ = method_name
         return call
 
-    def execute(self, method_name: str, spec: DispatchSpec, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    def execute(self, method_name: str, spec: DispatchSpec, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         args, kwargs, state = spec.prepare(self.info, tuple(args), dict(kwargs))
         output = None
         if self.worker is not None:

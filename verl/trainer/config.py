@@ -22,9 +22,13 @@ import copy
 import dataclasses
 import difflib
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import yaml
+
+from verl.hybrid_engine.planner import DEFAULT_BUCKET_BYTES
+from verl.trainer.ppo.core_algos import KL_PENALTY_CHOICES, LOSS_AGG_MODES, AdvantageEstimator
 
 
 class ConfigError(ValueError):
@@ -36,12 +40,12 @@ class Field:
     """A leaf of the schema: its default and the Python types a value may have."""
 
     default: Any
-    types: Tuple[type, ...]
+    types: tuple[type, ...]
     nullable: bool = False
-    choices: Optional[Tuple[Any, ...]] = None
+    choices: tuple[Any, ...] | None = None
 
 
-def field(default: Any, *types: type, nullable: bool = False, choices: Optional[Sequence[Any]] = None) -> Field:
+def field(default: Any, *types: type, nullable: bool = False, choices: Sequence[Any] | None = None) -> Field:
     if not types:
         types = (type(default),)
     if float in types and int not in types:
@@ -49,14 +53,12 @@ def field(default: Any, *types: type, nullable: bool = False, choices: Optional[
     return Field(default, tuple(types), nullable or default is None, tuple(choices) if choices else None)
 
 
-ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "low_var_kl+", "k3+")
+ADV_ESTIMATORS = tuple(e.value for e in AdvantageEstimator)
 LOGGERS = ("console", "tensorboard", "csv")
-DTYPES = ("float32", "bfloat16")
+ROLLOUT_DTYPES = ("float32", "bfloat16")
 
 
-def _optim() -> Dict[str, Field]:
+def _optim() -> dict[str, Field]:
     return {
         "lr": field(1e-6, float),
         "min_lr": field(0.0, float),
@@ -68,7 +70,7 @@ def _optim() -> Dict[str, Field]:
     }
 
 
-def _megatron() -> Dict[str, Field]:
+def _megatron() -> dict[str, Field]:
     return {
         "tensor_model_parallel_size": field(1, int),
         "pipeline_model_parallel_size": field(1, int),
@@ -77,7 +79,7 @@ def _megatron() -> Dict[str, Field]:
     }
 
 
-SCHEMA: Dict[str, Any] = {
+SCHEMA: dict[str, Any] = {
     "data": {
         "tokenizer": field(None, str),
         "train_files": field(None, str, list),
@@ -113,7 +115,7 @@ SCHEMA: Dict[str, Any] = {
             "entropy_coeff": field(0.0, float),
             "use_kl_loss": field(False, bool),
             "kl_loss_coef": field(0.001, float),
-            "kl_loss_type": field("low_var_kl", choices=KL_TYPES),
+            "kl_loss_type": field("low_var_kl", choices=KL_PENALTY_CHOICES),
             "optim": _optim(),
             "megatron": _megatron(),
         },
@@ -122,7 +124,7 @@ SCHEMA: Dict[str, Any] = {
         },
         "rollout": {
             "name": field("native", choices=("native",)),
-            "dtype": field("float32", choices=DTYPES),
+            "dtype": field("float32", choices=ROLLOUT_DTYPES),
             "temperature": field(1.0, float),
             "top_k": field(-1, int),
             "top_p": field(1.0, float),
@@ -178,7 +180,7 @@ SCHEMA: Dict[str, Any] = {
         "lam": field(1.0, float),
         "norm_adv_by_std_in_grpo": field(True, bool),
         "use_kl_in_reward": field(False, bool),
-        "kl_penalty": field("kl", choices=KL_TYPES),
+        "kl_penalty": field("kl", choices=KL_PENALTY_CHOICES),
         "kl_ctrl": {
             "type": field("fixed", choices=("fixed", "adaptive")),
             "kl_coef": field(0.001, float),
@@ -187,7 +189,7 @@ SCHEMA: Dict[str, Any] = {
         },
     },
     "hybrid_engine": {
-        "bucket_bytes": field(64 << 20, int),
+        "bucket_bytes": field(DEFAULT_BUCKET_BYTES, int),
     },
     "trainer": {
         "project_name": field("verl_hpc", str),
@@ -213,11 +215,11 @@ SCHEMA: Dict[str, Any] = {
 
 
 # --------------------------------------------------------------------------- merging and types
-def schema_defaults(schema: Dict[str, Any]) -> Dict[str, Any]:
+def schema_defaults(schema: dict[str, Any]) -> dict[str, Any]:
     return {k: schema_defaults(v) if isinstance(v, dict) else copy.deepcopy(v.default) for k, v in schema.items()}
 
 
-def _all_keys(schema: Dict[str, Any], prefix: str = "") -> List[str]:
+def _all_keys(schema: dict[str, Any], prefix: str = "") -> list[str]:
     out = []
     for key, value in schema.items():
         out.append(prefix + key)
@@ -226,7 +228,7 @@ def _all_keys(schema: Dict[str, Any], prefix: str = "") -> List[str]:
     return out
 
 
-def _unknown(key: str, schema: Dict[str, Any], prefix: str) -> ConfigError:
+def _unknown(key: str, schema: dict[str, Any], prefix: str) -> ConfigError:
     dotted = prefix + key
     siblings = [prefix + k for k in schema]
     guess = difflib.get_close_matches(dotted, siblings, n=1) or difflib.get_close_matches(
@@ -255,7 +257,7 @@ def _check_value(dotted: str, field: Field, value: Any) -> Any:
     return value
 
 
-def merge_into_schema(target: Dict[str, Any], source: Any, schema: Dict[str, Any], prefix: str = "") -> None:
+def merge_into_schema(target: dict[str, Any], source: Any, schema: dict[str, Any], prefix: str = "") -> None:
     if not isinstance(source, dict):
         raise ConfigError(f"{prefix.rstrip('.') or '<root>'}: expected a mapping, found {type(source).__name__}")
     for key, value in source.items():
@@ -268,7 +270,7 @@ def merge_into_schema(target: Dict[str, Any], source: Any, schema: Dict[str, Any
             target[key] = _check_value(prefix + key, node, value)
 
 
-def _parse_override(item: str) -> Tuple[List[str], Any]:
+def _parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError(f"override {item!r}: expected key=value (e.g. trainer.total_training_steps=3)")
     key, raw = item.split("=", 1)
@@ -282,7 +284,7 @@ def _parse_override(item: str) -> Tuple[List[str], Any]:
     return key.split("."), value
 
 
-def _apply_override(config: Dict[str, Any], parts: List[str], value: Any, schema: Dict[str, Any]) -> None:
+def _apply_override(config: dict[str, Any], parts: list[str], value: Any, schema: dict[str, Any]) -> None:
     nested: Any = value
     for part in reversed(parts):
         nested = {part: nested}
@@ -290,20 +292,20 @@ def _apply_override(config: Dict[str, Any], parts: List[str], value: Any, schema
 
 
 # --------------------------------------------------------------------------- semantic checks
-def world_size(cfg: Dict[str, Any]) -> int:
+def world_size(cfg: dict[str, Any]) -> int:
     return cfg["trainer"]["nnodes"] * cfg["trainer"]["n_gpus_per_node"]
 
 
-def use_critic(cfg: Dict[str, Any]) -> bool:
+def use_critic(cfg: dict[str, Any]) -> bool:
     """verl: a critic exists exactly when advantages come from GAE."""
     return cfg["algorithm"]["adv_estimator"] == "gae"
 
 
-def use_reference(cfg: Dict[str, Any]) -> bool:
+def use_reference(cfg: dict[str, Any]) -> bool:
     return cfg["algorithm"]["use_kl_in_reward"] or cfg["actor_rollout_ref"]["actor"]["use_kl_loss"]
 
 
-def _positive(cfg: Dict[str, Any], dotted: str) -> int:
+def _positive(cfg: dict[str, Any], dotted: str) -> int:
     node: Any = cfg
     for part in dotted.split("."):
         node = node[part]
@@ -314,10 +316,11 @@ def _positive(cfg: Dict[str, Any], dotted: str) -> int:
 
 def _check_divides(what: str, divisor: int, total_what: str, total: int) -> None:
     if total % divisor:
-        raise ConfigError(f"{what}={divisor}: expected a divisor of {total_what}={total}, found remainder {total % divisor}")
+        raise ConfigError(f"{what}={divisor}: expected a divisor of {total_what}={total}, "
+                          f"found remainder {total % divisor}")
 
 
-def resolve_path(path: Optional[str], base_dir: str) -> Optional[str]:
+def resolve_path(path: str | None, base_dir: str) -> str | None:
     if path is None:
         return None
     path = os.path.expanduser(path)
@@ -327,7 +330,7 @@ def resolve_path(path: Optional[str], base_dir: str) -> Optional[str]:
     return os.path.abspath(candidate) if os.path.exists(candidate) else os.path.abspath(path)
 
 
-def _validate(cfg: Dict[str, Any], launcher_world_size: Optional[int]) -> None:
+def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
     from verl.models.config import ModelConfig, ModelConfigError
     from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
 
@@ -426,7 +429,7 @@ def _validate(cfg: Dict[str, Any], launcher_world_size: Optional[int]) -> None:
                           f"{launcher_world_size}, found {trainer['nnodes']} * {trainer['n_gpus_per_node']} = {world}")
 
 
-def _validate_reward_model(cfg: Dict[str, Any], actor_model: Any, tp: int, pp: int, per_dp_batch: int) -> None:
+def _validate_reward_model(cfg: dict[str, Any], actor_model: Any, tp: int, pp: int, per_dp_batch: int) -> None:
     from verl.models.config import ModelConfig, ModelConfigError
     from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
 
@@ -457,7 +460,7 @@ def _validate_reward_model(cfg: Dict[str, Any], actor_model: Any, tp: int, pp: i
                               f"reward model scores the actor's token ids), found {model.vocab_size}")
 
 
-def read_config_tree(path: Optional[str], overrides: Sequence[str], schema: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
+def read_config_tree(path: str | None, overrides: Sequence[str], schema: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """Defaults of ``schema`` <- YAML file <- dotted overrides, each key and type checked.
 
     Returns the plain nested dict and the directory relative paths in the file resolve against
@@ -484,7 +487,7 @@ def read_config_tree(path: Optional[str], overrides: Sequence[str], schema: Dict
     return cfg, base_dir
 
 
-def load_config(path: Optional[str], overrides: Sequence[str] = (), launcher_world_size: Optional[int] = None):
+def load_config(path: str | None, overrides: Sequence[str] = (), launcher_world_size: int | None = None):
     """Defaults <- YAML file <- dotted overrides, validated; returns an OmegaConf DictConfig.
 
     Relative paths in the file (data files, tokenizer, model) resolve against the working directory

@@ -21,12 +21,12 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import List, Optional
 
 import torch
 
-ENGINES = ("native", "sglang", "megatron")  # megatron is routed to verl.workers.megatron.generate
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from verl.utils.torch_dtypes import DTYPES
+
+ENGINES = ("native", "sglang", "megatron")  # megatron is routed to verl.engine.megatron.generate
 # Set by the launching `verl generate` in each rank it spawns.
 RENDEZVOUS_ENV = "VERL_GENERATE_RENDEZVOUS"
 OUTPUT_ENV = "VERL_GENERATE_OUTPUT"
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _token_list(text: str, what: str) -> List[int]:
+def _token_list(text: str, what: str) -> list[int]:
     try:
         ids = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
@@ -72,7 +72,7 @@ def _token_list(text: str, what: str) -> List[int]:
     return ids
 
 
-def _model_token_ids(model_dir: str, key: str) -> List[int]:
+def _model_token_ids(model_dir: str, key: str) -> list[int]:
     """``key`` (eos_token_id / pad_token_id) from generation_config.json, else config.json."""
     for name in ("generation_config.json", "config.json"):
         path = os.path.join(model_dir, name)
@@ -86,10 +86,10 @@ def _model_token_ids(model_dir: str, key: str) -> List[int]:
 
 def prepare(args: argparse.Namespace):
     """Validate everything a rank would trip over; return (config, input_ids, attention_mask, params, pad)."""
+    from verl.engine.rollout.base import SamplingParams, check_prompts
+    from verl.engine.rollout.native.weights import SafetensorsCheckpoint
     from verl.hybrid_engine.rollout_layout import check_rollout_tp
     from verl.models.config import ModelConfig
-    from verl.workers.rollout.base import SamplingParams, check_prompts
-    from verl.workers.rollout.native.weights import SafetensorsCheckpoint
 
     if args.engine not in ENGINES:
         raise UsageError(f"--engine: expected one of {', '.join(ENGINES)}, found {args.engine!r}")
@@ -116,7 +116,7 @@ def prepare(args: argparse.Namespace):
 
 def generate_json(args: argparse.Namespace, tp_group=None) -> dict:
     """Run the native engine on this rank; the result is the same on every rank of the TP group."""
-    from verl.workers.rollout.native.engine import NativeRollout
+    from verl.engine.rollout.native.engine import NativeRollout
 
     config, input_ids, attention_mask, params, pad = prepare(args)
     engine = NativeRollout(config, tp_group=tp_group, dtype=DTYPES[args.dtype], pad_token_id=pad)
@@ -126,7 +126,7 @@ def generate_json(args: argparse.Namespace, tp_group=None) -> dict:
 
 def generate_sglang_json(args: argparse.Namespace) -> dict:
     """Run one SGLangRollout over ``--tp`` SGLang workers in this process (sglang must be importable)."""
-    from verl.workers.rollout.sglang_rollout import SGLangRollout, kv_pool_tokens
+    from verl.engine.rollout.sglang_rollout import SGLangRollout, kv_pool_tokens
 
     config, input_ids, attention_mask, params, pad = prepare(args)
     pool = kv_pool_tokens(input_ids.shape[0] * params.n, input_ids.shape[1] + params.response_length)
@@ -138,12 +138,12 @@ def generate_sglang_json(args: argparse.Namespace) -> dict:
 def _output_json(out) -> dict:
     lengths = out["response_mask"].sum(-1).tolist()
     return {
-        "output_ids": [row[:n] for row, n in zip(out["responses"].tolist(), lengths)],
-        "logprobs": [row[:n] for row, n in zip(out["rollout_log_probs"].tolist(), lengths)],
+        "output_ids": [row[:n] for row, n in zip(out["responses"].tolist(), lengths, strict=False)],
+        "logprobs": [row[:n] for row, n in zip(out["rollout_log_probs"].tolist(), lengths, strict=False)],
     }
 
 
-def _write(result: dict, path: Optional[str]) -> None:
+def _write(result: dict, path: str | None) -> None:
     if path:
         with open(path, "w", encoding="utf-8") as fh:
             json.dump(result, fh)
@@ -167,8 +167,8 @@ def _run_rank(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_sglang(args: argparse.Namespace, argv: List[str]) -> int:
-    from verl.workers.rollout.sglang_rollout import REPO, check_cpu_tp, sglang_importable, sglang_python
+def _run_sglang(args: argparse.Namespace, argv: list[str]) -> int:
+    from verl.engine.rollout.sglang_rollout import REPO, check_cpu_tp, sglang_importable, sglang_python
 
     config = prepare(args)[0]  # fail here, once, before SGLang starts
     if not torch.cuda.is_available():
@@ -185,11 +185,11 @@ def _run_sglang(args: argparse.Namespace, argv: List[str]) -> int:
     env = dict(os.environ)
     env[IN_SGLANG_ENV] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
-    return subprocess.run([python, "-m", "verl.workers.rollout.generate_cli", *argv], env=env).returncode
+    return subprocess.run([python, "-m", "verl.trainer.main_generation", *argv], env=env).returncode
 
 
-def _spawn_ranks(args: argparse.Namespace, argv: List[str]) -> int:
-    from launch.spawn import spawn_local
+def _spawn_ranks(args: argparse.Namespace, argv: list[str]) -> int:
+    from verl.launcher.spawn import spawn_local
 
     with tempfile.TemporaryDirectory(prefix="verl-generate-") as tmp:
         output = args.json or os.path.join(tmp, "output.json")
@@ -197,7 +197,7 @@ def _spawn_ranks(args: argparse.Namespace, argv: List[str]) -> int:
         env.update({RENDEZVOUS_ENV: os.path.join(tmp, "rendezvous"), OUTPUT_ENV: output, "GLOO_SOCKET_IFNAME": "lo"})
         # As torchrun does: T ranks on one host share its cores rather than each taking all of them.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.tp)))
-        code = spawn_local(args.tp, [sys.executable, "-m", "verl.workers.rollout.generate_cli", *argv], env=env,
+        code = spawn_local(args.tp, [sys.executable, "-m", "verl.trainer.main_generation", *argv], env=env,
                            out=sys.stderr)
         if code == 0 and not args.json:
             with open(output, encoding="utf-8") as fh:
@@ -205,7 +205,7 @@ def _spawn_ranks(args: argparse.Namespace, argv: List[str]) -> int:
         return code
 
 
-def _engine_of(argv: List[str]) -> Optional[str]:
+def _engine_of(argv: list[str]) -> str | None:
     for i, arg in enumerate(argv):
         if arg == "--engine" and i + 1 < len(argv):
             return argv[i + 1]
@@ -214,7 +214,7 @@ def _engine_of(argv: List[str]) -> Optional[str]:
     return None
 
 
-def _without_engine(argv: List[str]) -> List[str]:
+def _without_engine(argv: list[str]) -> list[str]:
     out, skip = [], False
     for arg in argv:
         if skip:
@@ -226,18 +226,18 @@ def _without_engine(argv: List[str]) -> List[str]:
     return out
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
+    from verl.engine.rollout.base import RolloutInputError
+    from verl.engine.rollout.native.weights import CheckpointError
+    from verl.engine.rollout.sglang_rollout import SGLangRolloutError
     from verl.hybrid_engine.rollout_layout import RolloutLayoutError
     from verl.models.config import ModelConfigError
-    from verl.workers.rollout.base import RolloutInputError
-    from verl.workers.rollout.native.weights import CheckpointError
-    from verl.workers.rollout.sglang_rollout import SGLangRolloutError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     engine = _engine_of(argv)
     if engine == "megatron":
         # The Megatron engine is the (slow, exact) parity oracle; it has its own runner.
-        from verl.workers.megatron.generate import main as megatron_generate
+        from verl.engine.megatron.generate import main as megatron_generate
 
         return megatron_generate(_without_engine(argv))
     try:

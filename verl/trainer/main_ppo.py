@@ -4,7 +4,7 @@ The config is loaded and validated first; a bad one prints one line and exits 2 
 starts. Then:
 - under Slurm / torchrun / mpirun (the launcher set the rank variables) this process is one rank;
 - otherwise, for ``trainer.nnodes * trainer.n_gpus_per_node`` = 1 everything runs in this process;
-- otherwise this process spawns that many local ranks (``launch.spawn.spawn_local``) running
+- otherwise this process spawns that many local ranks (``verl.launcher.spawn.spawn_local``) running
   ``python -m verl.trainer.main_ppo`` with the same arguments, and returns their exit code.
 
 ``--dry-run`` runs one step (generation, rewards, log-probs, values, advantages, metrics) without
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import List, Optional
 
 EXIT_CONFIG_ERROR = 2
 
@@ -37,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_rank(config, dry_run: bool) -> int:
     """This process as one rank of the job: torch.distributed, workers, the PPO loop."""
-    from launch.bootstrap import destroy_distributed, init_distributed
+    from verl.launcher.bootstrap import destroy_distributed, init_distributed
 
     init_distributed(seed=config.trainer.seed)
     try:
@@ -57,11 +56,11 @@ def run_rank(config, dry_run: bool) -> int:
         destroy_distributed()
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
 
-    from launch.env import LaunchError, discover
+    from verl.launcher.env import LaunchError, discover
     from verl.trainer.config import ConfigError, load_config, world_size
 
     try:
@@ -82,7 +81,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"verl train: config error: trainer.nnodes={config.trainer.nnodes}: expected 1 outside a launcher "
               f"(multi-node runs start under srun/mpirun, see slurm/)", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    from launch.spawn import spawn_local
+    from verl.launcher.spawn import spawn_local
 
     return spawn_local(world, [sys.executable, "-m", "verl.trainer.main_ppo", *argv])
 

@@ -16,14 +16,13 @@
 from __future__ import annotations
 
 import resource
-from typing import Dict
 
 import torch
 
 from verl.protocol import DataProto
 
 
-def _stats(prefix: str, values: torch.Tensor) -> Dict[str, float]:
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     values = values.float()
     if values.numel() == 0:
         return {}
@@ -31,12 +30,12 @@ def _stats(prefix: str, values: torch.Tensor) -> Dict[str, float]:
             f"{prefix}/min": values.min().item()}
 
 
-def compute_data_metrics(batch: DataProto, use_critic: bool) -> Dict[str, float]:
+def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]:
     response_length = batch.batch["responses"].shape[-1]
     response_mask = batch.batch["response_mask"].bool()
     prompt_mask = batch.batch["attention_mask"][:, :-response_length].bool()
     max_prompt = prompt_mask.shape[-1]
-    metrics: Dict[str, float] = {}
+    metrics: dict[str, float] = {}
     metrics.update(_stats("critic/score", batch.batch["token_level_scores"].sum(-1)))
     metrics.update(_stats("critic/rewards", batch.batch["token_level_rewards"].sum(-1)))
     metrics.update(_stats("critic/advantages", batch.batch["advantages"][response_mask]))
@@ -52,7 +51,7 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> Dict[str, float]
     return metrics
 
 
-def compute_rollout_probs_diff_metrics(batch: DataProto) -> Dict[str, float]:
+def compute_rollout_probs_diff_metrics(batch: DataProto) -> dict[str, float]:
     if "rollout_log_probs" not in batch.batch or "old_log_probs" not in batch.batch:
         return {}
     mask = batch.batch["response_mask"].bool()
@@ -64,7 +63,7 @@ def compute_rollout_probs_diff_metrics(batch: DataProto) -> Dict[str, float]:
             "training/rollout_probs_diff_std": diff.std(correction=0).item()}
 
 
-def compute_timing_metrics(batch: DataProto, timing: Dict[str, float]) -> Dict[str, float]:
+def compute_timing_metrics(batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
     """timing_s/<phase> and, for the phases that touch every token, milliseconds per token."""
     response_tokens = int(batch.batch["response_mask"].sum())
     all_tokens = int(batch.batch["attention_mask"].sum())
@@ -77,13 +76,13 @@ def compute_timing_metrics(batch: DataProto, timing: Dict[str, float]) -> Dict[s
     return out
 
 
-def compute_throughput_metrics(batch: DataProto, step_seconds: float, n_ranks: int) -> Dict[str, float]:
+def compute_throughput_metrics(batch: DataProto, step_seconds: float, n_ranks: int) -> dict[str, float]:
     tokens = int(batch.batch["attention_mask"].sum())
     return {"perf/total_num_tokens": float(tokens), "perf/time_per_step": step_seconds,
             "perf/throughput": tokens / max(step_seconds, 1e-9) / n_ranks}
 
 
-def local_memory_metrics() -> Dict[str, float]:
+def local_memory_metrics() -> dict[str, float]:
     """This rank's peak resident memory (MiB) and, on GPU, peak allocated device memory (GiB)."""
     out = {"perf/rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
     if torch.cuda.is_available():
@@ -91,9 +90,9 @@ def local_memory_metrics() -> Dict[str, float]:
     return out
 
 
-def reduce_memory_metrics(per_rank: list) -> Dict[str, float]:
+def reduce_memory_metrics(per_rank: list) -> dict[str, float]:
     """Max/min over ranks of each rank's :func:`local_memory_metrics`, plus the per-rank RSS."""
-    out: Dict[str, float] = {}
+    out: dict[str, float] = {}
     for key in per_rank[0]:
         values = [m[key] for m in per_rank]
         out[f"{key}/max"] = max(values)

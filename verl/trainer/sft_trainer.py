@@ -36,7 +36,8 @@ import shutil
 import sys
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -46,7 +47,7 @@ USAGE_ERROR = 2
 LOGGERS = ("console", "tensorboard")
 LABEL_NOISE_MODES = ("random", "drop_carry")
 
-SCHEMA: Dict[str, Any] = {
+SCHEMA: dict[str, Any] = {
     "data": {
         "train_files": field(None, str, list),
         "val_files": field(None, str, list),
@@ -95,8 +96,8 @@ SCHEMA: Dict[str, Any] = {
 
 
 # ----------------------------------------------------------------------------- config
-def load_sft_config(path: Optional[str], overrides: Sequence[str] = (),
-                    launcher_world_size: Optional[int] = None) -> Dict[str, Any]:
+def load_sft_config(path: str | None, overrides: Sequence[str] = (),
+                    launcher_world_size: int | None = None) -> dict[str, Any]:
     """Defaults <- YAML file <- dotted overrides, with paths resolved and every key validated.
 
     Relative paths resolve against the working directory first, then the repository root (the
@@ -114,7 +115,7 @@ def load_sft_config(path: Optional[str], overrides: Sequence[str] = (),
     return cfg
 
 
-def _validate(cfg: Dict[str, Any], launcher_world_size: Optional[int]) -> None:
+def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
     from verl.models.config import ModelConfig, ModelConfigError
     from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
 
@@ -202,12 +203,12 @@ class SFTData:
     def __len__(self) -> int:
         return self.input_ids.size(0)
 
-    def batch(self, index: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def batch(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"input_ids": self.input_ids[index], "attention_mask": self.attention_mask[index],
                 "responses": self.responses[index], "response_mask": self.response_mask[index]}
 
 
-def _field(row: Dict[str, Any], key: str, nested: Optional[List[str]], what: str) -> Any:
+def _field(row: dict[str, Any], key: str, nested: list[str] | None, what: str) -> Any:
     value = row[key]
     for name in nested or []:
         if not isinstance(value, dict) or name not in value:
@@ -228,7 +229,7 @@ def _as_text(value: Any, tokenizer: Any) -> str:
     return str(value)
 
 
-def read_pairs(files: Sequence[str], data_cfg: Dict[str, Any], tokenizer: Any) -> List[tuple]:
+def read_pairs(files: Sequence[str], data_cfg: dict[str, Any], tokenizer: Any) -> list[tuple]:
     """(prompt text, response text) for every row of ``files``."""
     import pyarrow.parquet as pq
 
@@ -251,7 +252,7 @@ def read_pairs(files: Sequence[str], data_cfg: Dict[str, Any], tokenizer: Any) -
     return pairs
 
 
-def add_label_noise(pairs: List[tuple], fraction: float, seed: int) -> tuple:
+def add_label_noise(pairs: list[tuple], fraction: float, seed: int) -> tuple:
     """(pairs, count): ``round(fraction * N)`` seeded rows get another row's different response."""
     rng = random.Random(seed)
     responses = [r for _, r in pairs]
@@ -270,7 +271,7 @@ def add_label_noise(pairs: List[tuple], fraction: float, seed: int) -> tuple:
 _PROBLEM = re.compile(r"^\s*(\d+)\s*([+-])\s*(\d+)\s*=\s*$")
 
 
-def drop_carry_answer(prompt: str) -> Optional[str]:
+def drop_carry_answer(prompt: str) -> str | None:
     """The answer to ``a+b=`` / ``a-b=`` computed by forgetting the carry out of (or the borrow into)
     the ones digit, or None when the problem has none (or is not such a prompt).
 
@@ -290,7 +291,7 @@ def drop_carry_answer(prompt: str) -> Optional[str]:
     return sign + str(big - small + 10)
 
 
-def add_drop_carry_noise(pairs: List[tuple], fraction: float, seed: int) -> tuple:
+def add_drop_carry_noise(pairs: list[tuple], fraction: float, seed: int) -> tuple:
     """(pairs, count): ``round(fraction * M)`` seeded rows of the M that involve a carry (or borrow)
     get the carry-dropped answer (:func:`drop_carry_answer`) as their response."""
     rng = random.Random(seed)
@@ -303,7 +304,7 @@ def add_drop_carry_noise(pairs: List[tuple], fraction: float, seed: int) -> tupl
     return noisy, len(chosen)
 
 
-def encode_pairs(pairs: List[tuple], tokenizer: Any, max_length: int) -> List[tuple]:
+def encode_pairs(pairs: list[tuple], tokenizer: Any, max_length: int) -> list[tuple]:
     """(prompt ids, response ids + eos) per pair; every pair must fit in ``max_length`` tokens."""
     encoded = [(tokenizer(p, add_special_tokens=False)["input_ids"],
                 tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]) for p, r in pairs]
@@ -314,7 +315,7 @@ def encode_pairs(pairs: List[tuple], tokenizer: Any, max_length: int) -> List[tu
     return encoded
 
 
-def pad_pairs(encoded: List[tuple], prompt_width: int, response_width: int, pad_token_id: int) -> SFTData:
+def pad_pairs(encoded: list[tuple], prompt_width: int, response_width: int, pad_token_id: int) -> SFTData:
     """SFTData: prompts left-padded to ``prompt_width``, responses right-padded to ``response_width``."""
     P, R = prompt_width, response_width
     ids = torch.full((len(encoded), P + R), pad_token_id, dtype=torch.int64)
@@ -326,7 +327,7 @@ def pad_pairs(encoded: List[tuple], prompt_width: int, response_width: int, pad_
     return SFTData(ids, mask, ids[:, P:].clone(), mask[:, P:].clone())
 
 
-def prepare_data(cfg: Dict[str, Any]) -> tuple:
+def prepare_data(cfg: dict[str, Any]) -> tuple:
     """(train SFTData, val SFTData or None, tokenizer): every data problem raises ConfigError here.
 
     Train and val share one (prompt, response) width: the longest of either, over both splits.
@@ -358,7 +359,7 @@ def prepare_data(cfg: Dict[str, Any]) -> tuple:
     return train_data, pad_pairs(val, *widths, tokenizer.pad_token_id) if val else None, tokenizer
 
 
-def total_steps(cfg: Dict[str, Any], num_train: int) -> int:
+def total_steps(cfg: dict[str, Any], num_train: int) -> int:
     steps = cfg["trainer"]["total_training_steps"]
     if steps is not None:
         return steps
@@ -366,7 +367,7 @@ def total_steps(cfg: Dict[str, Any], num_train: int) -> int:
 
 
 # ----------------------------------------------------------------------------- one rank
-def sft_loss(outputs: Dict[str, torch.Tensor], micro_batch: Dict[str, torch.Tensor]):
+def sft_loss(outputs: dict[str, torch.Tensor], micro_batch: dict[str, torch.Tensor]):
     """Token-mean negative log-likelihood over the response tokens (and eos): log_probs [b, R]."""
     mask = micro_batch["response_mask"].float()
     return -(outputs["log_probs"] * mask).sum() / mask.sum().clamp(min=1.0), {}
@@ -375,15 +376,15 @@ def sft_loss(outputs: Dict[str, torch.Tensor], micro_batch: Dict[str, torch.Tens
 class SFTTrainer:
     """SFT on this rank's Megatron groups (torch.distributed initialised, megatron not yet)."""
 
-    def __init__(self, cfg: Dict[str, Any], train: SFTData, val: Optional[SFTData]):
+    def __init__(self, cfg: dict[str, Any], train: SFTData, val: SFTData | None):
         import torch.distributed as dist
         from megatron.core import parallel_state as mpu
 
+        from verl.engine.megatron.actor import MegatronActor
+        from verl.engine.megatron.engine import MegatronEngine, OptimConfig
+        from verl.engine.megatron.parallel import initialize_megatron
         from verl.models.config import ModelConfig
         from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
-        from verl.workers.megatron.actor import MegatronActor
-        from verl.workers.megatron.engine import MegatronEngine, OptimConfig
-        from verl.workers.megatron.parallel import initialize_megatron
 
         self.cfg, self.train_data, self.val_data = cfg, train, val
         mcore, optim, trainer = cfg["megatron"], cfg["optim"], cfg["trainer"]
@@ -412,16 +413,16 @@ class SFTTrainer:
                 yield order[start:start + size]
             epoch += 1
 
-    def val_loss(self) -> Optional[float]:
+    def val_loss(self) -> float | None:
         if self.val_data is None:
             return None
-        from verl.workers.megatron.actor import token_log_probs
+        from verl.engine.megatron.actor import token_log_probs
 
         batch = self.val_data.batch(torch.arange(len(self.val_data)))
         out = self.engine.forward(batch, len(self.val_data), token_log_probs(self.engine, compute_entropy=False))
         return float(sft_loss(out, batch)[0])
 
-    def fit(self, tracker: Any = None) -> Dict[str, Any]:
+    def fit(self, tracker: Any = None) -> dict[str, Any]:
         """Train ``total_training_steps``; returns the last step's metrics (logged by the caller,
         which adds the exported model's ``val/accuracy`` to the same record)."""
         from tqdm import tqdm
@@ -432,7 +433,7 @@ class SFTTrainer:
             / len(self.train_data)
         bar = tqdm(total=self.steps, desc="sft", unit="step", dynamic_ncols=True, disable=self.rank != 0)
         batches = self._global_batches()
-        metrics: Dict[str, Any] = {}
+        metrics: dict[str, Any] = {}
         start = time.perf_counter()
         for step in range(1, self.steps + 1):
             tick = time.perf_counter()
@@ -455,7 +456,7 @@ class SFTTrainer:
         bar.close()
         return metrics
 
-    def export_hf(self, out_dir: str, tokenizer: Any) -> Optional[str]:
+    def export_hf(self, out_dir: str, tokenizer: Any) -> str | None:
         """Gather the actor (collective over every rank) and write it at ``out_dir`` (rank 0), atomically."""
         from verl.models.mcore.weights import gather_hf_from_model
 
@@ -470,7 +471,7 @@ def _has_weights(path: str) -> bool:
     return any(os.path.isfile(os.path.join(path, f)) for f in ("model.safetensors", "model.safetensors.index.json"))
 
 
-def _loss_line(step: int, steps: int, metrics: Dict[str, Any]) -> str:
+def _loss_line(step: int, steps: int, metrics: dict[str, Any]) -> str:
     parts = [f"step {step}/{steps}", f"loss {metrics['train/loss']:.4f}"]
     if metrics.get("val/loss") is not None:
         parts.append(f"val_loss {metrics['val/loss']:.4f}")
@@ -479,7 +480,7 @@ def _loss_line(step: int, steps: int, metrics: Dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
-def write_hf_dir(out_dir: str, tensors: Dict[str, torch.Tensor], model_path: str, tokenizer: Any) -> None:
+def write_hf_dir(out_dir: str, tensors: dict[str, torch.Tensor], model_path: str, tokenizer: Any) -> None:
     """config.json (special token ids from the tokenizer), model.safetensors, tokenizer files and
     generation_config.json, staged in a sibling directory and renamed into place."""
     from verl.models.mcore.weights import save_hf_checkpoint
@@ -505,14 +506,14 @@ def write_hf_dir(out_dir: str, tensors: Dict[str, torch.Tensor], model_path: str
     shutil.rmtree(previous, ignore_errors=True)
 
 
-def run_rank(cfg: Dict[str, Any], train: SFTData, val: Optional[SFTData]) -> Dict[str, Any]:
+def run_rank(cfg: dict[str, Any], train: SFTData, val: SFTData | None) -> dict[str, Any]:
     """One rank's whole job (torch.distributed initialised): train, export ``<output_dir>/hf``, rank 0
     scores it; returns the final metrics (module level, so ``run_ranks`` can pickle it)."""
     import torch.distributed as dist
 
+    from verl.engine.megatron.parallel import destroy_megatron
     from verl.trainer.evaluate import evaluate_accuracy
     from verl.utils.tracking import Tracking
-    from verl.workers.megatron.parallel import destroy_megatron
 
     # megatron's CPU fallbacks (no TE / apex) warn once per module on every rank: not the user's concern.
     warnings.filterwarnings("ignore", message=r".*(Transformer Engine|Apex) (and Apex )?(is|are) not installed.*")
@@ -552,7 +553,7 @@ def run_rank(cfg: Dict[str, Any], train: SFTData, val: Optional[SFTData]) -> Dic
 
 
 # ----------------------------------------------------------------------------- CLI
-def _parse_args(argv: List[str]):
+def _parse_args(argv: list[str]):
     import argparse
 
     class Parser(argparse.ArgumentParser):
@@ -565,9 +566,9 @@ def _parse_args(argv: List[str]):
     return parser.parse_args(argv)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    from launch.env import LaunchError, discover
-    from verl.utils.local_ranks import RankFailure, run_ranks
+def main(argv: list[str] | None = None) -> int:
+    from verl.launcher.env import LaunchError, discover
+    from verl.launcher.spawn import RankFailure, run_ranks
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -582,7 +583,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     tick = time.perf_counter()
     if launched:
-        from launch.bootstrap import destroy_distributed, init_distributed
+        from verl.launcher.bootstrap import destroy_distributed, init_distributed
 
         init_distributed(seed=cfg["trainer"]["seed"])
         try:

@@ -1,7 +1,7 @@
 """Trainer checkpoints: one directory per saved step, written atomically, found again by ``resume_mode``.
 
     <default_local_dir>/global_step_<N>/
-        actor/  critic/            Megatron model + optimizer + scheduler (workers/megatron/checkpoint.py)
+        actor/  critic/            Megatron model + optimizer + scheduler (engine/megatron/checkpoint.py)
         trainer_state.json         step, dataloader sampler state, KL controller (rank 0)
         rng/rank<r>.pt             python / numpy / torch RNG of every rank
     <default_local_dir>/latest_checkpointed_iteration.txt   (verl's name) the newest complete step
@@ -17,7 +17,8 @@ import json
 import os
 import random
 import shutil
-from typing import Any, Callable, Dict, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +29,8 @@ STATE_FILE = "trainer_state.json"
 
 
 class CheckpointError(ValueError):
-    """A resume target that is missing or incomplete."""
+    """A checkpoint (trainer resume target, Megatron checkpoint or HF model directory) that is missing,
+    incomplete, corrupt, or for another model: the one error class for every checkpoint reader."""
 
 
 def step_dir(root: str, step: int) -> str:
@@ -44,23 +46,42 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def rng_state() -> Dict[str, Any]:
+def _megatron_rng_tracker():
+    """Megatron's model-parallel RNG tracker when this process initialised Megatron, else None."""
+    try:
+        from megatron.core import parallel_state as mpu
+        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+    except ImportError:
+        return None
+    return get_cuda_rng_tracker() if mpu.model_parallel_is_initialized() else None
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG of this process (python, numpy, torch, Megatron's tracker), in types that
+    ``torch.load(weights_only=True)`` reads back: the one RNG snapshot of every checkpoint."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     version, internal, gauss = random.getstate()
-    return {"python": [version, list(internal), gauss], "numpy": [name, torch.from_numpy(keys.astype(np.int64)),
-                                                                  pos, has_gauss, cached],
-            "torch": torch.get_rng_state()}
+    state = {"python": [version, list(internal), gauss], "numpy": [name, torch.from_numpy(keys.astype(np.int64)),
+                                                                   pos, has_gauss, cached],
+             "torch": torch.get_rng_state()}
+    tracker = _megatron_rng_tracker()
+    if tracker is not None:
+        state["megatron_tracker"] = tracker.get_states()
+    return state
 
 
-def set_rng_state(state: Dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
+    tracker = _megatron_rng_tracker()
+    if tracker is not None and "megatron_tracker" in state:
+        tracker.set_states(state["megatron_tracker"])
 
 
-def save_trainer_checkpoint(root: str, step: int, trainer_state: Dict[str, Any],
+def save_trainer_checkpoint(root: str, step: int, trainer_state: dict[str, Any],
                             save_models: Callable[[str], None]) -> str:
     """Collective: ``save_models(staging_dir)`` writes the workers' parts; returns the final directory."""
     final = step_dir(root, step)
@@ -87,7 +108,7 @@ def save_trainer_checkpoint(root: str, step: int, trainer_state: Dict[str, Any],
     return final
 
 
-def find_resume_dir(root: str, resume_mode: str) -> Optional[str]:
+def find_resume_dir(root: str, resume_mode: str) -> str | None:
     """``auto``: the latest complete checkpoint under ``root`` (None if there is none); ``disable``:
     None; anything else: that checkpoint directory, which must exist."""
     if resume_mode == "disable":
@@ -106,7 +127,7 @@ def find_resume_dir(root: str, resume_mode: str) -> Optional[str]:
     return path
 
 
-def load_trainer_state(path: str) -> Dict[str, Any]:
+def load_trainer_state(path: str) -> dict[str, Any]:
     """The trainer state of checkpoint ``path``, and this rank's RNG restored."""
     with open(os.path.join(path, STATE_FILE), encoding="utf-8") as fh:
         state = json.load(fh)

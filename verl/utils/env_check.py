@@ -15,7 +15,8 @@ import shutil
 import subprocess
 import sys
 import warnings
-from typing import Callable, List, Optional, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 OK, WARN, FAIL = "✓", "!", "✗"
 
@@ -25,7 +26,7 @@ class Check:
     status: str  # OK, WARN or FAIL
     name: str
     detail: str
-    fix: Optional[str] = None  # the exact command, for FAIL lines
+    fix: str | None = None  # the exact command, for FAIL lines
     required: bool = False
 
     def line(self) -> str:
@@ -35,7 +36,7 @@ class Check:
         return text
 
 
-def _version(module: str) -> Optional[str]:
+def _version(module: str) -> str | None:
     try:
         mod = importlib.import_module(module)
     except Exception:  # any import failure means "not usable"
@@ -72,7 +73,7 @@ def check_megatron() -> Check:
     return Check(OK, "megatron-core", version, required=True)
 
 
-def check_extension() -> List[Check]:
+def check_extension() -> list[Check]:
     fix = "pip install --no-build-isolation -e .   (in the verl-hpc repository root)"
     try:
         from verl import _C
@@ -170,21 +171,21 @@ def check_gpus() -> Check:
     return Check(OK, "gpus", f"{count} x {', '.join(names)}")
 
 
-CHECKS: List[Callable[[], object]] = [
+CHECKS: list[Callable[[], object]] = [
     check_python, check_torch, check_megatron, check_extension, check_mpi, check_slurm,
     check_sglang, check_apex, check_nvcc, check_gpus,
 ]
 
 
-def run_checks() -> List[Check]:
-    results: List[Check] = []
+def run_checks() -> list[Check]:
+    results: list[Check] = []
     for fn in CHECKS:
         out = fn()
         results.extend(out if isinstance(out, list) else [out])
     return results
 
 
-def check_env(stream: Optional[TextIO] = None) -> int:
+def check_env(stream: TextIO | None = None) -> int:
     """Print one line per component; return 0 when every required component is present."""
     stream = stream or sys.stdout
     results = run_checks()

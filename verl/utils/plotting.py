@@ -17,11 +17,13 @@ import argparse
 import math
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 # (panel title, [(metric, legend label)], y label)
-PANELS: Tuple[Tuple[str, Tuple[Tuple[str, str], ...], str], ...] = (
-    ("reward", (("critic/score/mean", "score (task)"), ("critic/rewards/mean", "reward (after KL)")), "mean per response"),
+PANELS: tuple[tuple[str, tuple[tuple[str, str], ...], str], ...] = (
+    ("reward", (("critic/score/mean", "score (task)"), ("critic/rewards/mean", "reward (after KL)")),
+     "mean per response"),
     ("validation accuracy (greedy)", (("val/accuracy", "val/accuracy"),), "exact match"),
     ("KL", (("actor/ppo_kl", "ppo_kl (old vs new)"), ("actor/kl_loss", "kl_loss (vs ref)"),
             ("actor/reward_kl_penalty", "reward_kl_penalty (vs ref)")), "nats / token"),
@@ -29,7 +31,7 @@ PANELS: Tuple[Tuple[str, Tuple[Tuple[str, str], ...], str], ...] = (
 )
 
 
-def _series(records: Sequence[Dict[str, Any]], key: str) -> Tuple[List[int], List[float]]:
+def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
     steps, values = [], []
     for record in records:
         value = record.get(key)
@@ -39,7 +41,7 @@ def _series(records: Sequence[Dict[str, Any]], key: str) -> Tuple[List[int], Lis
     return steps, values
 
 
-def plot_metrics(records: Sequence[Dict[str, Any]], out_png: str, title: Optional[str] = None) -> str:
+def plot_metrics(records: Sequence[dict[str, Any]], out_png: str, title: str | None = None) -> str:
     """Draw the four panels of ``records`` (``read_metrics`` rows) into ``out_png``; returns its path."""
     import matplotlib
 
@@ -47,7 +49,7 @@ def plot_metrics(records: Sequence[Dict[str, Any]], out_png: str, title: Optiona
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
-    for ax, (panel, metrics, ylabel) in zip(axes.flat, PANELS):
+    for ax, (panel, metrics, ylabel) in zip(axes.flat, PANELS, strict=False):
         drawn = False
         for key, label in metrics:
             steps, values = _series(records, key)
@@ -92,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     from verl.utils.tracking import read_metrics
 
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))

@@ -12,7 +12,8 @@ import json
 import math
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 # The compact console line shows these, in this order, when present.
 CONSOLE_KEYS = (
@@ -46,8 +47,8 @@ class Tracking:
         os.makedirs(output_dir, exist_ok=True)
         self._jsonl = open(os.path.join(output_dir, "metrics.jsonl"), "a", encoding="utf-8")
         self._csv_path = os.path.join(output_dir, "metrics.csv")
-        self._csv_rows: List[Dict[str, Any]] = self._read_csv() if "csv" in self.backends else []
-        self._csv_columns: List[str] = list(dict.fromkeys(k for row in self._csv_rows for k in row))
+        self._csv_rows: list[dict[str, Any]] = self._read_csv() if "csv" in self.backends else []
+        self._csv_columns: list[str] = list(dict.fromkeys(k for row in self._csv_rows for k in row))
         self._tb = None
         if "tensorboard" in self.backends:
             from torch.utils.tensorboard import SummaryWriter
@@ -55,13 +56,13 @@ class Tracking:
             self._tb = SummaryWriter(os.path.join(output_dir, "tensorboard"))
         self.project_name, self.experiment_name = project_name, experiment_name
 
-    def _read_csv(self) -> List[Dict[str, Any]]:
+    def _read_csv(self) -> list[dict[str, Any]]:
         if not os.path.isfile(self._csv_path):
             return []
         with open(self._csv_path, newline="", encoding="utf-8") as fh:
             return list(csv.DictReader(fh))
 
-    def log(self, data: Dict[str, Any], step: int, total_steps: Optional[int] = None) -> None:
+    def log(self, data: dict[str, Any], step: int, total_steps: int | None = None) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in sorted(data.items())}}
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
@@ -77,7 +78,7 @@ class Tracking:
             self.stream.flush()
 
     @staticmethod
-    def console_line(record: Dict[str, Any], total_steps: Optional[int] = None) -> str:
+    def console_line(record: dict[str, Any], total_steps: int | None = None) -> str:
         parts = [f"step {record['step']}" + (f"/{total_steps}" if total_steps else "")]
         for key, short in CONSOLE_KEYS:
             value = record.get(key)
@@ -85,7 +86,7 @@ class Tracking:
                 parts.append(f"{short} {value:.4g}")
         return " | ".join(parts)
 
-    def _log_csv(self, record: Dict[str, Any]) -> None:
+    def _log_csv(self, record: dict[str, Any]) -> None:
         new_columns = [k for k in record if k not in self._csv_columns]
         self._csv_columns += new_columns
         self._csv_rows.append(record)
@@ -106,11 +107,11 @@ class Tracking:
             self._tb.close()
 
 
-def read_metrics(output_dir: str) -> List[Dict[str, Any]]:
+def read_metrics(output_dir: str) -> list[dict[str, Any]]:
     """Every record of ``metrics.jsonl`` (``output_dir`` is its directory or the file itself), by step;
     a step logged twice (a resumed run) keeps its last record."""
     path = output_dir if os.path.isfile(output_dir) else os.path.join(output_dir, "metrics.jsonl")
-    by_step: Dict[int, Dict[str, Any]] = {}
+    by_step: dict[int, dict[str, Any]] = {}
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             if line.strip():
@@ -119,7 +120,7 @@ def read_metrics(output_dir: str) -> List[Dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def rank_zero_tracking(config: Any, rank: int) -> Optional[Tracking]:
+def rank_zero_tracking(config: Any, rank: int) -> Tracking | None:
     if rank != 0:
         return None
     return Tracking(config.trainer.output_dir, list(config.trainer.logger), config.trainer.project_name,

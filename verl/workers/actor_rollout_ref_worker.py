@@ -12,161 +12,31 @@ Dispatch: log-prob and update methods split the batch over Megatron DP replicas
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from collections.abc import Callable
+from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from verl.hybrid_engine.executor import ReshardExecutor, ReshardProcessGroups, offsets_from_views
 from verl.hybrid_engine.groups import derive_groups
-from verl.hybrid_engine.layouts import TrainingLayout, training_param_specs
-from verl.hybrid_engine.planner import plan_reshard
-from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
+from verl.hybrid_engine.hybrid_engine import HybridEngine
+from verl.hybrid_engine.layouts import TrainingLayout
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from verl.trainer.ppo import core_algos
-
-ACTOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-# --------------------------------------------------------------------------- shared by the Megatron roles
-def ensure_megatron(tp: int, pp: int, seed: int) -> None:
-    """Initialise Megatron's parallel state once per process (colocated roles share it)."""
-    from megatron.core import parallel_state as mpu
-
-    from verl.workers.megatron.parallel import initialize_megatron
-
-    if mpu.model_parallel_is_initialized():
-        have = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size())
-        if have != (tp, pp):
-            raise ValueError(f"megatron layout: expected (tp, pp) = {have} for every colocated role, found {(tp, pp)}")
-        return
-    initialize_megatron(tp, pp, seed=seed)
-
-
-def megatron_mesh() -> MeshRank:
-    """This rank's Megatron DP replica; its output is collected on the last stage's tp rank 0."""
-    from megatron.core import parallel_state as mpu
-
-    return MeshRank(mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size(),
-                    mpu.is_pipeline_last_stage() and mpu.get_tensor_model_parallel_rank() == 0)
-
-
-def optim_config(optim: Any, total_training_steps: int, use_distributed_optimizer: bool = False):
-    from verl.workers.megatron.engine import OptimConfig
-
-    return OptimConfig(lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
-                       betas=tuple(optim.betas), clip_grad=optim.clip_grad, lr_warmup_steps=optim.lr_warmup_steps,
-                       total_training_steps=max(1, total_training_steps), lr_decay_style=optim.lr_decay_style,
-                       use_distributed_optimizer=use_distributed_optimizer)
-
-
-def load_initial_weights(engine: Any, model_path: str, model_config: ModelConfig, head: str) -> None:
-    """An HF directory's safetensors into ``engine``; a bare config.json keeps Megatron's seeded init."""
-    from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
-
-    if not os.path.isdir(model_path):
-        return
-    checkpoint = HFCheckpoint(model_path)
-
-    def get_hf(name: str) -> torch.Tensor:
-        if name == "score.weight" and head == "value":
-            try:
-                return checkpoint.get(name)
-            except Exception:  # an LM checkpoint has no value head: start it at zero, as verl's critic does
-                return torch.zeros(1, model_config.hidden_size)
-        return checkpoint.get(name)
-
-    load_hf_into_model(engine.module, model_config, get_hf, head)
-
-
-def ppo_mini_batches(data: Dict[str, torch.Tensor], mini_batch_size: int, epochs: int, shuffle: bool,
-                     seed: int) -> Iterator[Dict[str, torch.Tensor]]:
-    """``epochs`` passes over ``data`` in mini-batches of ``mini_batch_size`` rows (seeded shuffle)."""
-    size = next(iter(data.values())).shape[0]
-    for epoch in range(epochs):
-        order = torch.randperm(size, generator=torch.Generator().manual_seed(seed + epoch)) if shuffle \
-            else torch.arange(size)
-        for start in range(0, size, mini_batch_size):
-            index = order[start:start + mini_batch_size]
-            yield {k: v[index] for k, v in data.items()}
-
-
-def mean_metrics(per_step: List[Dict[str, float]]) -> Dict[str, float]:
-    keys = per_step[0].keys()
-    return {k: float(np.mean([m[k] for m in per_step])) for k in keys}
-
-
-def batch_fields(data: DataProto, keys: Tuple[str, ...]) -> Dict[str, torch.Tensor]:
-    missing = [k for k in keys if k not in data.batch]
-    if missing:
-        raise KeyError(f"expected batch fields {missing}, found only {sorted(data.batch)}")
-    return {k: data.batch[k] for k in keys}
-
-
-# --------------------------------------------------------------------------- the hybrid engine glue
-class HybridEngine:
-    """Reshards the actor's Megatron weights into the rollout engine's flat buffer and back out of it.
-
-    The actor's parameters are rebound (once) to views of one flat training buffer in
-    ``training_param_specs`` order unless Megatron's distributed optimizer already keeps them in
-    one buffer; the executor's copy programs address both buffers by offset.
-    """
-
-    def __init__(self, actor_engine: Any, rollout: Any, model_config: ModelConfig, training: TrainingLayout,
-                 rollout_tp: int, bucket_bytes: int, dtype: str):
-        from megatron.core import parallel_state as mpu
-
-        rank = dist.get_rank()
-        self.rollout = rollout
-        self.groups = derive_groups(training, rollout_tp)
-        flat, offsets = self._bind_training_buffer(actor_engine, model_config, training, mpu)
-        plan = plan_reshard(model_config, training, RolloutLayout(rollout_tp), rank, bucket_bytes, dtype)
-        j = self.groups.rollout_tp_rank[rank]
-        specs = [(s.name, s.shape) for s in rollout_param_specs(model_config, rollout_tp, j)]
-        self.executor = ReshardExecutor(plan, flat, offsets, specs, ReshardProcessGroups(self.groups))
-        self.summary = plan.summary()
-
-    @staticmethod
-    def _bind_training_buffer(engine: Any, model_config: ModelConfig, training: TrainingLayout, mpu):
-        params = dict(engine.module.named_parameters())
-        buffers = getattr(engine.model, "buffers", None) or []
-        param_data = [b.param_data for b in buffers if getattr(b, "param_data", None) is not None]
-        if len(param_data) == 1:  # distributed optimizer: parameters already live in one buffer
-            return param_data[0], offsets_from_views(param_data[0], params)
-        specs = training_param_specs(model_config, training.tp, training.pp,
-                                     mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank())
-        missing = [name for name, _ in specs if name not in params]
-        if missing:
-            raise KeyError(f"hybrid engine: expected Megatron parameters {missing[:3]}, found {sorted(params)[:6]}...")
-        total = sum(int(np.prod(shape)) for _, shape in specs)
-        first = params[specs[0][0]]
-        flat = torch.empty(total, dtype=first.dtype, device=first.device)
-        offsets, offset = {}, 0
-        with torch.no_grad():
-            for name, shape in specs:
-                numel = int(np.prod(shape))
-                view = flat[offset:offset + numel].view(params[name].shape)
-                view.copy_(params[name].data)
-                params[name].data = view  # the optimizer and DDP keep the Parameter object
-                offsets[name] = offset
-                offset += numel
-        return flat, offsets
-
-    def to_rollout(self) -> Dict[str, float]:
-        """Training -> rollout layout, straight into the rollout engine's weights."""
-        self.rollout.resume()
-        return self.executor.to_rollout(into=self.rollout.weight_buffer()).metrics()
-
-    def to_training(self) -> None:
-        """Release the rollout weights and KV cache; the training weights were never moved."""
-        self.executor.release()
-        self.rollout.release()
+from verl.utils.torch_dtypes import DTYPES
+from verl.workers.role_utils import (
+    ACTOR_FIELDS,
+    batch_fields,
+    ensure_megatron,
+    load_initial_weights,
+    mean_metrics,
+    megatron_mesh,
+    optim_config,
+    ppo_mini_batches,
+)
 
 
 # --------------------------------------------------------------------------- the worker
@@ -177,10 +47,10 @@ class ActorRolloutRefWorker(Worker):
                  tokenizer: Any = None):
         from megatron.core import parallel_state as mpu
 
-        from verl.workers.megatron.actor import MegatronActor
-        from verl.workers.megatron.engine import MegatronEngine
-        from verl.workers.rollout.base import SamplingParams
-        from verl.workers.rollout.native.engine import NativeRollout
+        from verl.engine.megatron.actor import MegatronActor
+        from verl.engine.megatron.engine import MegatronEngine
+        from verl.engine.rollout.base import SamplingParams
+        from verl.engine.rollout.native.engine import NativeRollout
 
         if role not in ("actor_rollout_ref", "actor_rollout"):
             raise ValueError(f"role: expected 'actor_rollout_ref' or 'actor_rollout', found {role!r}")
@@ -235,7 +105,7 @@ class ActorRolloutRefWorker(Worker):
         self.val_sampling = SamplingParams(temperature=val.temperature, top_p=val.top_p, top_k=val.top_k,
                                            do_sample=val.do_sample, n=val.n, **common)
 
-    def dispatch_meshes(self) -> Dict[str, MeshRank]:
+    def dispatch_meshes(self) -> dict[str, MeshRank]:
         return {"megatron": megatron_mesh(),
                 "rollout": MeshRank(self.rollout_dp_rank, self.rollout_dp_size, self.rollout_tp_rank == 0)}
 
@@ -287,7 +157,7 @@ class ActorRolloutRefWorker(Worker):
     def _policy_loss(self) -> Callable:
         cfg = self.actor_config
 
-        def loss_fn(outputs: Dict[str, torch.Tensor], mb: Dict[str, torch.Tensor]):
+        def loss_fn(outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
             log_prob, mask = outputs["log_probs"], mb["response_mask"]
             pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = core_algos.compute_policy_loss(
                 old_log_prob=mb["old_log_probs"], log_prob=log_prob, advantages=mb["advantages"],
@@ -326,7 +196,8 @@ class ActorRolloutRefWorker(Worker):
         self.actor.micro_batch_size = cfg.ppo_micro_batch_size_per_gpu
         steps = []
         try:
-            for batch in ppo_mini_batches(fields, mini, cfg.ppo_epochs, cfg.shuffle, int(data.meta_info.get("seed", 0))):
+            seed = int(data.meta_info.get("seed", 0))
+            for batch in ppo_mini_batches(fields, mini, cfg.ppo_epochs, cfg.shuffle, seed):
                 m = self.actor.update_policy(batch, self._policy_loss(), calculate_entropy=cfg.entropy_coeff != 0,
                                              temperature=self.log_prob_temperature)
                 m = {k: v for k, v in m.items() if k.startswith("actor/")} | {
@@ -340,13 +211,14 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
         """Megatron model + optimizer; the iteration recorded is the optimizer's step count (Adam's t)."""
-        from verl.workers.megatron.checkpoint import save_checkpoint
+        from verl.engine.megatron.checkpoint import save_checkpoint
 
-        save_checkpoint(self.actor.engine, path, int(self.actor.engine.scheduler.num_steps))
+        save_checkpoint(self.actor.engine, path, int(self.actor.engine.scheduler.num_steps),
+                        with_rng=False)  # the trainer saves every RNG in rng/rank<r>.pt
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> int:
-        from verl.workers.megatron.checkpoint import load_checkpoint
+        from verl.engine.megatron.checkpoint import load_checkpoint
 
         return load_checkpoint(self.actor.engine, path)
 

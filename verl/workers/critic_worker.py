@@ -6,7 +6,7 @@ are split over Megatron DP replicas (MEGATRON_COMPUTE_PROTO).
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any
 
 import torch
 
@@ -14,16 +14,24 @@ from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, register
 from verl.trainer.ppo import core_algos
-from verl.workers.actor_rollout_ref_worker import (ACTOR_FIELDS, batch_fields, ensure_megatron, load_initial_weights,
-                                                   mean_metrics, megatron_mesh, optim_config, ppo_mini_batches)
+from verl.workers.role_utils import (
+    ACTOR_FIELDS,
+    batch_fields,
+    ensure_megatron,
+    load_initial_weights,
+    mean_metrics,
+    megatron_mesh,
+    optim_config,
+    ppo_mini_batches,
+)
 
 
 class CriticWorker(Worker):
     def __init__(self, config: Any, total_training_steps: int = 1):
         from megatron.core import parallel_state as mpu
 
-        from verl.workers.megatron.critic import MegatronCritic
-        from verl.workers.megatron.engine import MegatronEngine
+        from verl.engine.megatron.critic import MegatronCritic
+        from verl.engine.megatron.engine import MegatronEngine
 
         self.config = config.critic
         self.n = config.actor_rollout_ref.rollout.n
@@ -37,7 +45,7 @@ class CriticWorker(Worker):
         load_initial_weights(engine, self.config.model.path, model_config, "value")
         self.critic = MegatronCritic(engine, micro_batch_size=self.config.ppo_micro_batch_size_per_gpu)
 
-    def dispatch_meshes(self) -> Dict[str, MeshRank]:
+    def dispatch_meshes(self) -> dict[str, MeshRank]:
         return {"megatron": megatron_mesh()}
 
     @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
@@ -49,7 +57,7 @@ class CriticWorker(Worker):
     def _value_loss(self):
         cfg = self.config
 
-        def loss_fn(outputs: Dict[str, torch.Tensor], mb: Dict[str, torch.Tensor]):
+        def loss_fn(outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
             vpreds, mask = outputs["values"], mb["response_mask"]
             vf_loss, vf_clipfrac = core_algos.compute_value_loss(
                 vpreds=vpreds, returns=mb["returns"], values=mb["values"], response_mask=mask,
@@ -76,12 +84,12 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
         """Megatron model + optimizer; the iteration recorded is the optimizer's step count (Adam's t)."""
-        from verl.workers.megatron.checkpoint import save_checkpoint
+        from verl.engine.megatron.checkpoint import save_checkpoint
 
-        save_checkpoint(self.critic.engine, path, int(self.critic.engine.scheduler.num_steps))
+        save_checkpoint(self.critic.engine, path, int(self.critic.engine.scheduler.num_steps), with_rng=False)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> int:
-        from verl.workers.megatron.checkpoint import load_checkpoint
+        from verl.engine.megatron.checkpoint import load_checkpoint
 
         return load_checkpoint(self.critic.engine, path)

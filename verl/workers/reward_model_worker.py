@@ -20,15 +20,14 @@ batches are split over Megatron DP replicas (MEGATRON_COMPUTE_PROTO).
 from __future__ import annotations
 
 import os
-from typing import Any, Dict
+from typing import Any
 
 import torch
 
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, register
-from verl.workers.actor_rollout_ref_worker import (ACTOR_FIELDS, batch_fields, ensure_megatron, load_initial_weights,
-                                                   megatron_mesh)
+from verl.workers.role_utils import ACTOR_FIELDS, batch_fields, ensure_megatron, load_initial_weights, megatron_mesh
 
 
 def token_level_rm_scores(scores: torch.Tensor, attention_mask: torch.Tensor, response_length: int) -> torch.Tensor:
@@ -66,8 +65,8 @@ class RewardModelWorker(Worker):
         self._load(self.config.model.path)
 
     def _load(self, path: str) -> None:
-        from verl.workers.megatron.critic import MegatronRewardModel
-        from verl.workers.megatron.engine import MegatronEngine
+        from verl.engine.megatron.critic import MegatronRewardModel
+        from verl.engine.megatron.engine import MegatronEngine
 
         if not os.path.isdir(path):
             raise FileNotFoundError(f"reward model: expected an HF checkpoint directory, found nothing at {path}")
@@ -79,7 +78,7 @@ class RewardModelWorker(Worker):
         load_initial_weights(self.rm.engine, path, model_config, "score")
         self.model_path = path
 
-    def dispatch_meshes(self) -> Dict[str, MeshRank]:
+    def dispatch_meshes(self) -> dict[str, MeshRank]:
         return {"megatron": megatron_mesh()}
 
     @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)

@@ -12,13 +12,11 @@ log-probs are the raw log-softmax).
 
 from __future__ import annotations
 
-from typing import Dict
-
 import torch
 
-from verl.workers.megatron.engine import Batch, LossFn, MegatronEngine
-from verl.workers.megatron.padding import restore
-from verl.workers.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy
+from verl.engine.megatron.engine import Batch, LossFn, MegatronEngine
+from verl.engine.megatron.padding import restore
+from verl.engine.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy
 
 
 def token_log_probs(engine: MegatronEngine, compute_entropy: bool, temperature: float = 1.0):
@@ -27,7 +25,7 @@ def token_log_probs(engine: MegatronEngine, compute_entropy: bool, temperature: 
     if not temperature > 0:
         raise ValueError(f"temperature: expected > 0 (use 1.0 for a greedy rollout), found {temperature}")
 
-    def output_fn(logits, aligned_ids, shifts, micro_batch) -> Dict[str, torch.Tensor]:
+    def output_fn(logits, aligned_ids, shifts, micro_batch) -> dict[str, torch.Tensor]:
         response_length = micro_batch["responses"].size(1)
         if temperature != 1.0:
             logits = logits / temperature  # out of place: the logits are part of the autograd graph
@@ -53,12 +51,12 @@ class MegatronActor:
         self.micro_batch_size = micro_batch_size
 
     def compute_log_prob(self, batch: Batch, calculate_entropy: bool = True,
-                         temperature: float = 1.0) -> Dict[str, torch.Tensor]:
+                         temperature: float = 1.0) -> dict[str, torch.Tensor]:
         return self.engine.forward(batch, self.micro_batch_size,
                                    token_log_probs(self.engine, calculate_entropy, temperature))
 
     def update_policy(self, batch: Batch, loss_fn: LossFn, calculate_entropy: bool = True,
-                      temperature: float = 1.0) -> Dict[str, float]:
+                      temperature: float = 1.0) -> dict[str, float]:
         """One optimizer step; ``loss_fn({'log_probs', 'entropy'}, micro_batch) -> (loss, metrics)``."""
         return self.engine.train_step(batch, self.micro_batch_size,
                                       token_log_probs(self.engine, calculate_entropy, temperature), loss_fn)

@@ -14,23 +14,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
 import shutil
-from typing import Optional
-import numpy as np
+
 import torch
 import torch.distributed as dist
 
-from verl.workers.megatron.engine import MegatronEngine
+from verl.engine.megatron.engine import MegatronEngine
+from verl.utils.checkpoint import CheckpointError, rng_state, set_rng_state
 
 MANIFEST = "verl_checkpoint.json"
 # The distributed optimizer's default sharding cannot be saved on CPU ("flattened_range is not
 # supported"); dp_reshardable can, and reloads under a different DP size.
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory that is missing, incomplete, or for another model."""
 
 
 def _optimizers(engine: MegatronEngine):
@@ -40,10 +35,8 @@ def _optimizers(engine: MegatronEngine):
 def _rng_sharded_object():
     from megatron.core import parallel_state as mpu
     from megatron.core.dist_checkpointing.mapping import ShardedObject
-    from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
-    state = {"random": random.getstate(), "np": np.random.get_state(), "torch": torch.get_rng_state(),
-             "tracker": get_cuda_rng_tracker().get_states()}
+    state = rng_state()
     pp, tp = mpu.get_pipeline_model_parallel_world_size(), mpu.get_tensor_model_parallel_world_size()
     return ShardedObject("rng_state", state, (pp, tp),
                          (mpu.get_pipeline_model_parallel_rank(), mpu.get_tensor_model_parallel_rank()),
@@ -63,8 +56,11 @@ def _sharded_state(engine: MegatronEngine, with_optimizer: bool, is_loading: boo
 
 
 def save_checkpoint(engine: MegatronEngine, path: str, iteration: int, with_optimizer: bool = True,
-                    extra_manifest: Optional[dict] = None) -> None:
-    """Collective over every rank of the job; ``extra_manifest`` (JSON) is stored in the manifest."""
+                    extra_manifest: dict | None = None, with_rng: bool = True) -> None:
+    """Collective over every rank of the job; ``extra_manifest`` (JSON) is stored in the manifest.
+
+    ``with_rng=False`` when the caller saves RNG itself (the RL trainer's ``rng/rank<r>.pt``), so a
+    checkpoint holds each RNG once."""
     from megatron.core import dist_checkpointing
     from megatron.core import parallel_state as mpu
 
@@ -74,7 +70,7 @@ def save_checkpoint(engine: MegatronEngine, path: str, iteration: int, with_opti
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(staging)
     dist.barrier()
-    state = _sharded_state(engine, with_optimizer, is_loading=False, with_rng=True)
+    state = _sharded_state(engine, with_optimizer, is_loading=False, with_rng=with_rng)
     state["iteration"] = iteration
     dist_checkpointing.save(state, staging)
     dist.barrier()
@@ -83,7 +79,7 @@ def save_checkpoint(engine: MegatronEngine, path: str, iteration: int, with_opti
                        for root, _, names in os.walk(staging) for f in names)
         manifest = {"iteration": iteration, "tp": mpu.get_tensor_model_parallel_world_size(),
                     "pp": mpu.get_pipeline_model_parallel_world_size(), "head": engine.head,
-                    "with_optimizer": with_optimizer and engine.optimizer is not None,
+                    "with_optimizer": with_optimizer and engine.optimizer is not None, "with_rng": with_rng,
                     "model_config": dataclasses.asdict(engine.config), "files": files, **(extra_manifest or {})}
         with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as fh:
             json.dump(manifest, fh, indent=2)
@@ -124,7 +120,8 @@ def load_checkpoint(engine: MegatronEngine, path: str, with_optimizer: bool = Tr
             if hasattr(optimizer, "_init_optimizer_states_with_dummy_values"):
                 # A fresh distributed optimizer has no Adam state to load into yet.
                 optimizer._init_optimizer_states_with_dummy_values()
-    state = _sharded_state(engine, with_optimizer, is_loading=True, with_rng=same_layout)
+    restore_rng = same_layout and manifest.get("with_rng", True)
+    state = _sharded_state(engine, with_optimizer, is_loading=True, with_rng=restore_rng)
     loaded = dist_checkpointing.load(state, path)
     engine.module.load_state_dict(loaded["model"])
     if with_optimizer:
@@ -132,14 +129,8 @@ def load_checkpoint(engine: MegatronEngine, path: str, with_optimizer: bool = Tr
             engine.optimizer.load_state_dict(loaded["optimizer"])
         _unshare_adam_steps(engine, manifest["iteration"])
         engine.scheduler.load_state_dict(loaded["scheduler"])
-    if same_layout:
-        rng = loaded["rng_state"]
-        random.setstate(rng["random"])
-        np.random.set_state(rng["np"])
-        torch.set_rng_state(rng["torch"])
-        from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
-        get_cuda_rng_tracker().set_states(rng["tracker"])
+    if restore_rng:
+        set_rng_state(loaded["rng_state"])
     return int(manifest["iteration"])
 
 

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import sys
-from typing import List, Optional
 
 from verl.models.config import ModelConfig, ModelConfigError
 from verl.models.mcore.model import HEADS, ModelLayoutError, check_parallel_layout
@@ -27,10 +26,10 @@ USAGE_ERROR = 2
 
 
 def _hf_to_mcore_rank(hf_dir: str, out: str, tp: int, pp: int, head: str, hf_config: dict) -> bool:
+    from verl.engine.megatron.checkpoint import save_checkpoint
+    from verl.engine.megatron.engine import MegatronEngine
+    from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.models.mcore.weights import load_hf_into_model
-    from verl.workers.megatron.checkpoint import save_checkpoint
-    from verl.workers.megatron.engine import MegatronEngine
-    from verl.workers.megatron.parallel import destroy_megatron, initialize_megatron
 
     initialize_megatron(tp, pp)
     config = ModelConfig.from_dict(hf_config)
@@ -42,10 +41,10 @@ def _hf_to_mcore_rank(hf_dir: str, out: str, tp: int, pp: int, head: str, hf_con
 
 
 def _mcore_to_hf_rank(ckpt: str, head: str, hf_config: dict) -> dict:
+    from verl.engine.megatron.checkpoint import load_checkpoint
+    from verl.engine.megatron.engine import MegatronEngine
+    from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.models.mcore.weights import gather_hf_from_model
-    from verl.workers.megatron.checkpoint import load_checkpoint
-    from verl.workers.megatron.engine import MegatronEngine
-    from verl.workers.megatron.parallel import destroy_megatron, initialize_megatron
 
     initialize_megatron(1, 1)
     config = ModelConfig.from_dict(hf_config)
@@ -84,7 +83,7 @@ def _check_out(out: str) -> None:
 
 
 def hf_to_mcore(args) -> None:
-    from verl.utils.local_ranks import run_ranks
+    from verl.launcher.spawn import run_ranks
 
     hf_config = _read_hf_config(args.hf_dir)
     config = ModelConfig.from_dict(hf_config)
@@ -96,8 +95,8 @@ def hf_to_mcore(args) -> None:
 
 
 def mcore_to_hf(args) -> None:
-    from verl.workers.megatron.checkpoint import read_manifest
-    from verl.utils.local_ranks import run_ranks
+    from verl.engine.megatron.checkpoint import read_manifest
+    from verl.launcher.spawn import run_ranks
 
     manifest = read_manifest(args.ckpt)
     if "hf_config" not in manifest:
@@ -116,8 +115,8 @@ def mcore_to_hf(args) -> None:
     os.replace(staging, args.out)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    from verl.workers.megatron.checkpoint import CheckpointError
+def main(argv: list[str] | None = None) -> int:
+    from verl.engine.megatron.checkpoint import CheckpointError
 
     args = _parser().parse_args(argv)
     try:

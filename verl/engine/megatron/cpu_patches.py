@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import importlib
 import sys
-from typing import Callable, Dict, Iterator, List, Optional
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -45,7 +45,7 @@ class CpuPatch:
     name: str
     why: str
     install: Callable[[], Callable[[], None]]  # installs the patch, returns its undo
-    undo: Optional[Callable[[], None]] = None
+    undo: Callable[[], None] | None = None
 
     @property
     def applied(self) -> bool:
@@ -65,7 +65,7 @@ def _set_attr(owner, attr: str, value) -> Callable[[], None]:
     return undo
 
 
-def _chain(undos: List[Callable[[], None]]) -> Callable[[], None]:
+def _chain(undos: list[Callable[[], None]]) -> Callable[[], None]:
     def undo():
         for fn in reversed(undos):
             fn()
@@ -174,7 +174,7 @@ def _install_sp_torch_norm():
     return _set_attr(torch_norm.WrappedTorchNorm, "__new__", staticmethod(new))
 
 
-PATCHES: Dict[str, CpuPatch] = {p.name: p for p in (
+PATCHES: dict[str, CpuPatch] = {p.name: p for p in (
     CpuPatch("rng_tracker", "CudaRNGStatesTracker reads torch.cuda RNG state (random.py add/fork)",
              _install_rng_tracker),
     CpuPatch("current_device", "buffers allocated on torch.cuda.current_device()", _install_current_device),
@@ -194,7 +194,7 @@ def cpu_patches_needed() -> bool:
     return not torch.cuda.is_available()
 
 
-def apply_cpu_patches(names: Optional[List[str]] = None) -> List[str]:
+def apply_cpu_patches(names: list[str] | None = None) -> list[str]:
     """Apply the named patches (all by default) when CUDA is absent; idempotent.
 
     Returns the names of the patches now in effect (empty on a CUDA machine).
@@ -210,7 +210,7 @@ def apply_cpu_patches(names: Optional[List[str]] = None) -> List[str]:
     return applied_cpu_patches()
 
 
-def applied_cpu_patches() -> List[str]:
+def applied_cpu_patches() -> list[str]:
     return [name for name, patch in PATCHES.items() if patch.applied]
 
 

@@ -7,21 +7,19 @@ Batch fields as for the actor (input_ids, attention_mask, position_ids, response
 
 from __future__ import annotations
 
-from typing import Dict
-
 import torch
 
-from verl.workers.megatron.engine import Batch, LossFn, MegatronEngine
-from verl.workers.megatron.padding import restore
+from verl.engine.megatron.engine import Batch, LossFn, MegatronEngine
+from verl.engine.megatron.padding import restore
 
 
-def response_values(output, aligned_ids, shifts, micro_batch) -> Dict[str, torch.Tensor]:
+def response_values(output, aligned_ids, shifts, micro_batch) -> dict[str, torch.Tensor]:
     response_length = micro_batch["responses"].size(1)
     values = restore(output.squeeze(-1).float(), shifts)
     return {"values": values[:, -response_length - 1:-1]}
 
 
-def sequence_scores(output, aligned_ids, shifts, micro_batch) -> Dict[str, torch.Tensor]:
+def sequence_scores(output, aligned_ids, shifts, micro_batch) -> dict[str, torch.Tensor]:
     last = micro_batch["attention_mask"].sum(dim=1).long() - 1  # rows are left-aligned: valid = [0, n)
     return {"rm_scores": output.squeeze(-1).float().gather(1, last.clamp(min=0)[:, None]).squeeze(1)}
 
@@ -33,10 +31,10 @@ class MegatronCritic:
         self.engine = engine
         self.micro_batch_size = micro_batch_size
 
-    def compute_values(self, batch: Batch) -> Dict[str, torch.Tensor]:
+    def compute_values(self, batch: Batch) -> dict[str, torch.Tensor]:
         return self.engine.forward(batch, self.micro_batch_size, response_values)
 
-    def update_critic(self, batch: Batch, loss_fn: LossFn) -> Dict[str, float]:
+    def update_critic(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step; ``loss_fn({'values'}, micro_batch) -> (loss, metrics)``."""
         return self.engine.train_step(batch, self.micro_batch_size, response_values, loss_fn)
 
@@ -48,5 +46,5 @@ class MegatronRewardModel:
         self.engine = engine
         self.micro_batch_size = micro_batch_size
 
-    def compute_rm_score(self, batch: Batch) -> Dict[str, torch.Tensor]:
+    def compute_rm_score(self, batch: Batch) -> dict[str, torch.Tensor]:
         return self.engine.forward(batch, self.micro_batch_size, sequence_scores)

@@ -15,18 +15,18 @@ rank passes its own share. Results are returned on every rank of the pipeline.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist
 
+from verl.engine.megatron.padding import attention_mask_4d, left_align
 from verl.models.config import ModelConfig
 from verl.models.mcore.model import build_gpt_model
-from verl.workers.megatron.padding import attention_mask_4d, left_align
 
 Batch = Mapping[str, torch.Tensor]
-OutputFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Batch], Dict[str, torch.Tensor]]
-LossFn = Callable[[Dict[str, torch.Tensor], Batch], Tuple[torch.Tensor, Dict[str, torch.Tensor]]]
+OutputFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Batch], dict[str, torch.Tensor]]
+LossFn = Callable[[dict[str, torch.Tensor], Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 @dataclasses.dataclass
@@ -36,7 +36,7 @@ class OptimConfig:
     lr: float = 1e-6
     min_lr: float = 0.0
     weight_decay: float = 0.01
-    betas: Tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = (0.9, 0.999)
     clip_grad: float = 1.0
     lr_warmup_steps: int = 0
     total_training_steps: int = 1
@@ -45,13 +45,14 @@ class OptimConfig:
 
     def __post_init__(self):
         if self.lr_decay_style not in ("constant", "linear", "cosine"):
-            raise ValueError(f"optim.lr_decay_style: expected constant, linear or cosine, found {self.lr_decay_style!r}")
+            raise ValueError(f"optim.lr_decay_style: expected constant, linear or cosine, "
+                             f"found {self.lr_decay_style!r}")
         if self.total_training_steps < 1 or self.lr_warmup_steps < 0:
             raise ValueError(f"optim: expected total_training_steps >= 1 and lr_warmup_steps >= 0, found "
                              f"{self.total_training_steps} and {self.lr_warmup_steps}")
 
 
-def split_micro_batches(batch: Batch, micro_batch_size: int) -> List[Dict[str, torch.Tensor]]:
+def split_micro_batches(batch: Batch, micro_batch_size: int) -> list[dict[str, torch.Tensor]]:
     sizes = {k: v.size(0) for k, v in batch.items()}
     size = next(iter(sizes.values()))
     if len(set(sizes.values())) != 1:
@@ -62,7 +63,7 @@ def split_micro_batches(batch: Batch, micro_batch_size: int) -> List[Dict[str, t
 
 
 class MegatronEngine:
-    def __init__(self, config: ModelConfig, head: str = "lm", optim: Optional[OptimConfig] = None, *,
+    def __init__(self, config: ModelConfig, head: str = "lm", optim: OptimConfig | None = None, *,
                  params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False):
         from megatron.core import parallel_state as mpu
 
@@ -80,8 +81,11 @@ class MegatronEngine:
         self.is_last_stage = mpu.is_pipeline_last_stage()
 
     def _wrap_for_training(self, module, optim: OptimConfig, params_dtype: torch.dtype):
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
@@ -109,7 +113,7 @@ class MegatronEngine:
         return self.model.module if self.optimizer is not None else self.model
 
     # ------------------------------------------------------------------ micro-batch schedule
-    def _schedule(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn, loss_fn: Optional[LossFn]):
+    def _schedule(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn, loss_fn: LossFn | None):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         forward_only = loss_fn is None
@@ -151,7 +155,7 @@ class MegatronEngine:
                                    group=mpu.get_pipeline_model_parallel_group())
         return box[0]
 
-    def forward(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn) -> Dict[str, torch.Tensor]:
+    def forward(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn) -> dict[str, torch.Tensor]:
         """output_fn's results for the whole batch (concatenated over micro-batches), on every stage."""
         per_micro_batch = self._schedule(batch, micro_batch_size, output_fn, None)
         result = None
@@ -159,7 +163,7 @@ class MegatronEngine:
             result = {k: torch.cat([mb[k] for mb in per_micro_batch], dim=0) for k in per_micro_batch[0]}
         return self._from_last_stage(result)
 
-    def train_step(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn, loss_fn: LossFn) -> Dict[str, float]:
+    def train_step(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over ``batch``; metrics are averaged over micro-batches and DP ranks."""
         from megatron.core import parallel_state as mpu
 
@@ -178,7 +182,7 @@ class MegatronEngine:
                                    for k in names])
             dist.all_reduce(stacked, group=mpu.get_data_parallel_group())
             stacked /= mpu.get_data_parallel_world_size()
-            metrics = dict(zip(names, stacked.tolist()))
+            metrics = dict(zip(names, stacked.tolist(), strict=False))
         metrics = self._from_last_stage(metrics)
         metrics["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]

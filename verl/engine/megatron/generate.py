@@ -12,13 +12,12 @@ import argparse
 import json
 import os
 import sys
-from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from verl.workers.megatron.engine import MegatronEngine
-from verl.workers.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy
+from verl.engine.megatron.engine import MegatronEngine
+from verl.engine.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy
 
 USAGE_ERROR = 2
 
@@ -48,8 +47,8 @@ def _last_token_choice(engine: MegatronEngine):
     return output_fn
 
 
-def greedy_generate(engine: MegatronEngine, prompt: List[int], max_new_tokens: int,
-                    eos_token_id: Optional[int] = None) -> Tuple[List[int], List[float]]:
+def greedy_generate(engine: MegatronEngine, prompt: list[int], max_new_tokens: int,
+                    eos_token_id: int | None = None) -> tuple[list[int], list[float]]:
     """Collective over the model-parallel group; returns (new token ids, their log-probs)."""
     ids = list(prompt)
     new_ids, log_probs = [], []
@@ -66,10 +65,10 @@ def greedy_generate(engine: MegatronEngine, prompt: List[int], max_new_tokens: i
     return new_ids, log_probs
 
 
-def _generate_rank(model_dir: str, tp: int, pp: int, prompt: List[int], max_new_tokens: int) -> dict:
+def _generate_rank(model_dir: str, tp: int, pp: int, prompt: list[int], max_new_tokens: int) -> dict:
+    from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.models.config import ModelConfig
     from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
-    from verl.workers.megatron.parallel import destroy_megatron, initialize_megatron
 
     initialize_megatron(tp, pp)
     config = ModelConfig.from_pretrained(model_dir)
@@ -92,11 +91,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
+    from verl.launcher.spawn import run_ranks
     from verl.models.config import ModelConfig, ModelConfigError
     from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
     from verl.models.mcore.weights import HFCheckpoint, WeightsError
-    from verl.utils.local_ranks import run_ranks
 
     args = _parser().parse_args(argv)
     try:

@@ -11,8 +11,6 @@ contiguous run per row (left and/or right padding, as verl batches are).
 
 from __future__ import annotations
 
-from typing import Tuple
-
 import torch
 
 
@@ -21,7 +19,7 @@ class BatchLayoutError(ValueError):
 
 
 def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor,
-               position_ids: torch.Tensor | None = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input_ids [B,S], attention_mask [B,S], shifts [B]) with valid tokens moved to the front."""
     if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
         raise BatchLayoutError(f"input_ids / attention_mask: expected equal [B, S] shapes, "

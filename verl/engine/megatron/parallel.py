@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from verl.utils.megatron_cpu import apply_cpu_patches
+from verl.engine.megatron.cpu_patches import apply_cpu_patches
 
 
 def initialize_megatron(tp_size: int = 1, pp_size: int = 1, seed: int = 1234) -> None:

@@ -12,15 +12,13 @@ Shapes: logits [..., V/tp] (this rank's shard), targets [...] (global token ids)
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 import torch.distributed as dist
 
 
 def vocab_parallel_log_probs_and_entropy(
     logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, compute_entropy: bool = True
-) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log p(target) [...], entropy [...] or None), in fp32."""
     from megatron.core import parallel_state as mpu
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region as tp_sum

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Iterable, Mapping, Optional, Tuple
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ class RolloutInputError(ValueError):
     """Prompts or sampling parameters an engine cannot generate from."""
 
 
-def _ids(value: Any, key: str) -> Tuple[int, ...]:
+def _ids(value: Any, key: str) -> tuple[int, ...]:
     if value is None:
         return ()
     if isinstance(value, int):
@@ -56,10 +57,10 @@ class SamplingParams:
     response_length: int = 512
     n: int = 1
     do_sample: bool = True
-    stop_token_ids: Tuple[int, ...] = ()
-    eos_token_id: Tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    eos_token_id: tuple[int, ...] = ()
     ignore_eos: bool = False
-    seed: Optional[int] = None
+    seed: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", _ids(self.stop_token_ids, "stop_token_ids"))
@@ -88,13 +89,13 @@ class SamplingParams:
         return not self.do_sample or self.temperature == 0
 
     @property
-    def stop_ids(self) -> Tuple[int, ...]:
+    def stop_ids(self) -> tuple[int, ...]:
         """Every token id that ends a sequence."""
         eos = () if self.ignore_eos else self.eos_token_id
         return tuple(sorted(set(self.stop_token_ids) | set(eos)))
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "SamplingParams":
+    def from_config(cls, config: Mapping[str, Any]) -> SamplingParams:
         """From a verl rollout config mapping; accepts ``max_new_tokens`` for ``response_length``."""
         fields = {f.name for f in dataclasses.fields(cls)}
         values = dict(config)
@@ -195,14 +196,14 @@ class BaseRollout(abc.ABC):
     @abc.abstractmethod
     def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            sampling_params: SamplingParams,
-                           pad_token_id: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Validated left-padded prompts [B, P] -> (responses, response_mask, rollout_log_probs) [B*n, R]."""
 
     @abc.abstractmethod
-    def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy rollout-layout tensors (names of ``rollout_param_specs``) into the engine's weights."""
 
-    def weight_buffer(self) -> Optional[torch.Tensor]:
+    def weight_buffer(self) -> torch.Tensor | None:
         """The flat per-rank tensor the hybrid engine writes resharded weights into, in place.
 
         Laid out as ``rollout_param_specs`` in order. None when the engine keeps its weights out of
@@ -220,7 +221,7 @@ class BaseRollout(abc.ABC):
 
     # ---------------------------------------------------------------- shared entry points
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling_params: SamplingParams,
-                 pad_token_id: Optional[int] = None) -> dict:
+                 pad_token_id: int | None = None) -> dict:
         """Left-padded prompts [B, P] -> dict of verl rollout output tensors (see module doc)."""
         check_prompts(input_ids, attention_mask, self.config.vocab_size, self.config.max_position_embeddings,
                       sampling_params.response_length)

@@ -20,18 +20,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
+from verl.engine.rollout.base import BaseRollout, SamplingParams
+from verl.engine.rollout.sglang_cpu.loader import LOADER_PATH, bucket_name, spec_offsets
+from verl.hybrid_engine.planner import DEFAULT_BUCKET_BYTES
 from verl.hybrid_engine.rollout_layout import rollout_param_specs
 from verl.models.config import ModelConfig
-from verl.workers.rollout.base import BaseRollout, SamplingParams
-from verl.workers.rollout.sglang_cpu.loader import LOADER_PATH, bucket_name, spec_offsets
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-DEFAULT_BUCKET_BYTES = 64 << 20  # the hybrid engine's default bucket size
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_TYPES
 
 
@@ -66,7 +67,7 @@ def kv_pool_tokens(rows: int, seq_len: int) -> int:
     return max(16384, 4 * rows * seq_len)
 
 
-def cpu_threads_bind(tp_size: int, cpus: Optional[Sequence[int]] = None) -> str:
+def cpu_threads_bind(tp_size: int, cpus: Sequence[int] | None = None) -> str:
     """SGLANG_CPU_OMP_THREADS_BIND value giving each TP rank its own block of the usable cores.
 
     With fewer cores than ranks, ranks share cores round-robin (slow, but it runs).
@@ -80,7 +81,7 @@ def cpu_threads_bind(tp_size: int, cpus: Optional[Sequence[int]] = None) -> str:
                     else (f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0])) for g in groups)
 
 
-def sglang_sampling_params(sp: SamplingParams) -> Dict[str, Any]:
+def sglang_sampling_params(sp: SamplingParams) -> dict[str, Any]:
     """Our SamplingParams -> one SGLang sampling_params dict (``n`` and seeds are set per request)."""
     stop = list(sp.stop_ids)
     return {
@@ -103,7 +104,7 @@ class SGLangRollout(BaseRollout):
     """
 
     def __init__(self, config: ModelConfig, model_path: str, tp_size: int = 1, dtype: torch.dtype = torch.float32,
-                 device: Optional[str] = None, pad_token_id: int = 0, seed: int = 0,
+                 device: str | None = None, pad_token_id: int = 0, seed: int = 0,
                  mem_fraction_static: float = 0.2, **engine_kwargs: Any):
         super().__init__(config, pad_token_id)
         for rank in range(tp_size):  # fail here, with our message, on a tp the layout cannot split
@@ -119,7 +120,7 @@ class SGLangRollout(BaseRollout):
             os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
         import sglang  # only the SGLang environment has it
 
-        args: Dict[str, Any] = dict(
+        args: dict[str, Any] = dict(
             model_path=model_path, tp_size=tp_size, dtype=DTYPE_NAMES[dtype], device=self.device,
             random_seed=seed, skip_tokenizer_init=True, skip_server_warmup=True, log_level="error",
             mem_fraction_static=mem_fraction_static, custom_weight_loader=[LOADER_PATH],
@@ -136,14 +137,14 @@ class SGLangRollout(BaseRollout):
     def shutdown(self) -> None:
         self.engine.shutdown()
 
-    def __enter__(self) -> "SGLangRollout":
+    def __enter__(self) -> SGLangRollout:
         return self
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
     # ---------------------------------------------------------------- memory
-    def release(self, tags: Optional[Sequence[str]] = None) -> None:
+    def release(self, tags: Sequence[str] | None = None) -> None:
         """Free SGLang's memory of ``tags`` (among MEMORY_TAGS; all when None) after generation.
 
         SGLang frees memory only with ``enable_memory_saver`` (needs CUDA); on CPU it only records
@@ -153,14 +154,14 @@ class SGLangRollout(BaseRollout):
         self.engine.release_memory_occupation(sorted(tags))
         self._released |= tags
 
-    def resume(self, tags: Optional[Sequence[str]] = None) -> None:
+    def resume(self, tags: Sequence[str] | None = None) -> None:
         """Re-acquire released memory of ``tags`` (all released when None); nothing released: no-op."""
         tags = self._tags(tags) & self._released  # SGLang rejects resuming what it never released
         if tags:
             self.engine.resume_memory_occupation(sorted(tags))
             self._released -= tags
 
-    def _tags(self, tags: Optional[Sequence[str]]) -> set:
+    def _tags(self, tags: Sequence[str] | None) -> set:
         chosen = set(MEMORY_TAGS if tags is None else tags)
         if not chosen <= set(MEMORY_TAGS):
             raise SGLangRolloutError(f"memory tags: expected among {MEMORY_TAGS}, found {sorted(chosen)}")
@@ -212,7 +213,7 @@ class SGLangRollout(BaseRollout):
             self._check(self.engine.end_weight_update(), "end_weight_update")
         return len(starts)
 
-    def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Named rollout-layout tensors of the (single) TP rank -> the engine (TP 1 only).
 
         Under rollout TP > 1 every rank holds different tensors: use :meth:`update_weights`.
@@ -230,7 +231,8 @@ class SGLangRollout(BaseRollout):
             if name not in shapes:
                 raise SGLangRolloutError(f"load_weights: expected a name of the rollout layout, found {name!r}")
             if tuple(tensor.shape) != shapes[name]:
-                raise SGLangRolloutError(f"load_weights {name}: expected shape {shapes[name]}, found {tuple(tensor.shape)}")
+                raise SGLangRolloutError(f"load_weights {name}: expected shape {shapes[name]}, "
+                                         f"found {tuple(tensor.shape)}")
             n = tensor.numel()
             flat[offsets[name]:offsets[name] + n].copy_(tensor.reshape(-1))
             seen.add(name)
@@ -250,7 +252,7 @@ class SGLangRollout(BaseRollout):
     # ---------------------------------------------------------------- generation
     def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            sampling_params: SamplingParams,
-                           pad_token_id: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         sp = sampling_params
         mask = attention_mask.bool()
         prompts = [input_ids[i][mask[i]].tolist() for i in range(input_ids.shape[0])]

@@ -12,8 +12,6 @@ The TP / PP layout comes from megatron's ``parallel_state`` (initialise it first
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
@@ -44,7 +42,8 @@ def check_parallel_layout(config: ModelConfig, tp_size: int, pp_size: int) -> No
         if not isinstance(size, int) or size <= 0:
             raise ModelLayoutError(f"{what}: expected a positive integer, found {size!r}")
         if value % size:
-            raise ModelLayoutError(f"{what}={size}: expected a divisor of {key}={value}, found remainder {value % size}")
+            raise ModelLayoutError(f"{what}={size}: expected a divisor of {key}={value}, "
+                                   f"found remainder {value % size}")
 
 
 def transformer_config(config: ModelConfig, tp_size: int, pp_size: int, *,
@@ -110,8 +109,8 @@ class ValueHead(torch.nn.Module):
 
 
 def build_gpt_model(config: ModelConfig, head: str = "lm", *, params_dtype: torch.dtype = torch.float32,
-                    sequence_parallel: bool = False, pre_process: Optional[bool] = None,
-                    post_process: Optional[bool] = None, **config_overrides):
+                    sequence_parallel: bool = False, pre_process: bool | None = None,
+                    post_process: bool | None = None, **config_overrides):
     """This rank's GPTModel stage for ``config`` under the initialised megatron parallel state."""
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel

@@ -29,7 +29,7 @@ import dataclasses
 import json
 import os
 from collections import OrderedDict
-from typing import Callable, Dict, List, Mapping, Sequence, Tuple
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -49,7 +49,7 @@ class WeightsError(ValueError):
 class Layout:
     name: str
     shard: Callable[[Sequence[torch.Tensor], ModelConfig, int, int], torch.Tensor]
-    merge: Callable[[Sequence[torch.Tensor], ModelConfig], List[torch.Tensor]]
+    merge: Callable[[Sequence[torch.Tensor], ModelConfig], list[torch.Tensor]]
 
     def __repr__(self) -> str:
         return self.name
@@ -82,7 +82,7 @@ def _row_merge(shards, config):
     return [torch.cat(list(shards), dim=1)]
 
 
-def _qkv_groups(config: ModelConfig) -> Tuple[int, int]:
+def _qkv_groups(config: ModelConfig) -> tuple[int, int]:
     """(query groups, rows per group = (heads per group + 2) * head_dim)."""
     groups = config.num_query_groups
     return groups, (config.num_attention_heads // groups + 2) * config.head_dim
@@ -127,11 +127,11 @@ GATE_UP = Layout("gate_up", _gate_up_shard, _gate_up_merge)
 @dataclasses.dataclass(frozen=True)
 class WeightRule:
     mcore: str
-    hf: Tuple[str, ...]
+    hf: tuple[str, ...]
     layout: Layout
 
 
-def _layer_rules(config: ModelConfig, k: int, i: int) -> List[WeightRule]:
+def _layer_rules(config: ModelConfig, k: int, i: int) -> list[WeightRule]:
     mg, hf = f"decoder.layers.{k}.", f"model.layers.{i}."
     qkv = tuple(f"{hf}self_attn.{x}_proj" for x in "qkv")
     rules = [
@@ -149,12 +149,12 @@ def _layer_rules(config: ModelConfig, k: int, i: int) -> List[WeightRule]:
     return rules
 
 
-def weight_rules(config: ModelConfig, pp_size: int, pp_rank: int, head: str = "lm") -> List[WeightRule]:
+def weight_rules(config: ModelConfig, pp_size: int, pp_rank: int, head: str = "lm") -> list[WeightRule]:
     """The rules for every parameter of pipeline stage ``pp_rank``, in GPTModel state-dict order."""
     check_parallel_layout(config, 1, pp_size)
     per_stage = config.num_hidden_layers // pp_size
     first, last = pp_rank == 0, pp_rank == pp_size - 1
-    rules: List[WeightRule] = []
+    rules: list[WeightRule] = []
     if first:
         rules.append(WeightRule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), VOCAB))
     for k in range(per_stage):
@@ -171,9 +171,9 @@ def weight_rules(config: ModelConfig, pp_size: int, pp_rank: int, head: str = "l
     return rules
 
 
-def hf_names(config: ModelConfig, head: str = "lm") -> List[str]:
+def hf_names(config: ModelConfig, head: str = "lm") -> list[str]:
     """Every tensor of the HF checkpoint for ``config`` (no duplicates, HF's usual order)."""
-    names: List[str] = []
+    names: list[str] = []
     for rule in weight_rules(config, 1, 0, head):
         names += [n for n in rule.hf if n not in names]
     return names
@@ -181,25 +181,25 @@ def hf_names(config: ModelConfig, head: str = "lm") -> List[str]:
 
 # ----------------------------------------------------------------------------- shard <-> merge
 def to_mcore_shard(config: ModelConfig, get_hf: Callable[[str], torch.Tensor], tp_size: int, pp_size: int,
-                   tp_rank: int, pp_rank: int, head: str = "lm") -> "OrderedDict[str, torch.Tensor]":
+                   tp_rank: int, pp_rank: int, head: str = "lm") -> OrderedDict[str, torch.Tensor]:
     """This rank's megatron state dict (parameters only) from HF tensors fetched by name."""
     check_parallel_layout(config, tp_size, pp_size)
-    out: "OrderedDict[str, torch.Tensor]" = OrderedDict()
+    out: OrderedDict[str, torch.Tensor] = OrderedDict()
     for rule in weight_rules(config, pp_size, pp_rank, head):
         full = [get_hf(name) for name in rule.hf]
         out[rule.mcore] = rule.layout.shard(full, config, tp_size, tp_rank).clone()
     return out
 
 
-def to_hf(config: ModelConfig, shards: Mapping[Tuple[int, int], Mapping[str, torch.Tensor]], tp_size: int,
-          pp_size: int, head: str = "lm") -> Dict[str, torch.Tensor]:
+def to_hf(config: ModelConfig, shards: Mapping[tuple[int, int], Mapping[str, torch.Tensor]], tp_size: int,
+          pp_size: int, head: str = "lm") -> dict[str, torch.Tensor]:
     """HF tensors from every rank's megatron state dict, keyed by (tp_rank, pp_rank)."""
     check_parallel_layout(config, tp_size, pp_size)
     missing = [(t, p) for p in range(pp_size) for t in range(tp_size) if (t, p) not in shards]
     if missing:
         raise WeightsError(f"megatron shards: expected all (tp_rank, pp_rank) of tp={tp_size} pp={pp_size}, "
                            f"found none for {missing}")
-    out: Dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {}
     for pp_rank in range(pp_size):
         for rule in weight_rules(config, pp_size, pp_rank, head):
             if all(name in out for name in rule.hf):
@@ -207,8 +207,9 @@ def to_hf(config: ModelConfig, shards: Mapping[Tuple[int, int], Mapping[str, tor
             try:
                 parts = [shards[(t, pp_rank)][rule.mcore] for t in range(tp_size)]
             except KeyError:
-                raise WeightsError(f"megatron shard (pp_rank={pp_rank}): expected {rule.mcore}, found it missing") from None
-            for name, tensor in zip(rule.hf, rule.layout.merge(parts, config)):
+                raise WeightsError(f"megatron shard (pp_rank={pp_rank}): expected {rule.mcore}, "
+                                   "found it missing") from None
+            for name, tensor in zip(rule.hf, rule.layout.merge(parts, config), strict=False):
                 out[name] = tensor.contiguous()
     return {name: out[name] for name in hf_names(config, head)}
 
@@ -232,7 +233,7 @@ def load_hf_into_model(model: torch.nn.Module, config: ModelConfig, get_hf: Call
             params[name].copy_(tensor)
 
 
-def gather_hf_from_model(model: torch.nn.Module, config: ModelConfig, head: str = "lm") -> Dict[str, torch.Tensor]:
+def gather_hf_from_model(model: torch.nn.Module, config: ModelConfig, head: str = "lm") -> dict[str, torch.Tensor]:
     """Full HF tensors from every TP/PP rank's shard (collective over the model-parallel group)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
@@ -264,7 +265,8 @@ class HFCheckpoint:
             with safe_open(single, framework="pt") as fh:
                 self.files = {name: single for name in fh.keys()}
         else:
-            raise WeightsError(f"HF checkpoint {path}: expected {SAFETENSORS_SINGLE} or {SAFETENSORS_INDEX}, found neither")
+            raise WeightsError(f"HF checkpoint {path}: expected {SAFETENSORS_SINGLE} or {SAFETENSORS_INDEX}, "
+                               "found neither")
         for file in sorted(set(self.files.values())):
             if not os.path.isfile(file):
                 raise WeightsError(f"HF checkpoint {path}: expected shard {os.path.basename(file)}, found it missing")
@@ -279,7 +281,7 @@ class HFCheckpoint:
             return fh.get_tensor(name)
 
 
-def save_hf_checkpoint(tensors: Mapping[str, torch.Tensor], out_dir: str, max_shard_bytes: int = 0) -> List[str]:
+def save_hf_checkpoint(tensors: Mapping[str, torch.Tensor], out_dir: str, max_shard_bytes: int = 0) -> list[str]:
     """Write safetensors (one file, or shards + index when ``max_shard_bytes`` is set); returns files."""
     from safetensors.torch import save_file
 
@@ -288,7 +290,7 @@ def save_hf_checkpoint(tensors: Mapping[str, torch.Tensor], out_dir: str, max_sh
         save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, SAFETENSORS_SINGLE),
                   metadata={"format": "pt"})
         return [SAFETENSORS_SINGLE]
-    groups: List[Dict[str, torch.Tensor]] = [{}]
+    groups: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, tensor in tensors.items():
         nbytes = tensor.numel() * tensor.element_size()

@@ -12,8 +12,9 @@ Advantage estimators are registered with :func:`register_adv_est` and looked up 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -451,6 +452,8 @@ def compute_value_loss(
 
 
 KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+# With a trailing "+": the straight-through variant (forward as named, gradient of k2).
+KL_PENALTY_CHOICES = KL_PENALTY_TYPES + tuple(name + "+" for name in KL_PENALTY_TYPES)
 
 
 def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:

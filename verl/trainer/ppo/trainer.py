@@ -36,7 +36,8 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Dict, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -115,7 +116,7 @@ class PPOTrainer:
         self.global_step = 0
         self._exported_step = None
         self.tracking = None
-        self._timing: Dict[str, float] = {}
+        self._timing: dict[str, float] = {}
 
     # ------------------------------------------------------------------ helpers
     def _print(self, text: str) -> None:
@@ -133,7 +134,7 @@ class PPOTrainer:
         if name != "step":
             self._print(f"[{name}] {seconds:.2f}s")
 
-    def _prompt_batch(self, batch_dict: Dict[str, Any], step: int, validate: bool) -> DataProto:
+    def _prompt_batch(self, batch_dict: dict[str, Any], step: int, validate: bool) -> DataProto:
         batch = DataProto.from_single_dict(batch_dict)
         batch.non_tensor_batch["uid"] = np.array([f"{step}-{i}" for i in range(len(batch))], dtype=object)
         gen = DataProto.from_dict({k: batch.batch[k] for k in PROMPT_FIELDS}, dict(batch.non_tensor_batch))
@@ -157,7 +158,7 @@ class PPOTrainer:
         self.rm_path = path
         self._print(f"[reward_model] swapped to {path}")
 
-    def _maybe_swap_reward_model(self, step: int) -> Dict[str, float]:
+    def _maybe_swap_reward_model(self, step: int) -> dict[str, float]:
         swap = self.config.reward_model.hot_swap
         path = None
         if swap.at_step is not None and step == swap.at_step:
@@ -179,7 +180,7 @@ class PPOTrainer:
         self._print(f"HF export: step {self.global_step} -> {path}")
 
     # ------------------------------------------------------------------ checkpoints
-    def _trainer_state(self) -> Dict[str, Any]:
+    def _trainer_state(self) -> dict[str, Any]:
         state = {"sampler": self.sampler.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
                  "total_training_steps": self.total_training_steps}
         if self.use_rm:
@@ -216,7 +217,7 @@ class PPOTrainer:
         self._print(f"resumed from {path} at step {self.global_step}")
 
     # ------------------------------------------------------------------ validation
-    def validate(self) -> Dict[str, float]:
+    def validate(self) -> dict[str, float]:
         """Greedy decoding (rollout.val_kwargs) on the validation set: val/accuracy and val-core names."""
         scores, sources = [], []
         for batch_dict in self.val_dataloader:
@@ -234,9 +235,9 @@ class PPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------ one step
-    def train_step(self, batch_dict: Dict[str, Any], step: int) -> Dict[str, float]:
+    def train_step(self, batch_dict: dict[str, Any], step: int) -> dict[str, float]:
         cfg = self.config
-        metrics: Dict[str, float] = {}
+        metrics: dict[str, float] = {}
         self._timing = {}
         with self._timer("step"):
             if self.use_rm:
@@ -301,11 +302,12 @@ class PPOTrainer:
             baseline.union(self.rm_wg.compute_rm_score(baseline))
         return self.reward_fn(baseline).sum(-1)
 
-    def _debug_print(self, batch: DataProto, metrics: Dict[str, float]) -> None:
+    def _debug_print(self, batch: DataProto, metrics: dict[str, float]) -> None:
         count = 1 if self.debug == "light" else min(4, len(batch))
         response_length = batch.batch["responses"].shape[-1]
         for i in range(count):
-            prompt_ids = batch.batch["input_ids"][i, :-response_length][batch.batch["attention_mask"][i, :-response_length].bool()]
+            prompt_mask = batch.batch["attention_mask"][i, :-response_length].bool()
+            prompt_ids = batch.batch["input_ids"][i, :-response_length][prompt_mask]
             n = int(batch.batch["response_mask"][i].sum())
             line = (f"[debug] sample {i}: prompt={self.tokenizer.decode(prompt_ids.tolist())!r} "
                     f"response={self.tokenizer.decode(batch.batch['responses'][i, :n].tolist())!r} "
@@ -323,7 +325,7 @@ class PPOTrainer:
         """Train to ``total_training_steps`` (or until preempted); returns the process exit code."""
         from tqdm import tqdm
 
-        from launch.preemption import PreemptionHandler
+        from verl.launcher.preemption import PreemptionHandler
 
         trainer = self.config.trainer
         if not self.dry_run:
@@ -362,7 +364,8 @@ class PPOTrainer:
                     progress.update(1)
                     if last or preempted:
                         break
-                if self.sampler.epoch == epoch_before and not (preempted or self.global_step >= self.total_training_steps):
+                finished = preempted or self.global_step >= self.total_training_steps
+                if self.sampler.epoch == epoch_before and not finished:
                     raise RuntimeError("train dataloader: expected a new epoch after a full pass, found none")
         progress.close()
         if (trainer.export_hf_at_end and not self.dry_run and not preempted
@@ -375,6 +378,6 @@ class PPOTrainer:
             self.tracking.close()
         return 0
 
-    def _log(self, metrics: Dict[str, float], step: int) -> None:
+    def _log(self, metrics: dict[str, float], step: int) -> None:
         if self.tracking is not None:
             self.tracking.log(metrics, step, total_steps=self.total_training_steps)

@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq

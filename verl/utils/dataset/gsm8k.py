@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from verl.utils.dataset.arithmetic import write_parquet
 from verl.utils.dataset.errors import DatasetError

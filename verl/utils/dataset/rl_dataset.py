@@ -8,7 +8,8 @@ Columns: ``data_source``, ``prompt`` (list of chat messages ``{"role", "content"
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq

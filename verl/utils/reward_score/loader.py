@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Callable
+from collections.abc import Callable
 
 
 class RewardFunctionError(ValueError):

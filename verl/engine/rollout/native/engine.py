@@ -13,19 +13,19 @@ same tokens without a broadcast.
 from __future__ import annotations
 
 import random
-from typing import Iterable, Optional, Tuple
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
 
+from verl.engine.rollout.base import BaseRollout, SamplingParams, prompt_position_ids
+from verl.engine.rollout.native.flat_params import FlatParams
+from verl.engine.rollout.native.kv_cache import KVCache
+from verl.engine.rollout.native.model import RolloutTransformer
+from verl.engine.rollout.native.sampler import sample_tokens
+from verl.engine.rollout.native.weights import load_hf_checkpoint
 from verl.hybrid_engine.rollout_layout import kv_heads_per_rank, rollout_param_specs
 from verl.models.config import ModelConfig
-from verl.workers.rollout.base import BaseRollout, SamplingParams, prompt_position_ids
-from verl.workers.rollout.native.flat_params import FlatParams
-from verl.workers.rollout.native.kv_cache import KVCache
-from verl.workers.rollout.native.model import RolloutTransformer
-from verl.workers.rollout.native.sampler import sample_tokens
-from verl.workers.rollout.native.weights import load_hf_checkpoint
 
 
 class NativeRollout(BaseRollout):
@@ -35,7 +35,7 @@ class NativeRollout(BaseRollout):
     ``load_hf_checkpoint`` (an HF directory) or by writing ``weight_buffer()`` in place (the hybrid engine).
     """
 
-    def __init__(self, config: ModelConfig, tp_group: Optional[dist.ProcessGroup] = None,
+    def __init__(self, config: ModelConfig, tp_group: dist.ProcessGroup | None = None,
                  dtype: torch.dtype = torch.float32, pad_token_id: int = 0):
         super().__init__(config, pad_token_id)
         self.tp_group = tp_group
@@ -47,7 +47,7 @@ class NativeRollout(BaseRollout):
                                 dtype)
 
     # ---------------------------------------------------------------- weights and memory
-    def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.params.load(named_tensors)
 
     def load_hf_checkpoint(self, model_dir: str) -> None:
@@ -67,7 +67,7 @@ class NativeRollout(BaseRollout):
         self.params.resume()
 
     # ---------------------------------------------------------------- generation
-    def _generator(self, seed: Optional[int]) -> torch.Generator:
+    def _generator(self, seed: int | None) -> torch.Generator:
         if seed is None:
             drawn = torch.tensor([random.SystemRandom().randrange(2 ** 62)], dtype=torch.int64)
             if self.tp_size > 1:  # every rank must sample with the same stream
@@ -78,7 +78,7 @@ class NativeRollout(BaseRollout):
     @torch.inference_mode()
     def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            sampling_params: SamplingParams,
-                           pad_token_id: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.params.released:
             raise RuntimeError("native rollout: expected weights in memory, found them released; call resume() "
                                "and write the weights first")

@@ -7,7 +7,7 @@ while keeping the views; ``resume`` re-allocates it (contents undefined until wr
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Tuple
+from collections.abc import Iterable
 
 import torch
 
@@ -15,16 +15,16 @@ from verl.hybrid_engine.rollout_layout import RolloutParamSpec
 
 
 class FlatParams:
-    def __init__(self, specs: List[RolloutParamSpec], dtype: torch.dtype, device: torch.device | str = "cpu"):
+    def __init__(self, specs: list[RolloutParamSpec], dtype: torch.dtype, device: torch.device | str = "cpu"):
         self.specs = list(specs)
-        self.offsets: Dict[str, int] = {}
+        self.offsets: dict[str, int] = {}
         offset = 0
         for spec in self.specs:
             self.offsets[spec.name] = offset
             offset += spec.numel
         self.numel = offset
         self.flat = torch.empty(self.numel, dtype=dtype, device=device)
-        self.views: Dict[str, torch.Tensor] = {
+        self.views: dict[str, torch.Tensor] = {
             spec.name: self.flat[self.offsets[spec.name]:self.offsets[spec.name] + spec.numel].view(spec.shape)
             for spec in self.specs
         }
@@ -34,7 +34,7 @@ class FlatParams:
     def released(self) -> bool:
         return self.flat.untyped_storage().nbytes() == 0
 
-    def load(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+    def load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy each (name, tensor) into its view; shapes must match the rollout layout exactly."""
         if self.released:
             raise RuntimeError("rollout weights: expected resumed memory, found it released; call resume() first")
@@ -43,7 +43,8 @@ class FlatParams:
             if view is None:
                 raise KeyError(f"rollout weights: expected a name of the rollout layout, found {name!r}")
             if tuple(tensor.shape) != tuple(view.shape):
-                raise ValueError(f"rollout weight {name}: expected shape {tuple(view.shape)}, found {tuple(tensor.shape)}")
+                raise ValueError(f"rollout weight {name}: expected shape {tuple(view.shape)}, "
+                                 f"found {tuple(tensor.shape)}")
             view.copy_(tensor)
 
     def release(self) -> None:

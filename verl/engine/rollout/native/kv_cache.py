@@ -6,8 +6,6 @@ Allocated once per shape growth and reused across requests; a request takes view
 
 from __future__ import annotations
 
-from typing import Tuple
-
 import torch
 
 
@@ -19,11 +17,11 @@ class KVCache:
         self.keys = self.values = None
 
     @property
-    def capacity(self) -> Tuple[int, int]:
+    def capacity(self) -> tuple[int, int]:
         """(batch, max_len) the current allocation can hold; (0, 0) when nothing is allocated."""
         return (0, 0) if self.keys is None else (self.keys.shape[1], self.keys.shape[3])
 
-    def reserve(self, batch: int, max_len: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    def reserve(self, batch: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views [layers, batch, kv_heads, max_len, head_dim] of K and V, growing the allocation if needed."""
         have_batch, have_len = self.capacity
         if batch > have_batch or max_len > have_len:

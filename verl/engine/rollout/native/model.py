@@ -11,8 +11,6 @@ Shapes: ``B`` batch, ``S`` new tokens this call, ``L`` cache slots in use, ``D``
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -22,8 +20,8 @@ from verl.models.config import ModelConfig
 
 
 class RolloutTransformer:
-    def __init__(self, config: ModelConfig, weights: Dict[str, torch.Tensor], tp_size: int = 1, tp_rank: int = 0,
-                 tp_group: Optional[dist.ProcessGroup] = None):
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], tp_size: int = 1, tp_rank: int = 0,
+                 tp_group: dist.ProcessGroup | None = None):
         self.config = config
         self.tp_size, self.tp_rank, self.tp_group = tp_size, tp_rank, tp_group
         self.q_heads = config.num_attention_heads // tp_size
@@ -39,7 +37,7 @@ class RolloutTransformer:
         self.embed = weights["model.embed_tokens.weight"]
         self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
         self.final_norm = weights["model.norm.weight"]
-        self.layers: List[tuple] = []
+        self.layers: list[tuple] = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
             self.layers.append((

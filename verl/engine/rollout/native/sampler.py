@@ -7,11 +7,9 @@ recomputes the same way); greedy uses temperature 1. All rows are handled by one
 
 from __future__ import annotations
 
-from typing import Tuple
-
 import torch
 
-from verl.workers.rollout.base import SamplingParams
+from verl.engine.rollout.base import SamplingParams
 
 
 def truncation_mask(scaled_logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor | None:
@@ -48,7 +46,7 @@ def inverse_cdf_draw(probs: torch.Tensor, generator: torch.Generator | None) -> 
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams,
-                  generator: torch.Generator | None) -> Tuple[torch.Tensor, torch.Tensor]:
+                  generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, V] (any float dtype) -> (token ids [B] int64, their log-probabilities [B] float32)."""
     logits = logits.float()
     if params.greedy:

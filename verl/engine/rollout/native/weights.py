@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict
 
 import torch
 from safetensors import safe_open
 
 from verl.hybrid_engine.rollout_layout import kv_head_of_rank, kv_heads_per_rank, padded_vocab_size
 from verl.models.config import ModelConfig
-
-
-class CheckpointError(ValueError):
-    """An HF checkpoint directory the native rollout cannot load."""
+from verl.utils.checkpoint import CheckpointError
 
 
 class SafetensorsCheckpoint:
@@ -38,9 +34,10 @@ class SafetensorsCheckpoint:
                 self.files = {name: single for name in fh.keys()}
         else:
             raise CheckpointError(
-                f"HF checkpoint: expected model.safetensors or model.safetensors.index.json in {model_dir}, found neither"
+                f"HF checkpoint: expected model.safetensors or model.safetensors.index.json in {model_dir}, "
+                "found neither"
             )
-        self._open: Dict[str, object] = {}
+        self._open: dict[str, object] = {}
 
     def __contains__(self, name: str) -> bool:
         return name in self.files
@@ -59,7 +56,7 @@ class SafetensorsCheckpoint:
 
 
 def load_hf_checkpoint(model_dir: str, config: ModelConfig, tp_size: int, tp_rank: int,
-                       views: Dict[str, torch.Tensor]) -> None:
+                       views: dict[str, torch.Tensor]) -> None:
     """Fill ``views`` (rollout-layout name -> destination tensor) with rank ``tp_rank``'s slices."""
     write = views.__getitem__
     ckpt = SafetensorsCheckpoint(model_dir)

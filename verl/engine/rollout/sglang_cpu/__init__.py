@@ -1,1 +1,2 @@
-"""SGLang on CPU: our custom weight loader, the stub sgl_kernel and the torchvision op shim (installed by tests/sglang/install_sglang_cpu.sh)."""
+"""SGLang on CPU: our custom weight loader, the stub sgl_kernel and the torchvision op shim
+(installed by tests/sglang/install_sglang_cpu.sh)."""

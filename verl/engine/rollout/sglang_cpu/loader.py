@@ -13,7 +13,7 @@ no per-tensor update calls, no intermediate full tensors.
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, List, Tuple
+from collections.abc import Iterable
 
 import torch
 
@@ -34,7 +34,7 @@ def bucket_name(start: int, end: int) -> str:
     return f"verl.rollout_bucket[{int(start)}:{int(end)}]"
 
 
-def parse_bucket_name(name: str) -> Tuple[int, int]:
+def parse_bucket_name(name: str) -> tuple[int, int]:
     match = _BUCKET_NAME.match(name)
     if not match or int(match.group(1)) > int(match.group(2)):
         raise RolloutBucketError(
@@ -43,7 +43,7 @@ def parse_bucket_name(name: str) -> Tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def spec_offsets(specs: List[RolloutParamSpec]) -> Tuple[Dict[str, int], int]:
+def spec_offsets(specs: list[RolloutParamSpec]) -> tuple[dict[str, int], int]:
     """Each tensor's element offset in the flat rollout buffer, and the buffer's total size."""
     offsets, offset = {}, 0
     for spec in specs:
@@ -52,7 +52,7 @@ def spec_offsets(specs: List[RolloutParamSpec]) -> Tuple[Dict[str, int], int]:
     return offsets, offset
 
 
-def check_model_matches_layout(params: Dict[str, torch.Tensor], specs: List[RolloutParamSpec]) -> None:
+def check_model_matches_layout(params: dict[str, torch.Tensor], specs: list[RolloutParamSpec]) -> None:
     """Raise one RolloutBucketError naming the first difference between SGLang's params and the layout."""
     names = {spec.name for spec in specs}
     extra = sorted(set(params) - names)
@@ -72,8 +72,8 @@ def check_model_matches_layout(params: Dict[str, torch.Tensor], specs: List[Roll
             raise RolloutBucketError(f"SGLang parameter {spec.name}: expected contiguous storage, found strided")
 
 
-def copy_bucket(bucket: torch.Tensor, start: int, specs: List[RolloutParamSpec],
-                params: Dict[str, torch.Tensor]) -> int:
+def copy_bucket(bucket: torch.Tensor, start: int, specs: list[RolloutParamSpec],
+                params: dict[str, torch.Tensor]) -> int:
     """Copy flat-buffer elements ``[start, start + bucket.numel())`` into ``params``; return elements copied.
 
     One copy program per destination tensor the bucket overlaps (a tensor may straddle two buckets).
@@ -120,14 +120,14 @@ def check_no_head_padding(hf_config, tp_size: int) -> None:
         )
 
 
-def _sglang_tp() -> Tuple[int, int]:
+def _sglang_tp() -> tuple[int, int]:
     from sglang.srt.runtime_context import get_parallel  # SGLang 0.5.23's home of the TP coordinates
 
     parallel = get_parallel()
     return parallel.tp_size, parallel.tp_rank
 
 
-def load_rollout_bucket(model: torch.nn.Module, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+def load_rollout_bucket(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """SGLang's custom-loader entry point: ``(model, [(bucket_name, flat bucket), ...])``."""
     tp_size, tp_rank = _sglang_tp()
     config = ModelConfig.from_dict(model.config.to_dict())

@@ -1,0 +1,1 @@
+"""Engines: the Megatron training engine and the rollout engines (native, SGLang)."""

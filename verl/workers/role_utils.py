@@ -1,0 +1,86 @@
+"""Helpers shared by the Megatron roles (actor/rollout/ref, critic, reward model): parallel state,
+optimizer config, initial weights, PPO mini-batches, batch fields and metrics."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl.models.config import ModelConfig
+from verl.protocol import DataProto
+from verl.single_controller import MeshRank
+
+ACTOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+def ensure_megatron(tp: int, pp: int, seed: int) -> None:
+    """Initialise Megatron's parallel state once per process (colocated roles share it)."""
+    from megatron.core import parallel_state as mpu
+
+    from verl.engine.megatron.parallel import initialize_megatron
+
+    if mpu.model_parallel_is_initialized():
+        have = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size())
+        if have != (tp, pp):
+            raise ValueError(f"megatron layout: expected (tp, pp) = {have} for every colocated role, found {(tp, pp)}")
+        return
+    initialize_megatron(tp, pp, seed=seed)
+
+def megatron_mesh() -> MeshRank:
+    """This rank's Megatron DP replica; its output is collected on the last stage's tp rank 0."""
+    from megatron.core import parallel_state as mpu
+
+    return MeshRank(mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size(),
+                    mpu.is_pipeline_last_stage() and mpu.get_tensor_model_parallel_rank() == 0)
+
+def optim_config(optim: Any, total_training_steps: int, use_distributed_optimizer: bool = False):
+    from verl.engine.megatron.engine import OptimConfig
+
+    return OptimConfig(lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
+                       betas=tuple(optim.betas), clip_grad=optim.clip_grad, lr_warmup_steps=optim.lr_warmup_steps,
+                       total_training_steps=max(1, total_training_steps), lr_decay_style=optim.lr_decay_style,
+                       use_distributed_optimizer=use_distributed_optimizer)
+
+def load_initial_weights(engine: Any, model_path: str, model_config: ModelConfig, head: str) -> None:
+    """An HF directory's safetensors into ``engine``; a bare config.json keeps Megatron's seeded init."""
+    from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
+
+    if not os.path.isdir(model_path):
+        return
+    checkpoint = HFCheckpoint(model_path)
+
+    def get_hf(name: str) -> torch.Tensor:
+        if name == "score.weight" and head == "value":
+            try:
+                return checkpoint.get(name)
+            except Exception:  # an LM checkpoint has no value head: start it at zero, as verl's critic does
+                return torch.zeros(1, model_config.hidden_size)
+        return checkpoint.get(name)
+
+    load_hf_into_model(engine.module, model_config, get_hf, head)
+
+def ppo_mini_batches(data: dict[str, torch.Tensor], mini_batch_size: int, epochs: int, shuffle: bool,
+                     seed: int) -> Iterator[dict[str, torch.Tensor]]:
+    """``epochs`` passes over ``data`` in mini-batches of ``mini_batch_size`` rows (seeded shuffle)."""
+    size = next(iter(data.values())).shape[0]
+    for epoch in range(epochs):
+        order = torch.randperm(size, generator=torch.Generator().manual_seed(seed + epoch)) if shuffle \
+            else torch.arange(size)
+        for start in range(0, size, mini_batch_size):
+            index = order[start:start + mini_batch_size]
+            yield {k: v[index] for k, v in data.items()}
+
+def mean_metrics(per_step: list[dict[str, float]]) -> dict[str, float]:
+    keys = per_step[0].keys()
+    return {k: float(np.mean([m[k] for m in per_step])) for k in keys}
+
+def batch_fields(data: DataProto, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    missing = [k for k in keys if k not in data.batch]
+    if missing:
+        raise KeyError(f"expected batch fields {missing}, found only {sorted(data.batch)}")
+    return {k: data.batch[k] for k in keys}
+
