@@ -1,8 +1,6 @@
 // The one pybind11/torch binding file of verl._C. Python wrappers live in verl/ops/.
 #include <torch/extension.h>
 
-#include <string>
-
 #include "reshard/reshard.h"
 
 #ifdef VERL_WITH_CUDA
@@ -24,10 +22,13 @@ const Segment* as_segments(const torch::Tensor& program) {
   return reinterpret_cast<const Segment*>(program.data_ptr<int64_t>());
 }
 
-std::string validate_copy_program(const torch::Tensor& program, int64_t src_numel, int64_t dst_numel,
-                                  int64_t elem_size, int64_t alignment_bytes) {
-  return verl::reshard::validate_program(as_segments(program), program.size(0), src_numel, dst_numel,
-                                         elem_size, alignment_bytes);
+// Raises ValueError (TORCH_CHECK_VALUE) naming the first bad segment; returns None for a safe program.
+void validate_copy_program(const torch::Tensor& program, int64_t src_numel, int64_t dst_numel, int64_t elem_size,
+                           int64_t alignment_bytes) {
+  char message[verl::reshard::kMessageBytes];
+  const bool ok = verl::reshard::validate_program(as_segments(program), program.size(0), src_numel, dst_numel,
+                                                  elem_size, alignment_bytes, message, sizeof(message));
+  TORCH_CHECK_VALUE(ok, message);
 }
 
 void run_copy_program(const torch::Tensor& src, torch::Tensor& dst, const torch::Tensor& program) {
@@ -51,7 +52,8 @@ void run_copy_program(const torch::Tensor& src, torch::Tensor& dst, const torch:
     coalesced_segments[i] = verl::reshard::coalesce_rows(coalesced_segments[i]);
   }
   segments = coalesced_segments;
-  auto prefix = verl::reshard::unit_prefix(segments, n, elem_size, verl::reshard::kCudaChunkBytes);
+  auto prefix = torch::empty({n + 1}, torch::kInt64);
+  verl::reshard::unit_prefix(segments, n, elem_size, verl::reshard::kCudaChunkBytes, prefix.data_ptr<int64_t>());
   bool aligned16 = (reinterpret_cast<uintptr_t>(src.data_ptr()) % 16 == 0) &&
                    (reinterpret_cast<uintptr_t>(dst.data_ptr()) % 16 == 0);
   for (int64_t i = 0; i < n && aligned16; ++i) {
@@ -60,12 +62,11 @@ void run_copy_program(const torch::Tensor& src, torch::Tensor& dst, const torch:
   // Device copies of the program and its unit prefix; the caching allocator keeps them valid for
   // the kernel because both are used on the current stream only.
   auto device_program = coalesced.to(src.device(), /*non_blocking=*/false);
-  auto device_prefix = torch::from_blob(prefix.data(), {static_cast<int64_t>(prefix.size())}, torch::kInt64)
-                           .to(src.device(), /*non_blocking=*/false);
+  auto device_prefix = prefix.to(src.device(), /*non_blocking=*/false);
   auto stream = at::cuda::getCurrentCUDAStream();
   cudaError_t err = verl::reshard::launch_program_cuda(
       src.data_ptr(), dst.data_ptr(), reinterpret_cast<const Segment*>(device_program.data_ptr<int64_t>()),
-      device_prefix.data_ptr<int64_t>(), n, prefix.back(), elem_size, aligned16, stream.stream());
+      device_prefix.data_ptr<int64_t>(), n, prefix.data_ptr<int64_t>()[n], elem_size, aligned16, stream.stream());
   TORCH_CHECK(err == cudaSuccess, "copy program kernel launch failed: ", cudaGetErrorString(err));
 #else
   TORCH_CHECK(false, "verl._C was built without CUDA; cannot run a copy program on ", src.device());
@@ -84,7 +85,7 @@ bool built_with_cuda() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "verl-hpc compiled ops: reshard copy programs (CPU/OpenMP and CUDA)";
-  m.def("validate_copy_program", &validate_copy_program, "Return '' if the program is safe, else why not",
+  m.def("validate_copy_program", &validate_copy_program, "Raise ValueError naming the first unsafe segment",
         py::arg("program"), py::arg("src_numel"), py::arg("dst_numel"), py::arg("elem_size") = 1,
         py::arg("alignment_bytes") = 0);
   m.def("run_copy_program", &run_copy_program, "Run a validated copy program from src into dst",

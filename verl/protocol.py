@@ -496,7 +496,7 @@ class DataProto:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> DataProto:
-        payload = torch.load(io.BytesIO(data), weights_only=True)
+        payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         if not isinstance(payload, dict) or payload.get("format") != _WIRE_FORMAT:
             found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
             raise DataProtoError(f"from_bytes: expected format {_WIRE_FORMAT!r}, found {found!r}")

@@ -3,8 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-#include <vector>
 
 #include "copy_program.h"
 
@@ -15,16 +13,21 @@ namespace reshard {
 constexpr int64_t kCpuChunkBytes = 256 * 1024;
 constexpr int64_t kCudaChunkBytes = 64 * 1024;
 
-// Returns "" when the program is safe on buffers of src_numel / dst_numel elements, else one line
-// naming the first offending segment. Checks: non-negative fields, reads and writes in bounds,
-// no destination byte written twice, and (alignment_bytes > 0) the caller's claim that every row
-// starts and ends on an alignment_bytes boundary.
-std::string validate_program(const Segment* segments, int64_t num_segments, int64_t src_numel,
-                             int64_t dst_numel, int64_t elem_size, int64_t alignment_bytes);
+// Size of the message buffer validate_program fills (one line; longer messages are truncated).
+constexpr int64_t kMessageBytes = 512;
 
-// Exclusive prefix sum of units per segment (num_segments + 1 entries).
-std::vector<int64_t> unit_prefix(const Segment* segments, int64_t num_segments, int64_t elem_size,
-                                 int64_t chunk_bytes);
+// Returns true when the program is safe on buffers of src_numel / dst_numel elements; otherwise
+// writes one NUL-terminated line naming the first offending segment into message[0, capacity) and
+// returns false. Checks: non-negative fields, reads and writes in bounds, no destination byte
+// written twice, and (alignment_bytes > 0) the caller's claim that every row starts and ends on an
+// alignment_bytes boundary. Plain C types only at this boundary: no libstdc++ type crosses into
+// the binding, so an error path behaves the same whichever compiler built either side.
+bool validate_program(const Segment* segments, int64_t num_segments, int64_t src_numel, int64_t dst_numel,
+                      int64_t elem_size, int64_t alignment_bytes, char* message, int64_t capacity);
+
+// Exclusive prefix sum of units per segment into out[0, num_segments] (num_segments + 1 entries).
+void unit_prefix(const Segment* segments, int64_t num_segments, int64_t elem_size, int64_t chunk_bytes,
+                 int64_t* out);
 
 // Runs a validated program on host memory, spreading units over OpenMP threads.
 void run_program_cpu(const void* src, void* dst, const Segment* segments, int64_t num_segments,

@@ -53,7 +53,8 @@ void run_program_cpu(const void* src, void* dst, const Segment* program, int64_t
     seg = coalesce_rows(seg);
   }
   const Segment* segments = coalesced.data();
-  const std::vector<int64_t> unit_begin = unit_prefix(segments, num_segments, elem_size, kCpuChunkBytes);
+  std::vector<int64_t> unit_begin(num_segments + 1);
+  unit_prefix(segments, num_segments, elem_size, kCpuChunkBytes, unit_begin.data());
   const int64_t total_units = unit_begin[num_segments];
   int64_t total_bytes = 0;
   for (int64_t i = 0; i < num_segments; ++i) {

@@ -21,6 +21,12 @@ static int failures = 0;
     }                                                                     \
   } while (0)
 
+static bool valid(const std::vector<Segment>& p, int64_t sn, int64_t dn, int64_t es, int64_t align) {
+  char msg[verl::reshard::kMessageBytes];
+  return verl::reshard::validate_program(p.data(), static_cast<int64_t>(p.size()), sn, dn, es, align, msg,
+                                         sizeof(msg));
+}
+
 static void reference(const std::vector<uint8_t>& src, std::vector<uint8_t>& dst, const std::vector<Segment>& prog,
                       int64_t es) {
   for (const Segment& s : prog) {
@@ -85,7 +91,7 @@ static void test_random_programs_match_reference() {
       const int64_t max_row = (trial % 7 == 0) ? 200000 : 64;
       const int64_t sn = trial % 7 == 0 ? 600000 : src_numel, dn = trial % 7 == 0 ? 600000 : dst_numel;
       auto prog = random_program(rng, sn, dn, max_row);
-      EXPECT(verl::reshard::validate_program(prog.data(), prog.size(), sn, dn, es, 0).empty());
+      EXPECT(valid(prog, sn, dn, es, 0));
       std::vector<uint8_t> src(sn * es), dst(dn * es, 0xAB), want(dn * es, 0xAB);
       for (auto& b : src) b = static_cast<uint8_t>(rng());
       reference(src, want, prog, es);
@@ -97,9 +103,10 @@ static void test_random_programs_match_reference() {
 
 static void test_validation_rejects() {
   auto bad = [](std::vector<Segment> p, int64_t sn, int64_t dn, int64_t align, const char* needle) {
-    std::string msg = verl::reshard::validate_program(p.data(), p.size(), sn, dn, 4, align);
-    if (msg.find(needle) == std::string::npos) {
-      std::fprintf(stderr, "expected an error containing '%s', got '%s'\n", needle, msg.c_str());
+    char msg[verl::reshard::kMessageBytes];
+    const bool ok = verl::reshard::validate_program(p.data(), p.size(), sn, dn, 4, align, msg, sizeof(msg));
+    if (ok || std::strstr(msg, needle) == nullptr) {
+      std::fprintf(stderr, "expected an error containing '%s', got '%s'\n", needle, ok ? "(accepted)" : msg);
       ++failures;
     }
   };
@@ -110,8 +117,14 @@ static void test_validation_rejects() {
   bad({{0, 0, 1, 8, 0, 0}, {0, 7, 1, 2, 0, 0}}, 100, 100, 0, "destination ranges overlap");
   bad({{1, 0, 1, 4, 0, 0}}, 100, 100, 16, "claimed 16-byte alignment");
   std::vector<Segment> ok = {{0, 0, 2, 4, 8, 4}, {4, 8, 1, 4, 0, 0}};
-  EXPECT(verl::reshard::validate_program(ok.data(), ok.size(), 100, 100, 4, 16).empty());
-  EXPECT(verl::reshard::validate_program(nullptr, 0, 0, 0, 4, 0).empty());
+  EXPECT(valid(ok, 100, 100, 4, 16));
+  EXPECT(valid({}, 0, 0, 4, 0));
+  // A message buffer too small for the line is truncated, never overrun.
+  char tiny[8];
+  std::memset(tiny, 'x', sizeof(tiny));
+  std::vector<Segment> oob = {{0, 95, 1, 10, 0, 0}};
+  EXPECT(!verl::reshard::validate_program(oob.data(), oob.size(), 100, 100, 4, 0, tiny, sizeof(tiny)));
+  EXPECT(tiny[sizeof(tiny) - 1] == '\0');
 }
 
 int main() {

@@ -47,12 +47,14 @@ int main() {
       cursor = end;
       prog.push_back(s);
     }
-    if (!verl::reshard::validate_program(prog.data(), prog.size(), n, n, es, 0).empty()) return 1;
+    char why[verl::reshard::kMessageBytes];
+    if (!verl::reshard::validate_program(prog.data(), prog.size(), n, n, es, 0, why, sizeof(why))) return 1;
     std::vector<uint8_t> src(n * es), want(n * es, 0x5A), got(n * es);
     for (auto& b : src) b = static_cast<uint8_t>(rng());
     verl::reshard::run_program_cpu(src.data(), want.data(), prog.data(), prog.size(), es);
     for (auto& s : prog) s = verl::reshard::coalesce_rows(s);
-    auto prefix = verl::reshard::unit_prefix(prog.data(), prog.size(), es, verl::reshard::kCudaChunkBytes);
+    std::vector<int64_t> prefix(prog.size() + 1);
+    verl::reshard::unit_prefix(prog.data(), prog.size(), es, verl::reshard::kCudaChunkBytes, prefix.data());
     void *d_src, *d_dst, *d_prog, *d_prefix;
     CHECK_CUDA(cudaMalloc(&d_src, src.size()));
     CHECK_CUDA(cudaMalloc(&d_dst, src.size()));

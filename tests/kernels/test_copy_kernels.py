@@ -122,3 +122,13 @@ def test_src_and_dst_views_of_one_buffer_must_not_overlap():
 def test_make_program_rejects_wrong_arity():
     with pytest.raises(CopyProgramError, match="6 fields"):
         make_program([(1, 2, 3)])
+
+
+def test_extension_raises_value_error_with_one_line_not_a_crash():
+    """The binding raises (TORCH_CHECK_VALUE) rather than returning a C++ string across the boundary."""
+    from verl import _C
+
+    with pytest.raises(ValueError, match="writes up to element 105") as info:
+        _C.validate_copy_program(make_program([(0, 95, 1, 10, 0, 0)]), 100, 100, 4, 0)
+    assert str(info.value).splitlines()[0].startswith("segment 0 (src_offset=0, dst_offset=95")
+    assert _C.validate_copy_program(make_program([(0, 0, 1, 10, 0, 0)]), 100, 100, 4, 0) is None

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from verl.bench.kernels import CASE_GENERATORS, MB, make_case, reference_copy_program
-from verl.ops.copy_program import make_program, run_copy_program
+from verl.ops.copy_program import CopyProgramError, make_program, run_copy_program, validate_program
 
 pytestmark = pytest.mark.gpu
 
@@ -37,7 +37,10 @@ def test_cuda_matches_oracle_on_realistic_programs(kind, dtype):
 def test_cuda_unaligned_offsets_use_the_scalar_tail():
     src = torch.randn(10_001, device="cuda").half()
     dst = torch.zeros(10_007, device="cuda").half()
-    program = make_program([(3, 5, 7, 999, 1001, 1000), (7100, 7005, 1, 2997, 0, 0)])
+    # In bounds: the first segment reads [3, 7008) and writes [5, 7004); the second reads [7000, 9997)
+    # and writes [7005, 10002). Odd offsets and lengths force the scalar path.
+    program = make_program([(3, 5, 7, 999, 1001, 1000), (7000, 7005, 1, 2997, 0, 0)])
+    validate_program(program, src.numel(), dst.numel(), src.element_size())
     run_copy_program(src, dst, program)
     assert torch.equal(dst, reference_copy_program(src, torch.zeros_like(dst), program))
 
@@ -54,3 +57,23 @@ def test_cuda_copy_is_ordered_on_the_current_stream():
         run_copy_program(src, dst, program)
     stream.synchronize()
     assert torch.equal(dst, src)
+
+
+@requires_cuda
+@pytest.mark.parametrize(
+    "segments, fragment",
+    [
+        ([(0, 0, 2, 10, 10, 10)], "reads up to element 20"),
+        ([(0, 95, 1, 10, 0, 0)], "writes up to element 105"),
+        ([(-1, 0, 1, 1, 0, 0)], "every field must be in"),
+        ([(0, 0, 3, 4, 4, 2)], "dst_stride < row_elems"),
+        ([(0, 0, 1, 8, 0, 0), (0, 7, 1, 2, 0, 0)], "destination ranges overlap"),
+    ],
+)
+def test_cuda_invalid_programs_raise_and_write_nothing(segments, fragment):
+    """The GPU build raises the same one-line error as the CPU build (it used to crash the interpreter)."""
+    src, dst = torch.randn(15, device="cuda"), torch.full((100,), 7.0, device="cuda")
+    with pytest.raises(CopyProgramError, match=fragment.replace("(", r"\(")):
+        run_copy_program(src, dst, make_program(segments))
+    torch.cuda.synchronize()
+    assert torch.all(dst == 7.0)

@@ -35,7 +35,8 @@ def init_distributed(backend: str | None = None, timeout_s: float = DEFAULT_TIME
                      seed: int = 1234, environ=None) -> DistEnv:
     """Initialise torch.distributed for this process and return where it sits.
 
-    backend: "nccl" | "gloo" | None (nccl when CUDA is available, else gloo).
+    backend: "nccl" | "gloo" | None (``verl.utils.device.dist_backend``: nccl when every local rank has
+        a GPU of its own, else gloo — e.g. two ranks sharing one GPU, where NCCL refuses the duplicate GPU).
     timeout_s: collective and rendezvous timeout; a dead or stuck rank raises after at most this.
     seed: every rank seeds python/numpy/torch with ``seed + rank``.
     The returned `DistEnv` has ``source == "mpi"`` when the address came from the mpi4py broadcast.
@@ -54,8 +55,10 @@ def init_distributed(backend: str | None = None, timeout_s: float = DEFAULT_TIME
         raise LaunchError(f"{env.source}: expected a master address and port for {env.world_size}"
                           " ranks, found none (set MASTER_ADDR/MASTER_PORT or install mpi4py)")
 
-    use_cuda = torch.cuda.is_available()
-    backend = backend or ("nccl" if use_cuda else "gloo")
+    from verl.utils.device import dist_backend, is_cuda_available
+
+    use_cuda = is_cuda_available()
+    backend = backend or dist_backend(env.local_world_size)
     if backend not in ("nccl", "gloo"):
         raise LaunchError(f"init_distributed: expected backend 'nccl' or 'gloo', found {backend!r}")
     if backend == "nccl" and not use_cuda:

@@ -209,7 +209,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args, timeout_s: float =
                     continue
                 if not ok:
                     raise RankFailure(f"rank {rank} failed:\n{value}")
-                values[rank] = torch.load(io.BytesIO(value), weights_only=True)
+                values[rank] = torch.load(io.BytesIO(value), map_location="cpu", weights_only=True)
         finally:
             for proc in procs:
                 proc.join(timeout=5 if len(values) == world_size else 0)

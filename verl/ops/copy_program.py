@@ -82,11 +82,12 @@ def validate_program(
         raise CopyProgramError(
             f"program must be an int64 tensor of shape [n, 6], found {program.dtype} {tuple(program.shape)}"
         )
-    message = _ext().validate_copy_program(
-        program.contiguous(), int(src_numel), int(dst_numel), int(elem_size), int(alignment_bytes)
-    )
-    if message:
-        raise CopyProgramError(message)
+    try:
+        _ext().validate_copy_program(
+            program.contiguous(), int(src_numel), int(dst_numel), int(elem_size), int(alignment_bytes)
+        )
+    except ValueError as err:  # raised by the extension (TORCH_CHECK_VALUE): one line naming the segment
+        raise CopyProgramError(str(err).splitlines()[0]) from None
 
 
 def run_copy_program(

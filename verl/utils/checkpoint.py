@@ -134,5 +134,5 @@ def load_trainer_state(path: str) -> dict[str, Any]:
     rng_file = os.path.join(path, "rng", f"rank{_rank()}.pt")
     if not os.path.isfile(rng_file):
         raise CheckpointError(f"checkpoint {path}: expected {rng_file} (saved with the same world size), found none")
-    state["_rng"] = torch.load(rng_file, weights_only=True)
+    state["_rng"] = torch.load(rng_file, map_location="cpu", weights_only=True)
     return state

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from verl.engine.megatron.padding import attention_mask_4d, left_align
 from verl.models.config import ModelConfig
 from verl.models.mcore.model import build_gpt_model
+from verl.utils.device import get_device, to_device
 
 Batch = Mapping[str, torch.Tensor]
 OutputFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Batch], dict[str, torch.Tensor]]
@@ -119,11 +120,13 @@ class MegatronEngine:
         forward_only = loss_fn is None
         micro_batches = split_micro_batches(batch, micro_batch_size)
 
+        device = get_device()
+
         def forward_step(data_iterator, model):
-            micro_batch = next(data_iterator)
+            micro_batch = to_device(next(data_iterator), device)
             ids, mask, shifts = left_align(micro_batch["input_ids"], micro_batch["attention_mask"],
                                            micro_batch.get("position_ids"))
-            positions = torch.arange(ids.size(1)).expand_as(ids)
+            positions = torch.arange(ids.size(1), device=ids.device).expand_as(ids)
             output = model(ids, positions, attention_mask_4d(mask))
 
             def loss_func(output_tensor, non_loss_data=False):
@@ -156,11 +159,12 @@ class MegatronEngine:
         return box[0]
 
     def forward(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn) -> dict[str, torch.Tensor]:
-        """output_fn's results for the whole batch (concatenated over micro-batches), on every stage."""
+        """output_fn's results for the whole batch (concatenated over micro-batches), on every stage, on
+        the CPU (where the controller's DataProto lives), whatever device the model computes on."""
         per_micro_batch = self._schedule(batch, micro_batch_size, output_fn, None)
         result = None
         if self.is_last_stage:
-            result = {k: torch.cat([mb[k] for mb in per_micro_batch], dim=0) for k in per_micro_batch[0]}
+            result = {k: torch.cat([mb[k] for mb in per_micro_batch], dim=0).cpu() for k in per_micro_batch[0]}
         return self._from_last_stage(result)
 
     def train_step(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn, loss_fn: LossFn) -> dict[str, float]:

@@ -28,10 +28,10 @@ def _last_token_choice(engine: MegatronEngine):
 
     def output_fn(logits, aligned_ids, shifts, micro_batch):
         last = micro_batch["attention_mask"].sum(dim=1).long() - 1  # rows are left-aligned
-        rows = torch.arange(logits.size(0))
+        rows = torch.arange(logits.size(0), device=logits.device)
         local = logits[rows, last].float()  # [B, V/tp]
         start = mpu.get_tensor_model_parallel_rank() * local.size(-1)
-        ids = torch.arange(start, start + local.size(-1))
+        ids = torch.arange(start, start + local.size(-1), device=local.device)
         local = local.masked_fill(ids >= engine.config.vocab_size, float("-inf"))
         value, index = local.max(dim=-1)
         candidates = torch.stack([value, (index + start).float()], dim=-1)

@@ -26,6 +26,7 @@ from verl.engine.rollout.native.sampler import sample_tokens
 from verl.engine.rollout.native.weights import load_hf_checkpoint
 from verl.hybrid_engine.rollout_layout import kv_heads_per_rank, rollout_param_specs
 from verl.models.config import ModelConfig
+from verl.utils.device import get_device
 
 
 class NativeRollout(BaseRollout):
@@ -36,15 +37,17 @@ class NativeRollout(BaseRollout):
     """
 
     def __init__(self, config: ModelConfig, tp_group: dist.ProcessGroup | None = None,
-                 dtype: torch.dtype = torch.float32, pad_token_id: int = 0):
+                 dtype: torch.dtype = torch.float32, pad_token_id: int = 0, device: torch.device | str | None = None):
         super().__init__(config, pad_token_id)
+        # Weights, KV cache and sampling live on this rank's device; results return on the CPU.
+        self.device = torch.device(device) if device is not None else get_device()
         self.tp_group = tp_group
         self.tp_size = 1 if tp_group is None else dist.get_world_size(tp_group)
         self.tp_rank = 0 if tp_group is None else dist.get_rank(tp_group)
-        self.params = FlatParams(rollout_param_specs(config, self.tp_size, self.tp_rank), dtype)
+        self.params = FlatParams(rollout_param_specs(config, self.tp_size, self.tp_rank), dtype, self.device)
         self.model = RolloutTransformer(config, self.params.views, self.tp_size, self.tp_rank, tp_group)
         self.kv_cache = KVCache(config.num_hidden_layers, kv_heads_per_rank(config, self.tp_size), config.head_dim,
-                                dtype)
+                                dtype, self.device)
 
     # ---------------------------------------------------------------- weights and memory
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -69,11 +72,11 @@ class NativeRollout(BaseRollout):
     # ---------------------------------------------------------------- generation
     def _generator(self, seed: int | None) -> torch.Generator:
         if seed is None:
-            drawn = torch.tensor([random.SystemRandom().randrange(2 ** 62)], dtype=torch.int64)
+            drawn = torch.tensor([random.SystemRandom().randrange(2 ** 62)], dtype=torch.int64, device=self.device)
             if self.tp_size > 1:  # every rank must sample with the same stream
                 dist.broadcast(drawn, group=self.tp_group, group_src=0)
             seed = int(drawn)
-        return torch.Generator().manual_seed(seed)
+        return torch.Generator(device=self.device).manual_seed(seed)
 
     @torch.inference_mode()
     def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -83,27 +86,28 @@ class NativeRollout(BaseRollout):
             raise RuntimeError("native rollout: expected weights in memory, found them released; call resume() "
                                "and write the weights first")
         sp = sampling_params
-        input_ids = input_ids.to(torch.int64).repeat_interleave(sp.n, 0)
-        prompt_valid = attention_mask.bool().repeat_interleave(sp.n, 0)
+        device = self.device
+        input_ids = input_ids.to(device=device, dtype=torch.int64).repeat_interleave(sp.n, 0)
+        prompt_valid = attention_mask.to(device).bool().repeat_interleave(sp.n, 0)
         batch, prompt_len = input_ids.shape
         steps = sp.response_length
         keys, values = self.kv_cache.reserve(batch, prompt_len + steps)
         positions = prompt_position_ids(prompt_valid)
         self.model.prepare(int(positions[:, -1].max()) + steps + 1)
 
-        key_valid = torch.zeros(batch, prompt_len + steps, dtype=torch.bool)
+        key_valid = torch.zeros(batch, prompt_len + steps, dtype=torch.bool, device=device)
         key_valid[:, :prompt_len] = prompt_valid
-        causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool).tril_()
+        causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=device).tril_()
         # Padding queries see only themselves, so their softmax rows stay finite (and unused).
-        allowed = (causal & prompt_valid[:, None, None, :]) | torch.eye(prompt_len, dtype=torch.bool)
+        allowed = (causal & prompt_valid[:, None, None, :]) | torch.eye(prompt_len, dtype=torch.bool, device=device)
         logits = self.model.forward(input_ids, positions, keys, values, 0, allowed)
 
         generator = None if sp.greedy else self._generator(sp.seed)
-        stop_ids = torch.tensor(sp.stop_ids, dtype=torch.int64)
-        responses = torch.full((batch, steps), pad_token_id, dtype=torch.int64)
-        log_probs = torch.zeros(batch, steps, dtype=torch.float32)
-        lengths = torch.zeros(batch, dtype=torch.int64)
-        done = torch.zeros(batch, dtype=torch.bool)
+        stop_ids = torch.tensor(sp.stop_ids, dtype=torch.int64, device=device)
+        responses = torch.full((batch, steps), pad_token_id, dtype=torch.int64, device=device)
+        log_probs = torch.zeros(batch, steps, dtype=torch.float32, device=device)
+        lengths = torch.zeros(batch, dtype=torch.int64, device=device)
+        done = torch.zeros(batch, dtype=torch.bool, device=device)
         next_positions = positions[:, -1:] + 1
         for t in range(steps):
             tokens, token_log_probs = sample_tokens(logits, sp, generator)
@@ -121,5 +125,5 @@ class NativeRollout(BaseRollout):
             logits = self.model.forward(tokens[:, None], next_positions, keys, values, slot,
                                         key_valid[:, None, None, :slot + 1])
             next_positions += 1
-        response_mask = torch.arange(steps)[None, :] < lengths[:, None]
-        return responses, response_mask, log_probs
+        response_mask = torch.arange(steps, device=device)[None, :] < lengths[:, None]
+        return responses.cpu(), response_mask.cpu(), log_probs.cpu()

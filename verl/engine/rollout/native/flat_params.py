@@ -25,7 +25,7 @@ class FlatParams:
         self.numel = offset
         self.flat = torch.empty(self.numel, dtype=dtype, device=device)
         self.views: dict[str, torch.Tensor] = {
-            spec.name: self.flat[self.offsets[spec.name]:self.offsets[spec.name] + spec.numel].view(spec.shape)
+            spec.name: self.flat.narrow(0, self.offsets[spec.name], spec.numel).view(spec.shape)
             for spec in self.specs
         }
         self._nbytes = self.flat.untyped_storage().nbytes()

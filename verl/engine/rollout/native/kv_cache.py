@@ -29,7 +29,8 @@ class KVCache:
             self.keys = self.values = None  # free the old allocation before taking the new one
             self.keys = torch.empty(shape, dtype=self.dtype, device=self.device)
             self.values = torch.empty(shape, dtype=self.dtype, device=self.device)
-        return self.keys[:, :batch, :, :max_len], self.values[:, :batch, :, :max_len]
+        return (self.keys.narrow(1, 0, batch).narrow(3, 0, max_len),
+                self.values.narrow(1, 0, batch).narrow(3, 0, max_len))
 
     def release(self) -> None:
         self.keys = self.values = None

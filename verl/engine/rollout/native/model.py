@@ -50,15 +50,17 @@ class RolloutTransformer:
                 weights[p + "mlp.down_proj.weight"],
             ))
         self.dtype = self.embed.dtype
-        self.cos = self.sin = torch.empty(0, self.head_dim, dtype=self.dtype)  # [positions, D], see prepare()
+        self.device = self.embed.device
+        self.cos = self.sin = torch.empty(0, self.head_dim, dtype=self.dtype, device=self.device)  # see prepare()
 
     def prepare(self, max_positions: int) -> None:
         """Make the RoPE tables cover positions [0, max_positions) (grown per request, not per step)."""
         if self.cos.shape[0] >= max_positions:
             return
         d = self.head_dim
-        inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-        angles = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        arange = torch.arange(0, d, 2, dtype=torch.float32, device=self.device)
+        inv_freq = 1.0 / (self.config.rope_theta ** (arange / d))
+        angles = torch.arange(max_positions, dtype=torch.float32, device=self.device)[:, None] * inv_freq[None, :]
         angles = torch.cat([angles, angles], dim=-1)
         self.cos = angles.cos().to(self.dtype)
         self.sin = angles.sin().to(self.dtype)

@@ -41,7 +41,7 @@ def inverse_cdf_draw(probs: torch.Tensor, generator: torch.Generator | None) -> 
     the last cumulative value, and a zero-probability token never opens an interval of its own.
     """
     cdf = probs.double().cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1)
 
 
