@@ -28,24 +28,55 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+# Which torch. VERL_TORCH=cpu: the CPU wheel torch==2.13.0 (this project's CPU machines and CI).
+# VERL_TORCH=system: keep the CUDA torch the node already has (the venv sees the system's packages) and
+# build verl._C with CUDA for this node's GPU plus sm_80/sm_90 (TORCH_CUDA_ARCH_LIST overrides).
+# Default (auto): system when $PYTHON already imports a CUDA build of torch, else cpu.
+VERL_TORCH="${VERL_TORCH:-auto}"
+if [[ $VERL_TORCH == auto ]]; then
+  if "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.version.cuda else 1)" >/dev/null 2>&1; then
+    VERL_TORCH=system
+  else
+    VERL_TORCH=cpu
+  fi
+fi
+case "$VERL_TORCH" in
+  cpu|system) ;;
+  *) echo "setup: VERL_TORCH: expected cpu, system or auto, found '$VERL_TORCH'" >&2; exit 2 ;;
+esac
+
 if [[ ! -x .venv/bin/python ]]; then
-  log "creating .venv with $($PYTHON --version)"
-  "$PYTHON" -m venv .venv
+  log "creating .venv with $($PYTHON --version) (torch: $VERL_TORCH)"
+  if [[ $VERL_TORCH == system ]]; then
+    "$PYTHON" -m venv --system-site-packages .venv
+  else
+    "$PYTHON" -m venv .venv
+  fi
 fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 
 stamp=.venv/.verl-install-stamp
-want="$(cat setup.py pyproject.toml requirements*.txt $(find csrc -type f | sort) | sha256sum | cut -d' ' -f1)"
+want="$( (echo "torch=$VERL_TORCH"; cat setup.py pyproject.toml requirements*.txt $(find csrc -type f | sort)) \
+  | sha256sum | cut -d' ' -f1)"
 if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]] && .venv/bin/python -c "import torch, verl._C" 2>/dev/null; then
   log "verl-hpc already installed and built (.venv)"
   exit 0
 fi
 
-log "installing build tools and torch==2.13.0 (CPU wheel)"
 "${PIP[@]}" install --upgrade pip setuptools wheel
-"${PIP[@]}" install torch==2.13.0 numpy -r requirements-build.txt
-log "installing verl-hpc with its dependencies and building verl._C"
-"${PIP[@]}" install --no-build-isolation -e ".[cpu,test]"
+if [[ $VERL_TORCH == system ]]; then
+  have="$(.venv/bin/python -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null)" \
+    || { echo "setup: VERL_TORCH=system: expected torch importable by $PYTHON, found none" >&2; exit 2; }
+  log "keeping the node's torch $have; installing build tools"
+  "${PIP[@]}" install numpy pybind11 ninja
+  log "installing verl-hpc with its dependencies and building verl._C (CUDA when nvcc is found)"
+  "${PIP[@]}" install --no-build-isolation -e ".[test]"
+else
+  log "installing build tools and torch==2.13.0 (CPU wheel)"
+  "${PIP[@]}" install torch==2.13.0 numpy -r requirements-build.txt
+  log "installing verl-hpc with its dependencies and building verl._C"
+  "${PIP[@]}" install --no-build-isolation -e ".[cpu,test]"
+fi
 .venv/bin/python -c "import torch, verl._C" || { echo "setup: verl._C failed to build (see the pip log above)" >&2; exit 1; }
 echo "$want" >"$stamp"
 log "done: $(.venv/bin/verl --version)"

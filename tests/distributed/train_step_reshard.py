@@ -67,9 +67,9 @@ def _run_case(hf_dir: str, training, rollout_tp: int) -> dict:
     from verl.engine.megatron.engine import MegatronEngine, OptimConfig
     from verl.engine.rollout.native.engine import NativeRollout
     from verl.hybrid_engine.groups import derive_groups
+    from verl.hybrid_engine.hybrid_engine import HybridEngine
     from verl.models.config import ModelConfig
     from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
-    from verl.workers.actor_rollout_ref_worker import HybridEngine
 
     config = ModelConfig.from_pretrained(hf_dir)
     engine = MegatronEngine(config, optim=OptimConfig(lr=LR, weight_decay=0.0, clip_grad=0.0))

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 
 from verl.ops.copy_program import make_program, run_copy_program, validate_program
+from verl.utils.torch_dtypes import DTYPES
 
 MB = 1 << 20
 
@@ -188,21 +189,33 @@ def _best_of(fn: Callable[[], object], repeats: int, budget_s: float = 0.25, max
     return best
 
 
-def time_case(case: KernelCase, dtype: torch.dtype = torch.float32, repeats: int = 5) -> dict:
-    src = torch.randn(case.src_numel).to(dtype)
-    dst = torch.zeros(case.dst_numel, dtype=dtype)
+def _synchronized(fn: Callable[[], object], device: torch.device) -> Callable[[], object]:
+    """On CUDA a call only enqueues work: time it to completion."""
+    if device.type != "cuda":
+        return fn
+    return lambda: (fn(), torch.cuda.synchronize(device))
+
+
+def time_case(case: KernelCase, dtype: torch.dtype = torch.float32, repeats: int = 5,
+              device: torch.device | str = "cpu") -> dict:
+    device = torch.device(device)
+    src = torch.randn(case.src_numel, device=device).to(dtype)
+    dst = torch.zeros(case.dst_numel, dtype=dtype, device=device)
     nbytes = case.copied_elems() * src.element_size()
     flat_src = src[: case.copied_elems()]
     flat_dst = torch.empty_like(flat_src)
-    seconds = _best_of(lambda: run_copy_program(src, dst, case.program, validate=False), repeats)
-    memcpy_seconds = _best_of(lambda: flat_dst.copy_(flat_src), repeats)
+    seconds = _best_of(_synchronized(lambda: run_copy_program(src, dst, case.program, validate=False), device),
+                       repeats)
+    memcpy_seconds = _best_of(_synchronized(lambda: flat_dst.copy_(flat_src), device), repeats)
     naive_dst = torch.zeros_like(dst)
-    naive_seconds = _best_of(lambda: reference_copy_program(src, naive_dst, case.program), max(1, repeats // 2))
+    naive_seconds = _best_of(_synchronized(lambda: reference_copy_program(src, naive_dst, case.program), device),
+                             max(1, repeats // 2))
     if not torch.equal(dst, naive_dst):
         raise AssertionError(f"{case.name}: the compiled program and the reference disagree")
     return {
         "case": case.name,
         "dtype": str(dtype).replace("torch.", ""),
+        "device": device.type,
         "segments": case.num_segments,
         "bytes": nbytes,
         "seconds": seconds,
@@ -213,14 +226,15 @@ def time_case(case: KernelCase, dtype: torch.dtype = torch.float32, repeats: int
     }
 
 
-def run_all(sizes_mb=DEFAULT_SIZES_MB, kinds=tuple(CASE_GENERATORS), repeats: int = 5, progress=None) -> list[dict]:
+def run_all(sizes_mb=DEFAULT_SIZES_MB, kinds=tuple(CASE_GENERATORS), repeats: int = 5, progress=None,
+            device: str = "cpu", dtype: torch.dtype = torch.float32) -> list[dict]:
     results = []
     for size in sizes_mb:
         for kind in kinds:
             if size > MAX_SIZE_MB.get(kind, size):
                 continue
-            case = make_case(kind, size * MB)
-            results.append(time_case(case, repeats=repeats))
+            case = make_case(kind, size * MB, elem_size=dtype.itemsize)
+            results.append(time_case(case, dtype=dtype, repeats=repeats, device=device))
             if progress:
                 progress(results[-1])
     return results
@@ -247,7 +261,13 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default=",".join(CASE_GENERATORS),
                         help="comma-separated case kinds (default: all)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the buffers live (cuda: timed to completion with torch.cuda.synchronize)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("verl bench kernels: --device cuda: expected a CUDA device, found none", file=sys.stderr)
+        return 2
     try:
         sizes = [int(s) for s in args.sizes_mb.split(",") if s]
     except ValueError:
@@ -263,7 +283,8 @@ def main(argv=None) -> int:
 
     total = sum(1 for s in sizes for k in kinds if s <= MAX_SIZE_MB.get(k, s))
     bar = tqdm(total=total, desc="bench kernels", unit="case", file=sys.stderr)
-    results = run_all(sizes, kinds, args.repeats, progress=lambda r: bar.update(1))
+    results = run_all(sizes, kinds, args.repeats, progress=lambda r: bar.update(1), device=args.device,
+                      dtype=DTYPES[args.dtype])
     bar.close()
     print(format_table(results))
     if args.json:

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The GPU checks in one script, for a bare GPU machine (no network) that has a CUDA torch:
+#   1. megatron-core (+ omegaconf) from wheels carried in .whl/ (see below) into /tmp/verl-site;
+#   2. verl._C built with CUDA (TORCH_CUDA_ARCH_LIST, default: this GPU's arch + sm_80/sm_90);
+#   3. the GPU tier (tests/gpu: CUDA kernels incl. invalid programs, two ranks sharing the GPU over gloo:
+#      reshard bit-exact and greedy = Megatron greedy after a train step) and the kernels tier;
+#   4. figures: verl bench kernels --device cuda (bf16), then the quickstart on 1 GPU (SFT -> GRPO).
+# Each stage prints its wall time; stages are separate commands so each fits a 10-minute limit:
+#   bash tests/run_gpu.sh setup       # 1 + 2
+#   bash tests/run_gpu.sh tests       # 3
+#   bash tests/run_gpu.sh bench       # 4a
+#   bash tests/run_gpu.sh quickstart  # 4b
+# Wheels, made on a machine with network (Python of the GPU image: 3.12):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 --platform any -d .whl megatron-core==0.16.1 omegaconf
+#   pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+SITE=/tmp/verl-site
+export PYTHONPATH="$SITE:$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}"
+export OUT="${OUT:-$ROOT/outputs/gpu}"
+mkdir -p "$OUT"
+stage="${1:-all}"
+t0=$SECONDS
+say() { printf '[run_gpu %4ds] %s\n' "$((SECONDS - t0))" "$*"; }
+
+"$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+  || { echo "run_gpu: expected a CUDA device visible to torch, found none" >&2; exit 2; }
+
+setup() {
+  if ! "$PY" -c "import megatron.core" 2>/dev/null; then
+    ls .whl/*.whl >/dev/null 2>&1 || { echo "run_gpu: expected megatron-core wheels in .whl/, found none" >&2; exit 2; }
+    "$PY" -m pip install -q --no-index --no-deps --target "$SITE" .whl/*.whl
+  fi
+  say "building verl._C with CUDA"
+  MAX_JOBS="${MAX_JOBS:-16}" "$PY" setup.py build_ext --inplace >"$OUT/build.log" 2>&1 \
+    || { tail -30 "$OUT/build.log"; exit 1; }
+  "$PY" -c "import verl._C as C; assert C.built_with_cuda(), 'verl._C has no CUDA'; print('verl._C with CUDA')"
+  "$PY" -m verl.cli check-env || true
+}
+
+tests() {
+  say "GPU tier + kernels tier"
+  "$PY" -m pytest tests/gpu tests/kernels -p no:cacheprovider -q -rs --durations=10 2>&1 | tee "$OUT/pytest.log"
+}
+
+bench() {
+  say "verl bench kernels --device cuda (bf16)"
+  "$PY" -m verl.cli bench kernels --device cuda --dtype bfloat16 --sizes-mb 1,16,64,256,1024 \
+    --json "$OUT/bench_kernels_cuda.json"
+}
+
+quickstart() {
+  say "quickstart on 1 GPU: data -> SFT -> GRPO"
+  "$PY" -m launch.quickstart --out "$OUT/quickstart" --sft-override trainer.nproc=1 \
+    trainer.n_gpus_per_node=1 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 \
+    2>&1 | tee "$OUT/quickstart.log"
+}
+
+case "$stage" in
+  setup) setup ;;
+  tests) tests ;;
+  bench) bench ;;
+  quickstart) quickstart ;;
+  all) setup; tests; bench; quickstart ;;
+  *) echo "run_gpu: expected a stage among setup, tests, bench, quickstart, all; found '$stage'" >&2; exit 2 ;;
+esac
+say "done: $stage"
