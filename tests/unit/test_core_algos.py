@@ -257,9 +257,10 @@ def test_low_var_kl_is_clamped_and_unknown_name_rejected():
 # L = [[1,2,3],[4,5,6]], m = [[1,1,1],[1,0,0]]; masked sums: 6 and 4 (3 + 1 tokens, R = 3).
 AGG_CASES = {
     "token-mean": 10 / 4,
+    "token-sum": 10,
     "seq-mean-token-sum": (6 + 4) / 2,
     "seq-mean-token-mean": (6 / 3 + 4 / 1) / 2,
-    "seq-mean-token-sum-norm": 10 / 3,
+    "seq-mean-token-sum-norm": (6 + 4) / 2 / 3,  # verl 0.9.1: the sequence mean over R (was sum / R)
 }
 
 
@@ -269,9 +270,123 @@ def test_agg_loss_modes(mode):
     assert out.item() == pytest.approx(AGG_CASES[mode])
 
 
-def test_agg_loss_rejects_unknown_mode():
+def verl_agg_loss(loss, mask, mode, dp_size=1, batch_num_tokens=None, global_batch_size=None,
+                  loss_scale_factor=None):
+    """verl 0.9.1's agg_loss (verl/trainer/ppo/core_algos.py) written out with Python lists."""
+    rows = list(zip(loss.tolist(), mask.tolist(), strict=True))
+    seq_sums = [sum(x * m for x, m in zip(lr, mr, strict=True)) for lr, mr in rows]
+    seq_tokens = [sum(mr) for _, mr in rows]
+    if mode == "token-mean":
+        tokens = sum(seq_tokens) if batch_num_tokens is None else batch_num_tokens
+        return sum(seq_sums) / tokens * dp_size
+    if mode == "token-sum":
+        return sum(seq_sums) * dp_size
+    kept = [i for i, n in enumerate(seq_tokens) if n > 0]  # fully masked sequences are excluded
+    sequences = len(kept) if global_batch_size is None else global_batch_size
+    if mode == "seq-mean-token-mean":
+        per_seq = [seq_sums[i] / (seq_tokens[i] + 1e-8) for i in kept]
+    else:
+        per_seq = [seq_sums[i] for i in kept]
+    out = sum(per_seq) / sequences * dp_size
+    if mode == "seq-mean-token-sum-norm":
+        out /= loss.shape[-1] if loss_scale_factor is None else loss_scale_factor
+    return out
+
+
+def ragged_batch(seed, rows=6, width=5):
+    """Random losses with a mask of ragged lengths, one row fully masked."""
+    g = torch.Generator().manual_seed(seed)
+    loss = torch.randn(rows, width, generator=g, dtype=torch.float64)
+    lengths = torch.randint(1, width + 1, (rows,), generator=g)
+    lengths[2] = 0
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).to(torch.float64)
+    return loss, mask
+
+
+GLOBAL_KWARGS = [
+    {},
+    {"loss_scale_factor": 7.0},
+    {"dp_size": 2, "batch_num_tokens": 40, "global_batch_size": 12},
+    {"dp_size": 4, "batch_num_tokens": 17, "global_batch_size": 9, "loss_scale_factor": 2.5},
+    {"batch_num_tokens": 3, "global_batch_size": 30},
+]
+
+
+@pytest.mark.parametrize("kwargs", GLOBAL_KWARGS, ids=lambda k: "-".join(f"{a}={b}" for a, b in k.items()) or "local")
+@pytest.mark.parametrize("mode", core_algos.LOSS_AGG_MODES)
+def test_agg_loss_matches_verl_091(mode, kwargs):
+    loss, mask = ragged_batch(seed=len(kwargs))
+    out = core_algos.agg_loss(loss, mask, mode, **kwargs)
+    assert out.item() == pytest.approx(verl_agg_loss(loss, mask, mode, **kwargs), rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", core_algos.LOSS_AGG_MODES)
+def test_agg_loss_global_shares_add_up_to_the_full_batch_loss_and_gradient(mode):
+    # 2 DP ranks x 2 micro-batches of 3 rows with unequal token counts (every row has a token, so the
+    # row count is also verl's local sequence count). Each share is normalised by the global counts and
+    # scaled by dp_size; adding the shares over micro-batches and averaging over the ranks (DDP's
+    # gradient average) must give the loss and the gradient of the whole batch in one piece.
+    loss, mask = ragged_batch(seed=11, rows=12, width=6)
+    mask[2, 0] = 1
+    full_leaf = loss.clone().requires_grad_(True)
+    full = core_algos.agg_loss(full_leaf, mask, mode, loss_scale_factor=4.0)
+    full.backward()
+    split_leaf = loss.clone().requires_grad_(True)
+    counts = {"dp_size": 2, "batch_num_tokens": mask.sum(), "global_batch_size": 12, "loss_scale_factor": 4.0}
+    shares = [core_algos.agg_loss(split_leaf[i:i + 3], mask[i:i + 3], mode, **counts) for i in range(0, 12, 3)]
+    split = (shares[0] + shares[1] + shares[2] + shares[3]) / 2
+    split.backward()
+    assert split.item() == pytest.approx(full.item(), rel=1e-12)
+    torch.testing.assert_close(split_leaf.grad, full_leaf.grad)
+
+
+def test_agg_loss_local_share_is_not_dp_invariant():
+    # The reason for the global counts: per-rank token means weight the ranks' tokens unequally.
+    loss, mask = ragged_batch(seed=11, rows=12, width=6)
+    local = sum(core_algos.agg_loss(loss[i:i + 6], mask[i:i + 6], "token-mean") for i in (0, 6)) / 2
+    assert abs(local.item() - core_algos.agg_loss(loss, mask, "token-mean").item()) > 1e-3
+
+
+def test_agg_loss_rejects_bad_arguments():
     with pytest.raises(ValueError, match="loss_agg_mode"):
-        core_algos.agg_loss(t([[1.0]]), t([[1.0]]), "token-sum")
+        core_algos.agg_loss(t([[1.0]]), t([[1.0]]), "token-max")
+    with pytest.raises(ValueError, match="batch_num_tokens"):
+        core_algos.agg_loss(t([[1.0]]), t([[1.0]]), "token-mean", dp_size=2)
+    with pytest.raises(ValueError, match="global_batch_size"):
+        core_algos.agg_loss(t([[1.0]]), t([[1.0]]), "seq-mean-token-mean", dp_size=2, batch_num_tokens=4)
+    with pytest.raises(ValueError, match="loss_scale_factor"):
+        core_algos.agg_loss(t([[1.0]]), t([[1.0]]), "seq-mean-token-sum-norm", loss_scale_factor=0)
+    with pytest.raises(ValueError, match="dp_size"):
+        core_algos.agg_loss(t([[1.0]]), t([[1.0]]), "token-sum", dp_size=0)
+
+
+def test_agg_loss_all_masked_batch_is_zero_not_nan():
+    for mode in core_algos.LOSS_AGG_MODES:
+        assert core_algos.agg_loss(t([[1.0, 2.0]]), t([[0.0, 0.0]]), mode).item() == 0.0
+
+
+@pytest.mark.parametrize("mode", core_algos.LOSS_AGG_MODES)
+def test_policy_and_value_losses_take_verl_global_kwargs(mode):
+    g = torch.Generator().manual_seed(3)
+    log_prob, old_log_prob, advantages, vpreds, values, returns = (
+        torch.randn(4, 5, generator=g, dtype=torch.float64) * 0.3 for _ in range(6))
+    _, mask = ragged_batch(seed=4, rows=4, width=5)
+    counts = {"dp_size": 2, "batch_num_tokens": 23, "global_batch_size": 8, "loss_scale_factor": 3.0}
+    # With cliprange 10 and clip_ratio_c 1e9 nothing is clipped: the loss matrix is -A * ratio.
+    pg_loss, *_ = core_algos.compute_policy_loss(old_log_prob, log_prob, advantages, mask, cliprange=10.0,
+                                                 clip_ratio_c=1e9, loss_agg_mode=mode, **counts)
+    surrogate = -advantages * torch.exp(log_prob - old_log_prob)
+    assert pg_loss.item() == pytest.approx(verl_agg_loss(surrogate, mask, mode, **counts), rel=1e-12)
+    # The registry form reads verl's config.global_batch_info and config.loss_scale_factor.
+    config = {"clip_ratio": 10.0, "clip_ratio_c": 1e9, "loss_scale_factor": 3.0,
+              "global_batch_info": {"dp_size": 2, "batch_num_tokens": 23, "global_batch_size": 8}}
+    vanilla, *_ = core_algos.get_policy_loss_fn("vanilla")(old_log_prob, log_prob, advantages, mask, mode, config)
+    assert vanilla.item() == pytest.approx(pg_loss.item(), rel=1e-12)
+    # Value loss with a huge clip range: 0.5 * agg((V - G)^2).
+    vf_loss, _ = core_algos.compute_value_loss(vpreds, returns, values, mask, cliprange_value=1e9,
+                                               loss_agg_mode=mode, **counts)
+    expected = 0.5 * verl_agg_loss((vpreds - returns) ** 2, mask, mode, **counts)
+    assert vf_loss.item() == pytest.approx(expected, rel=1e-12)
 
 
 def test_entropy_loss_of_known_distributions():

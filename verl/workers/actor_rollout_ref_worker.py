@@ -31,12 +31,48 @@ from verl.workers.role_utils import (
     ACTOR_FIELDS,
     batch_fields,
     ensure_megatron,
+    global_batch_info,
     load_initial_weights,
     mean_metrics,
     megatron_mesh,
     optim_config,
     ppo_mini_batches,
 )
+
+# --------------------------------------------------------------------------- the policy loss
+# Shares of the mini-batch loss (added over micro-batches); the other metrics are per-micro-batch means.
+POLICY_LOSS_SHARES = ("actor/pg_loss", "actor/entropy_loss", "actor/kl_loss")
+
+
+def policy_loss_fn(cfg: Any, counts: dict[str, int]) -> Callable:
+    """verl's PPO actor loss (pg_loss - entropy_coeff * entropy + kl_loss_coef * kl) for ``update_policy``
+    with ``global_loss=True``: every term is aggregated with the mini-batch's global ``counts``
+    (:func:`role_utils.global_batch_info`) and ``actor.loss_scale_factor``, as verl's ``global_batch_info``."""
+    info = dict(counts, loss_scale_factor=cfg.get("loss_scale_factor"))
+
+    def loss_fn(outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
+        log_prob, mask = outputs["log_probs"], mb["response_mask"]
+        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = core_algos.compute_policy_loss(
+            old_log_prob=mb["old_log_probs"], log_prob=log_prob, advantages=mb["advantages"],
+            response_mask=mask, cliprange=cfg.clip_ratio, cliprange_low=cfg.clip_ratio_low,
+            cliprange_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode,
+            **info)
+        loss = pg_loss
+        metrics = {"actor/pg_loss": pg_loss, "actor/pg_clipfrac": pg_clipfrac, "actor/ppo_kl": ppo_kl,
+                   "actor/pg_clipfrac_lower": pg_clipfrac_lower}
+        if cfg.entropy_coeff != 0:
+            entropy = core_algos.agg_loss(outputs["entropy"], mask, cfg.loss_agg_mode, **info)
+            loss = loss - cfg.entropy_coeff * entropy
+            metrics["actor/entropy_loss"] = entropy
+        if cfg.use_kl_loss:
+            kld = core_algos.kl_penalty(log_prob, mb["ref_log_prob"], cfg.kl_loss_type)
+            kl_loss = core_algos.agg_loss(kld, mask, cfg.loss_agg_mode, **info)
+            loss = loss + cfg.kl_loss_coef * kl_loss
+            metrics["actor/kl_loss"] = kl_loss
+            metrics["actor/kl_coef"] = torch.tensor(cfg.kl_loss_coef)
+        return loss, metrics
+
+    return loss_fn
 
 
 # --------------------------------------------------------------------------- the worker
@@ -154,32 +190,6 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict({"ref_log_prob": out["log_probs"]})
 
     # ------------------------------------------------------------------ policy update
-    def _policy_loss(self) -> Callable:
-        cfg = self.actor_config
-
-        def loss_fn(outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
-            log_prob, mask = outputs["log_probs"], mb["response_mask"]
-            pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = core_algos.compute_policy_loss(
-                old_log_prob=mb["old_log_probs"], log_prob=log_prob, advantages=mb["advantages"],
-                response_mask=mask, cliprange=cfg.clip_ratio, cliprange_low=cfg.clip_ratio_low,
-                cliprange_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode)
-            loss = pg_loss
-            metrics = {"actor/pg_loss": pg_loss, "actor/pg_clipfrac": pg_clipfrac, "actor/ppo_kl": ppo_kl,
-                       "actor/pg_clipfrac_lower": pg_clipfrac_lower}
-            if cfg.entropy_coeff != 0:
-                entropy = core_algos.agg_loss(outputs["entropy"], mask, cfg.loss_agg_mode)
-                loss = loss - cfg.entropy_coeff * entropy
-                metrics["actor/entropy_loss"] = entropy
-            if cfg.use_kl_loss:
-                kld = core_algos.kl_penalty(log_prob, mb["ref_log_prob"], cfg.kl_loss_type)
-                kl_loss = core_algos.agg_loss(kld, mask, cfg.loss_agg_mode)
-                loss = loss + cfg.kl_loss_coef * kl_loss
-                metrics["actor/kl_loss"] = kl_loss
-                metrics["actor/kl_coef"] = torch.tensor(cfg.kl_loss_coef)
-            return loss, metrics
-
-        return loss_fn
-
     @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO epochs over mini-batches (ppo_mini_batch_size prompts x n responses, split over DP).
@@ -198,8 +208,10 @@ class ActorRolloutRefWorker(Worker):
         try:
             seed = int(data.meta_info.get("seed", 0))
             for batch in ppo_mini_batches(fields, mini, cfg.ppo_epochs, cfg.shuffle, seed):
-                m = self.actor.update_policy(batch, self._policy_loss(), calculate_entropy=cfg.entropy_coeff != 0,
-                                             temperature=self.log_prob_temperature)
+                loss_fn = policy_loss_fn(cfg, global_batch_info(batch["response_mask"]))
+                m = self.actor.update_policy(batch, loss_fn, calculate_entropy=cfg.entropy_coeff != 0,
+                                             temperature=self.log_prob_temperature, global_loss=True,
+                                             summed_metrics=POLICY_LOSS_SHARES)
                 m = {k: v for k, v in m.items() if k.startswith("actor/")} | {
                     "actor/grad_norm": m["grad_norm"], "actor/lr": m["lr"]}
                 steps.append(m)

@@ -6,6 +6,7 @@ are split over Megatron DP replicas (MEGATRON_COMPUTE_PROTO).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,12 +19,30 @@ from verl.workers.role_utils import (
     ACTOR_FIELDS,
     batch_fields,
     ensure_megatron,
+    global_batch_info,
     load_initial_weights,
     mean_metrics,
     megatron_mesh,
     optim_config,
     ppo_mini_batches,
 )
+
+
+def value_loss_fn(cfg: Any, counts: dict[str, int]) -> Callable:
+    """verl's clipped value loss for ``update_critic`` with ``global_loss=True``, aggregated with the
+    mini-batch's global ``counts`` (:func:`role_utils.global_batch_info`) and ``critic.loss_scale_factor``."""
+
+    def loss_fn(outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
+        vpreds, mask = outputs["values"], mb["response_mask"]
+        vf_loss, vf_clipfrac = core_algos.compute_value_loss(
+            vpreds=vpreds, returns=mb["returns"], values=mb["values"], response_mask=mask,
+            cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode,
+            loss_scale_factor=cfg.get("loss_scale_factor"), **counts)
+        vpred_mean = (vpreds * mask).sum() / mask.sum().clamp(min=1)
+        return vf_loss, {"critic/vf_loss": vf_loss, "critic/vf_clipfrac": vf_clipfrac,
+                         "critic/vpred_mean": vpred_mean}
+
+    return loss_fn
 
 
 class CriticWorker(Worker):
@@ -54,20 +73,6 @@ class CriticWorker(Worker):
         out = self.critic.compute_values(batch_fields(data, ACTOR_FIELDS))
         return DataProto.from_dict({"values": out["values"]})
 
-    def _value_loss(self):
-        cfg = self.config
-
-        def loss_fn(outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
-            vpreds, mask = outputs["values"], mb["response_mask"]
-            vf_loss, vf_clipfrac = core_algos.compute_value_loss(
-                vpreds=vpreds, returns=mb["returns"], values=mb["values"], response_mask=mask,
-                cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode)
-            vpred_mean = (vpreds * mask).sum() / mask.sum().clamp(min=1)
-            return vf_loss, {"critic/vf_loss": vf_loss, "critic/vf_clipfrac": vf_clipfrac,
-                             "critic/vpred_mean": vpred_mean}
-
-        return loss_fn
-
     @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         """PPO epochs over mini-batches of the value loss; meta_info["metrics"] averaged over steps."""
@@ -76,7 +81,8 @@ class CriticWorker(Worker):
         mini = cfg.ppo_mini_batch_size * self.n // self.dp_size
         steps = []
         for batch in ppo_mini_batches(fields, mini, cfg.ppo_epochs, cfg.shuffle, int(data.meta_info.get("seed", 0))):
-            m = self.critic.update_critic(batch, self._value_loss())
+            loss_fn = value_loss_fn(cfg, global_batch_info(batch["response_mask"]))
+            m = self.critic.update_critic(batch, loss_fn, global_loss=True, summed_metrics=("critic/vf_loss",))
             steps.append({k: v for k, v in m.items() if k.startswith("critic/")}
                          | {"critic/grad_norm": m["grad_norm"], "critic/lr": m["lr"]})
         return DataProto(meta_info={"metrics": mean_metrics(steps)})

@@ -74,6 +74,20 @@ def ppo_mini_batches(data: dict[str, torch.Tensor], mini_batch_size: int, epochs
             index = order[start:start + mini_batch_size]
             yield {k: v[index] for k, v in data.items()}
 
+def global_batch_info(response_mask: torch.Tensor) -> dict[str, int]:
+    """verl's global counts for one mini-batch (this rank's share ``response_mask`` [b, R]): response
+    tokens and sequences over every DP rank (one all-reduce) and the DP size. ``agg_loss`` normalises
+    each micro-batch's share by them, so the loss is the same for any DP size and micro-batch split."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    counts = torch.tensor([int(response_mask.sum()), response_mask.size(0)], dtype=torch.int64,
+                          device=response_mask.device)
+    dist.all_reduce(counts, group=mpu.get_data_parallel_group())
+    return {"dp_size": mpu.get_data_parallel_world_size(), "batch_num_tokens": int(counts[0]),
+            "global_batch_size": int(counts[1])}
+
+
 def mean_metrics(per_step: list[dict[str, float]]) -> dict[str, float]:
     keys = per_step[0].keys()
     return {k: float(np.mean([m[k] for m in per_step])) for k in keys}

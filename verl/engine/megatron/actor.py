@@ -56,7 +56,9 @@ class MegatronActor:
                                    token_log_probs(self.engine, calculate_entropy, temperature))
 
     def update_policy(self, batch: Batch, loss_fn: LossFn, calculate_entropy: bool = True,
-                      temperature: float = 1.0) -> dict[str, float]:
-        """One optimizer step; ``loss_fn({'log_probs', 'entropy'}, micro_batch) -> (loss, metrics)``."""
+                      temperature: float = 1.0, **loss_aggregation) -> dict[str, float]:
+        """One optimizer step; ``loss_fn({'log_probs', 'entropy'}, micro_batch) -> (loss, metrics)``.
+        ``loss_aggregation``: ``global_loss`` / ``summed_metrics`` of :meth:`MegatronEngine.train_step`."""
         return self.engine.train_step(batch, self.micro_batch_size,
-                                      token_log_probs(self.engine, calculate_entropy, temperature), loss_fn)
+                                      token_log_probs(self.engine, calculate_entropy, temperature), loss_fn,
+                                      **loss_aggregation)

@@ -34,9 +34,10 @@ class MegatronCritic:
     def compute_values(self, batch: Batch) -> dict[str, torch.Tensor]:
         return self.engine.forward(batch, self.micro_batch_size, response_values)
 
-    def update_critic(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
-        """One optimizer step; ``loss_fn({'values'}, micro_batch) -> (loss, metrics)``."""
-        return self.engine.train_step(batch, self.micro_batch_size, response_values, loss_fn)
+    def update_critic(self, batch: Batch, loss_fn: LossFn, **loss_aggregation) -> dict[str, float]:
+        """One optimizer step; ``loss_fn({'values'}, micro_batch) -> (loss, metrics)``.
+        ``loss_aggregation``: ``global_loss`` / ``summed_metrics`` of :meth:`MegatronEngine.train_step`."""
+        return self.engine.train_step(batch, self.micro_batch_size, response_values, loss_fn, **loss_aggregation)
 
 
 class MegatronRewardModel:

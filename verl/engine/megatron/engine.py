@@ -5,7 +5,12 @@ DDP, optimizer, LR schedule. Roles (actor, critic, reward model) plug in two cal
       turns the last stage's model output ([b, S, V/tp] logits or [b, S, 1] values, rows left-aligned
       by ``padding.left_align``) into per-sample results (log-probs, entropy, values, ...);
   loss_fn(outputs, micro_batch) -> (loss, {metric: scalar tensor})
-      the policy / value loss hook (PPO, GRPO, ...), called on the last stage during training.
+      the policy / value loss hook (PPO, GRPO, ...), called on the last stage during training:
+      by default the micro-batch's own mean loss (averaged over micro-batches and DP); with
+      ``train_step(global_loss=True)`` its share of the step's loss, normalised by counts over the
+      whole mini-batch on every DP rank and scaled by the DP size (verl's ``agg_loss`` with
+      ``dp_size``, ``batch_num_tokens``, ``global_batch_size``), so that the gradient is the same
+      whatever the DP size and micro-batch split.
 
 Batches are plain dicts of tensors that share the batch dimension (input_ids, attention_mask,
 position_ids, responses, ...). Every rank of a model-parallel group passes the same batch; each DP
@@ -15,7 +20,7 @@ rank passes its own share. Results are returned on every rank of the pipeline.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 import torch
 import torch.distributed as dist
@@ -114,11 +119,14 @@ class MegatronEngine:
         return self.model.module if self.optimizer is not None else self.model
 
     # ------------------------------------------------------------------ micro-batch schedule
-    def _schedule(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn, loss_fn: LossFn | None):
+    def _schedule(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn, loss_fn: LossFn | None,
+                  global_loss: bool = False):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         forward_only = loss_fn is None
         micro_batches = split_micro_batches(batch, micro_batch_size)
+        # Megatron divides each micro-batch's loss by their number; shares of a global loss must add up.
+        loss_scale = len(micro_batches) if global_loss else 1
 
         device = get_device()
 
@@ -135,7 +143,8 @@ class MegatronEngine:
                     return {k: v.detach() for k, v in outputs.items()}
                 loss, metrics = loss_fn(outputs, micro_batch)
                 # Clones: megatron scales the returned loss in place (1 / num_microbatches).
-                return loss, {"loss": loss.detach().clone(), **{k: v.detach().clone() for k, v in metrics.items()}}
+                return loss * loss_scale, {"loss": loss.detach().clone(),
+                                           **{k: v.detach().clone() for k, v in metrics.items()}}
 
             return output, loss_func
 
@@ -167,23 +176,32 @@ class MegatronEngine:
             result = {k: torch.cat([mb[k] for mb in per_micro_batch], dim=0).cpu() for k in per_micro_batch[0]}
         return self._from_last_stage(result)
 
-    def train_step(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn, loss_fn: LossFn) -> dict[str, float]:
-        """One optimizer step over ``batch``; metrics are averaged over micro-batches and DP ranks."""
+    def train_step(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn, loss_fn: LossFn, *,
+                   global_loss: bool = False, summed_metrics: Collection[str] = ()) -> dict[str, float]:
+        """One optimizer step over ``batch``; metrics are averaged over micro-batches and DP ranks.
+
+        ``global_loss``: loss_fn returns shares of a globally normalised loss (see the module
+        docstring); the shares are added over micro-batches (DDP averages the gradients over DP,
+        which the shares' dp_size factor undoes). Then "loss" and the metrics named in
+        ``summed_metrics`` (other shares) are added over micro-batches before the DP average, which
+        makes them the mini-batch's loss; the rest (fractions, means) are averaged as before.
+        """
         from megatron.core import parallel_state as mpu
 
         if self.optimizer is None:
             raise RuntimeError("train_step: expected an engine built with an OptimConfig, found a forward-only engine")
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        per_micro_batch = self._schedule(batch, micro_batch_size, output_fn, loss_fn)
+        per_micro_batch = self._schedule(batch, micro_batch_size, output_fn, loss_fn, global_loss)
         updated, grad_norm, _ = self.optimizer.step()
         if updated:
             self.scheduler.step(increment=1)
         metrics = None
         if self.is_last_stage:
             names = list(per_micro_batch[0])
-            stacked = torch.stack([torch.stack([mb[k].float().reshape(()) for mb in per_micro_batch]).mean()
-                                   for k in names])
+            summed = set(summed_metrics) | {"loss"} if global_loss else set()
+            per_name = {k: torch.stack([mb[k].float().reshape(()) for mb in per_micro_batch]) for k in names}
+            stacked = torch.stack([per_name[k].sum() if k in summed else per_name[k].mean() for k in names])
             dist.all_reduce(stacked, group=mpu.get_data_parallel_group())
             stacked /= mpu.get_data_parallel_world_size()
             metrics = dict(zip(names, stacked.tolist(), strict=False))

@@ -11,7 +11,6 @@ Advantage estimators are registered with :func:`register_adv_est` and looked up 
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 from enum import Enum
 from typing import Any
@@ -177,23 +176,23 @@ def compute_gae_advantage_return(
     return advantages, returns
 
 
-def _group_scores(scores: torch.Tensor, index: np.ndarray) -> dict[Any, list[torch.Tensor]]:
+def _group_stats(scores: torch.Tensor, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per response [B]: its group's mean score, unbiased std (0 for a group of one) and size."""
     if len(index) != scores.shape[0]:
         raise ValueError(f"index: expected {scores.shape[0]} group ids (one per response), found {len(index)}")
-    groups: dict[Any, list[torch.Tensor]] = defaultdict(list)
-    for i in range(scores.shape[0]):
-        groups[index[i]].append(scores[i])
-    return groups
+    ids: dict[Any, int] = {}
+    group = torch.tensor([ids.setdefault(gid, len(ids)) for gid in index], dtype=torch.long, device=scores.device)
+    size = torch.bincount(group, minlength=len(ids)).to(scores.dtype)
+    mean = torch.zeros(len(ids), dtype=scores.dtype, device=scores.device).index_add_(0, group, scores) / size
+    squares = torch.zeros_like(mean).index_add_(0, group, (scores - mean[group]) ** 2)
+    std = (squares / (size - 1).clamp(min=1)).sqrt()
+    return mean[group], std[group], size[group]
 
 
 @register_adv_est(AdvantageEstimator.GRPO)
 def compute_grpo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    config: Any = None,
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True, config: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO: outcome score normalised within its group of responses to the same prompt.
 
@@ -205,28 +204,18 @@ def compute_grpo_outcome_advantage(
     """
     scores = token_level_rewards.sum(dim=-1)
     with torch.no_grad():
-        groups = _group_scores(scores, index)
-        group_mean, group_std = {}, {}
-        for gid, members in groups.items():
-            if len(members) == 1:
-                group_mean[gid], group_std[gid] = torch.tensor(0.0), torch.tensor(1.0)
-            else:
-                stacked = torch.stack(members)
-                group_mean[gid], group_std[gid] = stacked.mean(), stacked.std()
-        advantages = scores.clone()
-        for i in range(scores.shape[0]):
-            centered = scores[i] - group_mean[index[i]]
-            advantages[i] = centered / (group_std[index[i]] + epsilon) if norm_adv_by_std_in_grpo else centered
+        mean, std, size = _group_stats(scores, index)
+        alone = size == 1
+        centered = scores - torch.where(alone, torch.zeros_like(mean), mean)
+        advantages = centered / (torch.where(alone, torch.ones_like(std), std) + epsilon) \
+            if norm_adv_by_std_in_grpo else centered
         advantages = advantages.unsqueeze(-1) * response_mask
     return advantages, advantages
 
 
 @register_adv_est(AdvantageEstimator.RLOO)
 def compute_rloo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, epsilon: float = 1e-6,
     config: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO: score minus the mean of the *other* responses of its group (leave-one-out).
@@ -239,24 +228,16 @@ def compute_rloo_outcome_advantage(
     """
     scores = token_level_rewards.sum(dim=-1)
     with torch.no_grad():
-        groups = _group_scores(scores, index)
-        advantages = scores.clone()
-        for i in range(scores.shape[0]):
-            members = groups[index[i]]
-            n = len(members)
-            if n > 1:
-                mean = torch.stack(members).mean()
-                advantages[i] = scores[i] * n / (n - 1) - mean * n / (n - 1)
+        mean, _, size = _group_stats(scores, index)
+        ratio = size / (size - 1).clamp(min=1)
+        advantages = torch.where(size > 1, scores * ratio - mean * ratio, scores)
         advantages = advantages.unsqueeze(-1) * response_mask
     return advantages, advantages
 
 
 @register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS)
 def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma: float = 1.0,
-    config: Any = None,
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0, config: Any = None,
     **unused: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted return-to-go, whitened over the batch mask.
@@ -280,10 +261,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
 
 @register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE)
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, epsilon: float = 1e-6,
     config: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group-mean baseline, then whitened over the batch mask.
@@ -294,12 +272,8 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     """
     scores = token_level_rewards.sum(dim=-1)
     with torch.no_grad():
-        groups = _group_scores(scores, index)
-        centered = scores.clone()
-        for i in range(scores.shape[0]):
-            members = groups[index[i]]
-            baseline = torch.stack(members).mean() if len(members) > 1 else torch.tensor(0.0)
-            centered[i] = scores[i] - baseline
+        mean, _, size = _group_stats(scores, index)
+        centered = scores - torch.where(size > 1, mean, torch.zeros_like(mean))
         advantages = centered.unsqueeze(-1) * response_mask
         advantages = verl_F.masked_whiten(advantages, response_mask) * response_mask
     return advantages, advantages
@@ -325,28 +299,63 @@ def compute_remax_outcome_advantage(
 
 
 # --------------------------------------------------------------------------- losses
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
-def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
-    """Reduce a [B, R] loss matrix to a scalar.
+def _global_count(what: str, given: Any, local: torch.Tensor, dp_size: int) -> torch.Tensor | float:
+    if given is not None:
+        return given
+    if dp_size > 1:
+        # A local count on each rank would weight the ranks' tokens unequally after DP averaging.
+        raise ValueError(f"agg_loss: expected {what} (the count over all DP ranks) when dp_size > 1, found None")
+    # Local fallback (verl's default); an all-masked batch gives 0 rather than 0/0.
+    return local.clamp(min=1)
 
-    - token-mean: sum(L*m) / sum(m) over the whole batch;
-    - seq-mean-token-sum: mean over sequences of sum_t L*m;
-    - seq-mean-token-mean: mean over sequences of (sum_t L*m / sum_t m);
-    - seq-mean-token-sum-norm: sum(L*m) / R (Dr.GRPO's constant normaliser).
+
+def agg_loss(
+    loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str, dp_size: int = 1,
+    batch_num_tokens: int | torch.Tensor | None = None, global_batch_size: int | torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
+) -> torch.Tensor:
+    """Reduce a [B, R] (micro-)batch loss matrix to a scalar, with verl's keyword arguments.
+
+    Without the global counts the loss is that of this batch alone:
+    - token-mean: sum(L*m) / sum(m);
+    - token-sum: sum(L*m);
+    - seq-mean-token-sum: sum_i sum_t L*m / #sequences with any token;
+    - seq-mean-token-mean: sum_i (sum_t L*m / sum_t m) / #sequences with any token;
+    - seq-mean-token-sum-norm: seq-mean-token-sum / loss_scale_factor (default R; Dr.GRPO's constant).
+
+    With ``batch_num_tokens`` (tokens) / ``global_batch_size`` (sequences) counted over the whole
+    mini-batch on every DP rank, the result is this micro-batch's share of the mini-batch loss, times
+    ``dp_size``: adding the shares over micro-batches and averaging the gradients over DP (what
+    Megatron DDP and FSDP do) gives exactly the gradient of the mini-batch loss, however the
+    mini-batch is split. ``dp_size > 1`` without the count the mode needs is an error.
     """
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode: expected one of {list(LOSS_AGG_MODES)}, found {loss_agg_mode!r}")
+    if dp_size < 1:
+        raise ValueError(f"agg_loss: expected dp_size >= 1, found {dp_size}")
+    mask = loss_mask.to(loss_mat.dtype)
     if loss_agg_mode == "token-mean":
-        return verl_F.masked_mean(loss_mat, loss_mask)
-    seq_sums = (loss_mat * loss_mask).sum(dim=-1)
-    if loss_agg_mode == "seq-mean-token-sum":
-        return seq_sums.mean()
+        tokens = _global_count("batch_num_tokens", batch_num_tokens, mask.sum(), dp_size)
+        return verl_F.masked_sum(loss_mat, mask) / tokens * dp_size
+    if loss_agg_mode == "token-sum":
+        return verl_F.masked_sum(loss_mat, mask) * dp_size
+    token_counts = mask.sum(dim=-1)
+    seq_losses = (loss_mat * mask).sum(dim=-1)
     if loss_agg_mode == "seq-mean-token-mean":
-        # The 1e-8 keeps an empty (all-masked) sequence at 0 instead of NaN.
-        return (seq_sums / (loss_mask.sum(dim=-1) + 1e-8)).mean()
+        seq_losses = seq_losses / (token_counts + 1e-8)
+    has_tokens = (token_counts > 0).to(loss_mat.dtype)  # all-masked sequences do not count
+    sequences = _global_count("global_batch_size", global_batch_size, has_tokens.sum(), dp_size)
+    loss = verl_F.masked_sum(seq_losses, has_tokens) / sequences * dp_size
     if loss_agg_mode == "seq-mean-token-sum-norm":
-        return seq_sums.sum() / loss_mask.shape[-1]
-    raise ValueError(f"loss_agg_mode: expected one of {list(LOSS_AGG_MODES)}, found {loss_agg_mode!r}")
+        if loss_scale_factor is None:
+            loss_scale_factor = loss_mask.shape[-1]
+        if not loss_scale_factor > 0:
+            raise ValueError(f"loss_scale_factor: expected > 0, found {loss_scale_factor}")
+        loss = loss / loss_scale_factor
+    return loss
 
 
 def compute_policy_loss(
@@ -359,14 +368,17 @@ def compute_policy_loss(
     cliprange_high: float | None = None,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    **global_batch_info: Any,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """PPO clipped surrogate with clip-higher and dual-clip (Ye et al. 2020).
 
     Args: old_log_prob, log_prob, advantages, response_mask: [B, R]. ratio = exp(log_prob - old_log_prob).
     cliprange_low/high default to cliprange; the ratio is clipped to [1 - low, 1 + high].
     For A < 0 the loss is additionally capped at -A * clip_ratio_c (dual clip, clip_ratio_c > 1).
+    ``global_batch_info``: :func:`agg_loss`'s dp_size, batch_num_tokens, global_batch_size, loss_scale_factor.
     Returns: pg_loss (scalar), pg_clipfrac (fraction of tokens where clipping bound the loss),
-    ppo_kl (masked mean of old_log_prob - log_prob), pg_clipfrac_lower (fraction hit by the dual clip).
+    ppo_kl (masked mean of old_log_prob - log_prob), pg_clipfrac_lower (fraction hit by the dual clip);
+    the three fractions are means over this batch's tokens.
     """
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c: expected > 1.0 for dual-clip PPO, found {clip_ratio_c}")
@@ -392,7 +404,7 @@ def compute_policy_loss(
         torch.gt(clip_pg_losses1, pg_losses3).float() * (advantages < 0).float(), response_mask
     )
     pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
-    pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode)
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 
@@ -406,27 +418,31 @@ def compute_policy_loss_vanilla(
     config: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Registry form of :func:`compute_policy_loss`, reading the actor config keys
-    ``clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high``, ``clip_ratio_c``. Shapes as there."""
-    clip_ratio = _cfg(config, "clip_ratio", 0.2)
+    ``clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high``, ``clip_ratio_c``, ``loss_scale_factor``
+    and, as verl, ``global_batch_info`` (agg_loss's global counts). Shapes as there."""
+    global_batch_info = dict(_cfg(config, "global_batch_info", None) or {})
+    global_batch_info.setdefault("loss_scale_factor", _cfg(config, "loss_scale_factor", None))
     return compute_policy_loss(
         old_log_prob,
         log_prob,
         advantages,
         response_mask,
-        cliprange=clip_ratio,
+        cliprange=_cfg(config, "clip_ratio", 0.2),
         cliprange_low=_cfg(config, "clip_ratio_low", None),
         cliprange_high=_cfg(config, "clip_ratio_high", None),
         clip_ratio_c=_cfg(config, "clip_ratio_c", 3.0),
         loss_agg_mode=loss_agg_mode,
+        **global_batch_info,
     )
 
 
 def compute_entropy_loss(
-    logits: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str = "token-mean"
+    logits: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", **global_batch_info: Any
 ) -> torch.Tensor:
-    """Aggregated entropy of the policy: logits [B, R, V], response_mask [B, R] -> scalar."""
+    """Aggregated entropy of the policy: logits [B, R, V], response_mask [B, R] -> scalar
+    (``global_batch_info`` as :func:`agg_loss`)."""
     entropy = verl_F.entropy_from_logits(logits)
-    return agg_loss(loss_mat=entropy, loss_mask=response_mask, loss_agg_mode=loss_agg_mode)
+    return agg_loss(entropy, response_mask, loss_agg_mode, **global_batch_info)
 
 
 def compute_value_loss(
@@ -436,17 +452,24 @@ def compute_value_loss(
     response_mask: torch.Tensor,
     cliprange_value: float,
     loss_agg_mode: str = "token-mean",
+    dp_size: int = 1,
+    batch_num_tokens: int | torch.Tensor | None = None,
+    global_batch_size: int | torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss: 0.5 * agg(max((V - G)^2, (clip(V, V_old ± c) - G)^2)).
 
-    Args: vpreds (new values), returns, values (old values), response_mask: [B, R].
-    Returns: vf_loss (scalar), vf_clipfrac (fraction of tokens where the clipped term is larger).
+    Args: vpreds (new values), returns, values (old values), response_mask: [B, R]; the last four
+    are :func:`agg_loss`'s global counts.
+    Returns: vf_loss (scalar), vf_clipfrac (fraction of this batch's tokens where the clipped term is larger).
     """
     vpred_clipped = verl_F.clip_by_value(vpreds, values - cliprange_value, values + cliprange_value)
     vf_losses1 = (vpreds - returns) ** 2
     vf_losses2 = (vpred_clipped - returns) ** 2
     clipped_vf_losses = torch.max(vf_losses1, vf_losses2)
-    vf_loss = 0.5 * agg_loss(loss_mat=clipped_vf_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode)
+    vf_loss = 0.5 * agg_loss(clipped_vf_losses, response_mask, loss_agg_mode, dp_size=dp_size,
+                             batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
+                             loss_scale_factor=loss_scale_factor)
     vf_clipfrac = verl_F.masked_mean(torch.gt(vf_losses2, vf_losses1).float(), response_mask)
     return vf_loss, vf_clipfrac
 
