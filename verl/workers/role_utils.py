@@ -13,6 +13,7 @@ import torch
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import MeshRank
+from verl.utils.device import get_device
 
 ACTOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses")
 
@@ -81,8 +82,9 @@ def global_batch_info(response_mask: torch.Tensor) -> dict[str, int]:
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
 
+    # On this rank's device: NCCL reduces only CUDA tensors, and the batch may still be on the CPU.
     counts = torch.tensor([int(response_mask.sum()), response_mask.size(0)], dtype=torch.int64,
-                          device=response_mask.device)
+                          device=get_device())
     dist.all_reduce(counts, group=mpu.get_data_parallel_group())
     return {"dp_size": mpu.get_data_parallel_world_size(), "batch_num_tokens": int(counts[0]),
             "global_batch_size": int(counts[1])}
