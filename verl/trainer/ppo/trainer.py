@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from verl.protocol import DataProto
 from verl.single_controller import WorkerGroup, all_gather_objects, broadcast_object
@@ -120,9 +121,8 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ helpers
     def _print(self, text: str) -> None:
+        """The trainer's console lines (what `verl train` shows), above the progress bar; rank 0 only."""
         if self.rank == 0:
-            from tqdm import tqdm
-
             tqdm.write(text, file=sys.stdout)
 
     @contextlib.contextmanager
@@ -323,8 +323,6 @@ class PPOTrainer:
     # ------------------------------------------------------------------ the loop
     def fit(self) -> int:
         """Train to ``total_training_steps`` (or until preempted); returns the process exit code."""
-        from tqdm import tqdm
-
         from verl.launcher.preemption import PreemptionHandler
 
         trainer = self.config.trainer
