@@ -32,10 +32,6 @@ class ReshardGroups:
     rollout_tp_groups: tuple[tuple[int, ...], ...]  # each ordered by rollout tp rank
     micro_dp_groups: tuple[tuple[int, ...], ...]    # HYBRIDFLOW only, each sorted
 
-    @property
-    def micro_dp_size(self) -> int:
-        return len(self.micro_dp_groups[0]) if self.micro_dp_groups else 0
-
     def rollout_tp_group_of(self, rank: int) -> tuple[int, ...]:
         return self._group_index(self.rollout_tp_groups)[rank]
 
