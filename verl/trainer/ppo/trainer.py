@@ -1,4 +1,4 @@
-"""The single-controller PPO loop (DESIGN.md, "One PPO iteration"), run SPMD on every rank.
+"""The single-controller PPO loop (docs/architecture.md, "One PPO step"), run SPMD on every rank.
 
 Every rank executes :meth:`PPOTrainer.fit` with the same data; each worker-group call splits the
 batch over that role's ranks and hands every rank the gathered result, so the loop reads as the
