@@ -30,24 +30,7 @@ import torch
 
 STRICT_DATA_CHECK_ENV = "VERL_STRICT_DATA_CHECK"
 
-# Fields that are [B, R] with R = response length.
-RESPONSE_LENGTH_FIELDS = (
-    "responses",
-    "response_mask",
-    "token_level_scores",
-    "token_level_rewards",
-    "values",
-    "old_log_probs",
-    "ref_log_prob",
-    "advantages",
-    "returns",
-    "rollout_log_probs",
-    "rm_scores",
-)
-# Fields that are [B, L] with L = prompt length + response length (position_ids: L in its last dim).
-SEQUENCE_LENGTH_FIELDS = ("input_ids", "attention_mask")
-MASK_FIELDS = ("response_mask", "attention_mask")
-TOKEN_ID_FIELDS = ("input_ids", "responses", "prompts", "position_ids")
+# Floating-point fields, all [B, R] with R = response length.
 FLOAT_FIELDS = (
     "token_level_scores",
     "token_level_rewards",
@@ -59,6 +42,12 @@ FLOAT_FIELDS = (
     "rollout_log_probs",
     "rm_scores",
 )
+# Fields that are [B, R] with R = response length.
+RESPONSE_LENGTH_FIELDS = ("responses", "response_mask", *FLOAT_FIELDS)
+# Fields that are [B, L] with L = prompt length + response length (position_ids: L in its last dim).
+SEQUENCE_LENGTH_FIELDS = ("input_ids", "attention_mask")
+MASK_FIELDS = ("response_mask", "attention_mask")
+TOKEN_ID_FIELDS = ("input_ids", "responses", "prompts", "position_ids")
 
 _WIRE_FORMAT = "verl-hpc.DataProto/1"
 
