@@ -16,7 +16,7 @@ import verl
 # command -> (module with main(argv), one-line help). Nested groups map a sub-command name too.
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("verl.trainer.main_ppo", "RL post-training (PPO, GRPO, RLOO, REINFORCE++) from a YAML config"),
-    "sft": ("verl.trainer.sft_trainer", "supervised fine-tuning on the Megatron engine (the RL warm start)"),
+    "sft": ("verl.trainer.main_sft", "supervised fine-tuning on the Megatron engine (the RL warm start)"),
     "eval": ("verl.trainer.evaluate", "greedy held-out accuracy of an HF checkpoint with the native engine"),
     "generate": ("verl.trainer.main_generation",
                  "generate from token-id prompts with the native, sglang or megatron engine"),

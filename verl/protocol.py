@@ -30,24 +30,7 @@ import torch
 
 STRICT_DATA_CHECK_ENV = "VERL_STRICT_DATA_CHECK"
 
-# Fields that are [B, R] with R = response length.
-RESPONSE_LENGTH_FIELDS = (
-    "responses",
-    "response_mask",
-    "token_level_scores",
-    "token_level_rewards",
-    "values",
-    "old_log_probs",
-    "ref_log_prob",
-    "advantages",
-    "returns",
-    "rollout_log_probs",
-    "rm_scores",
-)
-# Fields that are [B, L] with L = prompt length + response length.
-SEQUENCE_LENGTH_FIELDS = ("input_ids", "attention_mask", "position_ids")
-MASK_FIELDS = ("response_mask", "attention_mask")
-TOKEN_ID_FIELDS = ("input_ids", "responses", "prompts", "position_ids")
+# Floating-point fields, all [B, R] with R = response length.
 FLOAT_FIELDS = (
     "token_level_scores",
     "token_level_rewards",
@@ -59,6 +42,12 @@ FLOAT_FIELDS = (
     "rollout_log_probs",
     "rm_scores",
 )
+# Fields that are [B, R] with R = response length.
+RESPONSE_LENGTH_FIELDS = ("responses", "response_mask", *FLOAT_FIELDS)
+# Fields that are [B, L] with L = prompt length + response length (position_ids: L in its last dim).
+SEQUENCE_LENGTH_FIELDS = ("input_ids", "attention_mask")
+MASK_FIELDS = ("response_mask", "attention_mask")
+TOKEN_ID_FIELDS = ("input_ids", "responses", "prompts", "position_ids")
 
 _WIRE_FORMAT = "verl-hpc.DataProto/1"
 
@@ -415,7 +404,7 @@ class DataProto:
                 fail(key, f"expected batch size {size} in dim 0, found shape {_shape(value)}")
 
         self._check_length_family(RESPONSE_LENGTH_FIELDS, "response length", fail)
-        self._check_length_family(("input_ids", "attention_mask"), "sequence length", fail)
+        self._check_length_family(SEQUENCE_LENGTH_FIELDS, "sequence length", fail)
         if "position_ids" in self.batch and "input_ids" in self.batch:
             # position_ids may carry an extra rope-section dim ([B, 3, L]); the last dim must match.
             pos, ids = self.batch["position_ids"], self.batch["input_ids"]

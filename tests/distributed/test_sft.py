@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 from verl.launcher.spawn import run_ranks  # noqa: E402
-from verl.trainer import sft_trainer  # noqa: E402
+from verl.trainer import main_sft, sft_trainer  # noqa: E402
 from verl.utils.dataset import arithmetic  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,7 +35,7 @@ def overrides(arith_dir, out_dir, *extra):
 
 def test_sft_cli_trains_logs_and_exports_hf_dir(arith_dir, tmp_path, capfd):
     out = tmp_path / "sft"
-    assert sft_trainer.main(["--config", CONFIG, *overrides(arith_dir, out)]) == 0
+    assert main_sft.main(["--config", CONFIG, *overrides(arith_dir, out)]) == 0
     console = capfd.readouterr().out
     assert f"step {STEPS}/{STEPS}" in console and "val/accuracy" in console
 
@@ -86,9 +86,9 @@ def _train_and_logits(cfg, train, val, out_root):
 def test_exported_hf_logits_equal_megatron_logits_tp1_dp2_and_tp2(arith_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    cfg = sft_trainer.load_sft_config(CONFIG, overrides(arith_dir, tmp_path / "unused", "trainer.nproc=2",
+    cfg = main_sft.load_sft_config(CONFIG, overrides(arith_dir, tmp_path / "unused", "trainer.nproc=2",
                                                         "trainer.total_training_steps=5"))
-    train, val, _ = sft_trainer.prepare_data(cfg)
+    train, val, _ = main_sft.load_data(cfg)
     results = run_ranks(_train_and_logits, 2, cfg, train, val, str(tmp_path), timeout_s=180)[0]
     batch = val.batch(torch.arange(8))
     mask = batch["attention_mask"]
@@ -112,7 +112,7 @@ def test_exported_hf_logits_equal_megatron_logits_tp1_dp2_and_tp2(arith_dir, tmp
 ])
 def test_malformed_config_exits_2_with_one_line_and_writes_nothing(arith_dir, tmp_path, capsys, extra, message):
     out = tmp_path / "sft"
-    assert sft_trainer.main(["--config", CONFIG, *overrides(arith_dir, out, *extra)]) == 2
+    assert main_sft.main(["--config", CONFIG, *overrides(arith_dir, out, *extra)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("verl sft: ") and message in err, err
     assert not out.exists()
@@ -120,16 +120,16 @@ def test_malformed_config_exits_2_with_one_line_and_writes_nothing(arith_dir, tm
 
 def test_label_noise_relabels_the_configured_fraction_with_wrong_answers():
     pairs = [(f"{a}+1=", str(a + 1)) for a in range(10, 110)]
-    noisy, count = sft_trainer.add_label_noise(pairs, 0.3, seed=7)
+    noisy, count = arithmetic.add_label_noise(pairs, 0.3, seed=7)
     changed = [i for i, (old, new) in enumerate(zip(pairs, noisy, strict=False)) if old != new]
     assert count == 30 and len(changed) == 30
     assert all(noisy[i][0] == pairs[i][0] for i in range(len(pairs)))  # prompts untouched
-    assert noisy == sft_trainer.add_label_noise(pairs, 0.3, seed=7)[0]  # seeded
+    assert noisy == arithmetic.add_label_noise(pairs, 0.3, seed=7)[0]  # seeded
 
 
 def test_sft_batch_masks_the_prompt_and_ends_the_response_with_eos(arith_dir, tmp_path):
-    cfg = sft_trainer.load_sft_config(CONFIG, overrides(arith_dir, tmp_path / "unused", "data.label_noise=0.0"))
-    train, val, tokenizer = sft_trainer.prepare_data(cfg)
+    cfg = main_sft.load_sft_config(CONFIG, overrides(arith_dir, tmp_path / "unused", "data.label_noise=0.0"))
+    train, val, tokenizer = main_sft.load_data(cfg)
     assert train.input_ids.shape[1] == val.input_ids.shape[1] and len(val) == 32
     row = 0
     ids, mask = train.input_ids[row], train.attention_mask[row]

@@ -136,3 +136,19 @@ def test_naive_reward_manager_names_missing_fields(tokenizer):
         NaiveRewardManager(tokenizer)(data)
     with pytest.raises(ValueError, match="expected one of \\['naive'\\], found 'prime'"):
         get_reward_manager_cls("prime")
+
+
+def test_naive_reward_manager_logs_num_examine_samples_per_source_at_info(tokenizer, caplog):
+    def exact(data_source, solution_str, ground_truth, extra_info=None):
+        return float(solution_str == ground_truth)
+
+    data = scored_batch(tokenizer, ["15", "7", "16"], ["15", "15", "16"], ["a", "b", "a"])
+    with caplog.at_level("INFO", logger="verl"):
+        NaiveRewardManager(tokenizer, num_examine=1, compute_score=exact)(data)
+    examined = [r for r in caplog.records if r.name == "verl.workers.reward_manager.naive"]
+    assert [r.levelname for r in examined] == ["INFO", "INFO"]  # one per data source
+    assert "[response] 15" in examined[0].getMessage() and "[response] 7" in examined[1].getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="verl"):  # the default level says nothing
+        NaiveRewardManager(tokenizer, num_examine=1, compute_score=exact)(data)
+    assert not caplog.records

@@ -121,10 +121,11 @@ def test_truncation_modes(tokenizer, mixed_parquet):
         RLHFDataset(mixed_parquet, tokenizer, {"truncation": "middle"})
 
 
-def test_filter_overlong_prompts_counts_and_reports(tokenizer, mixed_parquet, capsys):
-    ds = RLHFDataset(mixed_parquet, tokenizer, {"max_prompt_length": 6, "filter_overlong_prompts": True})
+def test_filter_overlong_prompts_counts_and_reports(tokenizer, mixed_parquet, caplog):
+    with caplog.at_level("WARNING", logger="verl"):
+        ds = RLHFDataset(mixed_parquet, tokenizer, {"max_prompt_length": 6, "filter_overlong_prompts": True})
     assert len(ds) == 3 and ds.num_filtered == 1
-    assert "filtered 1 prompts longer than max_prompt_length=6; 3 remain" in capsys.readouterr().out
+    assert "filtered 1 prompts longer than max_prompt_length=6; 3 remain" in caplog.text
 
 
 def test_missing_columns_and_files_are_reported(tokenizer, tmp_path):

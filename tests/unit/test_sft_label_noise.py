@@ -1,10 +1,14 @@
 """``data.label_noise_mode=drop_carry``: the SFT warm start's systematic "forgot the carry" labels."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
-from verl.trainer import sft_trainer
+from verl.trainer import main_sft
 from verl.trainer.config import ConfigError
-from verl.trainer.sft_trainer import add_drop_carry_noise, drop_carry_answer
+from verl.utils.dataset.arithmetic import add_drop_carry_noise, drop_carry_answer
 
 
 @pytest.mark.parametrize("prompt, dropped", [
@@ -39,4 +43,21 @@ def test_drop_carry_noise_relabels_that_fraction_of_the_carry_problems_only():
 
 def test_label_noise_mode_is_validated(tmp_path):
     with pytest.raises(ConfigError, match="label_noise_mode"):
-        sft_trainer.read_config_tree(None, ["data.label_noise_mode=forget"], sft_trainer.SCHEMA)
+        main_sft.read_config_tree(None, ["data.label_noise_mode=forget"], main_sft.SCHEMA)
+
+
+def _local_env():
+    """This environment minus any launcher's variables, so that the command runs as a local job."""
+    return {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID")
+            and not k.startswith("OMPI_COMM_WORLD")}
+
+
+@pytest.mark.parametrize("entry", [["-m", "verl.cli", "sft"], ["-m", "verl.trainer.sft_trainer"]])
+def test_sft_entry_points_reach_the_cli(tmp_path, entry):
+    """`verl sft` routes to verl.trainer.main_sft; `python -m verl.trainer.sft_trainer` (what
+    launch/quickstart.py runs) is the same command: a missing config is one line, exit 2."""
+    missing = tmp_path / "nope.yaml"
+    out = subprocess.run([sys.executable, *entry, "--config", str(missing)], capture_output=True, text=True,
+                         timeout=120, env=_local_env())
+    err = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(err) == 1 and err[0].startswith("verl sft: ") and str(missing) in err[0], out

@@ -5,7 +5,7 @@ Training ranks are numbered as megatron.core.parallel_state numbers them with it
 
 Rollout TP rank of a training rank: sort all N ranks by (tp rank, dp rank, pp rank) and give the
 i-th one rollout rank ``j = i * t_g // N``; rollout TP group ``k`` takes the k-th rank of each j.
-When t_g divides t this is exactly HybridFlow's grouping (DESIGN.md, "The 3D-HybridEngine"):
+When t_g divides t this is exactly HybridFlow's grouping (docs/architecture.md, "The 3D-HybridEngine reshard"):
 ``j = tp_rank // (t / t_g)``, rollout TP groups ``{(s, j*t/t_g + o) : j}`` per (dp, s, o), micro-DP
 groups ``{(s, r) : r in block j, every s}`` per (dp, j), and each rank's training shard is part of
 its rollout shard. Otherwise the same rule puts each rollout shard on a rank whose training tp slice
@@ -31,10 +31,6 @@ class ReshardGroups:
     rollout_tp_rank: tuple[int, ...]              # per global rank
     rollout_tp_groups: tuple[tuple[int, ...], ...]  # each ordered by rollout tp rank
     micro_dp_groups: tuple[tuple[int, ...], ...]    # HYBRIDFLOW only, each sorted
-
-    @property
-    def micro_dp_size(self) -> int:
-        return len(self.micro_dp_groups[0]) if self.micro_dp_groups else 0
 
     def rollout_tp_group_of(self, rank: int) -> tuple[int, ...]:
         return self._group_index(self.rollout_tp_groups)[rank]

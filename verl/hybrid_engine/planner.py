@@ -24,9 +24,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from verl.hybrid_engine.groups import HYBRIDFLOW, ReshardGroups, derive_groups
-from verl.hybrid_engine.layouts import ParamLayout, TrainingLayout, hf_tensor_shapes, local_pieces
+from verl.hybrid_engine.layouts import ParamLayout, Piece, TrainingLayout, hf_tensor_shapes, local_pieces
 from verl.hybrid_engine.rollout_layout import RolloutLayout
 from verl.models.config import ModelConfig
 from verl.utils.torch_dtypes import ELEMENT_SIZES
@@ -191,31 +192,68 @@ class _Transfer:
         return self.sub(0, 1, 0, space), rest
 
 
-_Holder = tuple[int, int, str, int, int, int]  # (stage, tp rank, param, local row, local col, stride)
+class _Held(NamedTuple):
+    """A training param (on pipeline ``stage``, tensor-parallel rank ``tp``) that stores ``piece``."""
+
+    stage: int
+    tp: int
+    param: str
+    stride: int  # the param's local columns
+    piece: Piece
 
 
-@dataclasses.dataclass
+class _Holder(NamedTuple):
+    """Where one destination rectangle starts inside a training param that holds it."""
+
+    stage: int
+    tp: int
+    param: str
+    row: int  # local row and column of the rectangle's first element
+    col: int
+    stride: int
+
+    @property
+    def place(self) -> tuple[int, int]:
+        """(stage, tp rank): the training shard, on every DP replica."""
+        return self.stage, self.tp
+
+
+class _RolloutParam(NamedTuple):
+    param: ParamLayout
+    shape: tuple[int, int]  # local (rows, cols) on this rollout tp rank
+    pieces: list[Piece]
+
+
+class _Route(NamedTuple):
+    """One all-to-all transfer: training rank ``src`` sends ``transfer`` to rank ``dst``."""
+
+    src: int
+    dst: int
+    transfer: _Transfer
+
+
+@dataclasses.dataclass(frozen=True)
 class _Tables:
     shapes: dict[str, tuple[int, ...]]
-    holders: dict[str, list[tuple[int, int, str, int, object]]]  # tensor -> (stage, tp, param, stride, piece)
-    rollout_params: list[list[tuple[ParamLayout, tuple[int, int], list]]]  # per rollout tp rank
+    holders: dict[str, list[_Held]]            # logical tensor -> every training param piece storing part of it
+    rollout_params: list[list[_RolloutParam]]  # per rollout tp rank
 
 
 def _tables(config: ModelConfig, training: TrainingLayout, rollout: RolloutLayout) -> _Tables:
     shapes = hf_tensor_shapes(config)
-    holders: dict[str, list] = {}
+    holders: dict[str, list[_Held]] = {}
     for stage in range(training.pp):
         for param in training.params(config, stage):
             for r in range(training.tp):
                 (_, cols), pieces = local_pieces(param, shapes, training.tp, r)
                 for piece in pieces:
-                    holders.setdefault(piece.tensor, []).append((stage, r, param.name, cols, piece))
+                    holders.setdefault(piece.tensor, []).append(_Held(stage, r, param.name, cols, piece))
     rollout_params = []
     for j in range(rollout.tp):
         per_rank = []
         for param in rollout.params(config):
             shape, pieces = local_pieces(param, shapes, rollout.tp, j)
-            per_rank.append((param, shape, pieces))
+            per_rank.append(_RolloutParam(param, shape, pieces))
         rollout_params.append(per_rank)
     return _Tables(shapes, holders, rollout_params)
 
@@ -223,7 +261,7 @@ def _tables(config: ModelConfig, training: TrainingLayout, rollout: RolloutLayou
 def _sources(tables: _Tables, j: int):
     """For rollout shard ``j``: (transfer template, holders) per destination rectangle, in order.
 
-    A template's src fields are filled per holder: holders list (stage, tp, param, row, col, stride).
+    A template's src fields are filled per holder (:func:`_from`).
     """
     for param, (_, dst_cols), pieces in tables.rollout_params[j]:
         for dst in pieces:
@@ -234,7 +272,7 @@ def _sources(tables: _Tables, j: int):
                 if r0 >= r1 or c0 >= c1:
                     continue
                 by_rect.setdefault((r0, r1, c0, c1), []).append(
-                    (stage, r, name, src.local_row + r0 - src.row, src.local_col + c0 - src.col, src_cols))
+                    _Holder(stage, r, name, src.local_row + r0 - src.row, src.local_col + c0 - src.col, src_cols))
             for (r0, r1, c0, c1), found in sorted(by_rect.items()):
                 template = _Transfer("", 0, 0, 0, param.name, dst.local_row + r0 - dst.row,
                                      dst.local_col + c0 - dst.col, dst_cols, r1 - r0, c1 - c0)
@@ -242,8 +280,14 @@ def _sources(tables: _Tables, j: int):
 
 
 def _from(template: _Transfer, holder: _Holder) -> _Transfer:
-    _, _, name, row, col, stride = holder
-    return dataclasses.replace(template, src_param=name, src_row=row, src_col=col, src_stride=stride)
+    return dataclasses.replace(template, src_param=holder.param, src_row=holder.row, src_col=holder.col,
+                               src_stride=holder.stride)
+
+
+def _place(training: TrainingLayout, rank: int) -> tuple[int, int]:
+    """(stage, tp rank) of a training rank: which shard it holds (what :attr:`_Holder.place` names)."""
+    stage, _, tp = training.coords(rank)
+    return stage, tp
 
 
 @dataclasses.dataclass
@@ -251,7 +295,7 @@ class _Global:
     groups: ReshardGroups
     local: dict[int, list[_Transfer]]
     gather_chunks: dict[tuple[int, ...], list[list[list[_Transfer]]]]  # group -> bucket -> member -> transfers
-    a2a_buckets: list[list[tuple[int, int, _Transfer]]]                # bucket -> (src rank, dst rank, transfer)
+    a2a_buckets: list[list[_Route]]                                     # bucket -> its transfers
     zero_fill: dict[int, list[tuple[str, int, int]]]                    # rollout tp rank -> padding
     payload: list[int]                                                  # per rollout tp rank
 
@@ -301,9 +345,9 @@ def _split(tr: _Transfer, cap: int) -> list[_Transfer]:
     return out
 
 
-def _a2a_buckets(transfers: list[tuple[int, int, _Transfer]], cap: int) -> list[list[tuple[int, int, _Transfer]]]:
+def _a2a_buckets(transfers: list[_Route], cap: int) -> list[list[_Route]]:
     """First-fit: a bucket holds at most ``cap`` send and ``cap`` receive elements per rank."""
-    buckets: list[list[tuple[int, int, _Transfer]]] = []
+    buckets: list[list[_Route]] = []
     sent: list[dict[int, int]] = []
     received: list[dict[int, int]] = []
     for src, dst, tr in transfers:
@@ -314,7 +358,7 @@ def _a2a_buckets(transfers: list[tuple[int, int, _Transfer]], cap: int) -> list[
                     sent.append({})
                     received.append({})
                 if sent[b].get(src, 0) + part.numel <= cap and received[b].get(dst, 0) + part.numel <= cap:
-                    buckets[b].append((src, dst, part))
+                    buckets[b].append(_Route(src, dst, part))
                     sent[b][src] = sent[b].get(src, 0) + part.numel
                     received[b][dst] = received[b].get(dst, 0) + part.numel
                     break
@@ -328,7 +372,7 @@ def _global_plan(config: ModelConfig, training: TrainingLayout, rollout: Rollout
     n = training.world_size
     load = [0] * n  # elements each rank sends, for least-loaded source choice
     local: dict[int, list[_Transfer]] = {rank: [] for rank in range(n)}
-    a2a: list[tuple[int, int, _Transfer]] = []
+    a2a: list[_Route] = []
     gather_chunks = {}
     payload = [0] * rollout.tp
 
@@ -340,25 +384,24 @@ def _global_plan(config: ModelConfig, training: TrainingLayout, rollout: Rollout
         for group in groups.micro_dp_groups:
             _, dp, r0 = training.coords(group[0])
             j = r0 // block
-            members = {(training.coords(m)[0], training.coords(m)[2]): m for m in group}
+            members = {_place(training, m): m for m in group}
             contributions: dict[int, list[_Transfer]] = {m: [] for m in group}
             for template, found in _sources(tables, j):
-                inside = [h for h in found if (h[0], h[1]) in members]
+                inside = [h for h in found if h.place in members]
                 if not inside:  # vocab rows across a padding boundary: every member needs them
                     for m in group:
-                        src = pick([training.rank(h[0], d, h[1]) for h in found for d in range(training.dp)], dp)
-                        src_coords = training.coords(src)
-                        holder = next(h for h in found if (h[0], h[1]) == (src_coords[0], src_coords[2]))
-                        a2a.append((src, m, _from(template, holder)))
+                        src = pick([training.rank(h.stage, d, h.tp) for h in found for d in range(training.dp)], dp)
+                        holder = next(h for h in found if h.place == _place(training, src))
+                        a2a.append(_Route(src, m, _from(template, holder)))
                         load[src] += template.numel
                     continue
-                inside.sort(key=lambda h: (load[members[(h[0], h[1])]], members[(h[0], h[1])]))
+                inside.sort(key=lambda h: (load[members[h.place]], members[h.place]))
                 k = min(len(inside), template.rows)
                 for i, h in enumerate(inside[:k]):
                     row0, row1 = template.rows * i // k, template.rows * (i + 1) // k
                     tr = _from(template, h).sub(row0, row1 - row0)
-                    contributions[members[(h[0], h[1])]].append(tr)
-                    load[members[(h[0], h[1])]] += tr.numel
+                    contributions[members[h.place]].append(tr)
+                    load[members[h.place]] += tr.numel
             if len(group) == 1:  # t_g == t and p == 1: the rank already holds its whole rollout shard
                 local[group[0]].extend(contributions[group[0]])
                 continue
@@ -374,13 +417,13 @@ def _global_plan(config: ModelConfig, training: TrainingLayout, rollout: Rollout
             s_dst, dp, r_dst = training.coords(dst)
             j = groups.rollout_tp_rank[dst]
             for template, found in _sources(tables, j):
-                own = [h for h in found if (h[0], h[1]) == (s_dst, r_dst)]
+                own = [h for h in found if h.place == (s_dst, r_dst)]
                 if own:
                     local[dst].append(_from(template, own[0]))
                     continue
-                src = pick([training.rank(h[0], d, h[1]) for h in found for d in range(training.dp)], dp)
-                holder = next(h for h in found if (h[0], h[1]) == (training.coords(src)[0], training.coords(src)[2]))
-                a2a.append((src, dst, _from(template, holder)))
+                src = pick([training.rank(h.stage, d, h.tp) for h in found for d in range(training.dp)], dp)
+                holder = next(h for h in found if h.place == _place(training, src))
+                a2a.append(_Route(src, dst, _from(template, holder)))
                 load[src] += template.numel
     for j in range(rollout.tp):
         payload[j] = sum(template.numel for template, _ in _sources(tables, j))
@@ -447,9 +490,9 @@ def _gather_bucket(index: int, group: tuple[int, ...], chunks: list[list[_Transf
                   own * (len(group) - 1), received)
 
 
-def _a2a_bucket(index: int, world: int, transfers: list[tuple[int, int, _Transfer]], rank: int) -> Bucket:
-    outgoing = sorted((t for t in transfers if t[0] == rank), key=lambda t: t[1])  # stable: plan order kept
-    incoming = sorted((t for t in transfers if t[1] == rank), key=lambda t: t[0])
+def _a2a_bucket(index: int, world: int, transfers: list[_Route], rank: int) -> Bucket:
+    outgoing = sorted((t for t in transfers if t.src == rank), key=lambda t: t.dst)  # stable: plan order kept
+    incoming = sorted((t for t in transfers if t.dst == rank), key=lambda t: t.src)
     send_splits, recv_splits = [0] * world, [0] * world
     pack, unpack = [], []
     offset = 0

@@ -195,11 +195,17 @@ def _int(env: Mapping[str, str], key: str, source: str, default=_REQUIRED):
         raise LaunchError(f"{source}: expected an integer in {key}, found {env[key]!r}") from None
 
 
+def _ranks(env: Mapping[str, str], src: str, rank: str, world: str, local_rank: str,
+           local_world: str) -> tuple[int, int, int, int]:
+    """(rank, world size, local rank, local world size) from a launcher's four variables; the local
+    world size defaults to the world size (one node)."""
+    world_size = _int(env, world, src)
+    return _int(env, rank, src), world_size, _int(env, local_rank, src), _int(env, local_world, src, world_size)
+
+
 def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
     src = "torchrun"
-    rank, world = _int(env, "RANK", src), _int(env, "WORLD_SIZE", src)
-    local_rank = _int(env, "LOCAL_RANK", src)
-    local_world = _int(env, "LOCAL_WORLD_SIZE", src, world)
+    rank, world, local_rank, local_world = _ranks(env, src, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     addr = env.get("MASTER_ADDR")
     port = _int(env, "MASTER_PORT", src, None)
     if world > 1 and (addr is None or port is None):
@@ -211,9 +217,8 @@ def _from_torchrun(env: Mapping[str, str]) -> DistEnv:
 
 def _from_openmpi(env: Mapping[str, str]) -> DistEnv:
     src = "openmpi"
-    rank, world = _int(env, "OMPI_COMM_WORLD_RANK", src), _int(env, "OMPI_COMM_WORLD_SIZE", src)
-    local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", src)
-    local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", src, world)
+    rank, world, local_rank, local_world = _ranks(env, src, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                                  "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
     addr = env.get("MASTER_ADDR")
     if addr is None and local_world == world:
         addr = LOOPBACK  # one node: no need to learn an address

@@ -55,9 +55,3 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
-
-
-def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[labels]: logits [..., V], labels [...] (int) -> [...]."""
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    return log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)

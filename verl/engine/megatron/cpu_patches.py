@@ -1,7 +1,7 @@
 """Patches that let megatron-core 0.16.1 run on a CPU-only torch build (gloo).
 
-megatron-core hard-codes CUDA in a handful of places (see docs: ENVIRONMENT.md, megatron-core).
-Each patch below targets one of them, is named, can be reverted (tests prove it is needed by
+megatron-core hard-codes CUDA in a handful of places, listed below.
+Each patch targets one of them, is named, can be reverted (tests prove it is needed by
 reverting it), and is applied by :func:`apply_cpu_patches` only when CUDA is absent: GPU runs never
 go through this module. Everything else (fusions off, CPU initialisation, fp32) is a config flag,
 set where the model is built.

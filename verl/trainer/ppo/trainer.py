@@ -1,4 +1,4 @@
-"""The single-controller PPO loop (DESIGN.md, "One PPO iteration"), run SPMD on every rank.
+"""The single-controller PPO loop (docs/architecture.md, "One PPO step"), run SPMD on every rank.
 
 Every rank executes :meth:`PPOTrainer.fit` with the same data; each worker-group call splits the
 batch over that role's ranks and hands every rank the gathered result, so the loop reads as the
@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from verl.protocol import DataProto
 from verl.single_controller import WorkerGroup, all_gather_objects, broadcast_object
@@ -120,9 +121,8 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ helpers
     def _print(self, text: str) -> None:
+        """The trainer's console lines (what `verl train` shows), above the progress bar; rank 0 only."""
         if self.rank == 0:
-            from tqdm import tqdm
-
             tqdm.write(text, file=sys.stdout)
 
     @contextlib.contextmanager
@@ -323,8 +323,6 @@ class PPOTrainer:
     # ------------------------------------------------------------------ the loop
     def fit(self) -> int:
         """Train to ``total_training_steps`` (or until preempted); returns the process exit code."""
-        from tqdm import tqdm
-
         from verl.launcher.preemption import PreemptionHandler
 
         trainer = self.config.trainer

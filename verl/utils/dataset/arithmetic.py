@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import random
+import re
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -91,6 +92,64 @@ def build_char_tokenizer(out_dir: str) -> str:
     with open(os.path.join(out_dir, "special_tokens_map.json"), "w") as f:
         json.dump(SPECIAL_TOKENS, f, indent=2)
     return out_dir
+
+
+# ----------------------------------------------------------------------------- SFT label noise
+# ``data.label_noise`` makes the SFT warm start deliberately imperfect so that RL has room to improve it:
+# ``random`` gives that fraction of the targets another example's answer; ``drop_carry`` gives that
+# fraction of the problems with a carry (or borrow) the answer computed without it -- a systematic,
+# human-like error learnt next to the right skill, so sampling still finds the right answer and RL's
+# exact-match reward can flip the greedy choice.
+def add_label_noise(pairs: list[tuple], fraction: float, seed: int) -> tuple:
+    """(pairs, count): ``round(fraction * N)`` seeded rows get another row's different response."""
+    rng = random.Random(seed)
+    responses = [r for _, r in pairs]
+    if len(set(responses)) < 2:
+        return pairs, 0
+    noisy = list(pairs)
+    chosen = rng.sample(range(len(pairs)), round(fraction * len(pairs)))
+    for i in chosen:
+        wrong = responses[i]
+        while wrong == responses[i]:
+            wrong = responses[rng.randrange(len(responses))]
+        noisy[i] = (pairs[i][0], wrong)
+    return noisy, len(chosen)
+
+
+_PROBLEM = re.compile(r"^\s*(\d+)\s*([+-])\s*(\d+)\s*=\s*$")
+
+
+def drop_carry_answer(prompt: str) -> str | None:
+    """The answer to ``a+b=`` / ``a-b=`` computed by forgetting the carry out of (or the borrow into)
+    the ones digit, or None when the problem has none (or is not such a prompt).
+
+    ``37+48=`` -> ``75`` (7+8=15: write 5, forget the 1); ``12+13=`` -> None; ``52-37=`` -> ``25``
+    (2-7: borrow to get 5, forget to take it from the tens); ``37-52=`` -> ``-25`` (the same slip on
+    52-37, sign kept).
+    """
+    match = _PROBLEM.match(prompt)
+    if match is None:
+        return None
+    a, op, b = int(match.group(1)), match.group(2), int(match.group(3))
+    if op == "+":
+        return str(a + b - 10) if a % 10 + b % 10 >= 10 else None
+    big, small, sign = (a, b, "") if a >= b else (b, a, "-")
+    if big % 10 >= small % 10:
+        return None
+    return sign + str(big - small + 10)
+
+
+def add_drop_carry_noise(pairs: list[tuple], fraction: float, seed: int) -> tuple:
+    """(pairs, count): ``round(fraction * M)`` seeded rows of the M that involve a carry (or borrow)
+    get the carry-dropped answer (:func:`drop_carry_answer`) as their response."""
+    rng = random.Random(seed)
+    dropped = {i: drop_carry_answer(p) for i, (p, _) in enumerate(pairs)}
+    candidates = [i for i, answer in dropped.items() if answer is not None]
+    noisy = list(pairs)
+    chosen = rng.sample(candidates, round(fraction * len(candidates)))
+    for i in chosen:
+        noisy[i] = (pairs[i][0], dropped[i])
+    return noisy, len(chosen)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

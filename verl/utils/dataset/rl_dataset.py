@@ -17,6 +17,9 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from verl.utils.dataset.errors import DatasetError
+from verl.utils.logging_utils import get_logger
+
+logger = get_logger(__name__)
 
 REQUIRED_COLUMNS = ("data_source", "reward_model")
 TRUNCATION_MODES = ("error", "left", "right")
@@ -79,10 +82,8 @@ class RLHFDataset(Dataset):
             kept = [row for row in self.rows if len(self._prompt_ids(row)) <= self.max_prompt_length]
             self.num_filtered = len(self.rows) - len(kept)
             self.rows = kept
-            print(
-                f"RLHFDataset: filtered {self.num_filtered} prompts longer than max_prompt_length="
-                f"{self.max_prompt_length}; {len(self.rows)} remain"
-            )
+            logger.warning("RLHFDataset: filtered %d prompts longer than max_prompt_length=%d; %d remain",
+                           self.num_filtered, self.max_prompt_length, len(self.rows))
 
     def _read(self, path: str) -> list[dict]:
         try:

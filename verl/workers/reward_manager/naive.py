@@ -9,7 +9,10 @@ from typing import Any
 import torch
 
 from verl.protocol import DataProto, DataProtoError
+from verl.utils.logging_utils import get_logger
 from verl.utils.reward_score import default_compute_score
+
+logger = get_logger(__name__)
 
 
 class NaiveRewardManager:
@@ -19,7 +22,7 @@ class NaiveRewardManager:
     prompt, right-padded response) and the non-tensor fields ``reward_model`` (``ground_truth``),
     ``data_source`` (or ``reward_fn_key``) and optional ``extra_info``. A score may be a number or a
     dict with a ``score`` key; every key of such dicts is collected into ``reward_extra_info``.
-    ``num_examine`` samples per data source are printed for debugging.
+    ``num_examine`` samples per data source are logged at INFO for debugging (``VERL_LOGGING_LEVEL=INFO``).
     """
 
     def __init__(
@@ -81,9 +84,8 @@ class NaiveRewardManager:
             if printed[data_source] < self.num_examine:
                 printed[data_source] += 1
                 prompt_str = self.tokenizer.decode(valid_prompt.tolist(), skip_special_tokens=True)
-                print(
-                    f"[prompt] {prompt_str}\n[response] {response_str}\n[ground_truth] {ground_truth}\n[score] {result}"
-                )
+                logger.info("[prompt] %s\n[response] %s\n[ground_truth] %s\n[score] %s",
+                            prompt_str, response_str, ground_truth, result)
 
         if return_dict:
             return {"reward_tensor": reward_tensor, "reward_extra_info": dict(reward_extra_info)}
