@@ -41,6 +41,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from verl.utils.tracking import MetricsError
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = "outputs/quickstart"
 DEFAULT_RL_CONFIG = "configs/grpo_arith_tiny.yaml"
@@ -129,10 +131,10 @@ def run_stage(console: Console, stage: str, cmd: Sequence[str], log_path: str, e
             if not chunk:
                 break
             log.write(chunk.replace(b"\r", b"\n"))
-            if poll is not None:
-                done, new_total, postfix = poll()
-                console.update(done, new_total, postfix)
-            else:
+            progress = poll() if poll is not None else None
+            if progress is not None:
+                console.update(*progress)
+            elif poll is None:
                 matches = TQDM_PROGRESS.findall(chunk)
                 if matches:
                     done, new_total = (int(x) for x in matches[-1])
@@ -207,10 +209,11 @@ def clear_rl_outputs(out: str) -> None:
 
 
 # --------------------------------------------------------------------------- metrics
-def _read(path: str) -> list[dict[str, Any]]:
+def _read(path: str, live: bool = False) -> list[dict[str, Any]]:
+    """``path``'s records; ``live``: a trainer is appending to it now (its last line may be mid-write)."""
     from verl.utils.tracking import read_metrics
 
-    return read_metrics(path) if os.path.isfile(path) else []
+    return read_metrics(path, live=live) if os.path.isfile(path) else []
 
 
 def _mean(records: Sequence[dict[str, Any]], key: str) -> float | None:
@@ -395,7 +398,10 @@ def main(argv: list[str] | None = None) -> int:
         metrics_path = os.path.join(out, "metrics.jsonl")
 
         def poll():
-            records = _read(metrics_path)
+            try:
+                records = _read(metrics_path, live=True)
+            except MetricsError:
+                return None  # a bad line: reported after the stage (the report reads the file again)
             step = max((r["step"] for r in records), default=0)
             last = records[-1] if records else {}
             vals = [r["val/accuracy"] for r in records if "val/accuracy" in r]
@@ -429,6 +435,10 @@ def main(argv: list[str] | None = None) -> int:
         console.stop()
         print(f"quickstart: {err}", file=sys.stderr)
         return err.code
+    except MetricsError as err:
+        console.stop()
+        print(f"quickstart: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         console.stop()
         step = _checkpointed_step(out)
