@@ -41,6 +41,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from verl.launcher.spawn import child_preexec
 from verl.utils.tracking import MetricsError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,6 +53,7 @@ RL_OUTPUTS = ("checkpoints", "metrics.jsonl", "metrics.csv", "tensorboard", "act
 # tqdm's "  37/600 [" (the SFT bar) in a child's output stream.
 TQDM_PROGRESS = re.compile(rb"(\d+)/(\d+) \[")
 EXIT_INTERRUPTED = 130
+STOP_GRACE_S = 10.0
 
 
 class StageFailed(Exception):
@@ -115,31 +117,36 @@ def run_stage(console: Console, stage: str, cmd: Sequence[str], log_path: str, e
     interrupted = False
     with open(log_path, "ab") as log:
         log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} $ {' '.join(cmd)}\n".encode())
+        # The stage dies with this process (PR_SET_PDEATHSIG), whatever ends it: SIGKILL, a crash.
         proc = subprocess.Popen(list(cmd), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                bufsize=0)
-        while True:
-            try:
-                chunk = proc.stdout.read1(65536) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096)
-            except KeyboardInterrupt:
-                # The child (same process group on a terminal) got the SIGINT too; make sure, then drain.
-                interrupted = True
-                console.say(f"[{stage}] Ctrl-C: waiting for the stage to stop cleanly (RL: finish the step, "
-                            f"checkpoint)...")
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGINT)
-                continue
-            if not chunk:
-                break
-            log.write(chunk.replace(b"\r", b"\n"))
-            progress = poll() if poll is not None else None
-            if progress is not None:
-                console.update(*progress)
-            elif poll is None:
-                matches = TQDM_PROGRESS.findall(chunk)
-                if matches:
-                    done, new_total = (int(x) for x in matches[-1])
-                    console.update(done, new_total)
-        code = proc.wait()
+                                bufsize=0, preexec_fn=child_preexec())
+        try:
+            while True:
+                try:
+                    chunk = proc.stdout.read1(65536) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096)
+                except KeyboardInterrupt:
+                    # The child (same process group on a terminal) got the SIGINT too; make sure, then drain.
+                    interrupted = True
+                    console.say(f"[{stage}] Ctrl-C: waiting for the stage to stop cleanly (RL: finish the step, "
+                                f"checkpoint)...")
+                    if proc.poll() is None:
+                        proc.send_signal(signal.SIGINT)
+                    continue
+                if not chunk:
+                    break
+                log.write(chunk.replace(b"\r", b"\n"))
+                progress = poll() if poll is not None else None
+                if progress is not None:
+                    console.update(*progress)
+                elif poll is None:
+                    matches = TQDM_PROGRESS.findall(chunk)
+                    if matches:
+                        done, new_total = (int(x) for x in matches[-1])
+                        console.update(done, new_total)
+            code = proc.wait()
+        finally:
+            # Leaving early (an exception here, a second Ctrl-C): the stage does not outlive its driver.
+            _stop(proc)
     console.stop()
     if interrupted:
         raise KeyboardInterrupt
@@ -147,6 +154,17 @@ def run_stage(console: Console, stage: str, cmd: Sequence[str], log_path: str, e
         tail = _tail(log_path, 25)
         console.say(f"[{stage}] failed (exit {code}); last lines of {log_path}:\n{tail}")
         raise StageFailed(stage, code, log_path)
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # its ranks follow it (their PR_SET_PDEATHSIG)
+        proc.wait()
 
 
 def _tail(path: str, lines: int) -> str:
