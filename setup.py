@@ -47,6 +47,12 @@ def _use_cuda() -> bool:
     return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
 
 
+def _torch_rpath() -> list:
+    """The loader finds libc10.so / libtorch*.so next to torch (an rpath), so `import verl._C` needs no
+    `import torch` first and no LD_LIBRARY_PATH."""
+    return [f"-Wl,-rpath,{lib}" for lib in cpp_extension.library_paths()]
+
+
 def _extension():
     cxx_flags = ["-O3", "-std=c++17", "-fopenmp"]
     include_dirs = [os.path.join(ROOT, CSRC)]
@@ -62,14 +68,14 @@ def _extension():
                 "cxx": cxx_flags,
                 "nvcc": ["-O3", "-std=c++17"],
             },
-            extra_link_args=["-fopenmp"],
+            extra_link_args=["-fopenmp", *_torch_rpath()],
         )
     return cpp_extension.CppExtension(
         "verl._C",
         CPU_SOURCES,
         include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx_flags},
-        extra_link_args=["-fopenmp"],
+        extra_link_args=["-fopenmp", *_torch_rpath()],
     )
 
 

@@ -84,6 +84,8 @@ bool built_with_cuda() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // torch's Python bindings (tensor casters, dtypes) must exist before ours: `import verl._C` alone works.
+  py::module_::import("torch");
   m.doc() = "verl-hpc compiled ops: reshard copy programs (CPU/OpenMP and CUDA)";
   m.def("validate_copy_program", &validate_copy_program, "Raise ValueError naming the first unsafe segment",
         py::arg("program"), py::arg("src_numel"), py::arg("dst_numel"), py::arg("elem_size") = 1,

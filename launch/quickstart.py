@@ -41,6 +41,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from verl.launcher.spawn import child_preexec
+from verl.utils.tracking import MetricsError
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = "outputs/quickstart"
 DEFAULT_RL_CONFIG = "configs/grpo_arith_tiny.yaml"
@@ -50,6 +53,7 @@ RL_OUTPUTS = ("checkpoints", "metrics.jsonl", "metrics.csv", "tensorboard", "act
 # tqdm's "  37/600 [" (the SFT bar) in a child's output stream.
 TQDM_PROGRESS = re.compile(rb"(\d+)/(\d+) \[")
 EXIT_INTERRUPTED = 130
+STOP_GRACE_S = 10.0
 
 
 class StageFailed(Exception):
@@ -113,31 +117,36 @@ def run_stage(console: Console, stage: str, cmd: Sequence[str], log_path: str, e
     interrupted = False
     with open(log_path, "ab") as log:
         log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} $ {' '.join(cmd)}\n".encode())
+        # The stage dies with this process (PR_SET_PDEATHSIG), whatever ends it: SIGKILL, a crash.
         proc = subprocess.Popen(list(cmd), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                bufsize=0)
-        while True:
-            try:
-                chunk = proc.stdout.read1(65536) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096)
-            except KeyboardInterrupt:
-                # The child (same process group on a terminal) got the SIGINT too; make sure, then drain.
-                interrupted = True
-                console.say(f"[{stage}] Ctrl-C: waiting for the stage to stop cleanly (RL: finish the step, "
-                            f"checkpoint)...")
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGINT)
-                continue
-            if not chunk:
-                break
-            log.write(chunk.replace(b"\r", b"\n"))
-            if poll is not None:
-                done, new_total, postfix = poll()
-                console.update(done, new_total, postfix)
-            else:
-                matches = TQDM_PROGRESS.findall(chunk)
-                if matches:
-                    done, new_total = (int(x) for x in matches[-1])
-                    console.update(done, new_total)
-        code = proc.wait()
+                                bufsize=0, preexec_fn=child_preexec())
+        try:
+            while True:
+                try:
+                    chunk = proc.stdout.read1(65536) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096)
+                except KeyboardInterrupt:
+                    # The child (same process group on a terminal) got the SIGINT too; make sure, then drain.
+                    interrupted = True
+                    console.say(f"[{stage}] Ctrl-C: waiting for the stage to stop cleanly (RL: finish the step, "
+                                f"checkpoint)...")
+                    if proc.poll() is None:
+                        proc.send_signal(signal.SIGINT)
+                    continue
+                if not chunk:
+                    break
+                log.write(chunk.replace(b"\r", b"\n"))
+                progress = poll() if poll is not None else None
+                if progress is not None:
+                    console.update(*progress)
+                elif poll is None:
+                    matches = TQDM_PROGRESS.findall(chunk)
+                    if matches:
+                        done, new_total = (int(x) for x in matches[-1])
+                        console.update(done, new_total)
+            code = proc.wait()
+        finally:
+            # Leaving early (an exception here, a second Ctrl-C): the stage does not outlive its driver.
+            _stop(proc)
     console.stop()
     if interrupted:
         raise KeyboardInterrupt
@@ -145,6 +154,17 @@ def run_stage(console: Console, stage: str, cmd: Sequence[str], log_path: str, e
         tail = _tail(log_path, 25)
         console.say(f"[{stage}] failed (exit {code}); last lines of {log_path}:\n{tail}")
         raise StageFailed(stage, code, log_path)
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # its ranks follow it (their PR_SET_PDEATHSIG)
+        proc.wait()
 
 
 def _tail(path: str, lines: int) -> str:
@@ -207,10 +227,11 @@ def clear_rl_outputs(out: str) -> None:
 
 
 # --------------------------------------------------------------------------- metrics
-def _read(path: str) -> list[dict[str, Any]]:
+def _read(path: str, live: bool = False) -> list[dict[str, Any]]:
+    """``path``'s records; ``live``: a trainer is appending to it now (its last line may be mid-write)."""
     from verl.utils.tracking import read_metrics
 
-    return read_metrics(path) if os.path.isfile(path) else []
+    return read_metrics(path, live=live) if os.path.isfile(path) else []
 
 
 def _mean(records: Sequence[dict[str, Any]], key: str) -> float | None:
@@ -395,7 +416,10 @@ def main(argv: list[str] | None = None) -> int:
         metrics_path = os.path.join(out, "metrics.jsonl")
 
         def poll():
-            records = _read(metrics_path)
+            try:
+                records = _read(metrics_path, live=True)
+            except MetricsError:
+                return None  # a bad line: reported after the stage (the report reads the file again)
             step = max((r["step"] for r in records), default=0)
             last = records[-1] if records else {}
             vals = [r["val/accuracy"] for r in records if "val/accuracy" in r]
@@ -429,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
         console.stop()
         print(f"quickstart: {err}", file=sys.stderr)
         return err.code
+    except MetricsError as err:
+        console.stop()
+        print(f"quickstart: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         console.stop()
         step = _checkpointed_step(out)

@@ -197,3 +197,51 @@ def test_preemption_handler_records_signal_and_restores_previous_handler():
         assert preempt.requested and preempt.should_stop()
         assert preempt.received_signal == signal.SIGUSR1
     assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_run_ranks_ranks_die_with_a_killed_parent():
+    """run_ranks (verl sft / convert / generate / bench): SIGKILL its parent, no rank survives it."""
+    import psutil
+
+    parent = subprocess.Popen([sys.executable, "-c", "import time\nfrom verl.launcher.spawn import run_ranks\n"
+                               "run_ranks(time.sleep, 2, 600, timeout_s=900)"],
+                              env={**os.environ, "PYTHONPATH": REPO}, cwd=REPO)
+
+    def ranks():
+        procs = [p for p in psutil.Process(parent.pid).children(recursive=True)
+                 if "spawn_main" in " ".join(p.cmdline())]
+        # Connected to each other (gloo is up): each rank is past its first line, die_with_parent.
+        return procs if len(procs) == 2 and all(p.net_connections(kind="tcp") for p in procs) else None
+
+    pids = []
+    try:
+        deadline = time.monotonic() + 90
+        while not pids and time.monotonic() < deadline:
+            pids = [p.pid for p in ranks() or []]
+            time.sleep(0.2)
+        assert pids, "the 2 ranks did not start"
+        parent.kill()
+        parent.wait(timeout=10)
+
+        def alive():
+            out = []
+            for pid in pids:
+                try:
+                    if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                        out.append(pid)
+                except psutil.NoSuchProcess:
+                    pass
+            return out
+
+        deadline = time.monotonic() + 5
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(), f"ranks still running after their parent was killed: {alive()}"
+    finally:
+        for pid in pids:  # only the ranks this test started
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if parent.poll() is None:
+            parent.kill()

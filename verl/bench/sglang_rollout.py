@@ -64,8 +64,11 @@ def bench_sglang(model_dir: str, prompts: torch.Tensor | Sequence[Sequence[int]]
         with open(request, "w", encoding="utf-8") as fh:
             json.dump({"model_dir": model_dir, "prompts": prompts, "new_tokens": new_tokens, "dtype": dtype,
                        "temperature": temperature, "repeats": repeats, "seed": seed, "tp_size": tp_size}, fh)
+        from verl.launcher.spawn import child_preexec
+
         proc = subprocess.run([python, "-m", "verl.bench.sglang_rollout", "--request", request,
-                               "--json", result], capture_output=True, text=True, cwd=REPO)
+                               "--json", result], capture_output=True, text=True, cwd=REPO,
+                              preexec_fn=child_preexec())
         if proc.returncode != 0:
             raise SGLangBenchError(f"sglang bench subprocess failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         with open(result, encoding="utf-8") as fh:

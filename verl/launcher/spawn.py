@@ -9,6 +9,10 @@ torchrun's env convention):
   after a grace period) and that rank's exit code is returned;
 - SIGINT/SIGTERM/SIGUSR1 sent to the launcher are forwarded to every rank. Ranks run in their own
   sessions, so a terminal's Ctrl-C reaches them once (through the launcher), not twice.
+- children die with their parent: every rank (and every child started through :func:`child_preexec`)
+  asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``, Linux), so a launcher
+  killed with SIGKILL, or crashing, leaves no orphan rank; the launcher's own exit paths (return,
+  exception, forwarded signal) end each rank's process group.
 
 ``run_ranks(fn, nproc, *args)`` runs an importable function on N gloo ranks over a ``file://``
 rendezvous in a fresh temp dir (no TCP listener) and returns each rank's value; used by convert,
@@ -21,6 +25,7 @@ rank killed by a signal (the shell's convention).
 
 from __future__ import annotations
 
+import ctypes
 import io
 import os
 import queue
@@ -39,6 +44,42 @@ from verl.launcher.env import LOOPBACK, LaunchError
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 KILL_GRACE_S = 5.0
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_libc = None
+
+
+def _prctl():
+    """libc's prctl, loaded in the parent (a forked child before exec should not dlopen)."""
+    global _libc
+    if _libc is None and sys.platform.startswith("linux"):
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return None if _libc is None else _libc.prctl
+
+
+def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``signum`` to this process when its parent exits (Linux; elsewhere a
+    no-op). A parent that is already gone (the race before the call) ends this process at once."""
+    prctl = _prctl()
+    if prctl is None:
+        return
+    if prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signum)
+
+
+def child_preexec(signum: int = signal.SIGKILL) -> Callable[[], None]:
+    """A ``subprocess.Popen(preexec_fn=...)`` that makes the child die with this process (the thread that
+    starts it must outlive it: the kernel ties the signal to the creating thread)."""
+    parent = os.getpid()
+    _prctl()  # loaded here, before the fork
+
+    def preexec() -> None:
+        die_with_parent(parent, signum)
+
+    return preexec
 
 
 def free_loopback_port() -> int:
@@ -93,7 +134,7 @@ def spawn_local(nproc: int, argv: list[str], env: dict[str, str] | None = None,
         for rank in range(nproc):
             p = subprocess.Popen(argv, env=rank_env(rank, nproc, port, base), stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                 start_new_session=True)
+                                 start_new_session=True, preexec_fn=child_preexec())
             procs.append(p)
             t = threading.Thread(target=pump, args=(rank, p.stdout), daemon=True)
             t.start()
@@ -151,7 +192,9 @@ class RankFailure(RuntimeError):
     """A spawned rank raised, died, or the ranks ran past their time limit."""
 
 
-def _rank_main(fn, rank, world_size, init_file, threads, results, args):
+def _rank_main(fn, rank, world_size, init_file, threads, results, args, parent_pid=None):
+    if parent_pid is not None:
+        die_with_parent(parent_pid)  # first: a parent killed while this rank imports torch takes it along
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch
     import torch.distributed as dist
@@ -188,7 +231,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args, timeout_s: float =
         init_file = os.path.join(tmp, "rendezvous")
         # Not daemonic: dist_checkpointing's saver starts a child process of its own.
         procs = [ctx.Process(target=_rank_main,
-                             args=(fn, rank, world_size, init_file, threads_per_rank, results, args))
+                             args=(fn, rank, world_size, init_file, threads_per_rank, results, args,
+                                   os.getpid()))
                  for rank in range(world_size)]
         for proc in procs:
             proc.start()

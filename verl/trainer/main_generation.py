@@ -185,7 +185,10 @@ def _run_sglang(args: argparse.Namespace, argv: list[str]) -> int:
     env = dict(os.environ)
     env[IN_SGLANG_ENV] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
-    return subprocess.run([python, "-m", "verl.trainer.main_generation", *argv], env=env).returncode
+    from verl.launcher.spawn import child_preexec
+
+    return subprocess.run([python, "-m", "verl.trainer.main_generation", *argv], env=env,
+                          preexec_fn=child_preexec()).returncode
 
 
 def _spawn_ranks(args: argparse.Namespace, argv: list[str]) -> int:

@@ -120,14 +120,18 @@ class SFTTrainer:
         return metrics
 
     def export_hf(self, out_dir: str, tokenizer: Any) -> str | None:
-        """Gather the actor (collective over every rank) and write it at ``out_dir`` (rank 0), atomically."""
-        from verl.models.mcore.weights import gather_hf_from_model
+        """Stream the actor (collective over every rank) into ``out_dir``, written by rank 0 atomically:
+        config.json with the tokenizer's special token ids, and a greedy generation_config.json."""
+        from megatron.core import parallel_state as mpu
 
-        tensors = gather_hf_from_model(self.engine.module, self.model_config)
-        if self.rank != 0:
-            return None
-        write_hf_dir(out_dir, tensors, self.cfg["model"]["path"], tokenizer)
-        return out_dir
+        from verl.models.hf_export import export_model_hf, read_hf_config, special_token_ids
+
+        hf_config = read_hf_config(self.cfg["model"]["path"])
+        special = special_token_ids(tokenizer, {})
+        hf_config.update(special)
+        written = export_model_hf(self.engine.module, self.model_config, out_dir, hf_config, tokenizer,
+                                  {**special, "do_sample": False}, gather=mpu.get_data_parallel_rank() == 0)
+        return written if self.rank == 0 else None
 
 
 def _has_weights(path: str) -> bool:
@@ -141,32 +145,6 @@ def _loss_line(step: int, steps: int, metrics: dict[str, Any]) -> str:
     parts += [f"lr {metrics['train/lr']:.3g}", f"grad_norm {metrics['train/grad_norm']:.3g}",
               f"{metrics['timing_s/step'] * 1e3:.0f} ms/step"]
     return " | ".join(parts)
-
-
-def write_hf_dir(out_dir: str, tensors: dict[str, torch.Tensor], model_path: str, tokenizer: Any) -> None:
-    """config.json (special token ids from the tokenizer), model.safetensors, tokenizer files and
-    generation_config.json, staged in a sibling directory and renamed into place."""
-    from verl.models.mcore.weights import save_hf_checkpoint
-
-    config_file = os.path.join(model_path, "config.json") if os.path.isdir(model_path) else model_path
-    with open(config_file, encoding="utf-8") as fh:
-        hf_config = json.load(fh)
-    special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-               "pad_token_id": tokenizer.pad_token_id}
-    hf_config.update({k: v for k, v in special.items() if v is not None})
-    out_dir = os.path.abspath(out_dir)
-    staging, previous = f"{out_dir}.tmp-{os.getpid()}", f"{out_dir}.old-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    save_hf_checkpoint(tensors, staging)
-    with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as fh:
-        json.dump(hf_config, fh, indent=2)
-    with open(os.path.join(staging, "generation_config.json"), "w", encoding="utf-8") as fh:
-        json.dump({**{k: v for k, v in special.items() if v is not None}, "do_sample": False}, fh, indent=2)
-    tokenizer.save_pretrained(staging)
-    if os.path.exists(out_dir):
-        os.replace(out_dir, previous)
-    os.replace(staging, out_dir)
-    shutil.rmtree(previous, ignore_errors=True)
 
 
 def run_rank(cfg: dict[str, Any], train: SFTData, val: SFTData | None) -> dict[str, Any]:

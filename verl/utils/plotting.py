@@ -95,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from verl.utils.tracking import read_metrics
+    from verl.utils.tracking import MetricsError, read_metrics
 
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     path = args.metrics
@@ -103,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"verl plot: expected a metrics.jsonl file or a directory holding one, found nothing at {path}",
               file=sys.stderr)
         return 2
-    records = read_metrics(path)
+    try:
+        records = read_metrics(path)
+    except MetricsError as exc:
+        print(f"verl plot: {exc}", file=sys.stderr)
+        return 2
     if not records:
         print(f"verl plot: expected at least one record in {path}, found an empty file", file=sys.stderr)
         return 2

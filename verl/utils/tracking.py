@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+logger = logging.getLogger(__name__)
+METRICS_FILE = "metrics.jsonl"
 
 # The compact console line shows these, in this order, when present.
 CONSOLE_KEYS = (
@@ -45,7 +49,9 @@ class Tracking:
         self.backends = list(backends)
         self.stream = stream or sys.stdout
         os.makedirs(output_dir, exist_ok=True)
-        self._jsonl = open(os.path.join(output_dir, "metrics.jsonl"), "a", encoding="utf-8")
+        jsonl_path = os.path.join(output_dir, METRICS_FILE)
+        drop_partial_last_line(jsonl_path)
+        self._jsonl = open(jsonl_path, "a", encoding="utf-8")
         self._csv_path = os.path.join(output_dir, "metrics.csv")
         self._csv_rows: list[dict[str, Any]] = self._read_csv() if "csv" in self.backends else []
         self._csv_columns: list[str] = list(dict.fromkeys(k for row in self._csv_rows for k in row))
@@ -107,17 +113,80 @@ class Tracking:
             self._tb.close()
 
 
-def read_metrics(output_dir: str) -> list[dict[str, Any]]:
+class MetricsError(ValueError):
+    """A metrics.jsonl line (not the last, which may be mid-write) that is not a JSON record with a step."""
+
+
+# Files whose partial last line was reported already (once per file and process).
+_WARNED_PARTIAL: set[str] = set()
+
+
+def _parse_record(path: str, lineno: int, raw: bytes) -> dict[str, Any]:
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        snippet = raw[:60].decode("utf-8", errors="replace")
+        raise MetricsError(f"{path}, line {lineno}: expected a JSON object with a 'step', found {snippet!r} "
+                           f"({exc.__class__.__name__}: {getattr(exc, 'msg', exc)})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        raise MetricsError(f"{path}, line {lineno}: expected a JSON object with an integer 'step', "
+                           f"found {json.dumps(record)[:60]}")
+    return record
+
+
+def read_metrics(output_dir: str, live: bool = False) -> list[dict[str, Any]]:
     """Every record of ``metrics.jsonl`` (``output_dir`` is its directory or the file itself), by step;
-    a step logged twice (a resumed run) keeps its last record."""
-    path = output_dir if os.path.isfile(output_dir) else os.path.join(output_dir, "metrics.jsonl")
+    a step logged twice (a resumed run) keeps its last record.
+
+    A last line without its newline is a record being written (or one a killed writer left half
+    written): it is skipped, with a warning once per file unless ``live`` (the caller polls a file
+    another process is appending to). A bad line anywhere else raises :class:`MetricsError` naming
+    the file and line.
+    """
+    path = output_dir if os.path.isfile(output_dir) else os.path.join(output_dir, METRICS_FILE)
+    with open(path, "rb") as fh:
+        data = fh.read()
+    lines = data.split(b"\n")
+    partial = lines.pop()  # b"" when the file ends with a newline
+    if partial.strip() and not live and path not in _WARNED_PARTIAL:
+        _WARNED_PARTIAL.add(path)
+        logger.warning("%s: skipped its last line %d (%d bytes without a newline): a record cut mid-write",
+                       path, len(lines) + 1, len(partial))
     by_step: dict[int, dict[str, Any]] = {}
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                record = json.loads(line)
-                by_step[record["step"]] = record
+    for lineno, raw in enumerate(lines, start=1):
+        if raw.strip():
+            record = _parse_record(path, lineno, raw)
+            by_step[record["step"]] = record
     return [by_step[s] for s in sorted(by_step)]
+
+
+def drop_partial_last_line(path: str) -> None:
+    """Before appending to ``path`` (a resumed run): cut a last line a killed writer left without its
+    newline, so the next record starts a line of its own instead of corrupting that one."""
+    if not os.path.isfile(path):
+        return
+    with open(path, "rb+") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return
+        # Scan back for the last newline, a block at a time.
+        end = size
+        keep = 0
+        while end > 0:
+            start = max(0, end - 65536)
+            fh.seek(start)
+            block = fh.read(end - start)
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            end = start
+        fh.truncate(keep)
+    logger.warning("%s: dropped a partial last record (%d bytes without a newline) before appending",
+                   path, size - keep)
 
 
 def rank_zero_tracking(config: Any, rank: int) -> Tracking | None:

@@ -4,7 +4,7 @@
       spawns T*P local ranks; each loads its shard from D and the ranks save a model-only
       dist checkpoint C (loadable at any tp/pp). The HF config.json travels in C's manifest.
   mcore-to-hf --ckpt C --out D [--max-shard-bytes N]
-      loads C at tp=pp=1 and writes D: config.json + model.safetensors (or shards + index).
+      loads C at tp=pp=1 and streams D: config.json + model.safetensors (or shards + index past N bytes).
 
 Bad input is one line on stderr and exit code 2; outputs are written to a staging directory and
 renamed, so nothing half-written is left behind.
@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 
 from verl.models.config import ModelConfig, ModelConfigError
+from verl.models.hf_export import DEFAULT_MAX_SHARD_BYTES
 from verl.models.mcore.model import HEADS, ModelLayoutError, check_parallel_layout
-from verl.models.mcore.weights import HFCheckpoint, WeightsError, hf_names, save_hf_checkpoint
+from verl.models.mcore.weights import HFCheckpoint, WeightsError
 
 USAGE_ERROR = 2
 
@@ -40,19 +40,20 @@ def _hf_to_mcore_rank(hf_dir: str, out: str, tp: int, pp: int, head: str, hf_con
     return True
 
 
-def _mcore_to_hf_rank(ckpt: str, head: str, hf_config: dict) -> dict:
+def _mcore_to_hf_rank(ckpt: str, head: str, hf_config: dict, out: str, max_shard_bytes: int) -> bool:
     from verl.engine.megatron.checkpoint import load_checkpoint
     from verl.engine.megatron.engine import MegatronEngine
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
-    from verl.models.mcore.weights import gather_hf_from_model
+    from verl.models.hf_export import export_model_hf
 
     initialize_megatron(1, 1)
     config = ModelConfig.from_dict(hf_config)
     engine = MegatronEngine(config, head)
     load_checkpoint(engine, ckpt, with_optimizer=False)
-    tensors = gather_hf_from_model(engine.module, config, head)
+    export_model_hf(engine.module, config, out, hf_config, head=head, max_shard_bytes=max_shard_bytes,
+                    replace=False)
     destroy_megatron()
-    return tensors
+    return True
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,7 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     to_hf = sub.add_parser("mcore-to-hf", help="megatron dist checkpoint -> HF safetensors")
     to_hf.add_argument("--ckpt", required=True)
     to_hf.add_argument("--out", required=True)
-    to_hf.add_argument("--max-shard-bytes", type=int, default=0)
+    to_hf.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES,
+                       help=f"largest safetensors shard (default {DEFAULT_MAX_SHARD_BYTES}); more shards get an index")
     return parser
 
 
@@ -103,16 +105,11 @@ def mcore_to_hf(args) -> None:
         raise WeightsError(f"checkpoint {args.ckpt}: expected an 'hf_config' in its manifest "
                            f"(written by hf-to-mcore), found none")
     _check_out(args.out)
-    tensors = run_ranks(_mcore_to_hf_rank, 1, os.path.abspath(args.ckpt), manifest["head"],
-                        manifest["hf_config"], timeout_s=600)[0]
-    config = ModelConfig.from_dict(manifest["hf_config"])
-    ordered = {name: tensors[name] for name in hf_names(config, manifest["head"])}
-    staging = os.path.abspath(args.out) + ".tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    save_hf_checkpoint(ordered, staging, args.max_shard_bytes)
-    with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as fh:
-        json.dump(manifest["hf_config"], fh, indent=2)
-    os.replace(staging, args.out)
+    if args.max_shard_bytes <= 0:
+        raise WeightsError(f"--max-shard-bytes: expected a positive size, found {args.max_shard_bytes}")
+    # One rank streams the weights into the staging directory and renames it to --out.
+    run_ranks(_mcore_to_hf_rank, 1, os.path.abspath(args.ckpt), manifest["head"], manifest["hf_config"],
+              os.path.abspath(args.out), args.max_shard_bytes, timeout_s=600)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ import dataclasses
 import json
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -233,17 +233,56 @@ def load_hf_into_model(model: torch.nn.Module, config: ModelConfig, get_hf: Call
             params[name].copy_(tensor)
 
 
-def gather_hf_from_model(model: torch.nn.Module, config: ModelConfig, head: str = "lm") -> dict[str, torch.Tensor]:
-    """Full HF tensors from every TP/PP rank's shard (collective over the model-parallel group)."""
+def iter_hf_from_model(model: torch.nn.Module, config: ModelConfig,
+                       head: str = "lm") -> Iterator[tuple[str, torch.Tensor]]:
+    """Full HF tensors, one at a time, gathered from every TP/PP rank's shard (collective over the
+    model-parallel group: every rank of it iterates to the end). They are yielded on the group's
+    (tp 0, pp 0) rank only, in HF order; elsewhere the iterator yields nothing. Peak extra memory is
+    one HF tensor and its shards, whatever the model size."""
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
 
     tp, pp = mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size()
-    local = {name: p.detach().cpu() for name, p in model.named_parameters()}
-    gathered = [None] * (tp * pp)
-    dist.all_gather_object(gathered, ((mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()),
-                                      local), group=mpu.get_model_parallel_group())
-    return to_hf(config, dict(gathered), tp, pp, head)
+    tp_rank, pp_rank = mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
+    group = mpu.get_model_parallel_group()
+    params = dict(model.named_parameters())
+    # Who holds what: (tp, pp) -> (global rank, {mcore name: (shape, dtype)}); small, once.
+    mine = (tp_rank, pp_rank, dist.get_rank(), {n: (tuple(p.shape), str(p.dtype)) for n, p in params.items()})
+    everyone = [None] * (tp * pp)
+    dist.all_gather_object(everyone, mine, group=group)
+    where = {(t, p): (rank, meta) for t, p, rank, meta in everyone}
+    dst = where[(0, 0)][0]
+    is_dst = dist.get_rank() == dst
+    device = next(iter(params.values())).device
+    emitted: set[str] = set()
+    for stage in range(pp):
+        for rule in weight_rules(config, pp, stage, head):
+            if all(name in emitted for name in rule.hf):
+                continue  # the tied output-layer copy on the last stage
+            emitted.update(rule.hf)
+            missing = [t for t in range(tp) if rule.mcore not in where[(t, stage)][1]]
+            if missing:
+                raise WeightsError(f"megatron shard (pp_rank={stage}, tp_rank={missing[0]}): expected "
+                                   f"{rule.mcore}, found it missing")
+            if stage == pp_rank and not is_dst:
+                dist.send(params[rule.mcore].detach().contiguous(), dst=dst, group=group)
+            if not is_dst:
+                continue
+            parts = []
+            for t in range(tp):
+                if (t, stage) == (tp_rank, pp_rank):
+                    parts.append(params[rule.mcore].detach())
+                    continue
+                src, meta = where[(t, stage)]
+                shape, dtype = meta[rule.mcore]
+                buffer = torch.empty(shape, dtype=getattr(torch, dtype.removeprefix("torch.")), device=device)
+                dist.recv(buffer, src=src, group=group)
+                parts.append(buffer)
+            merged = rule.layout.merge(parts, config)
+            del parts
+            for name, tensor in zip(rule.hf, merged, strict=True):
+                yield name, tensor.contiguous()
+            del merged
 
 
 # ----------------------------------------------------------------------------- HF safetensors files
@@ -279,33 +318,3 @@ class HFCheckpoint:
             raise WeightsError(f"HF checkpoint {self.path}: expected tensor {name}, found it missing")
         with safe_open(self.files[name], framework="pt") as fh:
             return fh.get_tensor(name)
-
-
-def save_hf_checkpoint(tensors: Mapping[str, torch.Tensor], out_dir: str, max_shard_bytes: int = 0) -> list[str]:
-    """Write safetensors (one file, or shards + index when ``max_shard_bytes`` is set); returns files."""
-    from safetensors.torch import save_file
-
-    os.makedirs(out_dir, exist_ok=True)
-    if not max_shard_bytes:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, SAFETENSORS_SINGLE),
-                  metadata={"format": "pt"})
-        return [SAFETENSORS_SINGLE]
-    groups: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, tensor in tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if groups[-1] and size + nbytes > max_shard_bytes:
-            groups.append({})
-            size = 0
-        groups[-1][name] = tensor.contiguous()
-        size += nbytes
-    files, weight_map = [], {}
-    for n, group in enumerate(groups, start=1):
-        file = f"model-{n:05d}-of-{len(groups):05d}.safetensors"
-        save_file(group, os.path.join(out_dir, file), metadata={"format": "pt"})
-        files.append(file)
-        weight_map.update({name: file for name in group})
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    with open(os.path.join(out_dir, SAFETENSORS_INDEX), "w", encoding="utf-8") as fh:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh, indent=2)
-    return files + [SAFETENSORS_INDEX]
