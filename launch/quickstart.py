@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             forget(out, "sft")
 
         # ---------------------------------------------------------------- SFT
-        sft_cmd = [py, "-m", "verl.trainer.sft_trainer", "--config", os.path.join(REPO, args.sft_config),
+        sft_cmd = [py, "-m", "verl.trainer.main_sft", "--config", os.path.join(REPO, args.sft_config),
                    f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
                    f"model.tokenizer_path={data_dir}/tokenizer", f"trainer.output_dir={sft_dir}", *args.sft_override]
         hf_dir = os.path.join(sft_dir, "hf")

@@ -193,7 +193,7 @@ def run_rank(cfg: dict[str, Any], train: SFTData, val: SFTData | None) -> dict[s
     return {**metrics, "hf_dir": hf_dir}
 
 
-if __name__ == "__main__":  # `python -m verl.trainer.sft_trainer` (launch/quickstart.py runs it) is `verl sft`
+if __name__ == "__main__":  # `python -m verl.trainer.sft_trainer` stays an alias of `verl sft` (main_sft)
     from verl.trainer.main_sft import main
 
     sys.exit(main())
