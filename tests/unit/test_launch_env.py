@@ -155,3 +155,21 @@ def test_malformed_environment_raises_one_clear_line(environ, message):
     with pytest.raises(LaunchError, match=message) as info:
         discover(environ)
     assert "\n" not in str(info.value)
+
+
+def test_intra_op_threads_split_the_host_between_local_ranks(monkeypatch):
+    """No oversubscription: ranks x threads <= the cores this process may use (OMP_NUM_THREADS wins)."""
+    import os
+
+    from verl.launcher.spawn import intra_op_threads, rank_env
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert intra_op_threads(2, environ={}) == 8
+    assert intra_op_threads(64, environ={}) == 1
+    assert intra_op_threads(2, environ={"OMP_NUM_THREADS": "3"}) == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # bound by the launcher
+    assert intra_op_threads(2, environ={}) == 4
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert rank_env(0, 4, 1234, {})["OMP_NUM_THREADS"] == "4"
+    assert rank_env(0, 4, 1234, {"OMP_NUM_THREADS": "1"})["OMP_NUM_THREADS"] == "1"

@@ -78,6 +78,9 @@ def init_distributed(backend: str | None = None, timeout_s: float = DEFAULT_TIME
     else:
         dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
                                 timeout=timeout)
+    from verl.launcher.spawn import intra_op_threads
+
+    torch.set_num_threads(intra_op_threads(env.local_world_size))
     _seed_everything(seed + env.rank)
     return env
 

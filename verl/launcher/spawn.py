@@ -94,7 +94,24 @@ def rank_env(rank: int, nproc: int, port: int, base: dict[str, str]) -> dict[str
     env.update(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
                LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port),
                PYTHONUNBUFFERED="1")
+    # The ranks share this host's cores: without a cap each one starts a thread per core and they
+    # oversubscribe the machine (torchrun caps at 1; an explicit OMP_NUM_THREADS wins).
+    env.setdefault("OMP_NUM_THREADS", str(intra_op_threads(nproc, environ=base)))
     return env
+
+
+def intra_op_threads(local_world_size: int, environ=None) -> int:
+    """Intra-op threads for one of ``local_world_size`` ranks on this host: ``OMP_NUM_THREADS`` when
+    set; else the cores this process may run on, split between the local ranks, unless a launcher
+    already bound the process to fewer cores than the host has (Slurm's --cpus-per-task binding):
+    then all of those."""
+    environ = os.environ if environ is None else environ
+    if environ.get("OMP_NUM_THREADS", "").strip().isdigit() and int(environ["OMP_NUM_THREADS"]) > 0:
+        return int(environ["OMP_NUM_THREADS"])
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if allowed < (os.cpu_count() or allowed):
+        return max(1, allowed)
+    return max(1, allowed // max(1, local_world_size))
 
 
 def spawn_local(nproc: int, argv: list[str], env: dict[str, str] | None = None,
