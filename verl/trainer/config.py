@@ -1,6 +1,7 @@
 """The trainer config: verl's key names, one schema, validated once at load.
 
-``load_config(path, overrides)`` reads a YAML file (``yaml.safe_load``), merges it over the
+``load_config(path, overrides)`` reads a YAML file (``yaml.safe_load`` with YAML 1.2 floats, so ``1e-6`` is a
+float as in verl), merges it over the
 defaults below, applies dotted CLI overrides (``algorithm.adv_estimator=grpo``; values parse as
 YAML scalars), and validates everything before any rank starts:
 
@@ -29,6 +30,7 @@ import yaml
 
 from verl.hybrid_engine.planner import DEFAULT_BUCKET_BYTES
 from verl.trainer.ppo.core_algos import KL_PENALTY_CHOICES, LOSS_AGG_MODES, AdvantageEstimator
+from verl.utils import yaml_io
 
 
 class ConfigError(ValueError):
@@ -43,37 +45,52 @@ class Field:
     types: tuple[type, ...]
     nullable: bool = False
     choices: tuple[Any, ...] | None = None
+    ge: float | None = None  # numeric range: value >= ge, value > gt, value <= le
+    gt: float | None = None
+    le: float | None = None
+
+    def range_text(self) -> str:
+        bounds = ((">=", self.ge), (">", self.gt), ("<=", self.le))
+        return " and ".join(f"{op} {bound:g}" for op, bound in bounds if bound is not None)
+
+    def in_range(self, value: float) -> bool:
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le))
 
 
-def field(default: Any, *types: type, nullable: bool = False, choices: Sequence[Any] | None = None) -> Field:
+def field(default: Any, *types: type, nullable: bool = False, choices: Sequence[Any] | None = None,
+          ge: float | None = None, gt: float | None = None, le: float | None = None) -> Field:
     if not types:
         types = (type(default),)
     if float in types and int not in types:
         types = types + (int,)
-    return Field(default, tuple(types), nullable or default is None, tuple(choices) if choices else None)
+    return Field(default, tuple(types), nullable or default is None, tuple(choices) if choices else None, ge, gt, le)
 
 
 ADV_ESTIMATORS = tuple(e.value for e in AdvantageEstimator)
 LOGGERS = ("console", "tensorboard", "csv")
 ROLLOUT_DTYPES = ("float32", "bfloat16")
+# The smallest bucket the planner is allowed: a 4 KiB page (a bucket holds one element per micro-DP
+# rank at least; smaller buckets only multiply collective calls).
+MIN_BUCKET_BYTES = 4096
 
 
 def _optim() -> dict[str, Field]:
     return {
-        "lr": field(1e-6, float),
-        "min_lr": field(0.0, float),
-        "lr_warmup_steps": field(0, int),
+        "lr": field(1e-6, float, ge=0),
+        "min_lr": field(0.0, float, ge=0),
+        "lr_warmup_steps": field(0, int, ge=0),
         "lr_decay_style": field("constant", choices=("constant", "linear", "cosine")),
-        "weight_decay": field(0.01, float),
+        "weight_decay": field(0.01, float, ge=0),
         "betas": field([0.9, 0.999], list),
-        "clip_grad": field(1.0, float),
+        "clip_grad": field(1.0, float, ge=0),
     }
 
 
 def _megatron() -> dict[str, Field]:
     return {
-        "tensor_model_parallel_size": field(1, int),
-        "pipeline_model_parallel_size": field(1, int),
+        "tensor_model_parallel_size": field(1, int, ge=1),
+        "pipeline_model_parallel_size": field(1, int, ge=1),
         "use_distributed_optimizer": field(False, bool),
         "seed": field(42, int),
     }
@@ -86,10 +103,10 @@ SCHEMA: dict[str, Any] = {
         "val_files": field(None, str, list),
         "prompt_key": field("prompt", str),
         "reward_fn_key": field("data_source", str),
-        "max_prompt_length": field(512, int),
-        "max_response_length": field(512, int),
-        "train_batch_size": field(1024, int),
-        "val_batch_size": field(None, int),
+        "max_prompt_length": field(512, int, ge=1),
+        "max_response_length": field(512, int, ge=1),
+        "train_batch_size": field(1024, int, ge=1),
+        "val_batch_size": field(None, int, ge=1),
         "shuffle": field(True, bool),
         "seed": field(1, int),
         "truncation": field("error", choices=("error", "left", "right")),
@@ -103,42 +120,42 @@ SCHEMA: dict[str, Any] = {
         },
         "actor": {
             "strategy": field("megatron", choices=("megatron",)),
-            "ppo_mini_batch_size": field(256, int),
-            "ppo_micro_batch_size_per_gpu": field(1, int),
-            "ppo_epochs": field(1, int),
+            "ppo_mini_batch_size": field(256, int, ge=1),
+            "ppo_micro_batch_size_per_gpu": field(1, int, ge=1),
+            "ppo_epochs": field(1, int, ge=1),
             "shuffle": field(False, bool),
-            "clip_ratio": field(0.2, float),
-            "clip_ratio_low": field(None, float),
-            "clip_ratio_high": field(None, float),
-            "clip_ratio_c": field(3.0, float),
+            "clip_ratio": field(0.2, float, gt=0),
+            "clip_ratio_low": field(None, float, gt=0),
+            "clip_ratio_high": field(None, float, gt=0),
+            "clip_ratio_c": field(3.0, float, gt=1),
             "loss_agg_mode": field("token-mean", choices=LOSS_AGG_MODES),
-            "entropy_coeff": field(0.0, float),
+            "entropy_coeff": field(0.0, float, ge=0),
             "use_kl_loss": field(False, bool),
-            "kl_loss_coef": field(0.001, float),
+            "kl_loss_coef": field(0.001, float, ge=0),
             "kl_loss_type": field("low_var_kl", choices=KL_PENALTY_CHOICES),
             "optim": _optim(),
             "megatron": _megatron(),
         },
         "ref": {
-            "log_prob_micro_batch_size_per_gpu": field(1, int),
+            "log_prob_micro_batch_size_per_gpu": field(1, int, ge=1),
         },
         "rollout": {
             "name": field("native", choices=("native",)),
             "dtype": field("float32", choices=ROLLOUT_DTYPES),
-            "temperature": field(1.0, float),
-            "top_k": field(-1, int),
-            "top_p": field(1.0, float),
+            "temperature": field(1.0, float, ge=0),
+            "top_k": field(-1, int, ge=-1),
+            "top_p": field(1.0, float, gt=0, le=1),
             "do_sample": field(True, bool),
-            "n": field(1, int),
-            "tensor_model_parallel_size": field(1, int),
-            "log_prob_micro_batch_size_per_gpu": field(1, int),
+            "n": field(1, int, ge=1),
+            "tensor_model_parallel_size": field(1, int, ge=1),
+            "log_prob_micro_batch_size_per_gpu": field(1, int, ge=1),
             "ignore_eos": field(False, bool),
             "val_kwargs": {
                 "do_sample": field(False, bool),
-                "temperature": field(0.0, float),
-                "top_k": field(-1, int),
-                "top_p": field(1.0, float),
-                "n": field(1, int),
+                "temperature": field(0.0, float, ge=0),
+                "top_k": field(-1, int, ge=-1),
+                "top_p": field(1.0, float, gt=0, le=1),
+                "n": field(1, int, ge=1),
             },
         },
     },
@@ -147,11 +164,11 @@ SCHEMA: dict[str, Any] = {
         "model": {
             "path": field(None, str),
         },
-        "ppo_mini_batch_size": field(256, int),
-        "ppo_micro_batch_size_per_gpu": field(1, int),
-        "ppo_epochs": field(1, int),
+        "ppo_mini_batch_size": field(256, int, ge=1),
+        "ppo_micro_batch_size_per_gpu": field(1, int, ge=1),
+        "ppo_epochs": field(1, int, ge=1),
         "shuffle": field(False, bool),
-        "cliprange_value": field(0.5, float),
+        "cliprange_value": field(0.5, float, gt=0),
         "loss_agg_mode": field("token-mean", choices=LOSS_AGG_MODES),
         "optim": _optim(),
     },
@@ -161,13 +178,13 @@ SCHEMA: dict[str, Any] = {
         "model": {
             "path": field(None, str),
         },
-        "micro_batch_size_per_gpu": field(1, int),
+        "micro_batch_size_per_gpu": field(1, int, ge=1),
         "reward_manager": field("naive", choices=("naive",)),
         # Replace the reward model between steps (verl-hpc extension, see reward_model_worker.py).
         "hot_swap": {
             "watch": field(False, bool),
             "path": field(None, str),
-            "at_step": field(None, int),
+            "at_step": field(None, int, ge=1),
         },
     },
     "custom_reward_function": {
@@ -176,37 +193,38 @@ SCHEMA: dict[str, Any] = {
     },
     "algorithm": {
         "adv_estimator": field("gae", choices=ADV_ESTIMATORS),
-        "gamma": field(1.0, float),
-        "lam": field(1.0, float),
+        "gamma": field(1.0, float, ge=0, le=1),
+        "lam": field(1.0, float, ge=0, le=1),
         "norm_adv_by_std_in_grpo": field(True, bool),
         "use_kl_in_reward": field(False, bool),
         "kl_penalty": field("kl", choices=KL_PENALTY_CHOICES),
         "kl_ctrl": {
             "type": field("fixed", choices=("fixed", "adaptive")),
-            "kl_coef": field(0.001, float),
-            "horizon": field(10000, int),
-            "target_kl": field(0.1, float),
+            "kl_coef": field(0.001, float, ge=0),
+            "horizon": field(10000, int, ge=1),
+            "target_kl": field(0.1, float, gt=0),
         },
     },
     "hybrid_engine": {
-        "bucket_bytes": field(DEFAULT_BUCKET_BYTES, int),
+        "bucket_bytes": field(DEFAULT_BUCKET_BYTES, int, ge=MIN_BUCKET_BYTES),
     },
     "trainer": {
         "project_name": field("verl_hpc", str),
         "experiment_name": field("run", str),
-        "logger": field(["console"], list),
-        "nnodes": field(1, int),
-        "n_gpus_per_node": field(1, int),
-        "total_epochs": field(1, int),
-        "total_training_steps": field(None, int),
+        "logger": field(["console"], list, str),  # verl accepts `logger=console` and a list
+        "nnodes": field(1, int, ge=1),
+        "n_gpus_per_node": field(1, int, ge=1),
+        "total_epochs": field(1, int, ge=1),
+        "total_training_steps": field(None, int, ge=1),
         "output_dir": field("outputs/run", str),
         "default_local_dir": field(None, str),
-        "save_freq": field(-1, int),
-        "test_freq": field(-1, int),
+        "save_freq": field(-1, int, ge=-1),
+        "test_freq": field(-1, int, ge=-1),
         "val_before_train": field(True, bool),
-        "resume_mode": field("auto", str),
+        "resume_mode": field("auto", str),  # auto | disable | resume_path | a checkpoint directory
+        "resume_from_path": field(None, str),
         "debug": field(None, str, choices=("light", "full")),
-        "log_val_generations": field(0, int),
+        "log_val_generations": field(0, int, ge=0),
         "export_hf_every_save": field(False, bool),
         "export_hf_at_end": field(True, bool),
         "seed": field(1234, int),
@@ -247,6 +265,8 @@ def _check_value(dotted: str, field: Field, value: Any) -> Any:
         if not field.nullable:
             raise ConfigError(f"{dotted}: expected {_type_names(field)}, found null")
         return None
+    if int in field.types and float not in field.types and isinstance(value, float) and value.is_integer():
+        value = int(value)  # `trainer.total_training_steps=1e3` (a YAML 1.2 float) is the integer 1000
     ok = isinstance(value, field.types) and not (isinstance(value, bool) and bool not in field.types)
     if not ok:
         raise ConfigError(f"{dotted}: expected {_type_names(field)}, found {type(value).__name__} {value!r}")
@@ -254,6 +274,11 @@ def _check_value(dotted: str, field: Field, value: Any) -> Any:
         value = float(value)
     if field.choices is not None and value not in field.choices:
         raise ConfigError(f"{dotted}: expected one of {list(field.choices)}, found {value!r}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value != value:  # NaN passes no range and poisons every step
+            raise ConfigError(f"{dotted}: expected a number, found nan")
+        if not field.in_range(value):
+            raise ConfigError(f"{dotted}: expected a value {field.range_text()}, found {value!r}")
     return value
 
 
@@ -278,7 +303,7 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     if not key:
         raise ConfigError(f"override {item!r}: expected a dotted key before '='")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml_io.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.split("."), value
@@ -350,6 +375,17 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
         _positive(cfg, key)
     if trainer["total_training_steps"] is not None:
         _positive(cfg, "trainer.total_training_steps")
+    if isinstance(trainer["logger"], str):
+        trainer["logger"] = [trainer["logger"]]
+    mode = trainer["resume_mode"]
+    if mode == "resume_path":
+        path = trainer["resume_from_path"]
+        if path is None or not os.path.isdir(path):
+            raise ConfigError(f"trainer.resume_from_path: expected a checkpoint directory (global_step_<N>) for "
+                              f"resume_mode=resume_path, found {'null' if path is None else 'nothing at ' + path}")
+    elif mode not in ("auto", "disable") and not os.path.isdir(mode):
+        raise ConfigError(f"trainer.resume_mode: expected auto, disable, resume_path or an existing checkpoint "
+                          f"directory, found {mode!r}")
     for key in cfg["trainer"]["logger"]:
         if key not in LOGGERS:
             raise ConfigError(f"trainer.logger: expected entries among {list(LOGGERS)}, found {key!r}")
@@ -474,7 +510,7 @@ def read_config_tree(path: str | None, overrides: Sequence[str], schema: dict[st
             raise ConfigError(f"--config: expected a YAML file, found nothing at {path}")
         with open(path, encoding="utf-8") as fh:
             try:
-                loaded = yaml.safe_load(fh)
+                loaded = yaml_io.safe_load(fh)
             except yaml.YAMLError as err:
                 mark = getattr(err, "problem_mark", None)
                 where = f" line {mark.line + 1}" if mark is not None else ""

@@ -28,7 +28,12 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="verl train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="trainer YAML (e.g. configs/grpo_arith_tiny.yaml)")
-    parser.add_argument("--dry-run", action="store_true", help="one step without weight updates")
+    parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+                        help="one step without weight updates")
+    parser.add_argument("--log_dir", "--log-dir", dest="log_dir", metavar="DIR",
+                        help="also write the console output to DIR/train.log (verl's guides use this flag)")
+    parser.add_argument("--tensorboard_dir", "--tensorboard-dir", dest="tensorboard_dir", metavar="DIR",
+                        help="TensorBoard event files go here (verl's TENSORBOARD_DIR), not <output_dir>/tensorboard")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="dotted overrides, e.g. trainer.total_training_steps=3 algorithm.adv_estimator=grpo")
     return parser
@@ -56,9 +61,51 @@ def run_rank(config, dry_run: bool) -> int:
         destroy_distributed()
 
 
+class _Tee:
+    """Writes to the console stream and to a log file (``--log_dir``)."""
+
+    def __init__(self, stream, log):
+        self.stream, self.log = stream, log
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        self.log.flush()
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+        self.log.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def _open_log_dir(log_dir: str):
+    """``DIR/train.log`` (rank 0 or the local launcher); the other ranks of a launched job write
+    ``DIR/train.rank<r>.log`` so their lines do not interleave."""
+    import os
+
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0)
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        return open(os.path.join(log_dir, "train.log" if rank == 0 else f"train.rank{rank}.log"), "a",
+                    encoding="utf-8")
+    except OSError as err:
+        print(f"verl train: --log_dir: expected a writable directory, found {log_dir} ({err.strerror})",
+              file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.tensorboard_dir:
+        import os
+
+        os.environ["TENSORBOARD_DIR"] = os.path.abspath(args.tensorboard_dir)
+    if args.log_dir:
+        log = _open_log_dir(args.log_dir)
+        sys.stdout, sys.stderr = _Tee(sys.stdout, log), _Tee(sys.stderr, log)
 
     from verl.launcher.env import LaunchError, discover
     from verl.trainer.config import ConfigError, load_config, world_size
@@ -83,7 +130,20 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG_ERROR
     from verl.launcher.spawn import spawn_local
 
-    return spawn_local(world, [sys.executable, "-m", "verl.trainer.main_ppo", *argv])
+    # The ranks' output reaches this process's console (and its --log_dir copy): they write no log of their own.
+    return spawn_local(world, [sys.executable, "-m", "verl.trainer.main_ppo", *_without_log_dir(argv)])
+
+
+def _without_log_dir(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item in ("--log_dir", "--log-dir"):
+            skip = True
+        elif not item.startswith(("--log_dir=", "--log-dir=")):
+            out.append(item)
+    return out
 
 
 if __name__ == "__main__":

@@ -24,8 +24,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from verl.utils.logging_utils import get_logger
+
+logger = get_logger(__name__)
+
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
+MANIFEST_FILE = "verl_trainer_manifest.json"  # every file with its size, written last
 
 
 class CheckpointError(ValueError):
@@ -97,6 +102,7 @@ def save_trainer_checkpoint(root: str, step: int, trainer_state: dict[str, Any],
             json.dump({"step": step, **trainer_state}, fh, indent=2)
     _barrier()
     if _rank() == 0:
+        write_manifest(staging)  # last: a checkpoint without it (or not matching it) is incomplete
         if os.path.exists(final):
             shutil.rmtree(final)
         os.replace(staging, final)
@@ -108,22 +114,89 @@ def save_trainer_checkpoint(root: str, step: int, trainer_state: dict[str, Any],
     return final
 
 
-def find_resume_dir(root: str, resume_mode: str) -> str | None:
-    """``auto``: the latest complete checkpoint under ``root`` (None if there is none); ``disable``:
-    None; anything else: that checkpoint directory, which must exist."""
+def write_manifest(path: str) -> None:
+    """Every file of the checkpoint directory ``path`` with its size, written last (atomically)."""
+    files = {}
+    for root, _, names in os.walk(path):
+        for name in names:
+            full = os.path.join(root, name)
+            files[os.path.relpath(full, path)] = os.path.getsize(full)
+    files.pop(MANIFEST_FILE, None)
+    tmp = os.path.join(path, MANIFEST_FILE + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump({"files": dict(sorted(files.items()))}, fh, indent=1)
+    os.replace(tmp, os.path.join(path, MANIFEST_FILE))
+
+
+def checkpoint_problem(path: str) -> str | None:
+    """None when the checkpoint directory ``path`` is complete, else what is wrong with it (one line
+    naming the file). Checkpoints written before manifests existed are checked for their state file."""
+    state_file = os.path.join(path, STATE_FILE)
+    manifest_file = os.path.join(path, MANIFEST_FILE)
+    if not os.path.isdir(path):
+        return f"expected a checkpoint directory, found nothing at {path}"
+    if os.path.isfile(manifest_file):
+        try:
+            with open(manifest_file, encoding="utf-8") as fh:
+                files = json.load(fh)["files"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            return f"{manifest_file}: expected the JSON file list, found an unreadable file ({type(err).__name__})"
+        for name, size in files.items():
+            full = os.path.join(path, name)
+            if not os.path.isfile(full):
+                return f"{full}: expected a file of {size} bytes, found it missing"
+            if os.path.getsize(full) != size:
+                return f"{full}: expected {size} bytes, found {os.path.getsize(full)} (cut or overwritten)"
+    if not os.path.isfile(state_file):
+        return f"{state_file}: expected the trainer state, found it missing"
+    try:
+        with open(state_file, encoding="utf-8") as fh:
+            state = json.load(fh)
+        int(state["step"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{state_file}: expected JSON with the step, found an unreadable file ({type(err).__name__})"
+    return None
+
+
+def _complete_checkpoints(root: str) -> list[str]:
+    """``global_step_<N>`` directories under ``root`` that pass :func:`checkpoint_problem`, newest first."""
+    steps = []
+    for name in os.listdir(root) if os.path.isdir(root) else []:
+        prefix, _, number = name.rpartition("_")
+        if prefix == "global_step" and number.isdigit():
+            steps.append(int(number))
+    return [step_dir(root, s) for s in sorted(steps, reverse=True) if checkpoint_problem(step_dir(root, s)) is None]
+
+
+def find_resume_dir(root: str, resume_mode: str, resume_from_path: str | None = None) -> str | None:
+    """``auto``: the latest complete checkpoint under ``root`` (None if there is none): when the one
+    ``latest_checkpointed_iteration.txt`` names is cut or garbled, a warning names the bad file and
+    the newest complete one is used. ``disable``: None. ``resume_path``: ``resume_from_path`` (verl's
+    keys); any other value: that checkpoint directory. An explicit checkpoint must be complete."""
     if resume_mode == "disable":
         return None
     if resume_mode == "auto":
         latest = os.path.join(root, LATEST_FILE)
-        if not os.path.isfile(latest):
+        if not os.path.isfile(latest) and not _complete_checkpoints(root):
             return None
-        with open(latest, encoding="utf-8") as fh:
-            path = step_dir(root, int(fh.read().strip()))
-    else:
-        path = os.path.abspath(resume_mode)
-    if not os.path.isfile(os.path.join(path, STATE_FILE)):
-        raise CheckpointError(f"trainer.resume_mode: expected a checkpoint directory with {STATE_FILE}, "
-                              f"found none at {path}")
+        problem = None
+        try:
+            with open(latest, encoding="utf-8") as fh:
+                path = step_dir(root, int(fh.read().strip()))
+            problem = checkpoint_problem(path)
+        except (OSError, ValueError) as err:
+            problem = f"{latest}: expected a step number, found an unreadable file ({type(err).__name__})"
+        if problem is None:
+            return path
+        fallback = _complete_checkpoints(root)
+        logger.warning("resume: the latest checkpoint is incomplete: %s; %s", problem,
+                       f"resuming from {fallback[0]} instead" if fallback else "no complete checkpoint: starting over")
+        return fallback[0] if fallback else None
+    path = os.path.abspath(resume_from_path if resume_mode == "resume_path" else resume_mode)
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        key = "trainer.resume_from_path" if resume_mode == "resume_path" else "trainer.resume_mode"
+        raise CheckpointError(f"{key}: {problem}")
     return path
 
 

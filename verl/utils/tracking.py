@@ -59,7 +59,8 @@ class Tracking:
         if "tensorboard" in self.backends:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+            # verl's TENSORBOARD_DIR (what `verl train --tensorboard_dir` sets) wins over the run's own dir.
+            self._tb = SummaryWriter(os.environ.get("TENSORBOARD_DIR") or os.path.join(output_dir, "tensorboard"))
         self.project_name, self.experiment_name = project_name, experiment_name
 
     def _read_csv(self) -> list[dict[str, Any]]:

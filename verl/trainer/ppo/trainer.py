@@ -201,7 +201,8 @@ class PPOTrainer:
             self.export_hf()
 
     def load_checkpoint(self) -> None:
-        path = ckpt.find_resume_dir(self.config.trainer.default_local_dir, self.config.trainer.resume_mode)
+        path = ckpt.find_resume_dir(self.config.trainer.default_local_dir, self.config.trainer.resume_mode,
+                                     self.config.trainer.resume_from_path)
         if path is None:
             return
         state = ckpt.load_trainer_state(path)
