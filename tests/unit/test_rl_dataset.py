@@ -115,10 +115,27 @@ def test_truncation_modes(tokenizer, mixed_parquet):
     strict = RLHFDataset(mixed_parquet, tokenizer, {"max_prompt_length": 6, "truncation": "error"})
     with pytest.raises(DatasetError, match="prompt 3 has 11 tokens, expected <= max_prompt_length=6"):
         strict[3]
+    middle = RLHFDataset(mixed_parquet, tokenizer, {"max_prompt_length": 6, "truncation": "middle"})[3]
+    assert tokenizer.decode(middle["input_ids"]) == "1+14=+"  # the first and last 3 tokens, as verl
     with pytest.raises(
-        DatasetError, match=r"data.truncation: expected one of \['error', 'left', 'right'\], found 'middle'"
+        DatasetError, match=r"data.truncation: expected one of \['error', 'left', 'right', 'middle'\], found 'mid'"
     ):
-        RLHFDataset(mixed_parquet, tokenizer, {"truncation": "middle"})
+        RLHFDataset(mixed_parquet, tokenizer, {"truncation": "mid"})
+
+
+def test_check_finds_bad_rows_before_training_and_names_file_and_row(tokenizer, mixed_parquet, tmp_path):
+    strict = RLHFDataset(mixed_parquet, tokenizer, {"max_prompt_length": 6, "truncation": "error"})
+    with pytest.raises(DatasetError, match=r"mixed.*row 3: expected a prompt of <= data.max_prompt_length=6 tokens, "
+                                           r"found 11"):
+        strict.check()
+    RLHFDataset(mixed_parquet, tokenizer, {"max_prompt_length": 6, "truncation": "left"}).check()
+    with pytest.raises(DatasetError, match=r"expected at least 100 rows \(one batch\), found"):
+        RLHFDataset(mixed_parquet, tokenizer, {"max_prompt_length": 64}).check(min_rows=100)
+    huge = tmp_path / "huge.parquet"
+    arithmetic.write_parquet([{"prompt": "7" * (1 << 20), "data_source": "arithmetic",
+                               "reward_model": {"ground_truth": "1"}}], str(huge))
+    with pytest.raises(DatasetError, match=r"huge.parquet row 0: .* found 1048576 characters"):
+        RLHFDataset(str(huge), tokenizer, {"max_prompt_length": 8}).check()  # no tokenizing: instant
 
 
 def test_filter_overlong_prompts_counts_and_reports(tokenizer, mixed_parquet, caplog):
@@ -131,9 +148,9 @@ def test_filter_overlong_prompts_counts_and_reports(tokenizer, mixed_parquet, ca
 def test_missing_columns_and_files_are_reported(tokenizer, tmp_path):
     path = tmp_path / "bad.parquet"
     arithmetic.write_parquet([{"prompt": [{"role": "user", "content": "1+1="}]}], str(path))
-    with pytest.raises(DatasetError, match=r"lacks columns \['data_source', 'reward_model'\]"):
+    with pytest.raises(DatasetError, match=r"expected columns \[.data_source., .reward_model.\]"):
         RLHFDataset(str(path), tokenizer)
-    with pytest.raises(DatasetError, match="cannot read parquet file"):
+    with pytest.raises(DatasetError, match="expected a parquet file, found unreadable data"):
         RLHFDataset(str(tmp_path / "missing.parquet"), tokenizer)
 
 

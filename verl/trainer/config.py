@@ -31,6 +31,7 @@ import yaml
 from verl.hybrid_engine.planner import DEFAULT_BUCKET_BYTES
 from verl.trainer.ppo.core_algos import KL_PENALTY_CHOICES, LOSS_AGG_MODES, AdvantageEstimator
 from verl.utils import yaml_io
+from verl.utils.dataset.rl_dataset import TRUNCATION_MODES
 
 
 class ConfigError(ValueError):
@@ -109,7 +110,7 @@ SCHEMA: dict[str, Any] = {
         "val_batch_size": field(None, int, ge=1),
         "shuffle": field(True, bool),
         "seed": field(1, int),
-        "truncation": field("error", choices=("error", "left", "right")),
+        "truncation": field("error", choices=TRUNCATION_MODES),
         "filter_overlong_prompts": field(False, bool),
         "dataloader_num_workers": field(0, int, choices=(0,)),
     },

@@ -9,6 +9,12 @@ starts. Then:
 
 ``--dry-run`` runs one step (generation, rewards, log-probs, values, advantages, metrics) without
 updating weights, saving checkpoints or validating.
+
+Errors: bad input (config, data, model or checkpoint) is found before any rank starts
+(``verl.trainer.preflight``) and printed as one line, exit 2. A rank that fails later writes its
+traceback to ``<trainer.output_dir>/logs/train.rank<r>.traceback`` and the job ends with one line on
+stderr naming the first failing rank (``verl train: rank 1: DatasetError: ...``): exit 2 for input
+errors (ValueError and its subclasses), 1 for internal ones.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import argparse
 import sys
 
 EXIT_CONFIG_ERROR = 2
+EXIT_INTERNAL_ERROR = 1
+RANK_ERROR_DIR_ENV = "VERL_RANK_ERROR_DIR"  # set by the local launcher: ranks leave their one line there
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,8 +47,51 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _rank_failure(err: BaseException, config) -> int:
+    """One line for the user, the traceback for the log; the exit code says input (2) or internal (1)."""
+    import os
+    import traceback
+
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0)
+    message = (str(err).strip().splitlines() or [""])[0]
+    line = f"rank {rank}: {type(err).__name__}: {message}"
+    log_dir = os.path.join(os.path.abspath(config.trainer.output_dir), "logs")
+    trace = os.path.join(log_dir, f"train.rank{rank}.traceback")
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        with open(trace, "w", encoding="utf-8") as fh:
+            fh.write("".join(traceback.format_exception(err)))
+        line += f" (traceback: {trace})"
+    except OSError:
+        pass
+    error_dir = os.environ.get(RANK_ERROR_DIR_ENV)
+    if error_dir:  # the local launcher prints the first rank's line
+        with open(os.path.join(error_dir, f"rank{rank}.err"), "w", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+    else:
+        print(f"verl train: {line}", file=sys.stderr, flush=True)
+    return EXIT_CONFIG_ERROR if isinstance(err, ValueError) else EXIT_INTERNAL_ERROR
+
+
+def _first_rank_error(error_dir: str) -> str | None:
+    import os
+
+    files = [os.path.join(error_dir, f) for f in os.listdir(error_dir) if f.endswith(".err")]
+    if not files:
+        return None
+    with open(min(files, key=os.path.getmtime), encoding="utf-8") as fh:
+        return fh.readline().strip()
+
+
 def run_rank(config, dry_run: bool) -> int:
     """This process as one rank of the job: torch.distributed, workers, the PPO loop."""
+    try:
+        return _run_rank(config, dry_run)
+    except Exception as err:  # noqa: BLE001 - one line per failing rank, traceback to the run's log
+        return _rank_failure(err, config)
+
+
+def _run_rank(config, dry_run: bool) -> int:
     from verl.launcher.bootstrap import destroy_distributed, init_distributed
 
     init_distributed(seed=config.trainer.seed)
@@ -98,7 +149,7 @@ def _open_log_dir(log_dir: str):
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # flags and key=value overrides in any order
     if args.tensorboard_dir:
         import os
 
@@ -121,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"verl train: config error: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    from verl.trainer.preflight import preflight
+
+    try:
+        preflight(config)
+    except ValueError as err:  # PreflightError, DatasetError, CheckpointError, ModelConfigError, ...
+        print(f"verl train: {err}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     world = world_size(config)
     if launched or world == 1:
         return run_rank(config, args.dry_run)
@@ -128,10 +186,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"verl train: config error: trainer.nnodes={config.trainer.nnodes}: expected 1 outside a launcher "
               f"(multi-node runs start under srun/mpirun, see slurm/)", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    import os
+    import tempfile
+
     from verl.launcher.spawn import spawn_local
 
-    # The ranks' output reaches this process's console (and its --log_dir copy): they write no log of their own.
-    return spawn_local(world, [sys.executable, "-m", "verl.trainer.main_ppo", *_without_log_dir(argv)])
+    with tempfile.TemporaryDirectory(prefix="verl_rank_errors_") as error_dir:
+        # The ranks' output reaches this process's console (and its --log_dir copy): they write no log of their own.
+        code = spawn_local(world, [sys.executable, "-m", "verl.trainer.main_ppo", *_without_log_dir(argv)],
+                           env={**os.environ, RANK_ERROR_DIR_ENV: error_dir})
+        line = _first_rank_error(error_dir) if code != 0 else None
+    if line:
+        print(f"verl train: {line}", file=sys.stderr)
+    return code
 
 
 def _without_log_dir(argv: list[str]) -> list[str]:

@@ -290,8 +290,13 @@ class HFCheckpoint:
     """An HF safetensors checkpoint directory: one ``model.safetensors`` or shards with an index."""
 
     def __init__(self, path: str):
+        from verl.utils.safetensors_check import model_dir_problem
+
         index = os.path.join(path, SAFETENSORS_INDEX)
         single = os.path.join(path, SAFETENSORS_SINGLE)
+        problem = model_dir_problem(path) if os.path.isdir(path) else None
+        if problem is not None:  # a cut file would fail deep inside safetensors with its own error
+            raise WeightsError(f"HF checkpoint: {problem}")
         if os.path.isfile(index):
             with open(index, encoding="utf-8") as fh:
                 weight_map = json.load(fh).get("weight_map")

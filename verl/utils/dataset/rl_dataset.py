@@ -22,7 +22,40 @@ from verl.utils.logging_utils import get_logger
 logger = get_logger(__name__)
 
 REQUIRED_COLUMNS = ("data_source", "reward_model")
-TRUNCATION_MODES = ("error", "left", "right")
+TRUNCATION_MODES = ("error", "left", "right", "middle")
+# No tokenizer we know packs more characters than this into one token: a prompt longer than
+# max_prompt_length * MAX_CHARS_PER_TOKEN characters is over-long without tokenizing it, so a huge
+# row costs nothing (tokenizing one 64 MiB prompt took a rank to 13 GB).
+MAX_CHARS_PER_TOKEN = 64
+
+
+def row_problem(row: dict, prompt_key: str, need_ground_truth: bool) -> str | None:
+    """What makes ``row`` unusable as a verl RL prompt row (types, nulls), or None."""
+    prompt = row.get(prompt_key)
+    if prompt is None:
+        return f"{prompt_key}: expected a string or a list of chat messages, found null"
+    if isinstance(prompt, str):
+        pass
+    elif isinstance(prompt, (list, tuple)) and prompt and all(
+            isinstance(m, dict) and isinstance(m.get("content"), str) for m in prompt):
+        pass
+    else:
+        found = "an empty list" if isinstance(prompt, (list, tuple)) and not prompt else \
+            f"{type(prompt).__name__} {str(prompt)[:40]!r}"
+        return f"{prompt_key}: expected a string or a list of {{role, content}} messages, found {found}"
+    if not isinstance(row.get("data_source"), str):
+        return f"data_source: expected a string naming the reward function, found {row.get('data_source')!r}"
+    reward = row.get("reward_model")
+    if not isinstance(reward, dict):
+        return f"reward_model: expected a mapping with ground_truth, found {type(reward).__name__}"
+    if need_ground_truth and reward.get("ground_truth") is None:
+        return "reward_model.ground_truth: expected the answer a rule-based reward compares with, found null"
+    return None
+
+
+def prompt_chars(row: dict, prompt_key: str) -> int:
+    prompt = row[prompt_key]
+    return len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt)
 
 
 def _cfg(config: Any, key: str, default: Any) -> Any:
@@ -73,13 +106,17 @@ class RLHFDataset(Dataset):
             raise DatasetError("RLHFDataset: expected a tokenizer with a pad token, found pad_token_id=None")
 
         self.data_files = [data_files] if isinstance(data_files, str) else list(data_files)
+        if not self.data_files:
+            raise DatasetError("data files: expected at least one parquet file, found an empty list")
         self.rows: list[dict] = []
+        self._file_rows: list[tuple[str, int, int]] = []  # (path, first row, rows) to name a bad row's file
         for path in self.data_files:
             self.rows.extend(self._read(path))
 
         self.num_filtered = 0
         if self.filter_overlong_prompts:
-            kept = [row for row in self.rows if len(self._prompt_ids(row)) <= self.max_prompt_length]
+            kept = [row for row in self.rows if not self._raw_too_long(row)
+                    and len(self._prompt_ids(row)) <= self.max_prompt_length]
             self.num_filtered = len(self.rows) - len(kept)
             self.rows = kept
             logger.warning("RLHFDataset: filtered %d prompts longer than max_prompt_length=%d; %d remain",
@@ -89,11 +126,54 @@ class RLHFDataset(Dataset):
         try:
             table = pq.read_table(path)
         except (OSError, ValueError) as err:
-            raise DatasetError(f"RLHFDataset: cannot read parquet file {path}: {err}") from None
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise DatasetError(f"{path}: expected a parquet file, found unreadable data ({first})") from None
         missing = [c for c in (self.prompt_key,) + REQUIRED_COLUMNS if c not in table.column_names]
         if missing:
-            raise DatasetError(f"RLHFDataset: {path} lacks columns {missing}; found {table.column_names}")
-        return table.to_pylist()
+            raise DatasetError(f"{path}: expected columns {missing} (verl's RL format), found {table.column_names}")
+        try:
+            rows = table.to_pylist()
+        except UnicodeDecodeError as err:  # a binary column that is not UTF-8 text
+            raise DatasetError(f"RLHFDataset: {path}: expected UTF-8 text, found undecodable bytes ({err.reason})") \
+                from None
+        first = sum(count for _, _, count in self._file_rows)
+        self._file_rows.append((path, first, len(rows)))
+        return rows
+
+    def _raw_too_long(self, row: dict) -> bool:
+        return prompt_chars(row, self.prompt_key) > self.max_prompt_length * MAX_CHARS_PER_TOKEN
+
+    def check(self, min_rows: int = 1, need_ground_truth: bool = True) -> None:
+        """One pass over every row before training (verl train runs it before any rank starts): types
+        and nulls, and with ``truncation=error`` each prompt's length in tokens (a raw-size guard
+        first); at least ``min_rows`` rows (one batch) must remain. Raises one-line DatasetErrors."""
+        for index, row in enumerate(self.rows):
+            where = self._where(index)
+            problem = row_problem(row, self.prompt_key, need_ground_truth)
+            if problem is not None:
+                raise DatasetError(f"{where}: {problem}")
+            if self.truncation != "error" or self.filter_overlong_prompts:
+                continue
+            chars = prompt_chars(row, self.prompt_key)
+            if chars > self.max_prompt_length * MAX_CHARS_PER_TOKEN:
+                raise DatasetError(f"{where}: expected a prompt of <= data.max_prompt_length={self.max_prompt_length} "
+                                   f"tokens, found {chars} characters (set data.filter_overlong_prompts=True or "
+                                   f"data.truncation=left|right|middle)")
+            tokens = len(self._prompt_ids(row))
+            if tokens > self.max_prompt_length:
+                raise DatasetError(f"{where}: expected a prompt of <= data.max_prompt_length={self.max_prompt_length} "
+                                   f"tokens, found {tokens} (set data.filter_overlong_prompts=True or "
+                                   f"data.truncation=left|right|middle)")
+        if len(self.rows) < min_rows:
+            kept = f" after filtering {self.num_filtered} over-long prompts" if self.num_filtered else ""
+            raise DatasetError(f"{', '.join(self.data_files)}: expected at least {min_rows} rows (one batch), "
+                               f"found {len(self.rows)}{kept}")
+
+    def _where(self, index: int) -> str:
+        for path, first, count in self._file_rows:
+            if first <= index < first + count:
+                return f"{path} row {index - first}"
+        return f"row {index}"
 
     def prompt_text(self, row: dict) -> str:
         return render_prompt(row[self.prompt_key], self.tokenizer)
@@ -112,6 +192,9 @@ class RLHFDataset(Dataset):
                 ids = ids[-self.max_prompt_length :]
             elif self.truncation == "right":
                 ids = ids[: self.max_prompt_length]
+            elif self.truncation == "middle":  # verl: keep both ends, drop the middle
+                head = self.max_prompt_length // 2
+                ids = ids[:head] + ids[len(ids) - (self.max_prompt_length - head):]
             else:
                 raise DatasetError(
                     f"RLHFDataset: prompt {index} has {len(ids)} tokens, expected <= max_prompt_length="

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from verl.hybrid_engine.rollout_layout import kv_head_of_rank, kv_heads_per_rank, padded_vocab_size
 from verl.models.config import ModelConfig
 from verl.utils.checkpoint import CheckpointError
+from verl.utils.safetensors_check import model_dir_problem
 
 
 class SafetensorsCheckpoint:
@@ -25,6 +26,9 @@ class SafetensorsCheckpoint:
     def __init__(self, model_dir: str):
         index = os.path.join(model_dir, "model.safetensors.index.json")
         single = os.path.join(model_dir, "model.safetensors")
+        problem = model_dir_problem(model_dir) if os.path.isdir(model_dir) else None
+        if problem is not None:  # a cut file would fail deep inside safetensors with its own error
+            raise CheckpointError(f"HF checkpoint: {problem}")
         if os.path.isfile(index):
             with open(index, encoding="utf-8") as fh:
                 weight_map = json.load(fh)["weight_map"]

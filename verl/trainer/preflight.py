@@ -1,0 +1,76 @@
+"""Everything ``verl train`` can check before a rank starts: the tokenizer, the model directories,
+one pass over each dataset, an explicit resume checkpoint. Each problem is one ``ConfigError`` /
+``DatasetError`` / ``CheckpointError`` line (exit 2), so no rank ever starts on input it would
+fail on at step 3, and nothing is written for a run that cannot start."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from verl.utils.checkpoint import CheckpointError, checkpoint_problem
+from verl.utils.dataset.errors import DatasetError
+from verl.utils.safetensors_check import model_dir_problem
+
+
+class PreflightError(ValueError):
+    """Input that would make a rank fail: one line naming what was expected and what was found."""
+
+
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    if not os.path.isfile(os.path.join(path, "tokenizer_config.json")) and \
+            not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        raise PreflightError(f"data.tokenizer: expected a tokenizer directory (tokenizer.json or "
+                             f"tokenizer_config.json), found none in {path}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise PreflightError(f"data.tokenizer: expected a tokenizer transformers can load from {path}, "
+                             f"found: {first}") from None
+    if tokenizer.pad_token_id is None:
+        raise PreflightError(f"data.tokenizer: expected a pad token in {path}, found pad_token_id=None")
+    return tokenizer
+
+
+def check_model_dir(key: str, path: str | None) -> None:
+    """An HF model directory's safetensors are whole (a bare config.json means a seeded init)."""
+    if path and os.path.isdir(path):
+        problem = model_dir_problem(path)
+        if problem is not None:
+            raise PreflightError(f"{key}: {problem}")
+
+
+def check_datasets(config: Any, tokenizer: Any) -> None:
+    """One pass over the train and val files with the trainer's own dataset (verl's
+    filter_overlong_prompts / truncation semantics): a bad row fails here, not at step N."""
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    data = config.data
+    need_ground_truth = not config.reward_model.enable
+    train = RLHFDataset(data.train_files, tokenizer, data)
+    train.check(min_rows=data.train_batch_size, need_ground_truth=need_ground_truth)
+    if data.val_files:
+        RLHFDataset(data.val_files, tokenizer, data).check(min_rows=1, need_ground_truth=need_ground_truth)
+
+
+def preflight(config: Any) -> None:
+    """Raises PreflightError, DatasetError or CheckpointError (all ValueErrors: exit 2)."""
+    tokenizer = load_tokenizer(config.data.tokenizer)
+    check_model_dir("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path)
+    check_model_dir("critic.model.path", config.critic.model.path)
+    if config.reward_model.enable:
+        check_model_dir("reward_model.model.path", config.reward_model.model.path)
+    check_datasets(config, tokenizer)
+    trainer = config.trainer
+    if trainer.resume_mode not in ("auto", "disable"):
+        path = trainer.resume_from_path if trainer.resume_mode == "resume_path" else trainer.resume_mode
+        problem = checkpoint_problem(os.path.abspath(path))
+        if problem is not None:
+            key = "trainer.resume_from_path" if trainer.resume_mode == "resume_path" else "trainer.resume_mode"
+            raise CheckpointError(f"{key}: {problem}")
+
+
+__all__ = ["DatasetError", "PreflightError", "preflight"]
