@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 import verl
@@ -58,8 +59,43 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(module: str, argv: list[str]) -> int:
-    return int(importlib.import_module(module).main(argv) or 0)
+FULL_ERROR_ENV = "VERL_FULL_ERROR"  # =1: let tracebacks through (as Hydra's HYDRA_FULL_ERROR)
+# Input errors: the project's own error classes are ValueErrors (ConfigError, DatasetError,
+# CheckpointError, WeightsError, ModelConfigError, ...); missing or unreadable paths are OSErrors.
+INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+                PermissionError)
+
+
+def _one_line(err: BaseException) -> str:
+    text = (str(err).strip().splitlines() or [""])[0]
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        text = f"{err.filename}: {err.strerror}"
+    return text or type(err).__name__
+
+
+def _run(module: str, argv: list[str], name: str = "verl") -> int:
+    """A subcommand's ``main(argv)``: bad input is one line on stderr and exit 2; an internal error is
+    one line naming a file that holds the traceback, exit 1; Ctrl-C exits 130 without a traceback."""
+    if os.environ.get(FULL_ERROR_ENV) == "1":
+        return int(importlib.import_module(module).main(argv) or 0)
+    try:
+        return int(importlib.import_module(module).main(argv) or 0)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+    except INPUT_ERRORS as err:
+        print(f"{name}: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except Exception as err:  # noqa: BLE001 - one line for the user, the traceback in a file
+        import tempfile
+        import traceback
+
+        fd, path = tempfile.mkstemp(prefix=f"{name.replace(' ', '-')}-", suffix=".traceback")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write("".join(traceback.format_exception(err)))
+        print(f"{name}: internal error: {type(err).__name__}: {_one_line(err)} (traceback: {path}; "
+              f"{FULL_ERROR_ENV}=1 prints it)", file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command in COMMANDS:
-        return _run(COMMANDS[command][0], rest)
+        return _run(COMMANDS[command][0], rest, f"verl {command}")
     if command in GROUPS:
         children = GROUPS[command][1]
         if rest and rest[0] in children:
-            return _run(children[rest[0]][0], rest[1:])
+            return _run(children[rest[0]][0], rest[1:], f"verl {command} {rest[0]}")
         if not rest or rest[0] in ("-h", "--help"):
             parser.parse_args([command, "--help"])
             return 0

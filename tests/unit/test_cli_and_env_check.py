@@ -75,4 +75,4 @@ def test_bench_kernels_cli_writes_every_field(tmp_path):
 
 def test_bench_kernels_bad_sizes_exit_2(capsys):
     assert verl_main(["bench", "kernels", "--sizes-mb", "big"]) == 2
-    assert "--sizes-mb expects integers" in capsys.readouterr().err
+    assert "--sizes-mb: expected integers" in capsys.readouterr().err

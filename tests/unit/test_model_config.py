@@ -46,12 +46,12 @@ def test_bad_configs_name_the_key(change, fragment):
 
 
 def test_missing_key_and_missing_file(tmp_path):
-    with pytest.raises(ModelConfigError, match="'vocab_size' is missing"):
+    with pytest.raises(ModelConfigError, match="expected the key 'vocab_size', found it missing"):
         ModelConfig.from_dict({k: v for k, v in dict(model_type="qwen2", **_hf()).items() if k != "vocab_size"})
     with pytest.raises(ModelConfigError, match="to exist"):
         ModelConfig.from_pretrained(str(tmp_path))
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(ModelConfigError, match="not valid JSON"):
+    with pytest.raises(ModelConfigError, match="expected JSON, found invalid JSON"):
         ModelConfig.from_pretrained(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps(dict(model_type="qwen2", **_hf())))
     assert ModelConfig.from_pretrained(str(tmp_path)).vocab_size == 100

@@ -17,7 +17,7 @@ def data_args(tmp_path_factory):
     from verl.utils.dataset.arithmetic import build_char_tokenizer, generate_problems, make_row, write_parquet
 
     out = tmp_path_factory.mktemp("arith")
-    train, test = generate_problems(16, 8, seed=0)
+    train, test = generate_problems(80, 8, seed=0)  # at least one batch of the quickstart configs (64)
     write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], str(out / "train.parquet"))
     write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], str(out / "test.parquet"))
     build_char_tokenizer(str(out / "tokenizer"))
@@ -31,7 +31,8 @@ def no_ranks(monkeypatch):
     spawned = []
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr("verl.launcher.spawn.spawn_local", lambda nproc, argv: spawned.append((nproc, argv)) or 0)
+    monkeypatch.setattr("verl.launcher.spawn.spawn_local",
+                        lambda nproc, argv, **kwargs: spawned.append((nproc, argv)) or 0)
 
     def run_rank(config, dry_run):
         raise AssertionError("a rank was started")
@@ -112,7 +113,7 @@ def test_missing_data_and_bad_yaml_are_one_line_errors(data_args, no_ranks, caps
                   "data.train_files", "verl data arithmetic")
     path = tmp_path / "broken.yaml"
     path.write_text("data: [unclosed\n")
-    expect_exit_2(capsys, ["--config", str(path)], "not valid YAML")
+    expect_exit_2(capsys, ["--config", str(path)], "expected valid YAML")
     expect_exit_2(capsys, ["--config", GRPO, *data_args, "trainer.total_training_steps"], "expected key=value")
 
 

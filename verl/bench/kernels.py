@@ -271,7 +271,11 @@ def main(argv=None) -> int:
     try:
         sizes = [int(s) for s in args.sizes_mb.split(",") if s]
     except ValueError:
-        print(f"verl bench kernels: --sizes-mb expects integers like 1,16,64, found {args.sizes_mb!r}", file=sys.stderr)
+        print(f"verl bench kernels: --sizes-mb: expected integers like 1,16,64, found {args.sizes_mb!r}",
+              file=sys.stderr)
+        return 2
+    if args.repeats < 1:
+        print(f"verl bench kernels: --repeats: expected >= 1, found {args.repeats}", file=sys.stderr)
         return 2
     kinds = [k for k in args.cases.split(",") if k]
     unknown = [k for k in kinds if k not in CASE_GENERATORS]

@@ -210,7 +210,8 @@ class TrainingLayout:
         if config.intermediate_size % t:
             problems.append(f"intermediate_size={config.intermediate_size}")
         if problems:
-            raise LayoutError(f"training tp={t} does not divide " + ", ".join(problems))
+            raise LayoutError(f"training tp={t}: expected a divisor of the model's sizes, found it does not divide "
+                              + ", ".join(problems))
         if config.num_hidden_layers % self.pp:
             raise LayoutError(
                 f"training pp={self.pp}: expected a divisor of num_hidden_layers={config.num_hidden_layers}"

@@ -63,7 +63,8 @@ def check_rollout_tp(config: ModelConfig, tp_size: int) -> None:
     if padded_vocab_size(config.vocab_size) % tp_size:
         problems.append(f"padded vocab {padded_vocab_size(config.vocab_size)}")
     if problems:
-        raise RolloutLayoutError(f"rollout tp={tp_size} does not divide " + ", ".join(problems))
+        raise RolloutLayoutError(f"rollout tp={tp_size}: expected a divisor of the model's sizes, found it does not "
+                                 "divide " + ", ".join(problems))
 
 
 def kv_placement(config: ModelConfig, tp_size: int) -> Shard | Replicate:

@@ -92,7 +92,7 @@ class ModelConfig:
                 attention_bias=True if model_type == "qwen2" else bool(cfg.get("attention_bias", False)),
             )
         except KeyError as exc:
-            raise ModelConfigError(f"model config: required key {exc.args[0]!r} is missing") from None
+            raise ModelConfigError(f"model config: expected the key {exc.args[0]!r}, found it missing") from None
 
     @classmethod
     def from_pretrained(cls, path: str) -> ModelConfig:
@@ -104,5 +104,5 @@ class ModelConfig:
             try:
                 cfg = json.load(fh)
             except json.JSONDecodeError as exc:
-                raise ModelConfigError(f"model config: {file} is not valid JSON ({exc.msg})") from None
+                raise ModelConfigError(f"model config: {file}: expected JSON, found invalid JSON ({exc.msg})") from None
         return cls.from_dict(cfg)

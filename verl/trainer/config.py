@@ -252,8 +252,8 @@ def _unknown(key: str, schema: dict[str, Any], prefix: str) -> ConfigError:
     siblings = [prefix + k for k in schema]
     guess = difflib.get_close_matches(dotted, siblings, n=1) or difflib.get_close_matches(
         dotted, _all_keys(SCHEMA), n=1, cutoff=0.7)
-    hint = f"; did you mean '{guess[0]}'?" if guess else f"; expected one of {sorted(schema)}"
-    return ConfigError(f"{dotted}: unknown key{hint}")
+    expected = f"a known key (did you mean '{guess[0]}'?)" if guess else f"one of {sorted(schema)}"
+    return ConfigError(f"{dotted}: unknown key: expected {expected}, found '{key}'")
 
 
 def _type_names(field: Field) -> str:
@@ -515,7 +515,11 @@ def read_config_tree(path: str | None, overrides: Sequence[str], schema: dict[st
             except yaml.YAMLError as err:
                 mark = getattr(err, "problem_mark", None)
                 where = f" line {mark.line + 1}" if mark is not None else ""
-                raise ConfigError(f"{path}:{where} not valid YAML ({getattr(err, 'problem', err)})") from None
+                raise ConfigError(f"{path}:{where} expected valid YAML, found {getattr(err, 'problem', err)}") \
+                    from None
+            except UnicodeDecodeError as err:
+                raise ConfigError(f"{path}: expected UTF-8 YAML, found byte {err.object[err.start]:#04x} at offset "
+                                  f"{err.start}") from None
         merge_into_schema(cfg, loaded or {}, schema)
         config_dir = os.path.dirname(os.path.abspath(path))
         base_dir = os.path.dirname(config_dir) if os.path.basename(config_dir) == "configs" else config_dir

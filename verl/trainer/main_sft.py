@@ -51,10 +51,10 @@ SCHEMA: dict[str, Any] = {
         "prompt_dict_keys": field(None, list),
         "response_key": field("response", str),
         "response_dict_keys": field(None, list),
-        "max_length": field(64, int),
-        "train_batch_size": field(64, int),
-        "micro_batch_size_per_gpu": field(8, int),
-        "label_noise": field(0.0, float),
+        "max_length": field(64, int, ge=1),
+        "train_batch_size": field(64, int, ge=1),
+        "micro_batch_size_per_gpu": field(8, int, ge=1),
+        "label_noise": field(0.0, float, ge=0),
         "label_noise_mode": field("random", choices=LABEL_NOISE_MODES),
     },
     "model": {
@@ -62,31 +62,31 @@ SCHEMA: dict[str, Any] = {
         "tokenizer_path": field(None, str),
     },
     "optim": {
-        "lr": field(1e-4, float),
+        "lr": field(1e-4, float, gt=0),
         "betas": field([0.9, 0.95], list),
-        "weight_decay": field(0.01, float),
-        "warmup_steps_ratio": field(0.1, float),
-        "clip_grad": field(1.0, float),
+        "weight_decay": field(0.01, float, ge=0),
+        "warmup_steps_ratio": field(0.1, float, ge=0, le=1),
+        "clip_grad": field(1.0, float, ge=0),
         "lr_scheduler": field("cosine", choices=("constant", "linear", "cosine")),
-        "min_lr_ratio": field(0.0, float),
+        "min_lr_ratio": field(0.0, float, ge=0, le=1),
     },
     "megatron": {
-        "tensor_model_parallel_size": field(1, int),
-        "pipeline_model_parallel_size": field(1, int),
+        "tensor_model_parallel_size": field(1, int, ge=1),
+        "pipeline_model_parallel_size": field(1, int, ge=1),
     },
     "trainer": {
         "project_name": field("verl_hpc_sft", str),
         "experiment_name": field("sft", str),
-        "total_epochs": field(1, int),
-        "total_training_steps": field(None, int),
+        "total_epochs": field(1, int, ge=1),
+        "total_training_steps": field(None, int, ge=1),
         "output_dir": field("outputs/sft", str),
         "seed": field(1, int),
-        "nproc": field(1, int),
-        "logger": field(["console"], list),
-        "log_freq": field(50, int),
-        "test_freq": field(-1, int),
+        "nproc": field(1, int, ge=1),
+        "logger": field(["console"], list, str),
+        "log_freq": field(50, int, ge=1),
+        "test_freq": field(-1, int, ge=-1),
         "val_accuracy": field(True, bool),
-        "val_max_new_tokens": field(8, int),
+        "val_max_new_tokens": field(8, int, ge=1),
     },
 }
 
@@ -136,6 +136,8 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
         raise ConfigError(f"optim.lr: expected a positive learning rate, found {optim['lr']}")
     if len(optim["betas"]) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in optim["betas"]):
         raise ConfigError(f"optim.betas: expected two numbers in [0, 1), found {optim['betas']}")
+    if isinstance(trainer["logger"], str):
+        trainer["logger"] = [trainer["logger"]]
     for key in trainer["logger"]:
         if key not in LOGGERS:
             raise ConfigError(f"trainer.logger: expected entries among {list(LOGGERS)}, found {key!r}")

@@ -164,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     train, test = generate_problems(args.num_train, args.num_test, args.seed, args.ops)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise DatasetError(f"--out: expected a directory (new or existing), found a file at {args.out}")
     os.makedirs(args.out, exist_ok=True)
     write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], os.path.join(args.out, "train.parquet"))
     write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(args.out, "test.parquet"))

@@ -52,13 +52,18 @@ def _field(row: dict[str, Any], key: str, nested: list[str] | None, what: str) -
     return value
 
 
-def _as_text(value: Any, tokenizer: Any) -> str:
-    """A string, or chat messages rendered as the rollout renders them (RLHFDataset.prompt_text)."""
+def _as_text(value: Any, tokenizer: Any, where: str, what: str) -> str:
+    """A string, or chat messages rendered as the rollout renders them (RLHFDataset.prompt_text); a
+    response may also be a number (a ground-truth answer)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, (list, tuple)) and all(isinstance(m, dict) and "content" in m for m in value):
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(m, dict) and isinstance(m.get("content"), str) for m in value):
         return render_prompt(value, tokenizer)
-    return str(value)
+    if what == "response" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    found = "null" if value is None else f"{type(value).__name__} {str(value)[:40]!r}"
+    raise DatasetError(f"{where}: {what}: expected a string or a list of {{role, content}} messages, found {found}")
 
 
 def read_pairs(files: Sequence[str], data_cfg: dict[str, Any], tokenizer: Any) -> list[tuple]:
@@ -70,15 +75,18 @@ def read_pairs(files: Sequence[str], data_cfg: dict[str, Any], tokenizer: Any) -
         try:
             rows = pq.read_table(path).to_pylist()
         except (OSError, ValueError) as err:
-            raise DatasetError(f"data: cannot read parquet file {path}: {err}") from None
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise DatasetError(f"{path}: expected a parquet file, found unreadable data ({first})") from None
         for key, what in ((data_cfg["prompt_key"], "prompt"), (data_cfg["response_key"], "response")):
             if rows and key not in rows[0]:
                 raise DatasetError(f"data.{what}_key: expected a column of {path}, found {key!r} missing "
                                    f"(columns: {sorted(rows[0])})")
-        for row in rows:
+        for index, row in enumerate(rows):
             prompt = _field(row, data_cfg["prompt_key"], data_cfg["prompt_dict_keys"], "prompt")
             response = _field(row, data_cfg["response_key"], data_cfg["response_dict_keys"], "response")
-            pairs.append((_as_text(prompt, tokenizer), _as_text(response, tokenizer)))
+            where = f"{path} row {index}"
+            pairs.append((_as_text(prompt, tokenizer, where, "prompt"),
+                          _as_text(response, tokenizer, where, "response")))
     if not pairs:
         raise DatasetError(f"data: expected at least one row in {list(files)}, found none")
     return pairs
