@@ -1,0 +1,69 @@
+"""Auto-resume never trusts a cut checkpoint: a manifest with every file's size is written last, and
+a bad latest checkpoint (a cut shard, a garbled state file or latest_checkpointed_iteration.txt)
+gives one warning naming the bad file and the newest complete checkpoint is used instead."""
+
+import json
+import logging
+
+import pytest
+
+from verl.utils import checkpoint as ckpt
+
+pytestmark = pytest.mark.unit
+
+
+def _fake_checkpoint(root, step, shard_bytes=100):
+    path = root / f"global_step_{step}"
+    (path / "actor").mkdir(parents=True)
+    (path / "actor" / "__0_0.distcp").write_bytes(b"w" * shard_bytes)
+    (path / ckpt.STATE_FILE).write_text(json.dumps({"step": step}))
+    ckpt.write_manifest(str(path))
+    (root / ckpt.LATEST_FILE).write_text(f"{step}\n")
+    return path
+
+
+@pytest.fixture
+def verl_warnings(caplog, monkeypatch):
+    monkeypatch.setenv("VERL_LOGGING_ALL_RANKS", "1")
+    caplog.set_level(logging.WARNING, logger="verl")
+    return caplog
+
+
+def test_complete_latest_checkpoint_is_used(tmp_path):
+    _fake_checkpoint(tmp_path, 2)
+    latest = _fake_checkpoint(tmp_path, 4)
+    assert ckpt.find_resume_dir(str(tmp_path), "auto") == str(latest)
+    assert ckpt.checkpoint_problem(str(latest)) is None
+
+
+@pytest.mark.parametrize("damage, bad_file", [
+    (lambda p: (p / "actor" / "__0_0.distcp").write_bytes(b"w" * 10), "__0_0.distcp"),
+    (lambda p: (p / "actor" / "__0_0.distcp").unlink(), "__0_0.distcp"),
+    (lambda p: (p / ckpt.STATE_FILE).write_text("{garbled"), ckpt.STATE_FILE),
+    (lambda p: (p / ckpt.MANIFEST_FILE).write_text("[1, 2"), ckpt.MANIFEST_FILE),
+])
+def test_a_cut_latest_checkpoint_falls_back_to_the_newest_complete_one(tmp_path, verl_warnings, damage, bad_file):
+    previous = _fake_checkpoint(tmp_path, 2)
+    damage(_fake_checkpoint(tmp_path, 4))
+    assert ckpt.find_resume_dir(str(tmp_path), "auto") == str(previous)
+    warned = [r.getMessage() for r in verl_warnings.records if "incomplete" in r.getMessage()]
+    assert len(warned) == 1 and bad_file in warned[0] and str(previous) in warned[0], warned
+
+
+def test_a_garbled_latest_file_falls_back_too(tmp_path, verl_warnings):
+    newest = _fake_checkpoint(tmp_path, 3)
+    (tmp_path / ckpt.LATEST_FILE).write_text("three\n")
+    assert ckpt.find_resume_dir(str(tmp_path), "auto") == str(newest)
+    assert any(ckpt.LATEST_FILE in r.getMessage() for r in verl_warnings.records)
+
+
+def test_no_complete_checkpoint_starts_over_with_a_warning_and_explicit_ones_raise(tmp_path, verl_warnings):
+    bad = _fake_checkpoint(tmp_path, 5)
+    (bad / "actor" / "__0_0.distcp").write_bytes(b"")
+    assert ckpt.find_resume_dir(str(tmp_path), "auto") is None
+    assert any("starting over" in r.getMessage() for r in verl_warnings.records)
+    with pytest.raises(ckpt.CheckpointError, match="expected 100 bytes, found 0"):
+        ckpt.find_resume_dir(str(tmp_path), str(bad))
+    with pytest.raises(ckpt.CheckpointError, match="trainer.resume_from_path"):
+        ckpt.find_resume_dir(str(tmp_path), "resume_path", str(bad))
+    assert ckpt.find_resume_dir(str(tmp_path / "empty"), "auto") is None
