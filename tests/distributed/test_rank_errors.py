@@ -1,0 +1,55 @@
+"""A rank that fails mid-run ends the job with one line naming it, not a wall of tracebacks.
+
+`verl train` on 2 local ranks whose custom reward function raises a ValueError at step 1 (input
+the pre-flight checks cannot see): the launcher exits 2 with exactly one stderr line
+``verl train: rank R: ValueError: ...``, no traceback on the console, and the rank's traceback is
+in ``<output_dir>/logs/train.rank<R>.traceback``. An internal error (a RuntimeError) exits 1.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def data_args(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arith")
+    subprocess.run([sys.executable, "-m", "verl.cli", "data", "arithmetic", "--out", str(out), "--num-train", "64",
+                    "--num-test", "16"], cwd=REPO, check=True, capture_output=True)
+    return [f"data.train_files={out / 'train.parquet'}", f"data.val_files={out / 'test.parquet'}",
+            f"data.tokenizer={out / 'tokenizer'}"]
+
+
+@pytest.mark.parametrize("error, code", [("ValueError", 2), ("RuntimeError", 1)])
+def test_a_failing_rank_is_one_line_with_its_traceback_in_the_log(tmp_path, data_args, error, code):
+    reward = tmp_path / "reward.py"
+    reward.write_text(f"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      f"    raise {error}('reward server said no')\n")
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMIX_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl.cli", "train", "--config", os.path.join(REPO, "configs", "grpo_arith_tiny.yaml"),
+         *data_args, f"trainer.output_dir={out}", "trainer.val_before_train=false", "trainer.total_training_steps=1",
+         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
+         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
+         f"custom_reward_function.path={reward}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == code, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(lines) == 1, proc.stderr
+    match = re.fullmatch(rf"verl train: rank (\d): {error}: reward server said no \(traceback: (\S+)\)", lines[0])
+    assert match, lines[0]
+    trace = match.group(2)
+    assert trace == str(out / "logs" / f"train.rank{match.group(1)}.traceback")
+    assert "compute_score" in open(trace, encoding="utf-8").read()
