@@ -40,3 +40,28 @@ def left_pad(prompts, pad_id: int = 0):
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
     return ids, mask
+
+
+def alive_pids(pids):
+    """The pids among ``pids`` that are still running (zombies count as gone)."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def arithmetic_data_args(out, num_train: int = 64, num_test: int = 16) -> list:
+    """The arithmetic task written to ``out`` (`verl data arithmetic`) as verl train's data overrides."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "verl.cli", "data", "arithmetic", "--out", str(out), "--num-train",
+                    str(num_train), "--num-test", str(num_test)], check=True, capture_output=True)
+    return [f"data.train_files={out}/train.parquet", f"data.val_files={out}/test.parquet",
+            f"data.tokenizer={out}/tokenizer"]

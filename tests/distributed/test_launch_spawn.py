@@ -118,8 +118,12 @@ def test_survivor_exits_nonzero_on_its_own_when_a_peer_dies(token, tmp_path):
 def test_two_ranks_all_reduce_report_and_listen_on_loopback_only(token, tmp_path):
     proc = spawn(token, 2, "--steps", "200", "--step-seconds", "0.05",
                  "--checkpoint-dir", str(tmp_path))
-    listening = []
+    listening, lines = [], []
     try:
+        for line in proc.stdout:  # the ranks are stepping, so their preemption handlers are installed
+            lines.append(line)
+            if '"event": "step"' in line:
+                break
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and proc.poll() is None:
             listening = listening_addresses(pids_with_token(token))
@@ -128,7 +132,8 @@ def test_two_ranks_all_reduce_report_and_listen_on_loopback_only(token, tmp_path
             time.sleep(0.2)
     finally:
         proc.send_signal(signal.SIGUSR1)  # preempt: every rank stops cleanly
-        out, _ = proc.communicate(timeout=60)
+        rest, _ = proc.communicate(timeout=60)
+    out = "".join(lines) + rest
     assert proc.returncode == 0, out
     hello = {rank: ev for rank, ev in events(out) if ev["event"] == "hello"}
     assert sorted(hello) == [0, 1], out
@@ -223,15 +228,10 @@ def test_run_ranks_ranks_die_with_a_killed_parent():
         parent.kill()
         parent.wait(timeout=10)
 
+        from tiny_models import alive_pids
+
         def alive():
-            out = []
-            for pid in pids:
-                try:
-                    if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                        out.append(pid)
-                except psutil.NoSuchProcess:
-                    pass
-            return out
+            return alive_pids(pids)
 
         deadline = time.monotonic() + 5
         while alive() and time.monotonic() < deadline:

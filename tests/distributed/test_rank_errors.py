@@ -15,16 +15,14 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
+from tiny_models import arithmetic_data_args  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def data_args(tmp_path_factory):
-    out = tmp_path_factory.mktemp("arith")
-    subprocess.run([sys.executable, "-m", "verl.cli", "data", "arithmetic", "--out", str(out), "--num-train", "64",
-                    "--num-test", "16"], cwd=REPO, check=True, capture_output=True)
-    return [f"data.train_files={out / 'train.parquet'}", f"data.val_files={out / 'test.parquet'}",
-            f"data.tokenizer={out / 'tokenizer'}"]
+    return arithmetic_data_args(tmp_path_factory.mktemp("arith"))
 
 
 @pytest.mark.parametrize("error, code", [("ValueError", 2), ("RuntimeError", 1)])

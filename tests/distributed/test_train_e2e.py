@@ -17,6 +17,8 @@ import pytest
 pytest.importorskip("megatron.core")
 psutil = pytest.importorskip("psutil")
 
+from tiny_models import arithmetic_data_args  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN_TIMEOUT_S = 240
 
@@ -35,11 +37,7 @@ NONDETERMINISTIC_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/throughp
 
 @pytest.fixture(scope="module")
 def arithmetic_data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("arith")
-    subprocess.run([sys.executable, "-m", "verl.cli", "data", "arithmetic", "--out", str(out), "--num-train", "64",
-                    "--num-test", "16"], cwd=REPO, check=True, capture_output=True)
-    return [f"data.train_files={out / 'train.parquet'}", f"data.val_files={out / 'test.parquet'}",
-            f"data.tokenizer={out / 'tokenizer'}"]
+    return arithmetic_data_args(tmp_path_factory.mktemp("arith"))
 
 
 def _env():

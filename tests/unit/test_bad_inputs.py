@@ -109,6 +109,11 @@ def _sft(w, *extra):
             "data.micro_batch_size_per_gpu=50", *extra]
 
 
+def _bad_train(name):
+    """verl train on one of the broken copies of the train file."""
+    return lambda w: _train(w, f"data.train_files={w['bad'] / (name + '.parquet')}")
+
+
 # (case id, argv builder, text the one line must contain)
 CASES = [
     # --- verl train: overrides
@@ -159,26 +164,26 @@ CASES = [
     # --- verl train: datasets
     ("train_files empty list", lambda w: _train(w, "data.train_files=[]"), "expected at least one parquet file"),
     ("train file missing", lambda w: _train(w, "data.train_files=/nonexistent.parquet"), "expected an existing"),
-    ("null prompt", lambda w: _train(w, f"data.train_files={w['bad'] / 'null_prompt.parquet'}"), "row 5: prompt"),
-    ("integer prompts", lambda w: _train(w, f"data.train_files={w['bad'] / 'int_prompt.parquet'}"), "found int"),
-    ("empty message lists", lambda w: _train(w, f"data.train_files={w['bad'] / 'empty_messages.parquet'}"),
+    ("null prompt", _bad_train("null_prompt"), "row 5: prompt"),
+    ("integer prompts", _bad_train("int_prompt"), "found int"),
+    ("empty message lists", _bad_train("empty_messages"),
      "found an empty list"),
-    ("over-long row 133", lambda w: _train(w, f"data.train_files={w['bad'] / 'long_row_133.parquet'}"),
+    ("over-long row 133", _bad_train("long_row_133"),
      "row 133: expected a prompt of <= data.max_prompt_length=8 tokens"),
-    ("8 MiB prompt", lambda w: _train(w, f"data.train_files={w['bad'] / 'huge_row.parquet'}"), "characters"),
-    ("null ground truth", lambda w: _train(w, f"data.train_files={w['bad'] / 'null_ground_truth.parquet'}"),
+    ("8 MiB prompt", _bad_train("huge_row"), "characters"),
+    ("null ground truth", _bad_train("null_ground_truth"),
      "ground_truth"),
-    ("null data_source", lambda w: _train(w, f"data.train_files={w['bad'] / 'null_data_source.parquet'}"),
+    ("null data_source", _bad_train("null_data_source"),
      "data_source"),
-    ("fewer rows than a batch", lambda w: _train(w, f"data.train_files={w['bad'] / 'few_rows.parquet'}"),
+    ("fewer rows than a batch", _bad_train("few_rows"),
      "expected at least 64 rows (one batch), found 10"),
-    ("zero rows", lambda w: _train(w, f"data.train_files={w['bad'] / 'zero_rows.parquet'}"), "found 0"),
-    ("no prompt column", lambda w: _train(w, f"data.train_files={w['bad'] / 'no_prompt_column.parquet'}"),
+    ("zero rows", _bad_train("zero_rows"), "found 0"),
+    ("no prompt column", _bad_train("no_prompt_column"),
      "expected columns ['prompt']"),
-    ("empty file", lambda w: _train(w, f"data.train_files={w['bad'] / 'empty.parquet'}"), "expected a parquet"),
-    ("csv renamed parquet", lambda w: _train(w, f"data.train_files={w['bad'] / 'csv.parquet'}"),
+    ("empty file", _bad_train("empty"), "expected a parquet"),
+    ("csv renamed parquet", _bad_train("csv"),
      "expected a parquet"),
-    ("cut parquet", lambda w: _train(w, f"data.train_files={w['bad'] / 'cut.parquet'}"), "expected a parquet"),
+    ("cut parquet", _bad_train("cut"), "expected a parquet"),
     ("bad val file", lambda w: _train(w, f"data.val_files={w['bad'] / 'null_prompt.parquet'}"), "row 5"),
     # --- verl sft
     ("sft clip_grad negative", lambda w: _sft(w, "optim.clip_grad=-1"), "optim.clip_grad"),

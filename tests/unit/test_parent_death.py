@@ -10,20 +10,13 @@ import time
 
 import psutil
 import pytest
+from tiny_models import alive_pids
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
 
-def alive(pids):
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+alive = alive_pids
 
 
 def wait_for(predicate, timeout_s, what):
