@@ -100,6 +100,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["verl", "verl.*", "launch", "launch.*"]),
     include_package_data=True,
+    package_data={"verl.trainer.config": ["*.yaml"]},  # the packaged defaults (--config-path=config)
     install_requires=_requirements("requirements.txt"),
     extras_require={
         # The CPU path of this project's machines and CI: the local CPU wheel of torch.

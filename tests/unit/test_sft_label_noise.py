@@ -43,7 +43,7 @@ def test_drop_carry_noise_relabels_that_fraction_of_the_carry_problems_only():
 
 def test_label_noise_mode_is_validated(tmp_path):
     with pytest.raises(ConfigError, match="label_noise_mode"):
-        main_sft.read_config_tree(None, ["data.label_noise_mode=forget"], main_sft.SCHEMA)
+        main_sft.read_sft_config_tree(None, ["data.label_noise_mode=forget"])
 
 
 def _local_env():

@@ -1,5 +1,12 @@
 """`verl train --config F [key=value ...] [--dry-run]`: PPO-family RL training.
 
+verl's own command line works too, with Hydra's override grammar (``k=v``, ``+k=v``, ``~k``, lists)::
+
+    python3 -m verl.trainer.main_ppo --config-path=config --config-name=ppo_megatron_trainer.yaml k=v ... [--cfg job]
+
+``--config-path`` is relative to this file (``config`` = the packaged defaults, ``verl/trainer/config``) or
+absolute; ``--config F`` merges F over the defaults; ``--cfg job`` prints the resolved config and exits.
+
 The config is loaded and validated first; a bad one prints one line and exits 2 before any rank
 starts. Then:
 - under Slurm / torchrun / mpirun (the launcher set the rank variables) this process is one rank;
@@ -35,7 +42,12 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="verl train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="trainer YAML (e.g. configs/grpo_arith_tiny.yaml)")
+    parser.add_argument("--config", help="a trainer YAML merged over the defaults (e.g. configs/grpo_arith_tiny.yaml)")
+    parser.add_argument("--config-path", "-cp", dest="config_path", metavar="DIR",
+                        help="Hydra's config directory: absolute, or relative to verl/trainer/ (verl's `config`)")
+    parser.add_argument("--config-name", "-cn", dest="config_name", default="ppo_megatron_trainer", metavar="NAME",
+                        help="Hydra's config name in --config-path (default: ppo_megatron_trainer)")
+    parser.add_argument("--cfg", choices=("job",), help="print the resolved config (Hydra's --cfg job) and exit")
     parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
                         help="one step without weight updates")
     parser.add_argument("--log_dir", "--log-dir", dest="log_dir", metavar="DIR",
@@ -160,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from verl.launcher.env import LaunchError, discover
     from verl.trainer.config import ConfigError, load_config, world_size
+    from verl.trainer.config.loader import config_dir_from_cli
 
     try:
         env = discover()
@@ -168,10 +181,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG_ERROR
     launched = env.source != "local"
     try:
-        config = load_config(args.config, args.overrides, launcher_world_size=env.world_size if launched else None)
+        config = load_config(args.config, args.overrides, launcher_world_size=env.world_size if launched else None,
+                             config_dir=config_dir_from_cli(args.config_path, __file__),
+                             config_name=args.config_name, resolve_only=args.cfg == "job")
     except ConfigError as err:
         print(f"verl train: config error: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    if args.cfg == "job":
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(config), end="")
+        return 0
     from verl.trainer.preflight import preflight
 
     try:

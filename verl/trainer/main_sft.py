@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from verl.trainer.config import ConfigError, field, read_config_tree, resolve_path
+from verl.trainer.config.loader import PACKAGED_CONFIG_DIR, ConfigError, Rule, compose, resolve_path, rule
 from verl.trainer.sft_trainer import run_rank, total_steps
 from verl.utils.dataset.errors import DatasetError
 from verl.utils.dataset.sft_dataset import prepare_data
@@ -43,52 +43,40 @@ USAGE_ERROR = 2
 LOGGERS = ("console", "tensorboard")
 LABEL_NOISE_MODES = ("random", "drop_carry")
 
-SCHEMA: dict[str, Any] = {
-    "data": {
-        "train_files": field(None, str, list),
-        "val_files": field(None, str, list),
-        "prompt_key": field("prompt", str),
-        "prompt_dict_keys": field(None, list),
-        "response_key": field("response", str),
-        "response_dict_keys": field(None, list),
-        "max_length": field(64, int, ge=1),
-        "train_batch_size": field(64, int, ge=1),
-        "micro_batch_size_per_gpu": field(8, int, ge=1),
-        "label_noise": field(0.0, float, ge=0),
-        "label_noise_mode": field("random", choices=LABEL_NOISE_MODES),
-    },
-    "model": {
-        "path": field(None, str),
-        "tokenizer_path": field(None, str),
-    },
-    "optim": {
-        "lr": field(1e-4, float, gt=0),
-        "betas": field([0.9, 0.95], list),
-        "weight_decay": field(0.01, float, ge=0),
-        "warmup_steps_ratio": field(0.1, float, ge=0, le=1),
-        "clip_grad": field(1.0, float, ge=0),
-        "lr_scheduler": field("cosine", choices=("constant", "linear", "cosine")),
-        "min_lr_ratio": field(0.0, float, ge=0, le=1),
-    },
-    "megatron": {
-        "tensor_model_parallel_size": field(1, int, ge=1),
-        "pipeline_model_parallel_size": field(1, int, ge=1),
-    },
-    "trainer": {
-        "project_name": field("verl_hpc_sft", str),
-        "experiment_name": field("sft", str),
-        "total_epochs": field(1, int, ge=1),
-        "total_training_steps": field(None, int, ge=1),
-        "output_dir": field("outputs/sft", str),
-        "seed": field(1, int),
-        "nproc": field(1, int, ge=1),
-        "logger": field(["console"], list, str),
-        "log_freq": field(50, int, ge=1),
-        "test_freq": field(-1, int, ge=-1),
-        "val_accuracy": field(True, bool),
-        "val_max_new_tokens": field(8, int, ge=1),
-    },
+CONFIG_NAME = "sft_trainer"  # verl/trainer/config/sft_trainer.yaml: the keys and their defaults
+RULES: dict[str, Rule] = {
+    "data.train_files": rule(str, list),
+    "data.val_files": rule(str, list),
+    "data.prompt_dict_keys": rule(list),
+    "data.response_dict_keys": rule(list),
+    "data.max_length": rule(ge=1),
+    "data.train_batch_size": rule(ge=1),
+    "data.micro_batch_size_per_gpu": rule(ge=1),
+    "data.label_noise": rule(ge=0),
+    "data.label_noise_mode": rule(choices=LABEL_NOISE_MODES),
+    "model.path": rule(str),
+    "model.tokenizer_path": rule(str),
+    "optim.lr": rule(gt=0),
+    "optim.weight_decay": rule(ge=0),
+    "optim.warmup_steps_ratio": rule(ge=0, le=1),
+    "optim.clip_grad": rule(ge=0),
+    "optim.lr_scheduler": rule(choices=("constant", "linear", "cosine")),
+    "optim.min_lr_ratio": rule(ge=0, le=1),
+    "megatron.tensor_model_parallel_size": rule(ge=1),
+    "megatron.pipeline_model_parallel_size": rule(ge=1),
+    "trainer.total_epochs": rule(ge=1),
+    "trainer.total_training_steps": rule(int, ge=1),
+    "trainer.nproc": rule(ge=1),
+    "trainer.logger": rule(list, str),
+    "trainer.log_freq": rule(ge=1),
+    "trainer.test_freq": rule(ge=-1),
+    "trainer.val_max_new_tokens": rule(ge=1),
 }
+
+
+def read_sft_config_tree(path: str | None, overrides: Sequence[str] = ()) -> tuple[dict[str, Any], str]:
+    """The packaged SFT defaults <- YAML file <- overrides, types and ranges checked (no file checks)."""
+    return compose(PACKAGED_CONFIG_DIR, CONFIG_NAME, path, overrides, RULES)
 
 
 # ----------------------------------------------------------------------------- config
@@ -99,7 +87,7 @@ def load_sft_config(path: str | None, overrides: Sequence[str] = (),
     Relative paths resolve against the working directory first, then the repository root (the
     directory above ``configs/``). Raises one :class:`ConfigError` naming the key.
     """
-    cfg, base_dir = read_config_tree(path, overrides, SCHEMA)
+    cfg, base_dir = read_sft_config_tree(path, overrides)
 
     data = cfg["data"]
     for key in ("train_files", "val_files"):

@@ -30,6 +30,7 @@ from verl.utils.torch_dtypes import DTYPES
 from verl.workers.role_utils import (
     ACTOR_FIELDS,
     batch_fields,
+    engine_options,
     ensure_megatron,
     global_batch_info,
     load_initial_weights,
@@ -99,12 +100,13 @@ class ActorRolloutRefWorker(Worker):
         self.dp_size = mpu.get_data_parallel_world_size()
 
         engine = MegatronEngine(self.model_config, optim=optim_config(arr.actor.optim, total_training_steps,
-                                                                      mega.use_distributed_optimizer))
+                                                                      mega.use_distributed_optimizer),
+                                **engine_options(mega, arr.model))
         load_initial_weights(engine, arr.model.path, self.model_config, "lm")
         self.actor = MegatronActor(engine, micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu)
         self.ref = None
         if role == "actor_rollout_ref":
-            ref_engine = MegatronEngine(self.model_config, optim=None)
+            ref_engine = MegatronEngine(self.model_config, optim=None, **engine_options(arr.ref.megatron))
             actor_params = dict(engine.module.named_parameters())
             with torch.no_grad():
                 for name, param in ref_engine.module.named_parameters():

@@ -18,6 +18,7 @@ from verl.trainer.ppo import core_algos
 from verl.workers.role_utils import (
     ACTOR_FIELDS,
     batch_fields,
+    engine_options,
     ensure_megatron,
     global_batch_info,
     load_initial_weights,
@@ -54,13 +55,14 @@ class CriticWorker(Worker):
 
         self.config = config.critic
         self.n = config.actor_rollout_ref.rollout.n
-        mega = config.actor_rollout_ref.actor.megatron
+        mega = self.config.megatron  # the actor's layout (checked at config time: one parallel state per process)
         ensure_megatron(mega.tensor_model_parallel_size, mega.pipeline_model_parallel_size, mega.seed)
         self.dp_size = mpu.get_data_parallel_world_size()
         model_config = ModelConfig.from_pretrained(self.config.model.path)
         engine = MegatronEngine(model_config, head="value",
                                 optim=optim_config(self.config.optim, total_training_steps,
-                                                   mega.use_distributed_optimizer))
+                                                   mega.use_distributed_optimizer),
+                                **engine_options(mega))
         load_initial_weights(engine, self.config.model.path, model_config, "value")
         self.critic = MegatronCritic(engine, micro_batch_size=self.config.ppo_micro_batch_size_per_gpu)
 

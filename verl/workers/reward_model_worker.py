@@ -27,7 +27,14 @@ import torch
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, register
-from verl.workers.role_utils import ACTOR_FIELDS, batch_fields, ensure_megatron, load_initial_weights, megatron_mesh
+from verl.workers.role_utils import (
+    ACTOR_FIELDS,
+    batch_fields,
+    engine_options,
+    ensure_megatron,
+    load_initial_weights,
+    megatron_mesh,
+)
 
 
 def token_level_rm_scores(scores: torch.Tensor, attention_mask: torch.Tensor, response_length: int) -> torch.Tensor:
@@ -73,7 +80,8 @@ class RewardModelWorker(Worker):
         model_config = ModelConfig.from_pretrained(path)
         if self.rm is None or self.rm.engine.config != model_config:
             # Forward-only: rebuilding costs one model's memory, no optimizer state is lost.
-            self.rm = MegatronRewardModel(MegatronEngine(model_config, head="score", optim=None),
+            self.rm = MegatronRewardModel(MegatronEngine(model_config, head="score", optim=None,
+                                                         **engine_options(self.config.megatron)),
                                           micro_batch_size=self.config.micro_batch_size_per_gpu)
         load_initial_weights(self.rm.engine, path, model_config, "score")
         self.model_path = path

@@ -39,12 +39,34 @@ def megatron_mesh() -> MeshRank:
                     mpu.is_pipeline_last_stage() and mpu.get_tensor_model_parallel_rank() == 0)
 
 def optim_config(optim: Any, total_training_steps: int, use_distributed_optimizer: bool = False):
+    """verl's ``*.optim`` keys as the engine's OptimConfig. Warm-up as verl: ``lr_warmup_steps`` when >= 0, else
+    ``lr_warmup_steps_ratio`` of the total steps; decay over ``lr_decay_steps`` (null: the total steps)."""
     from verl.engine.megatron.engine import OptimConfig
 
+    total = max(1, total_training_steps)
+    warmup = optim.lr_warmup_steps if optim.get("lr_warmup_steps", 0) >= 0 \
+        else int(optim.get("lr_warmup_steps_ratio", 0.0) * total)
     return OptimConfig(lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
-                       betas=tuple(optim.betas), clip_grad=optim.clip_grad, lr_warmup_steps=optim.lr_warmup_steps,
-                       total_training_steps=max(1, total_training_steps), lr_decay_style=optim.lr_decay_style,
+                       betas=tuple(optim.betas), clip_grad=optim.clip_grad, lr_warmup_steps=warmup,
+                       lr_warmup_init=optim.get("lr_warmup_init", 0.0), total_training_steps=total,
+                       lr_decay_steps=optim.get("lr_decay_steps"), lr_decay_style=optim.lr_decay_style,
                        use_distributed_optimizer=use_distributed_optimizer)
+
+
+def engine_options(megatron: Any, model: Any = None) -> dict[str, Any]:
+    """MegatronEngine keyword arguments from a role's verl ``megatron`` section (and the actor's ``model``):
+    the params dtype, sequence parallelism and ``override_transformer_config`` (null entries dropped);
+    ``model.enable_gradient_checkpointing`` turns on full activation recompute of every layer, as verl's
+    Megatron workers do unless the overrides say otherwise."""
+    from verl.utils.torch_dtypes import DTYPES
+
+    overrides = {k: v for k, v in dict(megatron.get("override_transformer_config") or {}).items() if v is not None}
+    if model is not None and model.get("enable_gradient_checkpointing") and "recompute_granularity" not in overrides:
+        overrides.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    return {"params_dtype": DTYPES[megatron.get("dtype", "float32")],
+            "sequence_parallel": bool(megatron.get("sequence_parallel", False)),
+            "transformer_overrides": overrides}
+
 
 def load_initial_weights(engine: Any, model_path: str, model_config: ModelConfig, head: str) -> None:
     """An HF directory's safetensors into ``engine``; a bare config.json keeps Megatron's seeded init."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,7 +46,9 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     clip_grad: float = 1.0
     lr_warmup_steps: int = 0
+    lr_warmup_init: float = 0.0
     total_training_steps: int = 1
+    lr_decay_steps: int | None = None  # None: total_training_steps
     lr_decay_style: str = "constant"  # constant | linear | cosine
     use_distributed_optimizer: bool = False
 
@@ -70,13 +73,16 @@ def split_micro_batches(batch: Batch, micro_batch_size: int) -> list[dict[str, t
 
 class MegatronEngine:
     def __init__(self, config: ModelConfig, head: str = "lm", optim: OptimConfig | None = None, *,
-                 params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False):
+                 params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False,
+                 transformer_overrides: Mapping[str, Any] | None = None):
         from megatron.core import parallel_state as mpu
 
         self.config = config
         self.head = head
         self.optim_config = optim
-        module = build_gpt_model(config, head, params_dtype=params_dtype, sequence_parallel=sequence_parallel)
+        # transformer_overrides: verl's megatron.override_transformer_config (e.g. activation recompute).
+        module = build_gpt_model(config, head, params_dtype=params_dtype, sequence_parallel=sequence_parallel,
+                                 **dict(transformer_overrides or {}))
         self.tf_config = module.config
         self.optimizer = None
         self.scheduler = None
@@ -107,8 +113,9 @@ class MegatronEngine:
             bf16=params_dtype == torch.bfloat16, fp16=params_dtype == torch.float16, params_dtype=params_dtype,
             use_distributed_optimizer=optim.use_distributed_optimizer), [model])
         scheduler = OptimizerParamScheduler(
-            optimizer, init_lr=0.0 if optim.lr_warmup_steps else optim.lr, max_lr=optim.lr, min_lr=optim.min_lr,
-            lr_warmup_steps=optim.lr_warmup_steps, lr_decay_steps=optim.total_training_steps,
+            optimizer, init_lr=optim.lr_warmup_init if optim.lr_warmup_steps else optim.lr, max_lr=optim.lr,
+            min_lr=optim.min_lr, lr_warmup_steps=optim.lr_warmup_steps,
+            lr_decay_steps=max(optim.lr_decay_steps or optim.total_training_steps, optim.lr_warmup_steps + 1),
             lr_decay_style=optim.lr_decay_style, start_wd=optim.weight_decay, end_wd=optim.weight_decay,
             wd_incr_steps=optim.total_training_steps, wd_incr_style="constant")
         return model, optimizer, scheduler

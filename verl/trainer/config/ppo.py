@@ -1,320 +1,230 @@
-"""The trainer config: verl's key names, one schema, validated once at load.
+"""The PPO trainer config: verl's ``ppo_megatron_trainer.yaml`` keys, checked once before any rank starts.
 
-``load_config(path, overrides)`` reads a YAML file (``yaml.safe_load`` with YAML 1.2 floats, so ``1e-6`` is a
-float as in verl), merges it over the
-defaults below, applies dotted CLI overrides (``algorithm.adv_estimator=grpo``; values parse as
-YAML scalars), and validates everything before any rank starts:
+``load_config(path, overrides)`` composes the packaged defaults (``verl/trainer/config/ppo_megatron_trainer.yaml``,
+or ``config_dir``/``config_name`` as Hydra's ``--config-path``/``--config-name``), a user file over them
+(``verl train --config F``) and Hydra-grammar overrides (:mod:`verl.trainer.config.loader`), then checks:
 
-- an unknown key is rejected with a did-you-mean;
-- a value of the wrong type is rejected (an int is accepted where a float is expected);
-- parallel sizes must divide the model (tp | heads, kv heads, ffn; pp | layers) and the world size
-  (``trainer.nnodes * trainer.n_gpus_per_node``);
-- batch sizes must divide as the PPO loop splits them (train batch -> mini-batches -> DP ranks ->
-  micro-batches);
-- under a launcher (Slurm, torchrun, mpirun) its world size must match the config's.
+- every leaf's type, choices and range (:data:`RULES`);
+- the keys that have no meaning on this stack (:data:`REFUSED`): accepted by the parser, refused here with
+  one line saying why and what to use instead;
+- parallel sizes against the model (tp | heads, kv heads, ffn; pp | layers) and the world size
+  (``trainer.nnodes * trainer.n_gpus_per_node``), the reference's and critic's layouts against the actor's;
+- batch sizes as the PPO loop splits them (train batch -> mini-batches -> DP ranks -> micro-batches);
+- under a launcher (Slurm, torchrun, mpirun) its world size against the config's.
 
-Every problem raises one :class:`ConfigError` whose message names the key; ``verl train`` prints it
-as one line and exits 2. The result is an OmegaConf ``DictConfig`` (attribute access, like verl).
+Every problem raises one :class:`ConfigError` whose message names the key; ``verl train`` prints it as
+one line and exits 2. The result is an OmegaConf ``DictConfig`` (attribute access, like verl).
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import difflib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import yaml
-
-from verl.hybrid_engine.planner import DEFAULT_BUCKET_BYTES
-from verl.trainer.ppo.core_algos import KL_PENALTY_CHOICES, LOSS_AGG_MODES, AdvantageEstimator
-from verl.utils import yaml_io
+from verl.trainer.config.loader import (
+    PACKAGED_CONFIG_DIR,
+    ConfigError,
+    Rule,
+    compose,
+    deep_get,
+    resolve_path,
+    rule,
+)
+from verl.trainer.ppo.core_algos import KL_PENALTY_CHOICES, LOSS_AGG_MODES, POLICY_LOSS_REGISTRY, AdvantageEstimator
 from verl.utils.dataset.rl_dataset import TRUNCATION_MODES
 
-
-class ConfigError(ValueError):
-    """A trainer config that cannot run; the message is one line naming the key."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Field:
-    """A leaf of the schema: its default and the Python types a value may have."""
-
-    default: Any
-    types: tuple[type, ...]
-    nullable: bool = False
-    choices: tuple[Any, ...] | None = None
-    ge: float | None = None  # numeric range: value >= ge, value > gt, value <= le
-    gt: float | None = None
-    le: float | None = None
-
-    def range_text(self) -> str:
-        bounds = ((">=", self.ge), (">", self.gt), ("<=", self.le))
-        return " and ".join(f"{op} {bound:g}" for op, bound in bounds if bound is not None)
-
-    def in_range(self, value: float) -> bool:
-        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
-                and (self.le is None or value <= self.le))
-
-
-def field(default: Any, *types: type, nullable: bool = False, choices: Sequence[Any] | None = None,
-          ge: float | None = None, gt: float | None = None, le: float | None = None) -> Field:
-    if not types:
-        types = (type(default),)
-    if float in types and int not in types:
-        types = types + (int,)
-    return Field(default, tuple(types), nullable or default is None, tuple(choices) if choices else None, ge, gt, le)
-
-
+CONFIG_NAME = "ppo_megatron_trainer"
 ADV_ESTIMATORS = tuple(e.value for e in AdvantageEstimator)
-LOGGERS = ("console", "tensorboard", "csv")
-ROLLOUT_DTYPES = ("float32", "bfloat16")
+LOGGERS = ("console", "file", "tensorboard", "wandb", "csv")
+MEGATRON_DTYPES = ("float32", "bfloat16")
 # The smallest bucket the planner is allowed: a 4 KiB page (a bucket holds one element per micro-DP
 # rank at least; smaller buckets only multiply collective calls).
 MIN_BUCKET_BYTES = 4096
+ROLES_WITH_MEGATRON = ("actor_rollout_ref.ref", "critic", "reward_model")
 
 
-def _optim() -> dict[str, Field]:
+def _optim_rules(prefix: str) -> dict[str, Rule]:
     return {
-        "lr": field(1e-6, float, ge=0),
-        "min_lr": field(0.0, float, ge=0),
-        "lr_warmup_steps": field(0, int, ge=0),
-        "lr_decay_style": field("constant", choices=("constant", "linear", "cosine")),
-        "weight_decay": field(0.01, float, ge=0),
-        "betas": field([0.9, 0.999], list),
-        "clip_grad": field(1.0, float, ge=0),
+        f"{prefix}.optimizer": rule(choices=("adam",)),
+        f"{prefix}.lr": rule(ge=0),
+        f"{prefix}.min_lr": rule(ge=0),
+        f"{prefix}.lr_warmup_steps": rule(ge=-1),
+        f"{prefix}.lr_warmup_steps_ratio": rule(ge=0, le=1),
+        f"{prefix}.lr_warmup_init": rule(ge=0),
+        f"{prefix}.lr_decay_steps": rule(int, ge=1),
+        f"{prefix}.lr_decay_style": rule(choices=("constant", "linear", "cosine")),
+        f"{prefix}.weight_decay": rule(ge=0),
+        f"{prefix}.clip_grad": rule(ge=0),
+        f"{prefix}.total_training_steps": rule(ge=-1),
     }
 
 
-def _megatron() -> dict[str, Field]:
-    return {
-        "tensor_model_parallel_size": field(1, int, ge=1),
-        "pipeline_model_parallel_size": field(1, int, ge=1),
-        "use_distributed_optimizer": field(False, bool),
-        "seed": field(42, int),
-    }
+def _positive(*keys: str) -> dict[str, Rule]:
+    return {key: rule(ge=1) for key in keys}
 
 
-SCHEMA: dict[str, Any] = {
-    "data": {
-        "tokenizer": field(None, str),
-        "train_files": field(None, str, list),
-        "val_files": field(None, str, list),
-        "prompt_key": field("prompt", str),
-        "reward_fn_key": field("data_source", str),
-        "max_prompt_length": field(512, int, ge=1),
-        "max_response_length": field(512, int, ge=1),
-        "train_batch_size": field(1024, int, ge=1),
-        "val_batch_size": field(None, int, ge=1),
-        "shuffle": field(True, bool),
-        "seed": field(1, int),
-        "truncation": field("error", choices=TRUNCATION_MODES),
-        "filter_overlong_prompts": field(False, bool),
-        "dataloader_num_workers": field(0, int, choices=(0,)),
-    },
-    "actor_rollout_ref": {
-        "hybrid_engine": field(True, bool, choices=(True,)),
-        "model": {
-            "path": field(None, str),
-        },
-        "actor": {
-            "strategy": field("megatron", choices=("megatron",)),
-            "ppo_mini_batch_size": field(256, int, ge=1),
-            "ppo_micro_batch_size_per_gpu": field(1, int, ge=1),
-            "ppo_epochs": field(1, int, ge=1),
-            "shuffle": field(False, bool),
-            "clip_ratio": field(0.2, float, gt=0),
-            "clip_ratio_low": field(None, float, gt=0),
-            "clip_ratio_high": field(None, float, gt=0),
-            "clip_ratio_c": field(3.0, float, gt=1),
-            "loss_agg_mode": field("token-mean", choices=LOSS_AGG_MODES),
-            "entropy_coeff": field(0.0, float, ge=0),
-            "use_kl_loss": field(False, bool),
-            "kl_loss_coef": field(0.001, float, ge=0),
-            "kl_loss_type": field("low_var_kl", choices=KL_PENALTY_CHOICES),
-            "optim": _optim(),
-            "megatron": _megatron(),
-        },
-        "ref": {
-            "log_prob_micro_batch_size_per_gpu": field(1, int, ge=1),
-        },
-        "rollout": {
-            "name": field("native", choices=("native",)),
-            "dtype": field("float32", choices=ROLLOUT_DTYPES),
-            "temperature": field(1.0, float, ge=0),
-            "top_k": field(-1, int, ge=-1),
-            "top_p": field(1.0, float, gt=0, le=1),
-            "do_sample": field(True, bool),
-            "n": field(1, int, ge=1),
-            "tensor_model_parallel_size": field(1, int, ge=1),
-            "log_prob_micro_batch_size_per_gpu": field(1, int, ge=1),
-            "ignore_eos": field(False, bool),
-            "val_kwargs": {
-                "do_sample": field(False, bool),
-                "temperature": field(0.0, float, ge=0),
-                "top_k": field(-1, int, ge=-1),
-                "top_p": field(1.0, float, gt=0, le=1),
-                "n": field(1, int, ge=1),
-            },
-        },
-    },
-    "critic": {
-        "strategy": field("megatron", choices=("megatron",)),
-        "model": {
-            "path": field(None, str),
-        },
-        "ppo_mini_batch_size": field(256, int, ge=1),
-        "ppo_micro_batch_size_per_gpu": field(1, int, ge=1),
-        "ppo_epochs": field(1, int, ge=1),
-        "shuffle": field(False, bool),
-        "cliprange_value": field(0.5, float, gt=0),
-        "loss_agg_mode": field("token-mean", choices=LOSS_AGG_MODES),
-        "optim": _optim(),
-    },
-    "reward_model": {
-        "enable": field(False, bool),
-        "strategy": field("megatron", choices=("megatron",)),
-        "model": {
-            "path": field(None, str),
-        },
-        "micro_batch_size_per_gpu": field(1, int, ge=1),
-        "reward_manager": field("naive", choices=("naive",)),
-        # Replace the reward model between steps (verl-hpc extension, see reward_model_worker.py).
-        "hot_swap": {
-            "watch": field(False, bool),
-            "path": field(None, str),
-            "at_step": field(None, int, ge=1),
-        },
-    },
-    "custom_reward_function": {
-        "path": field(None, str),
-        "name": field("compute_score", str),
-    },
-    "algorithm": {
-        "adv_estimator": field("gae", choices=ADV_ESTIMATORS),
-        "gamma": field(1.0, float, ge=0, le=1),
-        "lam": field(1.0, float, ge=0, le=1),
-        "norm_adv_by_std_in_grpo": field(True, bool),
-        "use_kl_in_reward": field(False, bool),
-        "kl_penalty": field("kl", choices=KL_PENALTY_CHOICES),
-        "kl_ctrl": {
-            "type": field("fixed", choices=("fixed", "adaptive")),
-            "kl_coef": field(0.001, float, ge=0),
-            "horizon": field(10000, int, ge=1),
-            "target_kl": field(0.1, float, gt=0),
-        },
-    },
-    "hybrid_engine": {
-        "bucket_bytes": field(DEFAULT_BUCKET_BYTES, int, ge=MIN_BUCKET_BYTES),
-    },
-    "trainer": {
-        "project_name": field("verl_hpc", str),
-        "experiment_name": field("run", str),
-        "logger": field(["console"], list, str),  # verl accepts `logger=console` and a list
-        "nnodes": field(1, int, ge=1),
-        "n_gpus_per_node": field(1, int, ge=1),
-        "total_epochs": field(1, int, ge=1),
-        "total_training_steps": field(None, int, ge=1),
-        "output_dir": field("outputs/run", str),
-        "default_local_dir": field(None, str),
-        "save_freq": field(-1, int, ge=-1),
-        "test_freq": field(-1, int, ge=-1),
-        "val_before_train": field(True, bool),
-        "resume_mode": field("auto", str),  # auto | disable | resume_path | a checkpoint directory
-        "resume_from_path": field(None, str),
-        "debug": field(None, str, choices=("light", "full")),
-        "log_val_generations": field(0, int, ge=0),
-        "export_hf_every_save": field(False, bool),
-        "export_hf_at_end": field(True, bool),
-        "seed": field(1234, int),
-    },
+ARR = "actor_rollout_ref"
+RULES: dict[str, Rule] = {
+    "data.tokenizer": rule(str),
+    "data.train_files": rule(str, list),
+    "data.val_files": rule(str, list),
+    "data.train_max_samples": rule(ge=-1),
+    "data.val_max_samples": rule(ge=-1),
+    "data.val_batch_size": rule(int, ge=1),
+    "data.seed": rule(int),
+    "data.truncation": rule(choices=TRUNCATION_MODES),
+    "data.dataloader_num_workers": rule(ge=0),
+    "data.filter_overlong_prompts_workers": rule(ge=1),
+    **_positive("data.max_prompt_length", "data.max_response_length", "data.train_batch_size",
+                f"{ARR}.actor.ppo_mini_batch_size", f"{ARR}.actor.ppo_micro_batch_size_per_gpu",
+                f"{ARR}.actor.ppo_epochs", f"{ARR}.actor.ppo_max_token_len_per_gpu",
+                f"{ARR}.ref.log_prob_micro_batch_size_per_gpu", f"{ARR}.rollout.n",
+                f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu", f"{ARR}.rollout.tensor_model_parallel_size",
+                f"{ARR}.actor.megatron.tensor_model_parallel_size",
+                f"{ARR}.actor.megatron.pipeline_model_parallel_size",
+                f"{ARR}.rollout.checkpoint_engine.update_weights_bucket_megabytes",
+                "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.ppo_epochs",
+                "reward_model.micro_batch_size_per_gpu", "trainer.nnodes", "trainer.n_gpus_per_node",
+                "trainer.total_epochs"),
+    f"{ARR}.model.path": rule(str),
+    f"{ARR}.model.tokenizer_path": rule(str),
+    f"{ARR}.model.external_lib": rule(str),
+    f"{ARR}.actor.strategy": rule(choices=("megatron",)),
+    f"{ARR}.actor.ppo_micro_batch_size": rule(int, ge=1),
+    f"{ARR}.actor.clip_ratio": rule(gt=0),
+    f"{ARR}.actor.clip_ratio_low": rule(float, gt=0),
+    f"{ARR}.actor.clip_ratio_high": rule(float, gt=0),
+    f"{ARR}.actor.clip_ratio_c": rule(gt=1),
+    f"{ARR}.actor.policy_loss.loss_mode": rule(choices=tuple(sorted(POLICY_LOSS_REGISTRY))),
+    f"{ARR}.actor.loss_agg_mode": rule(choices=LOSS_AGG_MODES),
+    f"{ARR}.actor.loss_scale_factor": rule(float, gt=0),
+    f"{ARR}.actor.entropy_coeff": rule(ge=0),
+    f"{ARR}.actor.kl_loss_coef": rule(ge=0),
+    f"{ARR}.actor.kl_loss_type": rule(choices=KL_PENALTY_CHOICES),
+    **_optim_rules(f"{ARR}.actor.optim"),
+    f"{ARR}.actor.megatron.dtype": rule(choices=MEGATRON_DTYPES),
+    f"{ARR}.actor.megatron.virtual_pipeline_model_parallel_size": rule(int, ge=1),
+    f"{ARR}.actor.megatron.expert_tensor_parallel_size": rule(int, ge=1),
+    f"{ARR}.actor.megatron.dist_checkpointing_path": rule(str),
+    f"{ARR}.actor.megatron.override_transformer_config.recompute_granularity": rule(str, choices=("full", "selective")),
+    f"{ARR}.actor.megatron.override_transformer_config.recompute_method": rule(str, choices=("uniform", "block")),
+    f"{ARR}.actor.megatron.override_transformer_config.recompute_num_layers": rule(int, ge=1),
+    f"{ARR}.ref.strategy": rule(choices=("megatron",)),
+    f"{ARR}.ref.log_prob_micro_batch_size": rule(int, ge=1),
+    f"{ARR}.ref.megatron.virtual_pipeline_model_parallel_size": rule(int, ge=1),
+    f"{ARR}.rollout.name": rule(choices=("native", "sglang", "vllm", "hf", "trtllm")),
+    f"{ARR}.rollout.mode": rule(choices=("sync", "async")),
+    f"{ARR}.rollout.dtype": rule(choices=MEGATRON_DTYPES),
+    f"{ARR}.rollout.temperature": rule(ge=0),
+    f"{ARR}.rollout.top_k": rule(ge=-1),
+    f"{ARR}.rollout.top_p": rule(gt=0, le=1),
+    f"{ARR}.rollout.gpu_memory_utilization": rule(gt=0, le=1),
+    f"{ARR}.rollout.load_format": rule(choices=("dummy", "auto", "safetensors", "hf", "megatron")),
+    f"{ARR}.rollout.log_prob_micro_batch_size": rule(int, ge=1),
+    f"{ARR}.rollout.max_model_len": rule(int, ge=1),
+    f"{ARR}.rollout.val_kwargs.temperature": rule(ge=0),
+    f"{ARR}.rollout.val_kwargs.top_k": rule(ge=-1),
+    f"{ARR}.rollout.val_kwargs.top_p": rule(gt=0, le=1),
+    f"{ARR}.rollout.val_kwargs.n": rule(ge=1),
+    f"{ARR}.rollout.checkpoint_engine.backend": rule(choices=("naive",)),
+    "critic.strategy": rule(choices=("megatron",)),
+    "critic.enable": rule(bool),
+    "critic.model.path": rule(str),
+    "critic.model.tokenizer_path": rule(str),
+    "critic.ppo_micro_batch_size": rule(int, ge=1),
+    "critic.cliprange_value": rule(gt=0),
+    "critic.loss_agg_mode": rule(choices=LOSS_AGG_MODES),
+    **_optim_rules("critic.optim"),
+    "critic.megatron.virtual_pipeline_model_parallel_size": rule(int, ge=1),
+    "reward_model.strategy": rule(choices=("megatron",)),
+    "reward_model.model.path": rule(str),
+    "reward_model.model.input_tokenizer": rule(str),
+    "reward_model.micro_batch_size": rule(int, ge=1),
+    "reward_model.max_length": rule(int, ge=1),
+    "reward_model.reward_manager": rule(choices=("naive",)),
+    "reward_model.hot_swap.path": rule(str),
+    "reward_model.hot_swap.at_step": rule(int, ge=1),
+    "custom_reward_function.path": rule(str),
+    "algorithm.adv_estimator": rule(choices=ADV_ESTIMATORS),
+    "algorithm.gamma": rule(ge=0, le=1),
+    "algorithm.lam": rule(ge=0, le=1),
+    "algorithm.kl_penalty": rule(choices=KL_PENALTY_CHOICES),
+    "algorithm.kl_ctrl.type": rule(choices=("fixed", "adaptive")),
+    "algorithm.kl_ctrl.kl_coef": rule(ge=0),
+    "algorithm.kl_ctrl.horizon": rule(ge=1),
+    "algorithm.kl_ctrl.target_kl": rule(gt=0),
+    "hybrid_engine.bucket_bytes": rule(int, ge=MIN_BUCKET_BYTES),
+    "trainer.total_training_steps": rule(int, ge=1),
+    "trainer.logger": rule(list, str),  # verl accepts `logger=console` and a list
+    "trainer.rollout_data_dir": rule(str),
+    "trainer.validation_data_dir": rule(str),
+    "trainer.save_freq": rule(ge=-1),
+    "trainer.test_freq": rule(ge=-1),
+    "trainer.resume_from_path": rule(str),
+    "trainer.default_hdfs_dir": rule(str),
+    "trainer.critic_warmup": rule(ge=0),
+    "trainer.max_actor_ckpt_to_keep": rule(int, ge=1),
+    "trainer.max_critic_ckpt_to_keep": rule(int, ge=1),
+    "trainer.device": rule(choices=("auto", "cuda", "cpu", "npu")),
+    "trainer.debug": rule(str, choices=("light", "full")),
+    "trainer.log_val_generations": rule(ge=0),
 }
 
 
-# --------------------------------------------------------------------------- merging and types
-def schema_defaults(schema: dict[str, Any]) -> dict[str, Any]:
-    return {k: schema_defaults(v) if isinstance(v, dict) else copy.deepcopy(v.default) for k, v in schema.items()}
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
-def _all_keys(schema: dict[str, Any], prefix: str = "") -> list[str]:
-    out = []
-    for key, value in schema.items():
-        out.append(prefix + key)
-        if isinstance(value, dict):
-            out.extend(_all_keys(value, prefix + key + "."))
-    return out
+# Keys that parse but have no meaning on this stack: (key, predicate on the value that is refused, why and
+# what to use instead). Checked after the types, before anything else.
+REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    (f"{ARR}.rollout.name", lambda v: v == "vllm",
+     "vLLM is not part of verl-hpc: use native (the embedded engine) or sglang"),
+    (f"{ARR}.rollout.name", lambda v: v in ("hf", "trtllm"),
+     "verl-hpc's rollouts are native and sglang: use native"),
+    (f"{ARR}.rollout.name", lambda v: v == "sglang",
+     "SGLang as the trainer's rollout is not wired into verl train yet (verl generate --engine sglang and "
+     "verl bench rollout run it): use native, which holds the same per-rank layout"),
+    (f"{ARR}.rollout.multi_turn.enable", bool, "multi-turn / tool rollouts are not implemented: set false"),
+    (f"{ARR}.rollout.data_parallel_size", lambda v: v != 1, "the rollout's DP size is world / rollout tp here: set 1"),
+    (f"{ARR}.rollout.pipeline_model_parallel_size", lambda v: v != 1,
+     "the rollout has no pipeline stages here: set 1"),
+    (f"{ARR}.hybrid_engine", lambda v: not v, "verl-hpc always colocates actor and rollout (the 3D-HybridEngine)"),
+    (f"{ARR}.model.lora_rank", lambda v: v != 0, "LoRA is not implemented: set 0"),
+    (f"{ARR}.model.enable_activation_offload", bool, "activation offload is not implemented: set false"),
+    (f"{ARR}.actor.use_dynamic_bsz", bool,
+     "token-budget micro-batches are not implemented yet: set false and size ppo_micro_batch_size_per_gpu"),
+    *((f"{role}.megatron.virtual_pipeline_model_parallel_size", lambda v: v is not None,
+       "the interleaved (virtual) pipeline schedule is not implemented: set null")
+      for role in (f"{ARR}.actor", f"{ARR}.ref", "critic")),
+    *((f"{role}.megatron.context_parallel_size", lambda v: v != 1, "context parallelism is not implemented: set 1")
+      for role in (f"{ARR}.actor", f"{ARR}.ref", "critic")),
+    *((f"{role}.megatron.expert_model_parallel_size", lambda v: v != 1,
+       "verl-hpc's models are dense (no experts): set 1") for role in (f"{ARR}.actor", f"{ARR}.ref", "critic")),
+    (f"{ARR}.actor.megatron.expert_tensor_parallel_size", lambda v: v not in (None, 1),
+     "verl-hpc's models are dense (no experts): set null"),
+    *((f"{role}.megatron.{key}", lambda v: v and _cuda(),
+       "offloading Megatron state to host memory between phases is not implemented on GPUs yet (on CPU the "
+       "state already lives in host memory): set false")
+      for role in (f"{ARR}.actor", "critic") for key in ("param_offload", "grad_offload", "optimizer_offload")),
+    ("algorithm.use_pf_ppo", bool, "PF-PPO reweighting is not implemented: set false"),
+    ("trainer.default_hdfs_dir", lambda v: v is not None, "there is no HDFS here: set null (checkpoints go to "
+     "trainer.default_local_dir)"),
+    ("trainer.del_local_ckpt_after_load", bool, "set false: verl-hpc keeps local checkpoints"),
+    ("trainer.device", lambda v: v == "npu", "verl-hpc runs on cuda or cpu"),
+    ("trainer.device", lambda v: v == "cuda" and not _cuda(), "no CUDA device is visible here: use auto or cpu"),
+    ("reward_model.launch_reward_fn_async", bool, "rewards are computed in the step here: set false"),
+)
 
 
-def _unknown(key: str, schema: dict[str, Any], prefix: str) -> ConfigError:
-    dotted = prefix + key
-    siblings = [prefix + k for k in schema]
-    guess = difflib.get_close_matches(dotted, siblings, n=1) or difflib.get_close_matches(
-        dotted, _all_keys(SCHEMA), n=1, cutoff=0.7)
-    expected = f"a known key (did you mean '{guess[0]}'?)" if guess else f"one of {sorted(schema)}"
-    return ConfigError(f"{dotted}: unknown key: expected {expected}, found '{key}'")
-
-
-def _type_names(field: Field) -> str:
-    names = [t.__name__ for t in field.types if not (t is int and float in field.types)]
-    return " or ".join(names + (["null"] if field.nullable else []))
-
-
-def _check_value(dotted: str, field: Field, value: Any) -> Any:
-    if value is None:
-        if not field.nullable:
-            raise ConfigError(f"{dotted}: expected {_type_names(field)}, found null")
-        return None
-    if int in field.types and float not in field.types and isinstance(value, float) and value.is_integer():
-        value = int(value)  # `trainer.total_training_steps=1e3` (a YAML 1.2 float) is the integer 1000
-    ok = isinstance(value, field.types) and not (isinstance(value, bool) and bool not in field.types)
-    if not ok:
-        raise ConfigError(f"{dotted}: expected {_type_names(field)}, found {type(value).__name__} {value!r}")
-    if float in field.types and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if field.choices is not None and value not in field.choices:
-        raise ConfigError(f"{dotted}: expected one of {list(field.choices)}, found {value!r}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value != value:  # NaN passes no range and poisons every step
-            raise ConfigError(f"{dotted}: expected a number, found nan")
-        if not field.in_range(value):
-            raise ConfigError(f"{dotted}: expected a value {field.range_text()}, found {value!r}")
-    return value
-
-
-def merge_into_schema(target: dict[str, Any], source: Any, schema: dict[str, Any], prefix: str = "") -> None:
-    if not isinstance(source, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or '<root>'}: expected a mapping, found {type(source).__name__}")
-    for key, value in source.items():
-        if key not in schema:
-            raise _unknown(str(key), schema, prefix)
-        node = schema[key]
-        if isinstance(node, dict):
-            merge_into_schema(target[key], value if value is not None else {}, node, prefix + key + ".")
-        else:
-            target[key] = _check_value(prefix + key, node, value)
-
-
-def _parse_override(item: str) -> tuple[list[str], Any]:
-    if "=" not in item:
-        raise ConfigError(f"override {item!r}: expected key=value (e.g. trainer.total_training_steps=3)")
-    key, raw = item.split("=", 1)
-    key = key.strip().lstrip("+")
-    if not key:
-        raise ConfigError(f"override {item!r}: expected a dotted key before '='")
-    try:
-        value = yaml_io.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.split("."), value
-
-
-def _apply_override(config: dict[str, Any], parts: list[str], value: Any, schema: dict[str, Any]) -> None:
-    nested: Any = value
-    for part in reversed(parts):
-        nested = {part: nested}
-    merge_into_schema(config, nested, schema)
+def _refuse_meaningless(cfg: dict[str, Any]) -> None:
+    for key, refused, why in REFUSED:
+        value = deep_get(cfg, key)
+        if refused(value):
+            raise ConfigError(f"{key}={value!r}: not supported by verl-hpc: {why}")
 
 
 # --------------------------------------------------------------------------- semantic checks
@@ -323,21 +233,13 @@ def world_size(cfg: dict[str, Any]) -> int:
 
 
 def use_critic(cfg: dict[str, Any]) -> bool:
-    """verl: a critic exists exactly when advantages come from GAE."""
-    return cfg["algorithm"]["adv_estimator"] == "gae"
+    """verl: ``critic.enable``, or when that is null, a critic exactly when advantages come from GAE."""
+    enable = cfg["critic"].get("enable")
+    return cfg["algorithm"]["adv_estimator"] == "gae" if enable is None else bool(enable)
 
 
 def use_reference(cfg: dict[str, Any]) -> bool:
     return cfg["algorithm"]["use_kl_in_reward"] or cfg["actor_rollout_ref"]["actor"]["use_kl_loss"]
-
-
-def _positive(cfg: dict[str, Any], dotted: str) -> int:
-    node: Any = cfg
-    for part in dotted.split("."):
-        node = node[part]
-    if node is None or node < 1:
-        raise ConfigError(f"{dotted}: expected a positive integer, found {node!r}")
-    return node
 
 
 def _check_divides(what: str, divisor: int, total_what: str, total: int) -> None:
@@ -346,38 +248,13 @@ def _check_divides(what: str, divisor: int, total_what: str, total: int) -> None
                           f"found remainder {total % divisor}")
 
 
-def resolve_path(path: str | None, base_dir: str) -> str | None:
-    if path is None:
-        return None
-    path = os.path.expanduser(path)
-    if os.path.isabs(path) or os.path.exists(path):
-        return os.path.abspath(path)
-    candidate = os.path.join(base_dir, path)
-    return os.path.abspath(candidate) if os.path.exists(candidate) else os.path.abspath(path)
-
-
 def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
     from verl.models.config import ModelConfig, ModelConfigError
     from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
 
     data, arr, algo, trainer = cfg["data"], cfg["actor_rollout_ref"], cfg["algorithm"], cfg["trainer"]
     actor, rollout, critic = arr["actor"], arr["rollout"], cfg["critic"]
-    for key in ("data.max_prompt_length", "data.max_response_length", "data.train_batch_size",
-                "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-                "actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.rollout.n",
-                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-                "actor_rollout_ref.rollout.tensor_model_parallel_size",
-                "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
-                "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
-                "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.total_epochs",
-                "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.ppo_epochs",
-                "hybrid_engine.bucket_bytes"):
-        _positive(cfg, key)
-    if trainer["total_training_steps"] is not None:
-        _positive(cfg, "trainer.total_training_steps")
-    if isinstance(trainer["logger"], str):
-        trainer["logger"] = [trainer["logger"]]
+    _refuse_meaningless(cfg)
     mode = trainer["resume_mode"]
     if mode == "resume_path":
         path = trainer["resume_from_path"]
@@ -390,6 +267,12 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
     for key in cfg["trainer"]["logger"]:
         if key not in LOGGERS:
             raise ConfigError(f"trainer.logger: expected entries among {list(LOGGERS)}, found {key!r}")
+    if "wandb" in trainer["logger"]:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError("trainer.logger: wandb requested, expected the wandb package (pip install wandb; it "
+                              "runs offline without network), found none installed")
     for key in ("train_files", "tokenizer"):
         if data[key] is None:
             raise ConfigError(f"data.{key}: expected a path, found null")
@@ -419,6 +302,7 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
         raise ConfigError(f"{prefix}{err}") from None
     _check_divides(prefix + "tensor_model_parallel_size * pipeline_model_parallel_size", tp * pp,
                    "trainer.nnodes * trainer.n_gpus_per_node", world)
+    _check_role_layouts(cfg)
     rollout_tp = rollout["tensor_model_parallel_size"]
     _check_divides("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp, "world size", world)
     for key, value in (("num_attention_heads", model.num_attention_heads),
@@ -466,20 +350,39 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
                           f"{launcher_world_size}, found {trainer['nnodes']} * {trainer['n_gpus_per_node']} = {world}")
 
 
+LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "dtype")
+
+
+def _check_role_layouts(cfg: dict[str, Any]) -> None:
+    """Reference, critic and reward model run in the actor's processes, and Megatron's parallel state is one
+    per process: their (tp, pp) and dtype must be the actor's. The rollout's dtype must be the actor's too:
+    the 3D-HybridEngine copies the training bytes into the rollout buffer as they are."""
+    actor = cfg[ARR]["actor"]["megatron"]
+    roles = [(f"{ARR}.ref", cfg[ARR]["ref"]["megatron"], use_reference(cfg)),
+             ("critic", cfg["critic"]["megatron"], use_critic(cfg)),
+             ("reward_model", cfg["reward_model"]["megatron"], cfg["reward_model"]["enable"])]
+    for name, mega, used in roles:
+        for key in LAYOUT_KEYS:
+            if used and mega.get(key, actor[key]) != actor[key]:
+                raise ConfigError(f"{name}.megatron.{key}: expected the actor's {actor[key]!r} (colocated roles share "
+                                  f"one Megatron parallel state per process), found {mega[key]!r}")
+    rollout_dtype = cfg[ARR]["rollout"]["dtype"]
+    if rollout_dtype != actor["dtype"]:
+        raise ConfigError(f"{ARR}.rollout.dtype: expected {ARR}.actor.megatron.dtype={actor['dtype']!r} (the reshard "
+                          f"copies training bytes into the rollout in place), found {rollout_dtype!r}")
+
+
 def _validate_reward_model(cfg: dict[str, Any], actor_model: Any, tp: int, pp: int, per_dp_batch: int) -> None:
     from verl.models.config import ModelConfig, ModelConfigError
     from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
 
     rm = cfg["reward_model"]
-    _positive(cfg, "reward_model.micro_batch_size_per_gpu")
     _check_divides("reward_model.micro_batch_size_per_gpu", rm["micro_batch_size_per_gpu"],
                    "data.train_batch_size * rollout.n / dp", per_dp_batch)
     swap = rm["hot_swap"]
     if (swap["path"] is None) != (swap["at_step"] is None):
         raise ConfigError(f"reward_model.hot_swap.path and reward_model.hot_swap.at_step: expected both or neither, "
                           f"found path={swap['path']!r} at_step={swap['at_step']!r}")
-    if swap["at_step"] is not None:
-        _positive(cfg, "reward_model.hot_swap.at_step")
     for key in ("model.path", "hot_swap.path"):
         path = rm["model"]["path"] if key == "model.path" else swap["path"]
         if key == "hot_swap.path" and path is None:
@@ -497,61 +400,55 @@ def _validate_reward_model(cfg: dict[str, Any], actor_model: Any, tp: int, pp: i
                               f"reward model scores the actor's token ids), found {model.vocab_size}")
 
 
-def read_config_tree(path: str | None, overrides: Sequence[str], schema: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """Defaults of ``schema`` <- YAML file <- dotted overrides, each key and type checked.
-
-    Returns the plain nested dict and the directory relative paths in the file resolve against
-    (the repository root for a file in ``configs/``, else the file's directory; the working
-    directory when there is no file). Shared by every YAML-configured command.
-    """
-    cfg = schema_defaults(schema)
-    base_dir = os.getcwd()
-    if path is not None:
-        if not os.path.isfile(path):
-            raise ConfigError(f"--config: expected a YAML file, found nothing at {path}")
-        with open(path, encoding="utf-8") as fh:
-            try:
-                loaded = yaml_io.safe_load(fh)
-            except yaml.YAMLError as err:
-                mark = getattr(err, "problem_mark", None)
-                where = f" line {mark.line + 1}" if mark is not None else ""
-                raise ConfigError(f"{path}:{where} expected valid YAML, found {getattr(err, 'problem', err)}") \
-                    from None
-            except UnicodeDecodeError as err:
-                raise ConfigError(f"{path}: expected UTF-8 YAML, found byte {err.object[err.start]:#04x} at offset "
-                                  f"{err.start}") from None
-        merge_into_schema(cfg, loaded or {}, schema)
-        config_dir = os.path.dirname(os.path.abspath(path))
-        base_dir = os.path.dirname(config_dir) if os.path.basename(config_dir) == "configs" else config_dir
-    for item in overrides:
-        _apply_override(cfg, *_parse_override(item), schema)
-    return cfg, base_dir
-
-
-def load_config(path: str | None, overrides: Sequence[str] = (), launcher_world_size: int | None = None):
-    """Defaults <- YAML file <- dotted overrides, validated; returns an OmegaConf DictConfig.
-
-    Relative paths in the file (data files, tokenizer, model) resolve against the working directory
-    first, then the repository root (the directory above ``configs/``).
-    """
-    from omegaconf import OmegaConf
-
-    cfg, base_dir = read_config_tree(path, overrides, SCHEMA)
-
-    data = cfg["data"]
+def _derive(cfg: dict[str, Any], base_dir: str) -> None:
+    """Paths resolved; verl's null-means-another-key defaults filled in."""
+    data, arr, trainer = cfg["data"], cfg[ARR], cfg["trainer"]
     for key in ("train_files", "val_files"):
         if isinstance(data[key], list):
             data[key] = [resolve_path(p, base_dir) for p in data[key]]
         else:
             data[key] = resolve_path(data[key], base_dir)
-    data["tokenizer"] = resolve_path(data["tokenizer"], base_dir)
-    cfg["actor_rollout_ref"]["model"]["path"] = resolve_path(cfg["actor_rollout_ref"]["model"]["path"], base_dir)
+    if data["seed"] is None:
+        data["seed"] = 1
+    if isinstance(trainer["logger"], str):
+        trainer["logger"] = [trainer["logger"]]
+    arr["model"]["path"] = resolve_path(arr["model"]["path"], base_dir)
+    # verl: the tokenizer is the model's own unless data.tokenizer / model.tokenizer_path says otherwise.
+    data["tokenizer"] = resolve_path(data["tokenizer"] or arr["model"]["tokenizer_path"], base_dir)
+    if data["tokenizer"] is None and arr["model"]["path"] and os.path.isdir(arr["model"]["path"]):
+        data["tokenizer"] = arr["model"]["path"]
     rm = cfg["reward_model"]
     rm["model"]["path"] = resolve_path(rm["model"]["path"], base_dir)
     rm["hot_swap"]["path"] = resolve_path(rm["hot_swap"]["path"], base_dir)
-    cfg["critic"]["model"]["path"] = resolve_path(cfg["critic"]["model"]["path"], base_dir) \
-        or cfg["actor_rollout_ref"]["model"]["path"]
-    if cfg["trainer"]["default_local_dir"] is None:
-        cfg["trainer"]["default_local_dir"] = os.path.join(cfg["trainer"]["output_dir"], "checkpoints")
-    _validate(cfg, launcher_world_size)
+    cfg["critic"]["model"]["path"] = resolve_path(cfg["critic"]["model"]["path"], base_dir) or arr["model"]["path"]
+    for key in ("rollout_data_dir", "validation_data_dir", "resume_from_path"):
+        trainer[key] = resolve_path(trainer[key], base_dir) if trainer[key] else trainer[key]
+    if cfg["hybrid_engine"]["bucket_bytes"] is None:
+        cfg["hybrid_engine"]["bucket_bytes"] = \
+            arr["rollout"]["checkpoint_engine"]["update_weights_bucket_megabytes"] * 2**20
+    # verl's deprecated global micro-batch sizes, when given, become per-GPU ones (as verl's workers do).
+    dp = world_size(cfg) // (arr["actor"]["megatron"]["tensor_model_parallel_size"]
+                             * arr["actor"]["megatron"]["pipeline_model_parallel_size"])
+    for section, key in ((arr["actor"], "ppo_micro_batch_size"), (arr["ref"], "log_prob_micro_batch_size"),
+                         (arr["rollout"], "log_prob_micro_batch_size"), (cfg["critic"], "ppo_micro_batch_size"),
+                         (cfg["reward_model"], "micro_batch_size")):
+        if section.get(key) is not None:
+            section[key + "_per_gpu"] = max(1, section[key] // dp)
+
+
+def load_config(path: str | None = None, overrides: Sequence[str] = (), launcher_world_size: int | None = None,
+                config_dir: str = PACKAGED_CONFIG_DIR, config_name: str = CONFIG_NAME, resolve_only: bool = False):
+    """Packaged defaults (or ``config_dir/config_name``) <- YAML file ``path`` <- Hydra overrides, validated;
+    returns an OmegaConf DictConfig.
+
+    Relative paths in the file (data files, tokenizer, model) resolve against the working directory
+    first, then the repository root (the directory above ``configs/``). ``resolve_only`` stops after the
+    types and ranges (what ``--cfg job`` prints), before the checks that read the model and data files.
+    """
+    from omegaconf import OmegaConf
+
+    cfg, base_dir = compose(config_dir, config_name, path, overrides, RULES)
+    _derive(cfg, base_dir)
+    if not resolve_only:
+        _validate(cfg, launcher_world_size)
     return OmegaConf.create(cfg)

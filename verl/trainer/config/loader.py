@@ -1,0 +1,364 @@
+"""One config mechanism for every YAML-configured command: packaged defaults, Hydra's grammar, one-line errors.
+
+``compose(config_dir, config_name, user_file, overrides, rules)``:
+
+1. composes ``<config_dir>/<config_name>.yaml`` with Hydra (so a config with a ``defaults:`` list works
+   as in verl);
+2. merges a user file over it (``verl train --config F``): every key of F must exist in the defaults,
+   except under a mapping whose default is ``{}`` (``override_transformer_config``, ``engine_kwargs``);
+3. applies the command-line overrides with Hydra's override grammar: ``k=v``, ``+k=v`` (add),
+   ``++k=v`` (add or override), ``~k`` (delete), lists ``k=[a,b]``, ``1e-6`` as a float;
+4. resolves ``${...}`` interpolations;
+5. checks every leaf: its type is the default's type (an int is a float; an integral float such as
+   ``1e3`` is an int), or what its :class:`Rule` says, plus the rule's choices and range.
+
+The defaults (the YAML) are the one source of keys and default values; rules only add what a default
+cannot say. Any problem raises one :class:`ConfigError` whose message is one line naming the key, what
+was expected and what was found; commands print it and exit 2.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from verl.utils.logging_utils import get_logger
+
+logger = get_logger(__name__)
+
+PACKAGED_CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message is one line naming the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """What a key's default cannot say: the types a value may have (default: the default's type),
+    whether null is allowed (default: when the default is null), its choices and numeric range."""
+
+    types: tuple[type, ...] = ()
+    nullable: bool | None = None
+    choices: tuple[Any, ...] | None = None
+    ge: float | None = None  # value >= ge, value > gt, value <= le
+    gt: float | None = None
+    le: float | None = None
+
+    def range_text(self) -> str:
+        bounds = ((">=", self.ge), (">", self.gt), ("<=", self.le))
+        return " and ".join(f"{op} {bound:g}" for op, bound in bounds if bound is not None)
+
+    def in_range(self, value: float) -> bool:
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le))
+
+
+def rule(*types: type, nullable: bool | None = None, choices: Sequence[Any] | None = None,
+         ge: float | None = None, gt: float | None = None, le: float | None = None) -> Rule:
+    return Rule(tuple(types), nullable, tuple(choices) if choices is not None else None, ge, gt, le)
+
+
+# --------------------------------------------------------------------------- key paths and did-you-mean
+def _leaf_paths(tree: Any, prefix: str = "") -> list[str]:
+    if not isinstance(tree, Mapping):
+        return [prefix.rstrip(".")]
+    out = []
+    for key, value in tree.items():
+        out.append(prefix + str(key))
+        if isinstance(value, Mapping) and value:
+            out.extend(_leaf_paths(value, prefix + str(key) + "."))
+    return out
+
+
+def _did_you_mean(dotted: str, defaults: Mapping[str, Any]) -> str:
+    parent, _, leaf = dotted.rpartition(".")
+    node: Any = defaults
+    for part in parent.split(".") if parent else []:
+        node = node.get(part) if isinstance(node, Mapping) else None
+    siblings = [f"{parent}.{k}" if parent else str(k) for k in node] if isinstance(node, Mapping) else []
+    guess = difflib.get_close_matches(dotted, siblings, n=1) or difflib.get_close_matches(
+        dotted, _leaf_paths(defaults), n=1, cutoff=0.75)
+    if guess:
+        return f"a known key (did you mean '{guess[0]}'?)"
+    if siblings:
+        shown = sorted(k.rpartition(".")[2] for k in siblings)
+        return f"one of {shown[:12]}{' ...' if len(shown) > 12 else ''} under {parent or '<root>'}"
+    return "a known key"
+
+
+def _unknown(dotted: str, defaults: Mapping[str, Any], hint: str = "") -> ConfigError:
+    leaf = dotted.rpartition(".")[2]
+    return ConfigError(f"{dotted}: unknown key: expected {_did_you_mean(dotted, defaults)}, found '{leaf}'{hint}")
+
+
+def _is_open(default: Any) -> bool:
+    """A mapping whose default is ``{}`` takes any keys (verl's override_* and engine_kwargs)."""
+    return isinstance(default, Mapping) and not default
+
+
+# --------------------------------------------------------------------------- composition
+def _compose_named(config_dir: str, config_name: str):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException, MissingConfigException
+
+    name = config_name[:-5] if config_name.endswith(".yaml") else config_name
+    if not os.path.isdir(config_dir):
+        raise ConfigError(f"--config-path: expected a directory of YAML configs, found nothing at {config_dir}")
+    if not os.path.isfile(os.path.join(config_dir, name + ".yaml")):
+        have = sorted(f[:-5] for f in os.listdir(config_dir) if f.endswith(".yaml"))
+        raise ConfigError(f"--config-name: expected one of {have} in {config_dir}, found '{config_name}'")
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base=None, job_name="verl"):
+            return hydra_compose(config_name=name)
+    except MissingConfigException as err:
+        raise ConfigError(f"{config_dir}/{name}.yaml: {_first_line(err)}") from None
+    except HydraException as err:
+        raise ConfigError(f"{config_dir}/{name}.yaml: {_first_line(err)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _read_user_file(path: str) -> dict[str, Any]:
+    import yaml
+    from omegaconf import OmegaConf
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"--config: expected a YAML file, found nothing at {path}")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            loaded = OmegaConf.load(fh)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{where} expected valid YAML, found {getattr(err, 'problem', None) or err}") \
+            from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: expected UTF-8 YAML, found byte {err.object[err.start]:#04x} at offset "
+                          f"{err.start}") from None
+    container = OmegaConf.to_container(loaded, resolve=False)
+    if container is None:
+        return {}
+    if not isinstance(container, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys, found {type(container).__name__}")
+    return container
+
+
+def _check_user_keys(tree: Any, defaults: Any, prefix: str, source: str, root: Mapping[str, Any]) -> None:
+    """Every key of a user file must exist in the defaults (any key under an open mapping)."""
+    if not isinstance(tree, Mapping):
+        return
+    for key, value in tree.items():
+        dotted = prefix + str(key)
+        if not isinstance(defaults, Mapping) or key not in defaults:
+            raise _unknown(dotted, root, f" (in {source})")
+        default = defaults[key]
+        if _is_open(default):
+            continue
+        if isinstance(default, Mapping):
+            if value is not None and not isinstance(value, Mapping):
+                raise ConfigError(f"{dotted}: expected a mapping (in {source}), found {type(value).__name__} {value!r}")
+            _check_user_keys(value or {}, default, dotted + ".", source, root)
+
+
+def _apply_overrides(cfg, overrides: Sequence[str], defaults: Mapping[str, Any]) -> None:
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    parser = OverridesParser.create()
+    for item in overrides:
+        try:
+            parsed = parser.parse_overrides([item])
+        except HydraException as err:
+            detail = [line.strip() for line in str(err).splitlines()
+                      if line.strip() and not line.startswith("See ") and line.strip() != "^"
+                      and not line.startswith("Error parsing")]
+            found = detail[0].split(": ", 1)[-1] if detail else "a parse error"
+            if found == item:
+                found = "no key=value"
+            raise ConfigError(f"override {item!r}: expected key=value in Hydra's override grammar (e.g. "
+                              f"trainer.total_training_steps=3, +new.key=1, ~key), found {found}") from None
+        override = parsed[0]
+        key = override.key_or_group
+        if not (override.is_add() or override.is_force_add()) and OmegaConf.select(cfg, key, default=_MISSING) \
+                is _MISSING and not override.is_delete():
+            parent = key.rpartition(".")[0]
+            parent_default = OmegaConf.select(cfg, parent) if parent else None
+            hint = f" (to add a key use +{item})" if parent and parent_default is not None else ""
+            raise _unknown(key, defaults, hint)
+        try:
+            ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
+        except (HydraException, OmegaConfBaseException) as err:
+            raise ConfigError(f"override {item!r}: {_first_line(err)}") from None
+
+
+_MISSING = object()
+
+
+def compose(config_dir: str, config_name: str, user_file: str | None, overrides: Sequence[str],
+            rules: Mapping[str, Rule]) -> tuple[dict[str, Any], str]:
+    """Defaults <- user file <- overrides, interpolations resolved, every leaf checked (module docstring).
+
+    Returns the plain nested dict and the directory that relative paths in the user file resolve
+    against (the repository root for a file in ``configs/``, else the file's directory; the working
+    directory when there is no file).
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    base = _compose_named(config_dir, config_name)
+    try:
+        defaults = OmegaConf.to_container(base, resolve=True)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{config_dir}/{config_name}: {_first_line(err)}") from None
+    base_dir = os.getcwd()
+    OmegaConf.set_struct(base, False)
+    if user_file is not None:
+        user = _read_user_file(user_file)
+        _check_user_keys(user, defaults, "", user_file, defaults)
+        try:
+            base = OmegaConf.merge(base, user)
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"{user_file}: {_first_line(err)}") from None
+        config_dir_of_file = os.path.dirname(os.path.abspath(user_file))
+        base_dir = os.path.dirname(config_dir_of_file) if os.path.basename(config_dir_of_file) == "configs" \
+            else config_dir_of_file
+    _close_known_mappings(base, defaults)
+    _apply_overrides(base, overrides, defaults)
+    try:
+        resolved = OmegaConf.to_container(base, resolve=True)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None)
+        raise ConfigError(f"{key or 'config'}: expected a resolvable ${{...}} interpolation, found "
+                          f"{_first_line(err)}") from None
+    added = _check_tree(resolved, defaults, rules, "")
+    for key in added:
+        logger.warning("config: %s was added (+) but verl-hpc does not read it", key)
+    return resolved, base_dir
+
+
+def _close_known_mappings(cfg, defaults: Mapping[str, Any]) -> None:
+    """Struct mode (unknown keys need ``+``) everywhere except under the open mappings."""
+    from omegaconf import DictConfig, OmegaConf
+
+    OmegaConf.set_struct(cfg, True)
+
+    def walk(node, default):
+        if not isinstance(node, DictConfig) or not isinstance(default, Mapping):
+            return
+        for key in list(node.keys()):
+            child_default = default.get(key)
+            child = node._get_node(key)
+            if _is_open(child_default) and isinstance(child, DictConfig):
+                OmegaConf.set_struct(child, False)
+            elif isinstance(child, DictConfig):
+                walk(child, child_default)
+
+    walk(cfg, defaults)
+
+
+# --------------------------------------------------------------------------- leaf checks
+def _type_names(types: tuple[type, ...], nullable: bool) -> str:
+    names = [t.__name__ for t in types if not (t is int and float in types)]
+    names = ["list" if n == "list" else n for n in names]
+    return " or ".join(names + (["null"] if nullable else []))
+
+
+def check_value(dotted: str, value: Any, default: Any, rule_: Rule | None) -> Any:
+    """``value`` checked against its default's type and its rule; returns it normalised (int<->float)."""
+    rule_ = rule_ or Rule()
+    types = rule_.types or ((type(default),) if default is not None else ())
+    if float in types and int not in types:
+        types = types + (int,)
+    nullable = rule_.nullable if rule_.nullable is not None else default is None
+    if value is None:
+        if not nullable:
+            raise ConfigError(f"{dotted}: expected {_type_names(types, False)}, found null")
+        return None
+    if types:
+        if int in types and float not in types and isinstance(value, float) and value.is_integer():
+            value = int(value)  # `trainer.total_training_steps=1e3` (a float) is the integer 1000
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if not ok:
+            raise ConfigError(f"{dotted}: expected {_type_names(types, nullable)}, found "
+                              f"{type(value).__name__} {value!r}")
+        if float in types and isinstance(value, int) and not isinstance(value, bool) and int not in rule_.types:
+            value = float(value)
+    if rule_.choices is not None and value not in rule_.choices:
+        raise ConfigError(f"{dotted}: expected one of {list(rule_.choices)}, found {value!r}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value != value:  # NaN passes no range and poisons every step
+            raise ConfigError(f"{dotted}: expected a number, found nan")
+        if not rule_.in_range(value):
+            raise ConfigError(f"{dotted}: expected a value {rule_.range_text()}, found {value!r}")
+    return value
+
+
+def _check_tree(tree: dict[str, Any], defaults: Mapping[str, Any], rules: Mapping[str, Rule],
+                prefix: str) -> list[str]:
+    """Check (and normalise in place) every leaf of ``tree``; returns the added keys nobody reads.
+    A known key deleted with ``~`` reads as null."""
+    added = [prefix + str(k) for k in tree if k not in defaults]
+    for key, default in defaults.items():
+        dotted = prefix + str(key)
+        if key not in tree:
+            tree[key] = copy.deepcopy(default) if isinstance(default, Mapping) else None
+            if not isinstance(default, Mapping) and not (dotted in rules and rules[dotted].nullable) \
+                    and default is not None:
+                raise ConfigError(f"{dotted}: expected a value (it was deleted with ~{dotted}), found none")
+            continue
+        value = tree[key]
+        if isinstance(default, Mapping):
+            if _is_open(default):
+                if value is not None and not isinstance(value, Mapping):
+                    raise ConfigError(f"{dotted}: expected a mapping, found {type(value).__name__} {value!r}")
+                if value is None:
+                    tree[key] = {}
+                continue
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{dotted}: expected a mapping, found {type(value).__name__} {value!r}")
+            added += _check_tree(value, default, rules, dotted + ".")
+        else:
+            tree[key] = check_value(dotted, value, default, rules.get(dotted))
+    return added
+
+
+def deep_get(tree: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def resolve_path(path: str | None, base_dir: str) -> str | None:
+    """``~`` expanded; relative paths resolve against the working directory first, then ``base_dir``."""
+    if path is None:
+        return None
+    path = os.path.expanduser(path)
+    if os.path.isabs(path) or os.path.exists(path):
+        return os.path.abspath(path)
+    candidate = os.path.join(base_dir, path)
+    return os.path.abspath(candidate) if os.path.exists(candidate) else os.path.abspath(path)
+
+
+def config_dir_from_cli(config_path: str | None, module_file: str) -> str:
+    """Hydra's ``--config-path``: absolute, or relative to the module declaring the entry point (verl's
+    ``--config-path=config`` from ``verl/trainer/main_ppo.py`` is ``verl/trainer/config``), or to the
+    working directory."""
+    if config_path is None:
+        return PACKAGED_CONFIG_DIR
+    path = os.path.expanduser(config_path)
+    if os.path.isabs(path):
+        return path
+    beside_module = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(module_file)), path))
+    return beside_module if os.path.isdir(beside_module) else os.path.abspath(path)
