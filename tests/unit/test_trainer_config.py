@@ -149,3 +149,81 @@ def test_reward_model_config_needs_a_compatible_hf_directory(data_args, no_ranks
                   "reward_model.hot_swap: expected reward_model.enable=true")
     expect_exit_2(capsys, ["--config", GRPO, *data_args, "reward_model.enable=true", f"reward_model.model.path={rm}",
                            "reward_model.micro_batch_size_per_gpu=3"], "reward_model.micro_batch_size_per_gpu=3")
+
+
+# --------------------------------------------------------------------------- verl's config grammar (issue 15)
+def test_packaged_defaults_are_verls_command_line(data_args, no_ranks):
+    """`python3 -m verl.trainer.main_ppo --config-path=config --config-name=ppo_megatron_trainer.yaml k=v`:
+    no --config, Hydra's grammar, verl's defaults and interpolations."""
+    model = os.path.join(REPO, "configs", "models", "qwen2_tiny_arith.json")
+    argv = ["--config-path=config", "--config-name=ppo_megatron_trainer.yaml", *data_args,
+            f"actor_rollout_ref.model.path={model}", "trainer.n_gpus_per_node=2", "data.train_batch_size=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.optim.lr=1e-6",
+            "trainer.total_training_steps=1e3", "trainer.logger=['console','file']", "data.max_prompt_length=16",
+            "data.max_response_length=6",
+            "+actor_rollout_ref.actor.megatron.override_transformer_config.apply_rope_fusion=False",
+            "~trainer.resume_from_path"]
+    assert main_ppo.main(argv) == 0
+    (nproc, spawned), = no_ranks
+    assert nproc == 2 and "--config-path=config" in spawned
+    config = load_config(None, argv[2:])
+    assert config.actor_rollout_ref.actor.optim.lr == 1e-6 and config.trainer.total_training_steps == 1000
+    assert config.trainer.logger == ["console", "file"]
+    assert config.critic.optim.lr == 1e-5  # verl's critic default
+    assert config.critic.ppo_mini_batch_size == 4  # follows the actor's, as verl interpolates it
+    assert config.actor_rollout_ref.actor.megatron.use_distributed_optimizer is True
+    assert config.actor_rollout_ref.actor.megatron.override_transformer_config.apply_rope_fusion is False
+    assert config.hybrid_engine.bucket_bytes == 64 * 2**20  # rollout.checkpoint_engine.update_weights_bucket_megabytes
+
+
+def test_override_grammar_errors_are_one_line(data_args, no_ranks, capsys):
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "actor_rollout_ref.actor.optim.lrr=1e-6"],
+                  "actor_rollout_ref.actor.optim.lrr: unknown key", "did you mean 'actor_rollout_ref.actor.optim.lr'")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "+actor_rollout_ref.actor.optim.lr=1"],
+                  "actor_rollout_ref.actor.optim.lr=1", "already")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "trainer.logger=[console"], "Hydra's override grammar")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "~actor_rollout_ref.actor.optim.lr"],
+                  "actor_rollout_ref.actor.optim.lr: expected a value", "deleted")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "trainer.total_training_steps=${trainer.nope}"],
+                  "trainer.total_training_steps", "interpolation")
+    expect_exit_2(capsys, ["--config-name=ppo_trainer_typo", *data_args], "--config-name", "ppo_megatron_trainer")
+    expect_exit_2(capsys, ["--config-path=/nonexistent", *data_args], "--config-path", "/nonexistent")
+
+
+def test_keys_without_meaning_here_are_refused_with_the_reason(data_args, no_ranks, capsys):
+    for override, fragment in (("actor_rollout_ref.rollout.name=vllm", "use native"),
+                               ("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2",
+                                "interleaved"),
+                               ("actor_rollout_ref.actor.megatron.context_parallel_size=2", "context parallelism"),
+                               ("actor_rollout_ref.model.lora_rank=8", "LoRA"),
+                               ("trainer.device=npu", "cuda or cpu")):
+        expect_exit_2(capsys, ["--config", GRPO, *data_args, override], override.split("=")[0], fragment)
+
+
+def test_dtype_and_role_layouts_are_checked_against_the_actor(data_args, no_ranks, capsys):
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "actor_rollout_ref.rollout.dtype=bfloat16"],
+                  "actor_rollout_ref.rollout.dtype", "float32", "bfloat16")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=1"],
+                  "actor_rollout_ref.ref.megatron.tensor_model_parallel_size", "expected the actor's 2")
+    config = load_config(GRPO, [*data_args, "actor_rollout_ref.actor.megatron.dtype=bfloat16",
+                                "actor_rollout_ref.rollout.dtype=bfloat16"])
+    assert config.actor_rollout_ref.ref.megatron.dtype == "bfloat16"  # follows the actor's
+
+
+def test_engine_options_follow_verls_megatron_keys(data_args):
+    import torch
+
+    from verl.workers.role_utils import engine_options, optim_config
+
+    config = load_config(GRPO, [*data_args, "actor_rollout_ref.actor.megatron.dtype=bfloat16",
+                                "actor_rollout_ref.rollout.dtype=bfloat16",
+                                "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+                                "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1",
+                                "actor_rollout_ref.actor.optim.lr_decay_steps=50"])
+    arr = config.actor_rollout_ref
+    options = engine_options(arr.actor.megatron, arr.model)
+    assert options["params_dtype"] == torch.bfloat16 and options["sequence_parallel"] is True
+    assert options["transformer_overrides"] == {"recompute_granularity": "full", "recompute_method": "uniform",
+                                                "recompute_num_layers": 1}
+    optim = optim_config(arr.actor.optim, total_training_steps=100)
+    assert optim.lr_warmup_steps == 10 and optim.lr_decay_steps == 50  # verl: lr_warmup_steps=-1 -> the ratio

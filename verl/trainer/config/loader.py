@@ -196,6 +196,8 @@ def _apply_overrides(cfg, overrides: Sequence[str], defaults: Mapping[str, Any])
             parent_default = OmegaConf.select(cfg, parent) if parent else None
             hint = f" (to add a key use +{item})" if parent and parent_default is not None else ""
             raise _unknown(key, defaults, hint)
+        if override.is_delete() and override.value() is None and _delete_key(cfg, key):
+            continue  # Hydra cannot delete a key whose value is null (it reads as absent)
         try:
             ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
         except (HydraException, OmegaConfBaseException) as err:
@@ -203,6 +205,24 @@ def _apply_overrides(cfg, overrides: Sequence[str], defaults: Mapping[str, Any])
 
 
 _MISSING = object()
+
+
+def _delete_key(cfg, key: str) -> bool:
+    from omegaconf import DictConfig, OmegaConf
+
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    if not isinstance(parent, DictConfig) or leaf not in parent:
+        return False
+    with open_dict(parent):
+        del parent[leaf]
+    return True
+
+
+def open_dict(node):
+    from omegaconf import open_dict as _open_dict
+
+    return _open_dict(node)
 
 
 def compose(config_dir: str, config_name: str, user_file: str | None, overrides: Sequence[str],
