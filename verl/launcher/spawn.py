@@ -50,6 +50,20 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _libc = None
 
 
+def without_option(argv: list[str], *names: str) -> list[str]:
+    """``argv`` without the options ``names`` and their values (``--name V`` and ``--name=V``): what a
+    re-executed child must not see again."""
+    out, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item in names:
+            skip = True
+        elif not item.startswith(tuple(f"{name}=" for name in names)):
+            out.append(item)
+    return out
+
+
 def _prctl():
     """libc's prctl, loaded in the parent (a forked child before exec should not dlopen)."""
     global _libc

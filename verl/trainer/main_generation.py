@@ -217,18 +217,6 @@ def _engine_of(argv: list[str]) -> str | None:
     return None
 
 
-def _without_engine(argv: list[str]) -> list[str]:
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--engine":
-            skip = True
-        elif not arg.startswith("--engine="):
-            out.append(arg)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     from verl.engine.rollout.base import RolloutInputError
     from verl.engine.rollout.native.weights import CheckpointError
@@ -241,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     if engine == "megatron":
         # The Megatron engine is the (slow, exact) parity oracle; it has its own runner.
         from verl.engine.megatron.generate import main as megatron_generate
+        from verl.launcher.spawn import without_option
 
-        return megatron_generate(_without_engine(argv))
+        return megatron_generate(without_option(argv, "--engine"))
     try:
         args = build_parser().parse_args(argv)
         if args.engine == "sglang":

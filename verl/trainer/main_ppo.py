@@ -209,28 +209,17 @@ def main(argv: list[str] | None = None) -> int:
     import os
     import tempfile
 
-    from verl.launcher.spawn import spawn_local
+    from verl.launcher.spawn import spawn_local, without_option
 
     with tempfile.TemporaryDirectory(prefix="verl_rank_errors_") as error_dir:
         # The ranks' output reaches this process's console (and its --log_dir copy): they write no log of their own.
-        code = spawn_local(world, [sys.executable, "-m", "verl.trainer.main_ppo", *_without_log_dir(argv)],
+        rank_argv = without_option(argv, "--log_dir", "--log-dir")
+        code = spawn_local(world, [sys.executable, "-m", "verl.trainer.main_ppo", *rank_argv],
                            env={**os.environ, RANK_ERROR_DIR_ENV: error_dir})
         line = _first_rank_error(error_dir) if code != 0 else None
     if line:
         print(f"verl train: {line}", file=sys.stderr)
     return code
-
-
-def _without_log_dir(argv: list[str]) -> list[str]:
-    out, skip = [], False
-    for item in argv:
-        if skip:
-            skip = False
-        elif item in ("--log_dir", "--log-dir"):
-            skip = True
-        elif not item.startswith(("--log_dir=", "--log-dir=")):
-            out.append(item)
-    return out
 
 
 if __name__ == "__main__":
