@@ -4,15 +4,17 @@
 #   2. verl._C built with CUDA (TORCH_CUDA_ARCH_LIST, default: this GPU's arch + sm_80/sm_90);
 #   3. the GPU tier (tests/gpu: CUDA kernels incl. invalid programs, two ranks sharing the GPU over gloo:
 #      reshard bit-exact and greedy = Megatron greedy after a train step) and the kernels tier;
-#   4. figures: verl bench kernels --device cuda (bf16), then the quickstart on 1 GPU (SFT -> GRPO).
+#   4. figures: verl bench kernels --device cuda (bf16), the quickstart on 1 GPU (SFT -> GRPO), and 5 GRPO
+#      steps of a Qwen2.5-0.5B-shaped model in bf16 (configs/grpo_qwen2_0p5b_gpu.yaml).
 # Each stage prints its wall time; stages are separate commands so each fits a 10-minute limit:
 #   bash tests/run_gpu.sh setup       # 1 + 2
 #   bash tests/run_gpu.sh tests       # 3
 #   bash tests/run_gpu.sh bench       # 4a
 #   bash tests/run_gpu.sh quickstart  # 4b
+#   bash tests/run_gpu.sh qwen05b     # 4c
 # Wheels, made on a machine with network (Python of the GPU image: 3.12):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#       --platform manylinux_2_28_x86_64 --platform any -d .whl megatron-core==0.16.1 omegaconf
+#       --platform manylinux_2_28_x86_64 --platform any -d .whl megatron-core==0.16.1 omegaconf hydra-core==1.3.2
 #   pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -59,12 +61,20 @@ quickstart() {
     2>&1 | tee "$OUT/quickstart.log"
 }
 
+qwen05b() {
+  say "GRPO, Qwen2.5-0.5B shape, bf16, 1 GPU, 5 steps (configs/grpo_qwen2_0p5b_gpu.yaml)"
+  [[ -f data/arithmetic/train.parquet ]] || "$PY" -m verl.cli data arithmetic --out data/arithmetic
+  VERL_FILE_LOGGER_PATH="$OUT/qwen05b_metrics.jsonl" "$PY" -m verl.cli train \
+    --config configs/grpo_qwen2_0p5b_gpu.yaml trainer.output_dir="$OUT/qwen05b" trainer.resume_mode=disable \
+    2>&1 | tee "$OUT/qwen05b.log"
+}
 case "$stage" in
   setup) setup ;;
   tests) tests ;;
   bench) bench ;;
   quickstart) quickstart ;;
-  all) setup; tests; bench; quickstart ;;
-  *) echo "run_gpu: expected a stage among setup, tests, bench, quickstart, all; found '$stage'" >&2; exit 2 ;;
+  qwen05b) qwen05b ;;
+  all) setup; tests; bench; quickstart; qwen05b ;;
+  *) echo "run_gpu: expected a stage among setup, tests, bench, quickstart, qwen05b, all; found '$stage'" >&2; exit 2 ;;
 esac
 say "done: $stage"

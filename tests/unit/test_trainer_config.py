@@ -227,3 +227,10 @@ def test_engine_options_follow_verls_megatron_keys(data_args):
                                                 "recompute_num_layers": 1}
     optim = optim_config(arr.actor.optim, total_training_steps=100)
     assert optim.lr_warmup_steps == 10 and optim.lr_decay_steps == 50  # verl: lr_warmup_steps=-1 -> the ratio
+
+
+def test_the_real_size_gpu_config_validates(data_args):
+    """configs/grpo_qwen2_0p5b_gpu.yaml (Qwen2.5-0.5B shape, bf16, 1 GPU) passes every config check on CPU."""
+    config = load_config(os.path.join(REPO, "configs", "grpo_qwen2_0p5b_gpu.yaml"), data_args)
+    assert config.actor_rollout_ref.actor.megatron.dtype == config.actor_rollout_ref.rollout.dtype == "bfloat16"
+    assert config.trainer.n_gpus_per_node == 1 and config.actor_rollout_ref.rollout.n == 8
