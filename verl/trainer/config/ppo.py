@@ -210,6 +210,9 @@ REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
        "offloading Megatron state to host memory between phases is not implemented on GPUs yet (on CPU the "
        "state already lives in host memory): set false")
       for role in (f"{ARR}.actor", "critic") for key in ("param_offload", "grad_offload", "optimizer_offload")),
+    (f"{ARR}.actor.megatron.use_dist_checkpointing", bool,
+     "initial weights come from model.path (an HF directory); turn a Megatron checkpoint into one with "
+     "`verl convert mcore-to-hf --ckpt DIR --out HF_DIR`, then set use_dist_checkpointing=false"),
     ("algorithm.use_pf_ppo", bool, "PF-PPO reweighting is not implemented: set false"),
     ("trainer.default_hdfs_dir", lambda v: v is not None, "there is no HDFS here: set null (checkpoints go to "
      "trainer.default_local_dir)"),
