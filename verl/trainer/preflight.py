@@ -1,5 +1,5 @@
-"""Everything ``verl train`` can check before a rank starts: the tokenizer, the model directories,
-one pass over each dataset, an explicit resume checkpoint. Each problem is one ``ConfigError`` /
+"""Everything ``verl train`` can check before a rank starts: the loggers, the tokenizer, the model
+directories, one pass over each dataset, an explicit resume checkpoint. Each problem is one ``ConfigError`` /
 ``DatasetError`` / ``CheckpointError`` line (exit 2), so no rank ever starts on input it would
 fail on at step 3, and nothing is written for a run that cannot start."""
 
@@ -11,6 +11,7 @@ from typing import Any
 from verl.utils.checkpoint import CheckpointError, checkpoint_problem
 from verl.utils.dataset.errors import DatasetError
 from verl.utils.safetensors_check import model_dir_problem
+from verl.utils.tracking import check_backends
 
 
 class PreflightError(ValueError):
@@ -58,6 +59,10 @@ def check_datasets(config: Any, tokenizer: Any) -> None:
 
 def preflight(config: Any) -> None:
     """Raises PreflightError, DatasetError or CheckpointError (all ValueErrors: exit 2)."""
+    try:
+        check_backends(list(config.trainer.logger))  # e.g. `wandb` asked for but not installed
+    except ValueError as err:
+        raise PreflightError(str(err)) from None
     tokenizer = load_tokenizer(config.data.tokenizer)
     check_model_dir("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path)
     check_model_dir("critic.model.path", config.critic.model.path)

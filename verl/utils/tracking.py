@@ -1,23 +1,37 @@
 """Tracking: one ``log(data, step)`` fanned out to the configured backends (rank 0 only).
 
-Always ``<output_dir>/metrics.jsonl`` (one JSON object per step, with ``step``); ``trainer.logger``
-adds ``console`` (a compact line per step), ``csv`` (``metrics.csv``; rewritten when new columns
-appear) and ``tensorboard`` (``<output_dir>/tensorboard``).
+Always ``<output_dir>/metrics.jsonl`` (one flat JSON object per step, with ``step``: what ``verl plot``
+and the quickstart read). ``trainer.logger`` adds, by verl's names:
+
+- ``console``: a compact line per step;
+- ``file``: verl's JSONL file logger, one line ``{"step": N, "data": {...}}`` per step, at
+  ``$VERL_FILE_LOGGER_PATH``, else ``<$VERL_FILE_LOGGER_ROOT or .>/<project_name>/<experiment_name>.jsonl``
+  (verl's rule). Unlike verl's, which truncates the file, it appends, so a resumed run continues it
+  (a step logged again after a restart appears twice: take the last); a cut last line is dropped first;
+- ``tensorboard``: ``$TENSORBOARD_DIR`` or ``<output_dir>/tensorboard``;
+- ``wandb``: imported only when asked; offline (``WANDB_MODE=offline``) unless ``WANDB_MODE`` or
+  ``WANDB_API_KEY`` is set; files under ``$WANDB_DIR`` or ``<output_dir>``; finished on close;
+- ``csv``: ``metrics.csv``, rewritten when new columns appear (ours).
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import logging
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from verl.utils.logging_utils import get_logger
+
+logger = get_logger(__name__)
 METRICS_FILE = "metrics.jsonl"
+# The names trainer.logger accepts (verl's names, plus our csv).
+SUPPORTED_BACKENDS = ("console", "file", "tensorboard", "wandb", "csv")
+FILE_LOGGER_PATH_ENV = "VERL_FILE_LOGGER_PATH"
+FILE_LOGGER_ROOT_ENV = "VERL_FILE_LOGGER_ROOT"
 
 # The compact console line shows these, in this order, when present.
 CONSOLE_KEYS = (
@@ -42,12 +56,106 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _number_or_null(value: Any) -> Any:
+    """verl's file logger (orjson) writes NaN and infinities as null."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def import_wandb() -> Any:
+    """The wandb module, or one ValueError saying it is missing."""
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError("trainer.logger: wandb requested, expected the wandb package (pip install wandb), "
+                         "found none") from None
+    return wandb
+
+
+def check_backends(backends: Sequence[str]) -> None:
+    """Raise one ValueError for a backend name we do not know or whose package is missing
+    (what :class:`Tracking` would raise, checkable before any rank starts)."""
+    for name in backends:
+        if name not in SUPPORTED_BACKENDS:
+            raise ValueError(f"trainer.logger: expected entries among {list(SUPPORTED_BACKENDS)}, found {name!r}")
+    if "wandb" in backends:
+        import_wandb()
+
+
+def file_logger_path(project_name: str, experiment_name: str, environ: Mapping[str, str] | None = None) -> str:
+    """verl's FileLogger path: ``$VERL_FILE_LOGGER_PATH``, else
+    ``<$VERL_FILE_LOGGER_ROOT or .>/<project_name>/<experiment_name>.jsonl``."""
+    environ = os.environ if environ is None else environ
+    path = environ.get(FILE_LOGGER_PATH_ENV)
+    if path:
+        return path
+    root = os.path.expanduser(environ.get(FILE_LOGGER_ROOT_ENV) or ".")
+    return os.path.join(root, project_name, f"{experiment_name}.jsonl")
+
+
+class FileLogger:
+    """verl's ``file`` backend: ``{"step": N, "data": {...}}`` per line, appended (see the module doc)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        drop_partial_last_line(path)
+        self._fh = open(path, "ab")
+        logger.info("file logger: appending to %s", path)
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        record = {"step": step, "data": {k: _number_or_null(v) for k, v in data.items()}}
+        self._fh.write((json.dumps(record, allow_nan=False) + "\n").encode("utf-8"))  # one write per line
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+class WandbLogger:
+    """verl's ``wandb`` backend: ``wandb.init(project, name, entity=$WANDB_ENTITY, config)``, ``log(step=)``."""
+
+    def __init__(self, project_name: str, experiment_name: str, output_dir: str, config: Any = None):
+        wandb = import_wandb()
+        kwargs: dict[str, Any] = {"project": project_name, "name": experiment_name,
+                                  "entity": os.environ.get("WANDB_ENTITY"), "config": config,
+                                  "dir": os.environ.get("WANDB_DIR") or output_dir}
+        if not os.environ.get("WANDB_MODE") and not os.environ.get("WANDB_API_KEY"):
+            kwargs["mode"] = "offline"  # no credentials: keep the run on disk (`wandb sync` uploads it later)
+            logger.info("wandb: no WANDB_MODE or WANDB_API_KEY set, logging offline under %s", kwargs["dir"])
+        self._run = wandb.init(**kwargs)
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        self._run.log({k: v.item() if hasattr(v, "item") else v for k, v in data.items()}, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+def _config_dict(config: Any) -> Any:
+    """A run config as plain containers for wandb (an OmegaConf config, a dict, or None)."""
+    if config is None or isinstance(config, dict):
+        return config
+    try:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(config, resolve=True)
+    except (ImportError, ValueError):  # not an OmegaConf object: wandb gets no config rather than a failed run
+        return None
+
+
 class Tracking:
     def __init__(self, output_dir: str, backends: Sequence[str] = ("console",), project_name: str = "",
-                 experiment_name: str = "", stream=None):
+                 experiment_name: str = "", stream=None, config: Any = None):
+        check_backends(backends)  # before anything is written
         self.output_dir = output_dir
         self.backends = list(backends)
         self.stream = stream or sys.stdout
+        self.project_name, self.experiment_name = project_name, experiment_name
         os.makedirs(output_dir, exist_ok=True)
         jsonl_path = os.path.join(output_dir, METRICS_FILE)
         drop_partial_last_line(jsonl_path)
@@ -61,7 +169,10 @@ class Tracking:
 
             # verl's TENSORBOARD_DIR (what `verl train --tensorboard_dir` sets) wins over the run's own dir.
             self._tb = SummaryWriter(os.environ.get("TENSORBOARD_DIR") or os.path.join(output_dir, "tensorboard"))
-        self.project_name, self.experiment_name = project_name, experiment_name
+        self._file = FileLogger(file_logger_path(project_name, experiment_name)) if "file" in self.backends else None
+        self._wandb = WandbLogger(project_name, experiment_name, output_dir, _config_dict(config)) \
+            if "wandb" in self.backends else None
+        self._closed = False
 
     def _read_csv(self) -> list[dict[str, Any]]:
         if not os.path.isfile(self._csv_path):
@@ -80,6 +191,10 @@ class Tracking:
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._tb.add_scalar(key, value, step)
             self._tb.flush()
+        if self._file is not None:
+            self._file.log(data, step)
+        if self._wandb is not None:
+            self._wandb.log(data, step)
         if "console" in self.backends:
             self.stream.write(self.console_line(record, total_steps) + "\n")
             self.stream.flush()
@@ -109,9 +224,17 @@ class Tracking:
                 csv.DictWriter(fh, fieldnames=self._csv_columns).writerow(record)
 
     def close(self) -> None:
+        """Close every backend (wandb: finish the run); a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+        if self._file is not None:
+            self._file.close()
+        if self._wandb is not None:
+            self._wandb.close()
 
 
 class MetricsError(ValueError):
@@ -132,12 +255,15 @@ def _parse_record(path: str, lineno: int, raw: bytes) -> dict[str, Any]:
     if not isinstance(record, dict) or not isinstance(record.get("step"), int):
         raise MetricsError(f"{path}, line {lineno}: expected a JSON object with an integer 'step', "
                            f"found {json.dumps(record)[:60]}")
+    if set(record) == {"step", "data"} and isinstance(record["data"], dict):  # the `file` logger's line
+        return {**record["data"], "step": record["step"]}
     return record
 
 
 def read_metrics(output_dir: str, live: bool = False) -> list[dict[str, Any]]:
-    """Every record of ``metrics.jsonl`` (``output_dir`` is its directory or the file itself), by step;
-    a step logged twice (a resumed run) keeps its last record.
+    """Every record of ``metrics.jsonl`` (``output_dir`` is its directory or the file itself; the
+    ``file`` logger's ``{"step", "data"}`` lines are read flat too), by step; a step logged twice (a
+    resumed run) keeps its last record.
 
     A last line without its newline is a record being written (or one a killed writer left half
     written): it is skipped, with a warning once per file unless ``live`` (the caller polls a file
@@ -194,4 +320,4 @@ def rank_zero_tracking(config: Any, rank: int) -> Tracking | None:
     if rank != 0:
         return None
     return Tracking(config.trainer.output_dir, list(config.trainer.logger), config.trainer.project_name,
-                    config.trainer.experiment_name)
+                    config.trainer.experiment_name, config=config)
