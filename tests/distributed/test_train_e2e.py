@@ -26,13 +26,14 @@ COMMON_KEYS = [
     "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "actor/pg_loss", "actor/entropy",
     "actor/ppo_kl", "actor/pg_clipfrac", "response_length/mean", "timing_s/gen", "timing_s/ref", "timing_s/adv",
     "timing_s/update_actor", "timing_s/reshard", "timing_s/step", "perf/throughput", "perf/reshard_bytes",
-    "perf/rss_mb/max",
+    "perf/cpu_memory_used_gb", "training/global_step", "training/epoch",
 ]
-CRITIC_KEYS = ["critic/vf_loss", "critic/values/mean", "timing_s/values", "timing_s/update_critic"]
+CRITIC_KEYS = ["critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "timing_s/values",
+               "timing_s/update_critic"]
 VAL_KEYS = ["val/accuracy", "val-core/arithmetic/reward/mean@1"]
 # Wall-clock and memory readings differ between any two runs; everything else must match exactly.
 NONDETERMINISTIC_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time_per_step",
-                             "perf/rss_mb", "perf/max_memory")
+                             "perf/cpu_memory_used_gb", "perf/max_memory", "perf/mfu/")
 
 
 @pytest.fixture(scope="module")

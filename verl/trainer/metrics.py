@@ -5,21 +5,32 @@
   critic/advantages/{mean,max,min}   over response tokens
   critic/returns/{mean,max,min}      over response tokens
   critic/values/{mean,max,min}       over response tokens (with a critic)
+  critic/vf_explained_var            1 - Var(returns - values) / (Var(returns) + 1e-5) over response
+                                     tokens (with a critic; the values the advantages used, as verl)
   response_length/{mean,max,min,clip_ratio}, prompt_length/{mean,max,min,clip_ratio}
   timing_s/<phase>, timing_per_token_ms/<phase>
   perf/total_num_tokens, perf/time_per_step, perf/throughput (tokens / s / rank)
-  perf/rss_mb/{max,min}              resident memory over ranks (CPU), perf/max_memory_allocated_gb (GPU)
+  perf/cpu_memory_used_gb            resident memory of a rank's process (GiB), the max over ranks
+  perf/max_memory_{allocated,reserved}_gb   peak device memory (GiB), the max over ranks (GPU only)
+  perf/mfu/{actor,critic}            model FLOPs utilisation of the update (GPU with a known peak only;
+                                     see verl/utils/flops_counter.py)
+  training/global_step, training/epoch
   training/rollout_probs_diff_{max,mean,std}   |p_rollout - p_actor| of the response tokens (verl's
                                      debug metric: the rollout and the actor should agree closely)
 """
 
 from __future__ import annotations
 
+import os
 import resource
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from verl.protocol import DataProto
+from verl.utils import flops_counter
+from verl.utils.device import is_cuda_available
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -41,7 +52,9 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]
     metrics.update(_stats("critic/advantages", batch.batch["advantages"][response_mask]))
     metrics.update(_stats("critic/returns", batch.batch["returns"][response_mask]))
     if use_critic:
-        metrics.update(_stats("critic/values", batch.batch["values"][response_mask]))
+        values = batch.batch["values"][response_mask]
+        metrics.update(_stats("critic/values", values))
+        metrics["critic/vf_explained_var"] = explained_variance(batch.batch["returns"][response_mask], values)
     response_lengths = response_mask.sum(-1).float()
     prompt_lengths = prompt_mask.sum(-1).float()
     metrics.update(_stats("response_length", response_lengths))
@@ -49,6 +62,13 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]
     metrics.update(_stats("prompt_length", prompt_lengths))
     metrics["prompt_length/clip_ratio"] = (prompt_lengths == max_prompt).float().mean().item()
     return metrics
+
+
+def explained_variance(returns: torch.Tensor, values: torch.Tensor) -> float:
+    """verl's ``critic/vf_explained_var``: 1 - Var(returns - values) / (Var(returns) + 1e-5), with
+    torch's unbiased variance, over the (already masked) response tokens."""
+    returns, values = returns.float(), values.float()
+    return (1.0 - torch.var(returns - values) / (torch.var(returns) + 1e-5)).item()
 
 
 def compute_rollout_probs_diff_metrics(batch: DataProto) -> dict[str, float]:
@@ -82,21 +102,51 @@ def compute_throughput_metrics(batch: DataProto, step_seconds: float, n_ranks: i
             "perf/throughput": tokens / max(step_seconds, 1e-9) / n_ranks}
 
 
+GIB = float(2**30)
+MEMORY_KEYS = ("perf/cpu_memory_used_gb", "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb")
+
+
+def _resident_bytes() -> int:
+    """This process's resident set size now (Linux /proc), else its peak (getrusage)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak * 1024 if os.uname().sysname == "Linux" else peak  # KiB on Linux, bytes on macOS
+
+
 def local_memory_metrics() -> dict[str, float]:
-    """This rank's peak resident memory (MiB) and, on GPU, peak allocated device memory (GiB)."""
-    out = {"perf/rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
-    if torch.cuda.is_available():
-        out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    """This rank's resident memory (GiB) and, on GPU, its peak allocated / reserved device memory (GiB)."""
+    out = {"perf/cpu_memory_used_gb": _resident_bytes() / GIB}
+    if is_cuda_available():
+        out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / GIB
+        out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / GIB
     return out
 
 
-def reduce_memory_metrics(per_rank: list) -> dict[str, float]:
-    """Max/min over ranks of each rank's :func:`local_memory_metrics`, plus the per-rank RSS."""
-    out: dict[str, float] = {}
-    for key in per_rank[0]:
-        values = [m[key] for m in per_rank]
-        out[f"{key}/max"] = max(values)
-        out[f"{key}/min"] = min(values)
-    for rank, m in enumerate(per_rank):
-        out[f"perf/rss_mb/rank{rank}"] = m["perf/rss_mb"]
+def reduce_memory_metrics(per_rank: list[Mapping[str, float]]) -> dict[str, float]:
+    """Each key of the ranks' :func:`local_memory_metrics`, the max over ranks, under the same key."""
+    keys = dict.fromkeys(k for m in per_rank for k in m)
+    return {key: max(m[key] for m in per_rank if key in m) for key in keys}
+
+
+def compute_mfu_metrics(batch: DataProto, timing: Mapping[str, float], n_devices: int, peak_flops: float | None,
+                        actor_config: Any, actor_epochs: int, critic_config: Any = None,
+                        critic_epochs: int = 1) -> dict[str, float]:
+    """``perf/mfu/actor`` (and ``perf/mfu/critic``) of the step's updates: the FLOPs of ``epochs``
+    passes over the batch's valid tokens (verl's formula) / the update phase's seconds / the promised
+    FLOP/s of ``n_devices`` devices. Empty without a peak (CPU, or a GPU not in the table)."""
+    if peak_flops is None:
+        return {}
+    seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+    out = {}
+    for role, config, epochs in (("actor", actor_config, actor_epochs), ("critic", critic_config, critic_epochs)):
+        seconds = timing.get(f"update_{role}")
+        if config is None or seconds is None:
+            continue
+        value = flops_counter.mfu(epochs * flops_counter.training_flops(config, seqlens), seconds, n_devices,
+                                  peak_flops)
+        if value is not None:
+            out[f"perf/mfu/{role}"] = value
     return out

@@ -50,6 +50,7 @@ from verl.trainer.config import use_critic, use_reference
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.advantage import apply_kl_penalty, compute_advantage
 from verl.utils import checkpoint as ckpt
+from verl.utils.flops_counter import device_peak_flops
 from verl.utils.tracking import rank_zero_tracking
 
 PROMPT_FIELDS = ("input_ids", "attention_mask", "position_ids")
@@ -118,6 +119,12 @@ class PPOTrainer:
         self._exported_step = None
         self.tracking = None
         self._timing: dict[str, float] = {}
+        # perf/mfu/*: the models' shapes and this device's promised FLOP/s (None on CPU: no mfu).
+        from verl.models.config import ModelConfig
+
+        self.peak_flops = device_peak_flops()
+        self.actor_model_config = ModelConfig.from_pretrained(config.actor_rollout_ref.model.path)
+        self.critic_model_config = ModelConfig.from_pretrained(config.critic.model.path) if self.use_critic else None
 
     # ------------------------------------------------------------------ helpers
     def _print(self, text: str) -> None:
@@ -289,6 +296,10 @@ class PPOTrainer:
         metrics.update(metric_utils.compute_timing_metrics(batch, self._timing))
         metrics.update(metric_utils.compute_throughput_metrics(batch, self._timing["step"], self.world_size))
         metrics.update(metric_utils.reduce_memory_metrics(all_gather_objects(metric_utils.local_memory_metrics())))
+        metrics.update(metric_utils.compute_mfu_metrics(
+            batch, self._timing, self.world_size, self.peak_flops, self.actor_model_config,
+            cfg.actor_rollout_ref.actor.ppo_epochs, self.critic_model_config,
+            cfg.critic.ppo_epochs if self.use_critic else 1))
         if self.debug:
             self._debug_print(batch, metrics)
         return metrics
@@ -346,6 +357,8 @@ class PPOTrainer:
                 for batch_dict in self.train_dataloader:
                     step = self.global_step + 1
                     metrics = self.train_step(batch_dict, step)
+                    metrics["training/global_step"] = step
+                    metrics["training/epoch"] = epoch_before
                     self.global_step = step
                     last = step >= self.total_training_steps
                     if validate and trainer.test_freq > 0 and (step % trainer.test_freq == 0 or last):
