@@ -258,7 +258,7 @@ def summarize(out: str, walls: dict[str, float], resumed_from: int) -> dict[str,
         "step_s": _mean(steps, "timing_s/step"),
         "gen_s_per_step": _mean(steps, "timing_s/gen"),
         "update_actor_s_per_step": _mean(steps, "timing_s/update_actor"),
-        "reshard_s_per_step": _mean(steps, "timing_s/reshard"),
+        "reshard_s_per_step": _mean(steps, "timing_s/update_weights"),  # verl's name for the weight sync
         "reshard_bytes_per_step": _mean(steps, "perf/reshard_bytes"),
         "final_score_mean": _mean(steps[-10:], "critic/score/mean"),
         "wall_s": dict(walls),
@@ -288,7 +288,7 @@ def format_summary(summary: dict[str, Any], out: str, algo: str) -> str:
                                            f"{num(summary['tokens_per_s_per_rank'], '.0f')}"),
         ("step time (s): total / gen / update_actor",
          " / ".join(num(summary[k], ".3f") for k in ("step_s", "gen_s_per_step", "update_actor_s_per_step"))),
-        ("reshard per step (3D-HybridEngine, training -> rollout layout)",
+        ("reshard per step (timing_s/update_weights: training -> rollout layout)",
          f"{num(None if summary['reshard_s_per_step'] is None else 1000 * summary['reshard_s_per_step'], '.1f')} ms, "
          f"{num(None if reshard_bytes is None else reshard_bytes / 1024, '.0f')}"
          f" KiB received/rank"),

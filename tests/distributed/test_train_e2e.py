@@ -25,11 +25,17 @@ RUN_TIMEOUT_S = 240
 COMMON_KEYS = [
     "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "actor/pg_loss", "actor/entropy",
     "actor/ppo_kl", "actor/pg_clipfrac", "response_length/mean", "timing_s/gen", "timing_s/ref", "timing_s/adv",
-    "timing_s/update_actor", "timing_s/reshard", "timing_s/step", "perf/throughput", "perf/reshard_bytes",
+    "timing_s/update_actor", "timing_s/update_weights", "timing_s/step", "perf/throughput", "perf/reshard_bytes",
     "perf/cpu_memory_used_gb", "training/global_step", "training/epoch",
 ]
 CRITIC_KEYS = ["critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "timing_s/values",
                "timing_s/update_critic"]
+# What a CPU run must not log: the per-rank memory series and max/min pairs verl does not have, the
+# reshard nested in gen under its own name, and an MFU without a promised peak.
+GONE_KEYS = ("perf/rss_mb", "timing_s/reshard", "perf/cpu_memory_used_gb/", "perf/mfu/")
+# The phases of one step (trainer.train_step), each timed once, that make up timing_s/step.
+STEP_PHASES = ("swap_reward_model", "update_weights", "gen", "gen_max", "reward", "old_log_prob", "ref", "values",
+               "adv", "update_critic", "update_actor")
 VAL_KEYS = ["val/accuracy", "val-core/arithmetic/reward/mean@1"]
 # Wall-clock and memory readings differ between any two runs; everything else must match exactly.
 NONDETERMINISTIC_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time_per_step",
@@ -65,6 +71,20 @@ def read_metrics(output_dir):
     return {record["step"]: record for record in read(str(output_dir))}
 
 
+def check_step_record(record, step, keys):
+    """``keys`` present, verl's step counters, no retired names, and the phases adding up to the step."""
+    missing = [k for k in keys if k not in record]
+    assert not missing, f"step {step} lacks {missing}"
+    # 64 training prompts in batches of 64 (the configs' train_batch_size): one step per epoch.
+    assert (record["training/global_step"], record["training/epoch"]) == (step, step - 1)
+    gone = [k for k in record if k.startswith(GONE_KEYS)]
+    assert not gone, f"step {step} logs {gone}"
+    phases = sum(record.get(f"timing_s/{p}", 0.0) for p in STEP_PHASES)
+    # Outside the phases: building the prompt batch and reading the rollout's metrics (milliseconds).
+    assert 0.97 * record["timing_s/step"] <= phases <= record["timing_s/step"], (
+        f"step {step}: phases {phases:.3f}s vs timing_s/step {record['timing_s/step']:.3f}s")
+
+
 def deterministic(record):
     return {k: v for k, v in record.items() if not k.startswith(NONDETERMINISTIC_PREFIXES)}
 
@@ -92,8 +112,7 @@ def test_grpo_two_ranks_logs_verl_metrics_and_resumes_exactly_after_kill(tmp_pat
     assert sorted(full) == [0, 1, 2, 3, 4]
     assert all(k in full[0] for k in VAL_KEYS), sorted(full[0])
     for step in (1, 2, 3, 4):
-        missing = [k for k in COMMON_KEYS if k not in full[step]]
-        assert not missing, f"step {step} lacks {missing}"
+        check_step_record(full[step], step, COMMON_KEYS)
     assert all(k in full[4] for k in VAL_KEYS)
     assert os.path.isfile(full_dir / "metrics.csv")
 
@@ -125,8 +144,8 @@ def test_ppo_two_ranks_trains_critic_with_gae(tmp_path, arithmetic_data):
     metrics = read_metrics(tmp_path)
     assert sorted(metrics) == [1, 2]
     for step in (1, 2):
-        missing = [k for k in COMMON_KEYS + CRITIC_KEYS + ["actor/reward_kl_penalty"] if k not in metrics[step]]
-        assert not missing, f"step {step} lacks {missing}"
+        check_step_record(metrics[step], step, COMMON_KEYS + CRITIC_KEYS + ["actor/reward_kl_penalty"])
+        assert metrics[step]["critic/vf_explained_var"] <= 1.0
     assert all(k in metrics[2] for k in VAL_KEYS)
 
 
@@ -164,8 +183,7 @@ def test_remax_with_reward_model_hot_swap_temperature_and_hf_export(tmp_path, ar
     metrics = read_metrics(out)
     assert sorted(metrics) == [1, 2]
     for step in (1, 2):
-        missing = [k for k in COMMON_KEYS + ["timing_s/gen_max", "timing_s/reward"] if k not in metrics[step]]
-        assert not missing, f"step {step} lacks {missing}"
+        check_step_record(metrics[step], step, COMMON_KEYS + ["timing_s/gen_max", "timing_s/reward"])
         # old_log_probs are taken at the rollout temperature: the actor and the rollout agree.
         assert metrics[step]["training/rollout_probs_diff_max"] < 1e-4
     assert (metrics[1]["reward_model/swapped"], metrics[2]["reward_model/swapped"]) == (0.0, 1.0)

@@ -1,9 +1,11 @@
 """Actor, rollout and reference policy colocated on every rank, joined by the 3D-HybridEngine.
 
 The actor trains in Megatron's (p, t, d) layout; the rollout engine generates in the SGLang layout
-(t_g, d_g·d); ``generate_sequences`` reshards the actor's weights into the rollout engine's flat
-buffer in place (``to_rollout``), generates, and releases the rollout memory (``to_training``).
-The training weights never move. The reference policy is a forward-only copy of the initial actor.
+(t_g, d_g·d). ``update_weights`` reshards the actor's weights into the rollout engine's flat buffer
+in place (``to_rollout``; verl's weight-sync phase, timed by the trainer as ``timing_s/update_weights``);
+``generate_sequences`` generates and releases the rollout memory (``to_training``), resharding first
+itself when no ``update_weights`` preceded it (validation). The training weights never move. The
+reference policy is a forward-only copy of the initial actor.
 
 Dispatch: log-prob and update methods split the batch over Megatron DP replicas
 (MEGATRON_COMPUTE_PROTO); generation splits prompts over rollout DP replicas (mesh "rollout").
@@ -130,6 +132,7 @@ class ActorRolloutRefWorker(Worker):
         self.hybrid_engine = HybridEngine(engine, self.rollout, self.model_config, training, rollout_tp,
                                           config.hybrid_engine.bucket_bytes, arr.rollout.dtype)
         self.hybrid_engine.to_training()  # start with the rollout memory released
+        self._rollout_synced = False  # the rollout engine holds the actor's current weights
         rank = dist.get_rank()
         self.rollout_tp_rank = groups.rollout_tp_rank[rank]
         self.rollout_dp_rank = [i for i, g in enumerate(groups.rollout_tp_groups) if rank in g][0]
@@ -148,9 +151,24 @@ class ActorRolloutRefWorker(Worker):
                 "rollout": MeshRank(self.rollout_dp_rank, self.rollout_dp_size, self.rollout_tp_rank == 0)}
 
     # ------------------------------------------------------------------ generation
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def update_weights(self) -> dict[str, float]:
+        """Reshard the actor's weights into the rollout engine (training -> rollout layout) for the next
+        ``generate_sequences``; returns rank 0's reshard statistics (``perf/reshard_bytes``,
+        ``perf/reshard_peak_extra_mb``)."""
+        metrics = self.hybrid_engine.to_rollout()
+        self._rollout_synced = True
+        return metrics
+
+    def _release_rollout(self) -> None:
+        """Free the rollout weights and KV cache; the next generation reshards again."""
+        self.hybrid_engine.to_training()
+        self._rollout_synced = False
+
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("rollout"))
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Prompts (input_ids/attention_mask [B, P]) -> verl rollout fields, n rows per prompt.
+        """Prompts (input_ids/attention_mask [B, P]) -> verl rollout fields, n rows per prompt; the
+        rollout memory is released afterwards.
 
         meta_info: ``validate`` (True: val_kwargs sampling), ``seed`` (sampling seed of this call;
         each rollout replica offsets it by its DP rank so replicas draw different streams).
@@ -159,13 +177,13 @@ class ActorRolloutRefWorker(Worker):
         params = self.val_sampling if meta.get("validate") else self.train_sampling
         if meta.get("seed") is not None:
             params = dataclasses.replace(params, seed=int(meta["seed"]) * 1009 + self.rollout_dp_rank)
+        metrics = {} if self._rollout_synced else self.hybrid_engine.to_rollout()
         start = time.perf_counter()
-        reshard = self.hybrid_engine.to_rollout()
         try:
             out = self.rollout.generate_sequences(prompts, params)
         finally:
-            self.hybrid_engine.to_training()
-        out.meta_info["metrics"] = {**reshard, "timing_s/generate_sequences": time.perf_counter() - start}
+            self._release_rollout()
+        out.meta_info["metrics"] = {**metrics, "timing_s/generate_sequences": time.perf_counter() - start}
         return out
 
     # ------------------------------------------------------------------ log-probs
@@ -206,6 +224,8 @@ class ActorRolloutRefWorker(Worker):
         fields = batch_fields(data, keys)
         mini = cfg.ppo_mini_batch_size * self.rollout_config.n // self.dp_size
         self.actor.micro_batch_size = cfg.ppo_micro_batch_size_per_gpu
+        if self._rollout_synced:  # weights synced before this update would be stale
+            self._release_rollout()
         steps = []
         try:
             seed = int(data.meta_info.get("seed", 0))
@@ -234,6 +254,8 @@ class ActorRolloutRefWorker(Worker):
     def load_checkpoint(self, path: str) -> int:
         from verl.engine.megatron.checkpoint import load_checkpoint
 
+        if self._rollout_synced:
+            self._release_rollout()
         return load_checkpoint(self.actor.engine, path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -4,14 +4,19 @@ Every rank executes :meth:`PPOTrainer.fit` with the same data; each worker-group
 batch over that role's ranks and hands every rank the gathered result, so the loop reads as the
 sequential dataflow of HybridFlow:
 
-    prompts -> generate (reshard in, sample, release) -> reward -> old log-probs -> ref log-probs
-    -> values -> KL-in-reward / advantages -> update critic -> update actor
+    prompts -> update weights (reshard in) -> generate (sample, release) -> reward -> old log-probs
+    -> ref log-probs -> values -> KL-in-reward / advantages -> update critic -> update actor
+
+Each phase is timed (``timing_s/<phase>``, verl's names; ``update_weights`` is the reshard, on its
+own as in verl, not inside ``gen``); together they are ``timing_s/step``. Validation and checkpoints
+after a step are timed outside it (``timing_s/testing``, ``timing_s/save_checkpoint``).
 
 PPO with critic + GAE; GRPO / RLOO / REINFORCE++ (+baseline) / ReMax without a critic; the reference
 policy when the KL is in the reward or in the loss. Only rank 0 logs and prints.
 
 ReMax (``algorithm.adv_estimator=remax``) also generates one greedy response per prompt
-(``do_sample=False``, timed as ``gen_max``); its sequence reward is the prompt's ``reward_baselines``.
+(``do_sample=False``, timed as ``gen_max``, after its own weight sync, added to ``update_weights``);
+its sequence reward is the prompt's ``reward_baselines``.
 
 Model-based reward (``reward_model.enable=true``): the reward-model worker writes ``rm_scores`` and
 the reward manager passes them through as ``token_level_scores`` (verl's behaviour). Hot swap,
@@ -134,10 +139,11 @@ class PPOTrainer:
 
     @contextlib.contextmanager
     def _timer(self, name: str) -> Iterator[None]:
+        """Time a phase into ``self._timing[name]``; a phase run twice in a step adds up."""
         start = time.perf_counter()
         yield
         seconds = time.perf_counter() - start
-        self._timing[name] = seconds
+        self._timing[name] = self._timing.get(name, 0.0) + seconds
         if name != "step":
             self._print(f"[{name}] {seconds:.2f}s")
 
@@ -251,11 +257,15 @@ class PPOTrainer:
             if self.use_rm:
                 metrics.update(self._maybe_swap_reward_model(step))
             gen = self._prompt_batch(batch_dict, step, validate=False)
+            with self._timer("update_weights"):
+                metrics.update(self.actor_rollout_wg.update_weights())
             with self._timer("gen"):
                 batch = self.actor_rollout_wg.generate_sequences(gen)
             metrics.update(batch.meta_info.pop("metrics"))
             batch.meta_info = {"seed": step}
             if cfg.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX.value:
+                with self._timer("update_weights"):  # generation released the rollout weights
+                    self.actor_rollout_wg.update_weights()
                 with self._timer("gen_max"):
                     batch.batch["reward_baselines"] = self._greedy_baseline_rewards(gen).repeat_interleave(
                         cfg.actor_rollout_ref.rollout.n)
@@ -372,6 +382,8 @@ class PPOTrainer:
                     preempted = preempt.should_stop()
                     if preempted and not saved and not self.dry_run:
                         self.save_checkpoint()
+                    if "save_checkpoint" in self._timing:
+                        metrics["timing_s/save_checkpoint"] = self._timing["save_checkpoint"]
                     self._log(metrics, step)
                     progress.update(1)
                     if last or preempted:
