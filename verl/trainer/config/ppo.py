@@ -33,10 +33,10 @@ from verl.trainer.config.loader import (
 )
 from verl.trainer.ppo.core_algos import KL_PENALTY_CHOICES, LOSS_AGG_MODES, POLICY_LOSS_REGISTRY, AdvantageEstimator
 from verl.utils.dataset.rl_dataset import TRUNCATION_MODES
+from verl.utils.tracking import check_backends
 
 CONFIG_NAME = "ppo_megatron_trainer"
 ADV_ESTIMATORS = tuple(e.value for e in AdvantageEstimator)
-LOGGERS = ("console", "file", "tensorboard", "wandb", "csv")
 MEGATRON_DTYPES = ("float32", "bfloat16")
 # The smallest bucket the planner is allowed: a 4 KiB page (a bucket holds one element per micro-DP
 # rank at least; smaller buckets only multiply collective calls).
@@ -267,15 +267,10 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
     elif mode not in ("auto", "disable") and not os.path.isdir(mode):
         raise ConfigError(f"trainer.resume_mode: expected auto, disable, resume_path or an existing checkpoint "
                           f"directory, found {mode!r}")
-    for key in cfg["trainer"]["logger"]:
-        if key not in LOGGERS:
-            raise ConfigError(f"trainer.logger: expected entries among {list(LOGGERS)}, found {key!r}")
-    if "wandb" in trainer["logger"]:
-        import importlib.util
-
-        if importlib.util.find_spec("wandb") is None:
-            raise ConfigError("trainer.logger: wandb requested, expected the wandb package (pip install wandb; it "
-                              "runs offline without network), found none installed")
+    try:
+        check_backends(trainer["logger"])
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     for key in ("train_files", "tokenizer"):
         if data[key] is None:
             raise ConfigError(f"data.{key}: expected a path, found null")
