@@ -33,6 +33,7 @@ GROUPS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
                     "rollout tokens/s: the native engine (and SGLang when installed) on one model"),
         "reshard": ("verl.bench.reshard",
                     "3D-HybridEngine reshard on N local ranks vs memcpy and the naive gather path"),
+        "train": ("verl.bench.train", "N GRPO steps of a model config: s/step, phase split, tokens/s, peak RSS"),
     }),
     "data": ("prepare verl-format parquet datasets from local files", {
         "arithmetic": ("verl.utils.dataset.arithmetic", "generate the arithmetic quickstart task and its tokenizer"),

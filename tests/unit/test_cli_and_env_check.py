@@ -76,3 +76,16 @@ def test_bench_kernels_cli_writes_every_field(tmp_path):
 def test_bench_kernels_bad_sizes_exit_2(capsys):
     assert verl_main(["bench", "kernels", "--sizes-mb", "big"]) == 2
     assert "--sizes-mb: expected integers" in capsys.readouterr().err
+
+
+def test_bench_train_summary_takes_medians_after_the_warmup():
+    from verl.bench.train import summarize
+
+    records = [{"step": s, "timing_s/step": t, "timing_s/gen": g, "timing_s/generate_sequences": g / 2,
+                "timing_s/update_actor": t - g, "perf/total_num_tokens": 100.0}
+               for s, t, g in ((1, 9.0, 5.0), (2, 1.0, 0.4), (3, 2.0, 0.5), (4, 1.5, 0.6))]
+    summary = summarize(records, warmup=1)
+    assert summary["measured_steps"] == 3 and summary["s_per_step"] == 1.5
+    assert summary["phases"] == {"gen": 0.5, "generate_sequences": 0.25, "update_actor": 0.9}
+    assert summary["unaccounted_s"] == pytest.approx(1.5 - 1.4)  # the nested generate_sequences is not summed
+    assert summary["tokens_per_s"] == pytest.approx(100 / 1.5)

@@ -1,0 +1,166 @@
+"""`verl bench train`: N GRPO steps of a model config on the arithmetic task, as one JSON record.
+
+    verl bench train --model configs/models/qwen2_tiny_arith.json --prompts 16 --n 4 --response-length 4 \\
+        --steps 20 --nproc 2 --tp 1 --rollout-tp 1 --json train.json [KEY=VALUE ...]
+
+Runs ``verl train`` (packaged verl defaults, GRPO, no KL/reference, lr 1e-4 constant, fp32, no
+validation/checkpoints/export) in a child process on a freshly written arithmetic dataset with its
+character tokenizer, samples the resident memory of every rank while it runs, and reports:
+
+* ``s_per_step``: the median ``timing_s/step`` over the steps after ``--warmup``;
+* ``phases``: the median of each ``timing_s/<phase>`` (they add up to the step; ``unaccounted_s`` says
+  what is outside them);
+* ``tokens_per_s``: prompt + response tokens of a step over its seconds (all ranks together);
+* ``peak_rss_gb``: the largest resident set of any one rank, and ``wall_s`` of the whole command.
+
+Extra ``KEY=VALUE`` arguments are passed to ``verl train`` as overrides (e.g. a bigger
+``data.max_response_length`` or ``actor_rollout_ref.actor.ppo_epochs=2``). The child's output goes to
+``<workdir>/train.log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+NESTED_PHASES = ("generate_sequences",)  # timed inside another phase (gen): not part of the sum
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, found {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl bench train", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="configs/models/qwen2_tiny_arith.json",
+                        help="HF config.json (random init) or HF model directory")
+    parser.add_argument("--prompts", type=_positive, default=16, help="prompts per step (data.train_batch_size)")
+    parser.add_argument("--n", type=_positive, default=4, help="responses per prompt (rollout.n)")
+    parser.add_argument("--response-length", type=_positive, default=4, help="max new tokens per response")
+    parser.add_argument("--steps", type=_positive, default=20)
+    parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the medians")
+    parser.add_argument("--nproc", type=_positive, default=2, help="local ranks")
+    parser.add_argument("--tp", type=_positive, default=1, help="actor tensor parallel size")
+    parser.add_argument("--pp", type=_positive, default=1, help="actor pipeline parallel size")
+    parser.add_argument("--rollout-tp", type=_positive, default=1)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--workdir", help="where data, logs and metrics go (default: a temporary directory)")
+    parser.add_argument("--json", help="also write the record here")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra verl train overrides")
+    return parser
+
+
+def train_command(args: argparse.Namespace, data_dir: str, output_dir: str) -> list[str]:
+    batch = args.prompts
+    per_rank = max(1, batch * args.n // max(1, args.nproc // (args.tp * args.pp)))  # one micro-batch per rank
+    return [
+        sys.executable, "-m", "verl.trainer.main_ppo",
+        f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
+        f"data.tokenizer={data_dir}/tokenizer", "data.max_prompt_length=8",
+        f"data.max_response_length={args.response_length}", f"data.train_batch_size={batch}",
+        f"actor_rollout_ref.model.path={os.path.abspath(args.model)}",
+        "algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=False",
+        f"actor_rollout_ref.actor.optim.lr={args.lr}", f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={per_rank}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={per_rank}",
+        f"actor_rollout_ref.rollout.n={args.n}",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={args.rollout_tp}",
+        f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={args.tp}",
+        f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={args.pp}",
+        f"trainer.n_gpus_per_node={args.nproc}", f"trainer.total_training_steps={args.steps}",
+        "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
+        "trainer.export_hf_at_end=False", "trainer.resume_mode=disable", "trainer.logger=[console]",
+        f"trainer.output_dir={output_dir}", *args.overrides,
+    ]
+
+
+def _tree_peak_rss(process, peak: int) -> int:
+    import psutil
+
+    try:
+        procs = [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return peak
+    for proc in procs:
+        try:
+            peak = max(peak, proc.memory_info().rss)
+        except psutil.NoSuchProcess:
+            pass
+    return peak
+
+
+def summarize(records: list[dict], warmup: int) -> dict:
+    steps = [r for r in records if "timing_s/step" in r]
+    if not steps:
+        raise ValueError("verl bench train: expected per-step metrics from verl train, found none")
+    measured = steps[warmup:] if len(steps) > warmup else steps
+    phase_names = sorted({k.split("/", 1)[1] for r in measured for k in r
+                          if k.startswith("timing_s/") and k != "timing_s/step"})
+    phases = {name: statistics.median(r.get(f"timing_s/{name}", 0.0) for r in measured) for name in phase_names}
+    step_s = statistics.median(r["timing_s/step"] for r in measured)
+    summed = sum(v for k, v in phases.items() if k not in NESTED_PHASES)
+    tokens = [r["perf/total_num_tokens"] / r["timing_s/step"] for r in measured if "perf/total_num_tokens" in r]
+    return {"steps": len(steps), "measured_steps": len(measured), "s_per_step": step_s, "phases": phases,
+            "unaccounted_s": step_s - summed, "tokens_per_s": statistics.median(tokens) if tokens else None,
+            "final_score": steps[-1].get("critic/score/mean")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import psutil
+
+    from verl.utils.dataset.arithmetic import build_char_tokenizer, generate_problems, make_row, write_parquet
+    from verl.utils.tracking import read_metrics
+
+    args = build_parser().parse_args(argv)
+    if args.warmup < 0:
+        raise ValueError(f"--warmup: expected >= 0, found {args.warmup}")
+    if not os.path.exists(args.model):
+        raise ValueError(f"--model: expected an HF config.json or model directory, found nothing at {args.model}")
+    with tempfile.TemporaryDirectory(prefix="verl_bench_train_") as tmp:
+        workdir = os.path.abspath(args.workdir or tmp)
+        data_dir, output_dir = os.path.join(workdir, "data"), os.path.join(workdir, "out")
+        train, test = generate_problems(max(4 * args.prompts, 256), 16, seed=0)
+        os.makedirs(data_dir, exist_ok=True)
+        write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], os.path.join(data_dir, "train.parquet"))
+        write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(data_dir, "test.parquet"))
+        build_char_tokenizer(os.path.join(data_dir, "tokenizer"))
+        command = train_command(args, data_dir, output_dir)
+        log_path = os.path.join(workdir, "train.log")
+        start, peak = time.perf_counter(), 0
+        with open(log_path, "w", encoding="utf-8") as log:
+            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            watched = psutil.Process(child.pid)
+            while child.poll() is None:
+                peak = _tree_peak_rss(watched, peak)
+                time.sleep(0.05)
+        wall = time.perf_counter() - start
+        if child.returncode != 0:
+            with open(log_path, encoding="utf-8") as fh:
+                tail = fh.read().strip().splitlines()[-1:] or [""]
+            print(f"verl bench train: verl train exited {child.returncode}: {tail[0]} (log: {log_path})",
+                  file=sys.stderr)
+            return child.returncode
+        record = {"model": args.model, "nproc": args.nproc, "tp": args.tp, "pp": args.pp,
+                  "rollout_tp": args.rollout_tp, "prompts": args.prompts, "n": args.n,
+                  "response_length": args.response_length, "overrides": args.overrides,
+                  **summarize(read_metrics(output_dir), args.warmup),
+                  "peak_rss_gb": peak / 2**30, "wall_s": wall}
+    text = json.dumps(record, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
