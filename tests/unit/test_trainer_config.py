@@ -149,3 +149,15 @@ def test_reward_model_config_needs_a_compatible_hf_directory(data_args, no_ranks
                   "reward_model.hot_swap: expected reward_model.enable=true")
     expect_exit_2(capsys, ["--config", GRPO, *data_args, "reward_model.enable=true", f"reward_model.model.path={rm}",
                            "reward_model.micro_batch_size_per_gpu=3"], "reward_model.micro_batch_size_per_gpu=3")
+
+
+def test_train_max_samples_below_one_batch_is_refused_and_preflight_counts_after_the_limit(data_args, no_ranks,
+                                                                                           capsys):
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "data.train_max_samples=32"],
+                  "data.train_max_samples=32: expected -1 (every row) or at least data.train_batch_size=64")
+    # 80 rows; the limit keeps 64 (one batch), then the over-long filter drops some: fewer than a batch.
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "data.train_max_samples=64", "data.max_prompt_length=5",
+                           "data.filter_overlong_prompts=true"],
+                  "expected at least 64 rows (one batch)", "after max_samples=64 of 80 rows and filtering")
+    assert main_ppo.main(["--config", GRPO, *data_args, "data.train_max_samples=64"]) == 0
+    assert len(no_ranks) == 1

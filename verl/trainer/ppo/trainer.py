@@ -72,7 +72,7 @@ class PPOTrainer:
         self.debug = config.trainer.debug
 
         data = config.data
-        self.train_dataset = RLHFDataset(data.train_files, tokenizer, data)
+        self.train_dataset = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples)
         self.sampler = create_rl_sampler(data, self.train_dataset)
         self.train_dataloader = DataLoader(self.train_dataset, batch_size=data.train_batch_size, sampler=self.sampler,
                                            collate_fn=collate_fn, drop_last=True, num_workers=0)
@@ -81,7 +81,7 @@ class PPOTrainer:
                              f"{len(self.train_dataset)} training prompts, found a larger batch")
         self.val_dataloader = None
         if data.val_files:
-            val_dataset = RLHFDataset(data.val_files, tokenizer, data)
+            val_dataset = RLHFDataset(data.val_files, tokenizer, data, max_samples=data.val_max_samples)
             self.val_dataloader = DataLoader(val_dataset, batch_size=data.val_batch_size or len(val_dataset),
                                              shuffle=False, collate_fn=collate_fn, num_workers=0)
         steps = len(self.train_dataloader) * config.trainer.total_epochs
