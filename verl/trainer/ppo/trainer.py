@@ -27,6 +27,10 @@ and a resumed run loads it again.
 HF export (``trainer.export_hf_every_save``, ``trainer.export_hf_at_end``): the actor goes to
 ``<trainer.output_dir>/actor_hf/`` (see ``verl/models/hf_export.py``) after each checkpoint and/or
 when training completes.
+
+verl's trainer keys, as verl's ``RayPPOTrainer`` reads them:
+  - ``trainer.critic_warmup``: the actor updates from the step ``critic_warmup <= step`` on (steps count
+    from 1); before, generation, rewards, values and the critic update run as usual;
 """
 
 from __future__ import annotations
@@ -282,8 +286,10 @@ class PPOTrainer:
                 if self.use_critic:
                     with self._timer("update_critic"):
                         metrics.update(self.critic_wg.update_critic(batch).meta_info["metrics"])
-                with self._timer("update_actor"):
-                    metrics.update(self.actor_rollout_wg.update_actor(batch).meta_info["metrics"])
+                # verl: the actor trains once critic_warmup <= the step (steps count from 1).
+                if cfg.trainer.critic_warmup <= step:
+                    with self._timer("update_actor"):
+                        metrics.update(self.actor_rollout_wg.update_actor(batch).meta_info["metrics"])
         metrics.update(metric_utils.compute_data_metrics(batch, self.use_critic))
         metrics.update(metric_utils.compute_rollout_probs_diff_metrics(batch))
         metrics.update(metric_utils.compute_timing_metrics(batch, self._timing))

@@ -1,0 +1,143 @@
+"""verl's trainer keys in the PPO loop, driven with fake worker groups (no model, no process group):
+trainer.critic_warmup.
+
+The fakes answer every worker-group call from the rows' contents (log-probs, values), and their updates
+record what each DP rank would train on: the rows of every mini-batch, cut as the workers cut them (the
+batch split into dp contiguous shares, each share into ppo_mini_batch_size * n / dp rows)."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from verl.engine.rollout.base import assemble_rollout_batch
+from verl.protocol import DataProto
+from verl.trainer.config import load_config
+from verl.trainer.ppo import trainer as trainer_module
+
+pytestmark = pytest.mark.unit
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GRPO = os.path.join(REPO, "configs", "grpo_arith_tiny.yaml")
+PPO = os.path.join(REPO, "configs", "ppo_arith_tiny.yaml")
+DP = 2  # the fake DP size the trainer balances for (its process sees world size 1)
+
+
+@pytest.fixture(scope="module")
+def data_args(tmp_path_factory):
+    from verl.utils.dataset.arithmetic import build_char_tokenizer, generate_problems, make_row, write_parquet
+
+    out = tmp_path_factory.mktemp("arith")
+    train, test = generate_problems(40, 6, seed=0)
+    write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], str(out / "train.parquet"))
+    write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], str(out / "test.parquet"))
+    build_char_tokenizer(str(out / "tokenizer"))
+    return [f"data.train_files={out / 'train.parquet'}", f"data.val_files={out / 'test.parquet'}",
+            f"data.tokenizer={out / 'tokenizer'}"]
+
+
+def small(kind):
+    """Batch sizes for 8 prompts a step on DP=2 (TP=1)."""
+    common = ["data.train_batch_size=8", "data.val_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+              "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1", "trainer.logger=[console]",
+              "trainer.val_before_train=false", "trainer.export_hf_at_end=false", "trainer.resume_mode=disable",
+              "data.dataloader_num_workers=0"]
+    if kind == "ppo":  # n = 1: mini-batches of 2 rows per rank
+        return common + ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_mini_batch_size=4",
+                         "critic.ppo_micro_batch_size_per_gpu=2",
+                         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+                         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4"]
+    return common + ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",  # n = 8: 16 rows per rank
+                     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
+                     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32"]
+
+
+class FakeWorkers:
+    """The actor/rollout/ref and critic worker groups: deterministic per-row answers, recorded updates."""
+
+    def __init__(self, config, tokenizer):
+        self.config, self.tokenizer = config, tokenizer
+        self.updates = []  # (role, batch, [set of row ids per mini-batch])
+        self.digits = tokenizer.convert_tokens_to_ids(list("0123456789"))
+
+    def generate_sequences(self, gen):
+        cfg = self.config.actor_rollout_ref.rollout
+        n = cfg.val_kwargs.n if gen.meta_info.get("validate") else cfg.n
+        rows, width = len(gen) * n, self.config.data.max_response_length
+        g = torch.Generator().manual_seed(int(gen.meta_info["seed"]))
+        # Longer responses in the first half of the batch (DP rank 0's share before balancing).
+        lengths = torch.randint(1, width // 2 + 1, (rows,), generator=g) + (torch.arange(rows) < rows // 2) * width // 2
+        response_mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
+        digits = torch.tensor(self.digits)[torch.randint(0, 10, (rows, width), generator=g)]
+        responses = torch.where(response_mask.bool(), digits, torch.full_like(digits, self.tokenizer.pad_token_id))
+        out = assemble_rollout_batch(gen.batch["input_ids"].repeat_interleave(n, 0),
+                                     gen.batch["attention_mask"].repeat_interleave(n, 0), responses, response_mask,
+                                     torch.zeros(rows, width))
+        non_tensor = {k: np.repeat(v, n, axis=0) for k, v in gen.non_tensor_batch.items()}
+        non_tensor["row"] = np.array([f"{gen.meta_info['seed']}-{i}" for i in range(rows)], dtype=object)
+        return DataProto.from_dict(out, non_tensor, {"metrics": {"timing_s/reshard": 0.0}})
+
+    def compute_log_prob(self, data):
+        r = data.batch["responses"].float()
+        return DataProto.from_dict({"old_log_probs": -(r % 5 + 1) / 10, "entropys": r % 3 / 10})
+
+    def compute_ref_log_prob(self, data):
+        return DataProto.from_dict({"ref_log_prob": -(data.batch["responses"].float() % 7 + 1) / 10})
+
+    def compute_values(self, data):
+        return DataProto.from_dict({"values": data.batch["responses"].float() % 4 / 4})
+
+    def _update(self, role, data, section):
+        per_rank = section.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n // DP
+        mini_batches = {}
+        for share in data.chunk(DP):
+            for k, start in enumerate(range(0, len(share), per_rank)):
+                mini_batches.setdefault(k, set()).update(share.non_tensor_batch["row"][start:start + per_rank])
+        self.updates.append((role, data, [mini_batches[k] for k in sorted(mini_batches)]))
+        return DataProto(meta_info={"metrics": {f"{role}/fake_loss": float(data.batch["advantages"].sum())}})
+
+    def update_actor(self, data):
+        return self._update("actor", data, self.config.actor_rollout_ref.actor)
+
+    def update_critic(self, data):
+        return self._update("critic", data, self.config.critic)
+
+    def save_checkpoint(self, path):
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "weights.bin"), "w") as fh:
+            fh.write("w")
+
+    def load_checkpoint(self, path):
+        return 0
+
+
+def make_trainer(monkeypatch, config_path, overrides, data_args):
+    from transformers import AutoTokenizer
+
+    config = load_config(config_path, data_args + overrides)
+    tokenizer = AutoTokenizer.from_pretrained(config.data.tokenizer)
+    fakes = FakeWorkers(config, tokenizer)
+    monkeypatch.setattr(trainer_module, "WorkerGroup", lambda cls, *args, name, **kwargs: fakes)
+    trainer = trainer_module.PPOTrainer(config, tokenizer)
+    return trainer, fakes
+
+
+def first_batch(trainer):
+    return next(iter(trainer.train_dataloader))
+
+
+# ----------------------------------------------------------------------------- critic_warmup
+def test_critic_warmup_skips_the_actor_update_until_its_step_as_verl(monkeypatch, data_args, tmp_path):
+    trainer, fakes = make_trainer(monkeypatch, PPO, small("ppo") + ["trainer.critic_warmup=2",
+                                                                    f"trainer.output_dir={tmp_path}"], data_args)
+    batch = first_batch(trainer)
+    logged = []
+    for step in (1, 2, 3):
+        fakes.updates.clear()
+        metrics = trainer.train_step(batch, step)
+        logged.append(([role for role, *_ in fakes.updates], "actor/fake_loss" in metrics,
+                       "timing_s/update_actor" in metrics, "critic/fake_loss" in metrics))
+    # verl: `if critic_warmup <= global_steps` with steps counted from 1: step 1 trains only the critic.
+    assert logged == [(["critic"], False, False, True), (["critic", "actor"], True, True, True),
+                      (["critic", "actor"], True, True, True)]
