@@ -1,10 +1,11 @@
 """verl's trainer keys in the PPO loop, driven with fake worker groups (no model, no process group):
-trainer.critic_warmup.
+trainer.critic_warmup, trainer.rollout_data_dir / validation_data_dir.
 
 The fakes answer every worker-group call from the rows' contents (log-probs, values), and their updates
 record what each DP rank would train on: the rows of every mini-batch, cut as the workers cut them (the
 batch split into dp contiguous shares, each share into ppo_mini_batch_size * n / dp rows)."""
 
+import json
 import os
 
 import numpy as np
@@ -141,3 +142,33 @@ def test_critic_warmup_skips_the_actor_update_until_its_step_as_verl(monkeypatch
     # verl: `if critic_warmup <= global_steps` with steps counted from 1: step 1 trains only the critic.
     assert logged == [(["critic"], False, False, True), (["critic", "actor"], True, True, True),
                       (["critic", "actor"], True, True, True)]
+
+
+# ----------------------------------------------------------------------------- generation dumps
+def test_rollout_and_validation_generations_are_dumped_as_verl_jsonl(monkeypatch, data_args, tmp_path):
+    trainer, fakes = make_trainer(monkeypatch, GRPO, small("grpo") + [
+        f"trainer.rollout_data_dir={tmp_path / 'rollout'}", f"trainer.validation_data_dir={tmp_path / 'val'}",
+        f"trainer.output_dir={tmp_path}"], data_args)
+    batch = first_batch(trainer)
+    trainer.train_step(batch, 1)
+    lines = (tmp_path / "rollout" / "1.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) == 8 * 8
+    assert set(records[0]) == {"input", "output", "gts", "score", "step"}
+    updated = fakes.updates[-1][1]  # the step's batch, in the (balanced) order it was dumped
+    for i, record in enumerate(records):
+        assert record["step"] == 1
+        assert record["gts"] == updated.non_tensor_batch["reward_model"][i]["ground_truth"]
+        assert record["score"] == pytest.approx(float(updated.batch["token_level_scores"][i].sum()))
+        length = int(updated.batch["response_mask"][i].sum())
+        assert record["output"] == trainer.tokenizer.decode(updated.batch["responses"][i, :length])
+        assert record["input"].endswith("=") and "<" not in record["input"]  # the prompt text, no padding
+    prompts = {trainer.tokenizer.decode(ids, skip_special_tokens=True) for ids in batch["raw_prompt_ids"]}
+    assert {r["input"] for r in records} == prompts
+
+    trainer.global_step = 3
+    trainer.validate()
+    val = [json.loads(line) for line in (tmp_path / "val" / "3.jsonl").read_text().splitlines()]
+    assert len(val) == 6 and {r["step"] for r in val} == {3}
+    assert sorted(r["gts"] for r in val) == sorted(row["reward_model"]["ground_truth"]
+                                                    for row in trainer.val_dataloader.dataset.rows)

@@ -31,11 +31,14 @@ when training completes.
 verl's trainer keys, as verl's ``RayPPOTrainer`` reads them:
   - ``trainer.critic_warmup``: the actor updates from the step ``critic_warmup <= step`` on (steps count
     from 1); before, generation, rewards, values and the critic update run as usual;
+  - ``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``: each step's generations / each
+    validation's as ``<dir>/<step>.jsonl`` (input, output, gts, score, step), written by rank 0;
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -57,6 +60,46 @@ from verl.utils import checkpoint as ckpt
 from verl.utils.tracking import rank_zero_tracking
 
 PROMPT_FIELDS = ("input_ids", "attention_mask", "position_ids")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return str(value)
+
+
+def generation_records(batch: DataProto, scores: torch.Tensor, extra_info: dict[str, list], tokenizer: Any,
+                       step: int) -> list[dict[str, Any]]:
+    """verl's dumped generation fields per row: input (the prompt's text), output (the response's), gts
+    (reward_model.ground_truth), score (the sequence score), step, and the reward function's extra info."""
+    prompts, responses = batch.batch["prompts"], batch.batch["responses"]
+    mask = batch.batch["attention_mask"].bool()
+    prompt_mask, response_mask = mask[:, :prompts.shape[-1]], mask[:, prompts.shape[-1]:]
+    rows = len(batch)
+    reward_models = batch.non_tensor_batch.get("reward_model", [None] * rows)
+    score = scores.sum(-1).tolist()
+    extra = {k: v for k, v in (extra_info or {}).items() if len(v) == rows}
+    records = []
+    for i in range(rows):
+        ground_truth = reward_models[i].get("ground_truth") if isinstance(reward_models[i], dict) else None
+        records.append({
+            "input": tokenizer.decode(prompts[i][prompt_mask[i]].tolist(), skip_special_tokens=True),
+            "output": tokenizer.decode(responses[i][response_mask[i]].tolist(), skip_special_tokens=True),
+            "gts": ground_truth, "score": score[i], "step": step, **{k: v[i] for k, v in extra.items()}})
+    return records
+
+
+def write_generations(directory: str, step: int, records: list[dict[str, Any]]) -> str:
+    """``<directory>/<step>.jsonl``, one record a line (verl's rollout/validation dumps), written atomically."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{step}.jsonl")
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        for record in records:
+            fh.write(json.dumps(record, ensure_ascii=False, default=_jsonable) + "\n")
+    os.replace(path + ".tmp", path)
+    return path
 
 
 class PPOTrainer:
@@ -224,13 +267,20 @@ class PPOTrainer:
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
         """Greedy decoding (rollout.val_kwargs) on the validation set: val/accuracy and val-core names."""
-        scores, sources = [], []
+        scores, sources, generations = [], [], []
+        dump_dir = self.config.trainer.validation_data_dir
         for batch_dict in self.val_dataloader:
             gen = self._prompt_batch(batch_dict, step=0, validate=True)
             out = self.actor_rollout_wg.generate_sequences(gen)
             out.meta_info.pop("metrics", None)
-            scores.append(self.reward_fn(out).sum(-1))
+            reward = self.reward_fn(out, return_dict=True)
+            scores.append(reward["reward_tensor"].sum(-1))
             sources.extend(out.non_tensor_batch[self.config.data.reward_fn_key].tolist())
+            if dump_dir and self.rank == 0:
+                generations.extend(generation_records(out, reward["reward_tensor"], reward["reward_extra_info"],
+                                                      self.tokenizer, self.global_step))
+        if dump_dir and self.rank == 0:
+            write_generations(dump_dir, self.global_step, generations)
         score = torch.cat(scores)
         metrics = {"val/accuracy": score.mean().item(), "val/num_samples": float(score.numel())}
         sources_arr = np.array(sources, dtype=object)
@@ -260,7 +310,8 @@ class PPOTrainer:
             with self._timer("reward"):
                 if self.use_rm:
                     batch.union(self.rm_wg.compute_rm_score(batch))
-                batch.batch["token_level_scores"] = self.reward_fn(batch)
+                reward = self.reward_fn(batch, return_dict=True)
+                batch.batch["token_level_scores"] = reward["reward_tensor"]
             with self._timer("old_log_prob"):
                 old = self.actor_rollout_wg.compute_log_prob(batch)
                 entropys = old.batch.pop("entropys")
@@ -290,6 +341,10 @@ class PPOTrainer:
                 if cfg.trainer.critic_warmup <= step:
                     with self._timer("update_actor"):
                         metrics.update(self.actor_rollout_wg.update_actor(batch).meta_info["metrics"])
+            if cfg.trainer.rollout_data_dir and self.rank == 0:
+                with self._timer("dump_rollout_generations"):
+                    write_generations(cfg.trainer.rollout_data_dir, step, generation_records(
+                        batch, batch.batch["token_level_scores"], reward["reward_extra_info"], self.tokenizer, step))
         metrics.update(metric_utils.compute_data_metrics(batch, self.use_critic))
         metrics.update(metric_utils.compute_rollout_probs_diff_metrics(batch))
         metrics.update(metric_utils.compute_timing_metrics(batch, self._timing))
