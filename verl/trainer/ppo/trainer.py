@@ -33,6 +33,8 @@ verl's trainer keys, as verl's ``RayPPOTrainer`` reads them:
     from 1); before, generation, rewards, values and the critic update run as usual;
   - ``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``: each step's generations / each
     validation's as ``<dir>/<step>.jsonl`` (input, output, gts, score, step), written by rank 0;
+  - ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep``: older checkpoints' parts deleted
+    after each save (:func:`verl.utils.checkpoint.prune_checkpoints`);
 """
 
 from __future__ import annotations
@@ -240,9 +242,18 @@ class PPOTrainer:
             if self.critic_wg is not None:
                 self.critic_wg.save_checkpoint(os.path.join(staging, "critic"))
 
+        trainer = self.config.trainer
         with self._timer("save_checkpoint"):
-            path = ckpt.save_trainer_checkpoint(self.config.trainer.default_local_dir, self.global_step,
+            path = ckpt.save_trainer_checkpoint(trainer.default_local_dir, self.global_step,
                                                 self._trainer_state(), save_models)
+            if self.rank == 0:
+                removed = ckpt.prune_checkpoints(trainer.default_local_dir, self.global_step,
+                                                 {"actor": trainer.max_actor_ckpt_to_keep,
+                                                  "critic": trainer.max_critic_ckpt_to_keep})
+                if removed:
+                    self._print(f"checkpoint: removed {', '.join(removed)} (trainer.max_actor_ckpt_to_keep="
+                                f"{trainer.max_actor_ckpt_to_keep}, max_critic_ckpt_to_keep="
+                                f"{trainer.max_critic_ckpt_to_keep})")
         self._print(f"checkpoint: step {self.global_step} -> {path}")
         if self.config.trainer.export_hf_every_save:
             self.export_hf()
