@@ -1,5 +1,5 @@
 """verl's trainer keys in the PPO loop, driven with fake worker groups (no model, no process group):
-trainer.critic_warmup, trainer.rollout_data_dir / validation_data_dir.
+trainer.critic_warmup, trainer.balance_batch, trainer.rollout_data_dir / validation_data_dir.
 
 The fakes answer every worker-group call from the rows' contents (log-probs, values), and their updates
 record what each DP rank would train on: the rows of every mini-batch, cut as the workers cut them (the
@@ -121,6 +121,7 @@ def make_trainer(monkeypatch, config_path, overrides, data_args):
     fakes = FakeWorkers(config, tokenizer)
     monkeypatch.setattr(trainer_module, "WorkerGroup", lambda cls, *args, name, **kwargs: fakes)
     trainer = trainer_module.PPOTrainer(config, tokenizer)
+    trainer.dp_size, trainer.balance_block = trainer_module.balance_layout(config, DP)
     return trainer, fakes
 
 
@@ -142,6 +143,50 @@ def test_critic_warmup_skips_the_actor_update_until_its_step_as_verl(monkeypatch
     # verl: `if critic_warmup <= global_steps` with steps counted from 1: step 1 trains only the critic.
     assert logged == [(["critic"], False, False, True), (["critic", "actor"], True, True, True),
                       (["critic", "actor"], True, True, True)]
+
+
+# ----------------------------------------------------------------------------- balance_batch
+def _by_row(data):
+    """Every field of the updated batch, rows sorted by their id: equal for a permutation of the same rows."""
+    order = np.argsort(data.non_tensor_batch["row"], kind="stable")
+    tensors = {k: v[torch.as_tensor(order)] for k, v in data.batch.items()}
+    return tensors, {k: list(v[order]) for k, v in data.non_tensor_batch.items()}
+
+
+def _rank_tokens(data):
+    return [int(share.batch["attention_mask"].sum()) for share in data.chunk(DP)]
+
+
+@pytest.mark.parametrize("kind", ["ppo", "grpo"])
+def test_balance_batch_reorders_rows_between_ranks_and_keeps_every_mini_batch(monkeypatch, data_args, tmp_path, kind):
+    config_path = PPO if kind == "ppo" else GRPO
+    runs = {}
+    for balance in (False, True):
+        trainer, fakes = make_trainer(monkeypatch, config_path, small(kind) + [
+            f"trainer.balance_batch={str(balance).lower()}", f"trainer.output_dir={tmp_path / str(balance)}"],
+            data_args)
+        metrics = trainer.train_step(first_batch(trainer), 1)
+        runs[balance] = (metrics, {role: (data, minis) for role, data, minis in fakes.updates})
+    (plain_metrics, plain), (metrics, balanced) = runs[False], runs[True]
+    assert set(plain) == set(balanced) == ({"actor", "critic"} if kind == "ppo" else {"actor"})
+    for role in plain:
+        (plain_data, plain_minis), (data, minis) = plain[role], balanced[role]
+        assert minis == plain_minis, f"{role}: a mini-batch changed its rows"
+        (plain_tensors, plain_objects), (tensors, objects) = _by_row(plain_data), _by_row(data)
+        assert objects == plain_objects
+        for key in plain_tensors:  # the same rows with the same advantages, returns, log-probs...
+            assert torch.allclose(tensors[key].double(), plain_tensors[key].double(), rtol=0, atol=1e-6), key
+        assert not np.array_equal(data.non_tensor_batch["row"], plain_data.non_tensor_batch["row"]), \
+            "nothing was reordered: the test would not see a wrong reorder"
+        before, after = _rank_tokens(plain_data), _rank_tokens(data)
+        assert max(after) - min(after) < max(before) - min(before)
+    for key in ("critic/score/mean", "critic/advantages/mean", "response_length/mean", "actor/entropy"):
+        assert metrics[key] == pytest.approx(plain_metrics[key], abs=1e-6), key
+    assert metrics["global_seqlen/min"] == min(before) and metrics["global_seqlen/max"] == max(before)
+    assert metrics["global_seqlen/minmax_diff"] == max(before) - min(before)
+    assert (metrics["global_seqlen/balanced_min"], metrics["global_seqlen/balanced_max"]) == (min(after), max(after))
+    assert metrics["global_seqlen/mean"] == sum(after) / DP
+    assert "global_seqlen/mean" not in plain_metrics
 
 
 # ----------------------------------------------------------------------------- generation dumps

@@ -31,6 +31,9 @@ when training completes.
 verl's trainer keys, as verl's ``RayPPOTrainer`` reads them:
   - ``trainer.critic_warmup``: the actor updates from the step ``critic_warmup <= step`` on (steps count
     from 1); before, generation, rewards, values and the critic update run as usual;
+  - ``trainer.balance_batch``: right after generation the batch is reordered so that each actor DP rank's
+    share holds a near-equal number of valid tokens (``global_seqlen/*`` metrics); rows move only within
+    the mini-batches' slices, so every mini-batch keeps its sequences (see :func:`balance_layout`);
   - ``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``: each step's generations / each
     validation's as ``<dir>/<step>.jsonl`` (input, output, gts, score, step), written by rank 0;
   - ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep``: older checkpoints' parts deleted
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -59,9 +63,23 @@ from verl.trainer.config import use_critic, use_reference
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.advantage import apply_kl_penalty, compute_advantage
 from verl.utils import checkpoint as ckpt
+from verl.utils.seqlen_balancing import balanced_dp_order, seqlen_balance_metrics
 from verl.utils.tracking import rank_zero_tracking
 
 PROMPT_FIELDS = ("input_ids", "attention_mask", "position_ids")
+
+
+def balance_layout(config: Any, world_size: int) -> tuple[int, int]:
+    """(actor DP size, rows per rank whose set ``balance_batch`` keeps). Each DP rank cuts its share into
+    mini-batches of ppo_mini_batch_size * n / dp rows (actor, and critic when there is one); a block that
+    divides both keeps every mini-batch's set of sequences, so the balanced step optimises the same thing.
+    A role that shuffles its mini-batches (``shuffle``) draws them at random from the rank's share anyway."""
+    arr = config.actor_rollout_ref
+    dp = world_size // (arr.actor.megatron.tensor_model_parallel_size * arr.actor.megatron.pipeline_model_parallel_size)
+    n = arr.rollout.n
+    roles = [arr.actor] + ([config.critic] if use_critic(config) else [])
+    sizes = [role.ppo_mini_batch_size * n // dp for role in roles if not role.shuffle]
+    return dp, math.gcd(*sizes) if sizes else config.data.train_batch_size * n // dp
 
 
 def _jsonable(value: Any) -> Any:
@@ -144,6 +162,7 @@ class PPOTrainer:
         self.reward_fn = manager(tokenizer, num_examine=0, compute_score=compute_score,
                                  reward_fn_key=data.reward_fn_key)
         self.kl_ctrl = core_algos.get_kl_controller(config.algorithm.kl_ctrl)
+        self.dp_size, self.balance_block = balance_layout(config, self.world_size)
 
         from verl.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 
@@ -317,6 +336,10 @@ class PPOTrainer:
                 with self._timer("gen_max"):
                     batch.batch["reward_baselines"] = self._greedy_baseline_rewards(gen).repeat_interleave(
                         cfg.actor_rollout_ref.rollout.n)
+            if cfg.trainer.balance_batch:
+                # Rows move between DP ranks only within the mini-batches' slices (see balance_layout), and
+                # the group estimators find groups by uid, not by position: the same step, reordered.
+                metrics.update(self._balance_batch(batch))
 
             with self._timer("reward"):
                 if self.use_rm:
@@ -364,6 +387,15 @@ class PPOTrainer:
         if self.debug:
             self._debug_print(batch, metrics)
         return metrics
+
+    def _balance_batch(self, batch: DataProto) -> dict[str, float]:
+        """verl's ``_balance_batch``: reorder ``batch`` in place so that each actor DP rank's share holds a
+        near-equal number of valid tokens (``attention_mask.sum(-1)``); returns ``global_seqlen/*``."""
+        lengths = batch.batch["attention_mask"].sum(-1).tolist()
+        order = balanced_dp_order(lengths, self.dp_size, self.balance_block)
+        if order != list(range(len(order))):
+            batch.reorder(torch.tensor(order))
+        return seqlen_balance_metrics(lengths, order, self.dp_size)
 
     def _greedy_baseline_rewards(self, gen: DataProto) -> torch.Tensor:
         """ReMax: the sequence reward [B] of one greedy (do_sample=False) response per prompt."""
