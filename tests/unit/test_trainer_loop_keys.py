@@ -1,5 +1,6 @@
 """verl's trainer keys in the PPO loop, driven with fake worker groups (no model, no process group):
-trainer.critic_warmup, trainer.balance_batch, trainer.rollout_data_dir / validation_data_dir.
+trainer.critic_warmup, trainer.balance_batch, trainer.rollout_data_dir / validation_data_dir, and the
+dataloader's checkpointed position with data.dataloader_num_workers > 0.
 
 The fakes answer every worker-group call from the rows' contents (log-probs, values), and their updates
 record what each DP rank would train on: the rows of every mini-batch, cut as the workers cut them (the
@@ -217,3 +218,28 @@ def test_rollout_and_validation_generations_are_dumped_as_verl_jsonl(monkeypatch
     assert len(val) == 6 and {r["step"] for r in val} == {3}
     assert sorted(r["gts"] for r in val) == sorted(row["reward_model"]["ground_truth"]
                                                     for row in trainer.val_dataloader.dataset.rows)
+
+
+# ----------------------------------------------------------------------------- dataloader workers
+def _run_fit(monkeypatch, data_args, output_dir, steps, workers, resume):
+    trainer, _ = make_trainer(monkeypatch, GRPO, small("grpo") + [
+        f"trainer.total_training_steps={steps}", "trainer.save_freq=100", f"data.dataloader_num_workers={workers}",
+        f"trainer.output_dir={output_dir}", f"trainer.resume_mode={'auto' if resume else 'disable'}",
+        "trainer.test_freq=-1"], data_args)
+    seen = []
+    trainer.train_step = lambda batch_dict, step: seen.append((step, list(batch_dict["index"]))) or {}
+    assert trainer.fit() == 0
+    return trainer, seen
+
+
+@pytest.mark.parametrize("stop", [3, 5])  # mid-epoch, and the last batch of the epoch (40 rows / 8)
+def test_resume_with_dataloader_workers_continues_with_the_next_unconsumed_batch(monkeypatch, data_args, tmp_path,
+                                                                                  stop):
+    full_trainer, full = _run_fit(monkeypatch, data_args, tmp_path / "full", 8, workers=2, resume=False)
+    assert full_trainer.train_dataloader.num_workers == 2
+    _, first = _run_fit(monkeypatch, data_args, tmp_path / "cut", stop, workers=2, resume=False)
+    state = json.loads((tmp_path / "cut" / "checkpoints" / f"global_step_{stop}" / "trainer_state.json").read_text())
+    assert (state["sampler"]["epoch"], state["sampler"]["position"]) == (0, stop * 8)
+    _, rest = _run_fit(monkeypatch, data_args, tmp_path / "cut", 8, workers=2, resume=True)
+    assert first + rest == full
+    assert len({tuple(ids) for _, ids in full[:5]}) == 5  # five different batches in the first epoch

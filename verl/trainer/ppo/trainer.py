@@ -38,6 +38,8 @@ verl's trainer keys, as verl's ``RayPPOTrainer`` reads them:
     validation's as ``<dir>/<step>.jsonl`` (input, output, gts, score, step), written by rank 0;
   - ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep``: older checkpoints' parts deleted
     after each save (:func:`verl.utils.checkpoint.prune_checkpoints`);
+  - ``data.dataloader_num_workers``: forked loader workers (:func:`rl_dataloader`); checkpoints record the
+    batches the loop consumed, not the sampler's prefetched position.
 """
 
 from __future__ import annotations
@@ -67,6 +69,38 @@ from verl.utils.seqlen_balancing import balanced_dp_order, seqlen_balance_metric
 from verl.utils.tracking import rank_zero_tracking
 
 PROMPT_FIELDS = ("input_ids", "attention_mask", "position_ids")
+# Per DataLoader worker, batches loaded ahead (torch's default is 2): workers are forks of a rank.
+PREFETCH_BATCHES = 1
+
+
+def _worker_dies_with_rank(rank_pid: int, worker_id: int) -> None:
+    from verl.launcher.spawn import die_with_parent
+
+    die_with_parent(rank_pid)
+
+
+def rl_dataloader(dataset: Any, batch_size: int, num_workers: int, sampler: Any = None, drop_last: bool = False):
+    """verl's dataloader for ``dataset`` with ``data.dataloader_num_workers`` workers, capped at the batches
+    of one pass (a worker loads whole batches). Workers are forks of this rank that die with it, started per
+    pass (not persistent) and loading one batch ahead each, so they hold little memory. The sampler's own
+    position then runs ahead of what the loop consumed: the trainer checkpoints its consumed count instead."""
+    from torch.utils.data import DataLoader
+
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    batches = len(dataset) // batch_size if drop_last else -(-len(dataset) // batch_size)
+    workers = min(int(num_workers), max(batches, 1))
+    options: dict[str, Any] = {}
+    if workers > 0:
+        import functools
+        import multiprocessing
+
+        options = dict(prefetch_factor=PREFETCH_BATCHES, persistent_workers=False,
+                       worker_init_fn=functools.partial(_worker_dies_with_rank, os.getpid()))
+        if "fork" in multiprocessing.get_all_start_methods():
+            options["multiprocessing_context"] = "fork"
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False, collate_fn=collate_fn,
+                      drop_last=drop_last, num_workers=workers, **options)
 
 
 def balance_layout(config: Any, world_size: int) -> tuple[int, int]:
@@ -125,9 +159,8 @@ def write_generations(directory: str, step: int, records: list[dict[str, Any]]) 
 class PPOTrainer:
     def __init__(self, config: Any, tokenizer: Any, dry_run: bool = False):
         import torch.distributed as dist
-        from torch.utils.data import DataLoader
 
-        from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn, create_rl_sampler
+        from verl.utils.dataset.rl_dataset import RLHFDataset, create_rl_sampler
         from verl.utils.reward_score import load_reward_fn
         from verl.workers.reward_manager import get_reward_manager_cls
 
@@ -141,16 +174,18 @@ class PPOTrainer:
         data = config.data
         self.train_dataset = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples)
         self.sampler = create_rl_sampler(data, self.train_dataset)
-        self.train_dataloader = DataLoader(self.train_dataset, batch_size=data.train_batch_size, sampler=self.sampler,
-                                           collate_fn=collate_fn, drop_last=True, num_workers=0)
-        if len(self.train_dataloader) == 0:
+        if len(self.train_dataset) < data.train_batch_size:
             raise ValueError(f"data.train_batch_size={data.train_batch_size}: expected at most the "
                              f"{len(self.train_dataset)} training prompts, found a larger batch")
+        self.train_dataloader = rl_dataloader(self.train_dataset, data.train_batch_size, data.dataloader_num_workers,
+                                              sampler=self.sampler, drop_last=True)
+        # What the loop has consumed (the sampler's own position runs ahead when workers prefetch).
+        self.data_epoch, self.data_position = self.sampler.epoch, self.sampler.position
         self.val_dataloader = None
         if data.val_files:
             val_dataset = RLHFDataset(data.val_files, tokenizer, data, max_samples=data.val_max_samples)
-            self.val_dataloader = DataLoader(val_dataset, batch_size=data.val_batch_size or len(val_dataset),
-                                             shuffle=False, collate_fn=collate_fn, num_workers=0)
+            self.val_dataloader = rl_dataloader(val_dataset, data.val_batch_size or len(val_dataset),
+                                                data.dataloader_num_workers)
         steps = len(self.train_dataloader) * config.trainer.total_epochs
         if config.trainer.total_training_steps is not None:
             steps = config.trainer.total_training_steps
@@ -249,7 +284,8 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _trainer_state(self) -> dict[str, Any]:
-        state = {"sampler": self.sampler.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
+        state = {"sampler": self.sampler.state_at(self.data_epoch, self.data_position),
+                 "kl_ctrl": self.kl_ctrl.state_dict(),
                  "total_training_steps": self.total_training_steps}
         if self.use_rm:
             state["reward_model_path"] = self.rm_path
@@ -447,10 +483,12 @@ class PPOTrainer:
         with PreemptionHandler(signals=(signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)) as preempt:
             while self.global_step < self.total_training_steps and not preempted:
                 epoch_before = self.sampler.epoch
+                self.data_epoch, self.data_position = self.sampler.epoch, self.sampler.position
                 for batch_dict in self.train_dataloader:
                     step = self.global_step + 1
                     metrics = self.train_step(batch_dict, step)
                     self.global_step = step
+                    self.data_position += len(batch_dict["input_ids"])
                     last = step >= self.total_training_steps
                     if validate and trainer.test_freq > 0 and (step % trainer.test_freq == 0 or last):
                         with self._timer("testing"):

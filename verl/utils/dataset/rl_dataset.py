@@ -251,8 +251,9 @@ class ResumableSampler(Sampler[int]):
     """Sequential or seeded-shuffled indices whose position survives a checkpoint.
 
     Epoch e uses the permutation seeded by ``seed + e``; ``state_dict`` records (epoch, position).
-    The position counts indices handed out, so checkpoint it with a DataLoader that does not
-    prefetch (num_workers=0) to match the batches actually consumed.
+    The position counts indices handed out, which a DataLoader with workers takes ahead of the
+    batches its loop consumed: checkpoint ``state_at(epoch, consumed samples)`` there (the trainer
+    does) to resume at the first batch not yet consumed.
     """
 
     def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0):
@@ -288,6 +289,12 @@ class ResumableSampler(Sampler[int]):
             "shuffle": self.shuffle,
             "num_samples": self.num_samples,
         }
+
+    def state_at(self, epoch: int, position: int) -> dict:
+        """The state of this sampler at ``position`` samples into ``epoch`` (what the loop consumed)."""
+        if not 0 <= position <= self.num_samples:
+            raise ValueError(f"sampler position: expected 0..{self.num_samples}, found {position}")
+        return {**self.state_dict(), "epoch": int(epoch), "position": int(position)}
 
     def load_state_dict(self, state: dict) -> None:
         for key in ("seed", "shuffle", "num_samples"):
