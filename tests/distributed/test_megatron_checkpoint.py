@@ -1,6 +1,7 @@
 """dist_checkpointing save / load on 4 gloo ranks: exact resume (distributed optimizer), a (2,2)
 checkpoint loaded at (1,1), and a clear error for a checkpoint with a missing file."""
 
+import json
 import os
 import shutil
 
@@ -63,6 +64,15 @@ def _checkpoint_job(hf_dir, ckpt_root, batch):
     result["resumed"] = first + [worker.update_policy(data, sft_loss)["loss"] for _ in range(STEPS - STEPS // 2)]
     destroy_megatron()
 
+    # Saved before its first step (an actor during trainer.critic_warmup): a fresh optimizer on load.
+    engine, worker, data = actor(2, 1)
+    save_checkpoint(engine, os.path.join(ckpt_root, "never_stepped"), iteration=0)
+    destroy_megatron()
+    engine, worker, data = actor(2, 1, load_hf=False)
+    result["never_stepped_iteration"] = load_checkpoint(engine, os.path.join(ckpt_root, "never_stepped"))
+    result["never_stepped"] = [worker.update_policy(data, sft_loss)["loss"] for _ in range(STEPS)]
+    destroy_megatron()
+
     engine, worker, data = actor(2, 2)
     worker.update_policy(data, sft_loss)
     result["logits_2x2"] = engine.forward(batch, 2, _full_logits(engine))["logits"]
@@ -90,6 +100,15 @@ def test_resume_reproduces_the_loss_curve_exactly(checkpoint_run):
     assert result["resumed"] == result["continuous"], (result["resumed"], result["continuous"])
 
 
+def test_a_checkpoint_saved_before_the_first_step_resumes_exactly(checkpoint_run):
+    ckpt_root, results = checkpoint_run
+    assert results[0]["never_stepped_iteration"] == 0
+    assert results[0]["never_stepped"] == results[0]["continuous"]
+    with open(os.path.join(ckpt_root, "never_stepped", "verl_checkpoint.json")) as fh:
+        manifest = json.load(fh)
+    assert manifest["fresh_optimizer"] and not manifest["with_optimizer"]
+
+
 def test_tp2_pp2_checkpoint_loads_at_tp1_pp1(checkpoint_run):
     result = checkpoint_run[1][0]
     worst = (result["logits_2x2"] - result["logits_1x1"]).abs().max().item()
@@ -100,7 +119,7 @@ def test_checkpoint_is_atomic_and_complete(checkpoint_run):
     from verl.engine.megatron.checkpoint import MANIFEST, read_manifest
 
     root = checkpoint_run[0]
-    assert sorted(os.listdir(root)) == ["tp2_dp2", "tp2_pp2"], "no staging directory may remain"
+    assert sorted(os.listdir(root)) == ["never_stepped", "tp2_dp2", "tp2_pp2"], "no staging directory may remain"
     manifest = read_manifest(os.path.join(root, "tp2_pp2"))
     assert (manifest["tp"], manifest["pp"], manifest["iteration"]) == (2, 2, 1)
     assert MANIFEST not in manifest["files"] and manifest["files"]

@@ -67,3 +67,58 @@ def test_no_complete_checkpoint_starts_over_with_a_warning_and_explicit_ones_rai
     with pytest.raises(ckpt.CheckpointError, match="trainer.resume_from_path"):
         ckpt.find_resume_dir(str(tmp_path), "resume_path", str(bad))
     assert ckpt.find_resume_dir(str(tmp_path / "empty"), "auto") is None
+
+
+# ----------------------------------------------------------------------------- max_*_ckpt_to_keep
+def _full_checkpoint(root, step, parts=("actor", "critic")):
+    path = root / f"global_step_{step}"
+    for part in parts:
+        (path / part).mkdir(parents=True)
+        (path / part / "__0_0.distcp").write_bytes(b"w" * 10)
+    (path / ckpt.STATE_FILE).write_text(json.dumps({"step": step}))
+    ckpt.write_manifest(str(path))
+    (root / ckpt.LATEST_FILE).write_text(f"{step}\n")
+    return path
+
+
+def _parts(root):
+    return {p.name: sorted(c.name for c in p.iterdir() if c.is_dir() and c.name in ("actor", "critic"))
+            for p in sorted(root.iterdir()) if p.is_dir()}
+
+
+def test_prune_keeps_the_newest_actor_and_critic_parts_as_verl(tmp_path):
+    for step in (1, 2, 3, 4):
+        _full_checkpoint(tmp_path, step)
+    removed = ckpt.prune_checkpoints(str(tmp_path), 4, {"actor": 1, "critic": 2})
+    # critic: the 2 newest (3, 4) keep it; actor: only 4. Steps 1 and 2 have nothing left: removed whole.
+    assert _parts(tmp_path) == {"global_step_3": ["critic"], "global_step_4": ["actor", "critic"]}
+    assert sorted(removed) == sorted([str(tmp_path / "global_step_3" / "actor"), str(tmp_path / "global_step_1"),
+                                      str(tmp_path / "global_step_2")])
+    assert ckpt.find_resume_dir(str(tmp_path), "auto") == str(tmp_path / "global_step_4")
+    assert ckpt.checkpoint_problem(str(tmp_path / "global_step_3")) is not None  # no actor: never resumed from
+
+
+def test_prune_without_limits_or_critic(tmp_path):
+    for step in (2, 4, 6):
+        _full_checkpoint(tmp_path, step, parts=("actor",))
+    assert ckpt.prune_checkpoints(str(tmp_path), 6, {"actor": None, "critic": None}) == []
+    assert len(_parts(tmp_path)) == 3
+    ckpt.prune_checkpoints(str(tmp_path), 6, {"actor": 2, "critic": None})
+    assert _parts(tmp_path) == {"global_step_4": ["actor"], "global_step_6": ["actor"]}
+
+
+def test_prune_never_deletes_the_current_the_resume_target_or_later_steps(tmp_path):
+    for step in (1, 2, 3, 5):
+        _full_checkpoint(tmp_path, step)
+    (tmp_path / ckpt.LATEST_FILE).write_text("3\n")  # a run resumed from step 2 just saved step 3
+    ckpt.prune_checkpoints(str(tmp_path), 3, {"actor": 1, "critic": 1})
+    assert _parts(tmp_path) == {"global_step_3": ["actor", "critic"], "global_step_5": ["actor", "critic"]}
+    # A cut newest checkpoint is not counted: the newest complete one before it keeps its parts.
+    for step in (7, 8):
+        _full_checkpoint(tmp_path, step)
+    (tmp_path / "global_step_8" / "actor" / "__0_0.distcp").write_bytes(b"")
+    (tmp_path / ckpt.LATEST_FILE).write_text("8\n")
+    ckpt.prune_checkpoints(str(tmp_path), 8, {"actor": 1, "critic": None})
+    assert ckpt.find_resume_dir(str(tmp_path), "auto") == str(tmp_path / "global_step_7")
+    assert _parts(tmp_path)["global_step_7"] == ["actor", "critic"]
+    assert _parts(tmp_path)["global_step_5"] == ["critic"]

@@ -145,6 +145,52 @@ def test_filter_overlong_prompts_counts_and_reports(tokenizer, mixed_parquet, ca
     assert "filtered 1 prompts longer than max_prompt_length=6; 3 remain" in caplog.text
 
 
+def test_max_samples_keeps_the_first_rows_without_shuffle(tokenizer, data_dir):
+    path = str(data_dir / "train.parquet")
+    every = RLHFDataset(path, tokenizer, {"max_prompt_length": 8, "shuffle": False})
+    first = RLHFDataset(path, tokenizer, {"max_prompt_length": 8, "shuffle": False}, max_samples=7)
+    assert len(every) == 40 and first.rows == every.rows[:7]
+    for no_limit in (-1, 0, 40, 1000):  # -1 / 0: every row (verl); at least the row count: every row
+        assert len(RLHFDataset(path, tokenizer, {"shuffle": False}, max_samples=no_limit)) == 40
+
+
+def test_max_samples_with_shuffle_is_a_seeded_random_subset_as_verl(tokenizer, data_dir):
+    path = str(data_dir / "train.parquet")
+    every = RLHFDataset(path, tokenizer, {"max_prompt_length": 8})
+    pick = [RLHFDataset(path, tokenizer, {"shuffle": True, "seed": seed}, max_samples=10) for seed in (1, 1, 2)]
+    assert pick[0].rows == pick[1].rows  # every rank draws the same rows
+    assert pick[0].rows != pick[2].rows
+    origin = pick[0]._origin
+    assert len(set(origin)) == 10 and origin != list(range(10)) and origin != sorted(origin)
+    assert pick[0].rows == [every.rows[i] for i in origin]
+
+
+def test_max_samples_applies_before_the_filter_and_check_names_the_original_row(tokenizer, mixed_parquet, tmp_path):
+    # Rows 0-2 are short, row 3 is 11 tokens. The first 2 rows: nothing to filter, one short of a batch of 3.
+    ds = RLHFDataset(mixed_parquet, tokenizer, {"max_prompt_length": 6, "filter_overlong_prompts": True},
+                     max_samples=2)
+    assert len(ds) == 2 and ds.num_filtered == 0
+    with pytest.raises(DatasetError, match=r"expected at least 3 rows \(one batch\), found 2 after "
+                                           r"max_samples=2 of 4 rows$"):
+        ds.check(min_rows=3)
+    both = RLHFDataset(mixed_parquet, tokenizer, {"max_prompt_length": 6, "filter_overlong_prompts": True},
+                       max_samples=3)
+    with pytest.raises(DatasetError, match="found 3 after max_samples=3 of 4 rows$"):
+        both.check(min_rows=4)
+    # A random subset still names the bad row by its file and row.
+    rows = [arithmetic.make_row((i, "+", 1), "train", i) for i in range(6)]
+    path = tmp_path / "six.parquet"
+    arithmetic.write_parquet(rows, str(path))
+    config = {"shuffle": True, "seed": 0}
+    picked = RLHFDataset(str(path), tokenizer, config, max_samples=3)._origin  # depends on the count and seed only
+    bad = picked[1]
+    assert bad != 1, "the subset's second row must come from elsewhere in the file for this test to mean anything"
+    rows[bad]["reward_model"] = {"ground_truth": None}
+    arithmetic.write_parquet(rows, str(path))
+    with pytest.raises(DatasetError, match=rf"six.parquet row {bad}: reward_model.ground_truth"):
+        RLHFDataset(str(path), tokenizer, config, max_samples=3).check()
+
+
 def test_missing_columns_and_files_are_reported(tokenizer, tmp_path):
     path = tmp_path / "bad.parquet"
     arithmetic.write_parquet([{"prompt": [{"role": "user", "content": "1+1="}]}], str(path))

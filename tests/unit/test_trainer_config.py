@@ -234,3 +234,15 @@ def test_the_real_size_gpu_config_validates(data_args):
     config = load_config(os.path.join(REPO, "configs", "grpo_qwen2_0p5b_gpu.yaml"), data_args)
     assert config.actor_rollout_ref.actor.megatron.dtype == config.actor_rollout_ref.rollout.dtype == "bfloat16"
     assert config.trainer.n_gpus_per_node == 1 and config.actor_rollout_ref.rollout.n == 8
+
+
+def test_train_max_samples_below_one_batch_is_refused_and_preflight_counts_after_the_limit(data_args, no_ranks,
+                                                                                           capsys):
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "data.train_max_samples=32"],
+                  "data.train_max_samples=32: expected -1 (every row) or at least data.train_batch_size=64")
+    # 80 rows; the limit keeps 64 (one batch), then the over-long filter drops some: fewer than a batch.
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "data.train_max_samples=64", "data.max_prompt_length=5",
+                           "data.filter_overlong_prompts=true"],
+                  "expected at least 64 rows (one batch)", "after max_samples=64 of 80 rows and filtering")
+    assert main_ppo.main(["--config", GRPO, *data_args, "data.train_max_samples=64"]) == 0
+    assert len(no_ranks) == 1

@@ -45,16 +45,18 @@ def check_model_dir(key: str, path: str | None) -> None:
 
 
 def check_datasets(config: Any, tokenizer: Any) -> None:
-    """One pass over the train and val files with the trainer's own dataset (verl's
-    filter_overlong_prompts / truncation semantics): a bad row fails here, not at step N."""
+    """One pass over the train and val files with the trainer's own dataset (verl's train/val_max_samples,
+    filter_overlong_prompts and truncation semantics): a bad row fails here, not at step N; the rows left
+    after the limit and the filter must make one batch."""
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     data = config.data
     need_ground_truth = not config.reward_model.enable
-    train = RLHFDataset(data.train_files, tokenizer, data)
+    train = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples)
     train.check(min_rows=data.train_batch_size, need_ground_truth=need_ground_truth)
     if data.val_files:
-        RLHFDataset(data.val_files, tokenizer, data).check(min_rows=1, need_ground_truth=need_ground_truth)
+        RLHFDataset(data.val_files, tokenizer, data, max_samples=data.val_max_samples).check(
+            min_rows=1, need_ground_truth=need_ground_truth)
 
 
 def preflight(config: Any) -> None:

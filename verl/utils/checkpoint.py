@@ -6,6 +6,9 @@
         rng/rank<r>.pt             python / numpy / torch RNG of every rank
     <default_local_dir>/latest_checkpointed_iteration.txt   (verl's name) the newest complete step
 
+``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep`` (:func:`prune_checkpoints`): after each
+save the actor / critic parts of older checkpoints beyond the newest N are deleted.
+
 Atomic: every part is written under ``global_step_<N>.tmp``; after a barrier rank 0 renames it and
 only then updates ``latest_checkpointed_iteration.txt`` (itself written to a temp file and renamed),
 so a run killed at any instant leaves either the previous or the new checkpoint, never a torn one.
@@ -112,6 +115,51 @@ def save_trainer_checkpoint(root: str, step: int, trainer_state: dict[str, Any],
         os.replace(latest + ".tmp", latest)
     _barrier()
     return final
+
+
+def prune_checkpoints(root: str, current_step: int, max_to_keep: dict[str, int | None]) -> list[str]:
+    """verl's ``max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep`` after a save (rank 0): for each part
+    (``actor``, ``critic``) with a limit N, keep it in the N newest complete checkpoints at or before
+    ``current_step`` that hold it, and delete it from every older one, as verl deletes each role's old
+    directories. A checkpoint left without an actor and a critic is removed whole. Never touched: the
+    checkpoint of ``current_step``, the one auto-resume would pick, incomplete checkpoints newer than the
+    oldest one kept, and checkpoints after ``current_step`` (left by a run resumed from further back).
+    A checkpoint that lost a part is no longer complete (its manifest names the part), so nothing
+    resumes from it. Returns the paths deleted."""
+    protected = {step_dir(root, current_step), find_resume_dir(root, "auto")}
+    steps = sorted((int(name.rpartition("_")[2]) for name in os.listdir(root) if os.path.isdir(os.path.join(root, name))
+                    and name.rpartition("_")[0] == "global_step" and name.rpartition("_")[2].isdigit()),
+                   reverse=True) if os.path.isdir(root) else []
+    steps = [s for s in steps if s <= current_step]
+    complete = {s for s in steps if checkpoint_problem(step_dir(root, s)) is None}
+    removed = []
+    for part, keep in max_to_keep.items():
+        if keep is None:
+            continue
+        if keep < 1:
+            raise ValueError(f"max_{part}_ckpt_to_keep: expected null or >= 1, found {keep}")
+        kept = 0
+        for s in steps:
+            path = os.path.join(step_dir(root, s), part)
+            if not os.path.isdir(path):
+                continue
+            if kept < keep:
+                kept += s in complete
+                continue
+            if step_dir(root, s) in protected:
+                continue
+            shutil.rmtree(path)
+            removed.append(path)
+    for s in steps:
+        path = step_dir(root, s)
+        ours = any(os.path.isfile(os.path.join(path, name)) for name in (STATE_FILE, MANIFEST_FILE))
+        if ours and path not in protected and not any(os.path.isdir(os.path.join(path, part))
+                                                      for part in ("actor", "critic")):
+            shutil.rmtree(path)
+            removed = [p for p in removed if not p.startswith(path + os.sep)] + [path]
+    if removed:
+        logger.info("checkpoints: removed %s", ", ".join(removed))
+    return removed
 
 
 def write_manifest(path: str) -> None:

@@ -28,6 +28,7 @@ from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from verl.trainer.ppo import core_algos
+from verl.utils.logging_utils import get_logger
 from verl.utils.torch_dtypes import DTYPES
 from verl.workers.role_utils import (
     ACTOR_FIELDS,
@@ -42,24 +43,50 @@ from verl.workers.role_utils import (
     ppo_mini_batches,
 )
 
+logger = get_logger(__name__)
+
 # --------------------------------------------------------------------------- the policy loss
 # Shares of the mini-batch loss (added over micro-batches); the other metrics are per-micro-batch means.
 POLICY_LOSS_SHARES = ("actor/pg_loss", "actor/entropy_loss", "actor/kl_loss")
 
 
+class PolicyLossConfig:
+    """What a registered policy loss reads as ``config``: the actor's keys (attribute or ``get`` access, as
+    verl's ActorConfig) plus ``global_batch_info``, the mini-batch's global counts for :func:`agg_loss`."""
+
+    def __init__(self, actor_config: Any, global_batch_info: dict[str, Any]):
+        self._actor_config = actor_config
+        self.global_batch_info = global_batch_info
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("_"):  # not found on the object itself (copy, pickle): no delegation
+            raise AttributeError(key)
+        return getattr(self._actor_config, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.global_batch_info if key == "global_batch_info" else self._actor_config.get(key, default)
+
+
+def loss_mode(cfg: Any) -> str:
+    """``actor.policy_loss.loss_mode`` (vanilla when the section is absent)."""
+    return (cfg.get("policy_loss") or {}).get("loss_mode", "vanilla")
+
+
 def policy_loss_fn(cfg: Any, counts: dict[str, int]) -> Callable:
     """verl's PPO actor loss (pg_loss - entropy_coeff * entropy + kl_loss_coef * kl) for ``update_policy``
     with ``global_loss=True``: every term is aggregated with the mini-batch's global ``counts``
-    (:func:`role_utils.global_batch_info`) and ``actor.loss_scale_factor``, as verl's ``global_batch_info``."""
+    (:func:`role_utils.global_batch_info`) and ``actor.loss_scale_factor``, as verl's ``global_batch_info``.
+    The policy-gradient term is the registered loss ``actor.policy_loss.loss_mode``
+    (:func:`core_algos.get_policy_loss_fn`: vanilla, gspo, or one a user registered)."""
     info = dict(counts, loss_scale_factor=cfg.get("loss_scale_factor"))
+    policy_loss = core_algos.get_policy_loss_fn(loss_mode(cfg))
+    loss_config = PolicyLossConfig(cfg, dict(counts))
 
     def loss_fn(outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
         log_prob, mask = outputs["log_probs"], mb["response_mask"]
-        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = core_algos.compute_policy_loss(
+        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss(
             old_log_prob=mb["old_log_probs"], log_prob=log_prob, advantages=mb["advantages"],
-            response_mask=mask, cliprange=cfg.clip_ratio, cliprange_low=cfg.clip_ratio_low,
-            cliprange_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode,
-            **info)
+            response_mask=mask, loss_agg_mode=cfg.loss_agg_mode, config=loss_config)
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss, "actor/pg_clipfrac": pg_clipfrac, "actor/ppo_kl": ppo_kl,
                    "actor/pg_clipfrac_lower": pg_clipfrac_lower}
@@ -96,6 +123,10 @@ class ActorRolloutRefWorker(Worker):
         self.config = config
         arr = config.actor_rollout_ref
         self.actor_config, self.rollout_config = arr.actor, arr.rollout
+        if loss_mode(arr.actor) == "gspo" and arr.actor.loss_agg_mode != core_algos.GSPO_LOSS_AGG_MODE:
+            logger.warning("actor.policy_loss.loss_mode=gspo aggregates the policy loss %s (GSPO's objective, as "
+                           "verl) whatever actor.loss_agg_mode=%s says; the entropy and KL terms use %s",
+                           core_algos.GSPO_LOSS_AGG_MODE, arr.actor.loss_agg_mode, arr.actor.loss_agg_mode)
         mega = arr.actor.megatron
         ensure_megatron(mega.tensor_model_parallel_size, mega.pipeline_model_parallel_size, mega.seed)
         self.model_config = ModelConfig.from_pretrained(arr.model.path)

@@ -32,6 +32,13 @@ def _optimizers(engine: MegatronEngine):
     return getattr(engine.optimizer, "chained_optimizers", [engine.optimizer])
 
 
+def optimizer_has_state(engine: MegatronEngine) -> bool:
+    """Whether Adam has state yet (it is created by the first step). An optimizer that never stepped
+    (an actor still in ``trainer.critic_warmup``) has nothing to save, and megatron cannot save it."""
+    return engine.optimizer is not None and any(len(getattr(optimizer, "optimizer", optimizer).state) > 0
+                                                for optimizer in _optimizers(engine))
+
+
 def _rng_sharded_object():
     from megatron.core import parallel_state as mpu
     from megatron.core.dist_checkpointing.mapping import ShardedObject
@@ -70,6 +77,9 @@ def save_checkpoint(engine: MegatronEngine, path: str, iteration: int, with_opti
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(staging)
     dist.barrier()
+    # Never stepped: the optimizer and scheduler are as a fresh engine builds them; record that instead.
+    fresh_optimizer = with_optimizer and engine.optimizer is not None and not optimizer_has_state(engine)
+    with_optimizer = with_optimizer and not fresh_optimizer
     state = _sharded_state(engine, with_optimizer, is_loading=False, with_rng=with_rng)
     state["iteration"] = iteration
     dist_checkpointing.save(state, staging)
@@ -79,7 +89,8 @@ def save_checkpoint(engine: MegatronEngine, path: str, iteration: int, with_opti
                        for root, _, names in os.walk(staging) for f in names)
         manifest = {"iteration": iteration, "tp": mpu.get_tensor_model_parallel_world_size(),
                     "pp": mpu.get_pipeline_model_parallel_world_size(), "head": engine.head,
-                    "with_optimizer": with_optimizer and engine.optimizer is not None, "with_rng": with_rng,
+                    "with_optimizer": with_optimizer and engine.optimizer is not None,
+                    "fresh_optimizer": fresh_optimizer, "with_rng": with_rng,
                     "model_config": dataclasses.asdict(engine.config), "files": files, **(extra_manifest or {})}
         with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as fh:
             json.dump(manifest, fh, indent=2)
@@ -112,7 +123,12 @@ def load_checkpoint(engine: MegatronEngine, path: str, with_optimizer: bool = Tr
         raise CheckpointError(f"checkpoint {path}: expected a {engine.head!r} model, found {manifest['head']!r}")
     with_optimizer = with_optimizer and engine.optimizer is not None
     if with_optimizer and not manifest["with_optimizer"]:
-        raise CheckpointError(f"checkpoint {path}: expected optimizer state, found a model-only checkpoint")
+        if not manifest.get("fresh_optimizer"):
+            raise CheckpointError(f"checkpoint {path}: expected optimizer state, found a model-only checkpoint")
+        if optimizer_has_state(engine) or engine.scheduler.num_steps:
+            raise CheckpointError(f"checkpoint {path}: expected an engine that never stepped (the checkpoint's "
+                                  f"optimizer never did), found one at step {engine.scheduler.num_steps}")
+        with_optimizer = False  # saved before its first step: this engine's fresh optimizer is that state
     same_layout = (manifest["tp"], manifest["pp"]) == (mpu.get_tensor_model_parallel_world_size(),
                                                        mpu.get_pipeline_model_parallel_world_size())
     if with_optimizer:

@@ -315,6 +315,10 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
     if train_bs % rollout_dp:
         raise ConfigError(f"data.train_batch_size={train_bs}: expected a multiple of the rollout DP size "
                           f"(world {world} / rollout tp {rollout_tp} = {rollout_dp})")
+    limit = data["train_max_samples"]
+    if 0 < limit < train_bs:
+        raise ConfigError(f"data.train_max_samples={limit}: expected -1 (every row) or at least "
+                          f"data.train_batch_size={train_bs} (one batch), found {limit}")
     roles = [("actor_rollout_ref.actor", actor)] + ([("critic", critic)] if use_critic(cfg) else [])
     for name, role in roles:
         mini = role["ppo_mini_batch_size"]

@@ -436,6 +436,59 @@ def compute_policy_loss_vanilla(
     )
 
 
+GSPO_LOSS_AGG_MODE = "seq-mean-token-mean"
+GSPO_MAX_LOG_RATIO = 10.0
+
+
+@register_policy_loss("gspo")
+def compute_policy_loss_gspo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = GSPO_LOSS_AGG_MODE,
+    config: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071), token form.
+
+    The importance ratio is the sequence's: s_i = exp(mean_t over the response tokens of
+    (log_prob - old_log_prob)), the geometric mean of the token ratios. Each token carries
+    s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)] (equal to s_i; its gradient is s_i * grad log pi(y_t)), clipped
+    to [1 - clip_ratio_low, 1 + clip_ratio_high] as PPO: L_i,t = max(-A_i,t s_i,t, -A_i,t clip(s_i,t)).
+    The log-ratio is capped at 10 before exp(); there is no dual clip.
+
+    As verl, the loss is always aggregated ``seq-mean-token-mean`` (1/G sum_i 1/|y_i| sum_t L_i,t, GSPO's
+    objective) whatever ``loss_agg_mode`` says; config keys as :func:`compute_policy_loss_vanilla` (clip_ratio,
+    clip_ratio_low, clip_ratio_high, loss_scale_factor, global_batch_info). Shapes [B, R].
+    Returns: pg_loss, pg_clipfrac (fraction of tokens where the clip bound the loss), ppo_kl (masked mean
+    of old_log_prob - log_prob) and pg_clipfrac_lower (0: no dual clip).
+    """
+    clip_ratio = _cfg(config, "clip_ratio", 0.2)
+    low = _cfg(config, "clip_ratio_low", None)
+    high = _cfg(config, "clip_ratio_high", None)
+    low = clip_ratio if low is None else low
+    high = clip_ratio if high is None else high
+    if low is None or high is None:
+        raise ValueError("compute_policy_loss_gspo: expected clip_ratio or both clip_ratio_low and clip_ratio_high, "
+                         "found None")
+    global_batch_info = dict(_cfg(config, "global_batch_info", None) or {})
+    global_batch_info.setdefault("loss_scale_factor", _cfg(config, "loss_scale_factor", None))
+
+    mask = response_mask.to(log_prob.dtype)
+    log_ratio = log_prob - old_log_prob
+    seq_log_ratio = (log_ratio * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
+    token_log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    ratio = torch.exp(torch.clamp(token_log_ratio, max=GSPO_MAX_LOG_RATIO))
+
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
+    pg_losses = torch.maximum(unclipped, clipped)
+    pg_loss = agg_loss(pg_losses, response_mask, GSPO_LOSS_AGG_MODE, **global_batch_info)
+    pg_clipfrac = verl_F.masked_mean(torch.gt(clipped, unclipped).float(), response_mask)
+    ppo_kl = verl_F.masked_mean(-log_ratio, response_mask)
+    return pg_loss, pg_clipfrac, ppo_kl, torch.zeros((), dtype=pg_loss.dtype, device=pg_loss.device)
+
+
 def compute_entropy_loss(
     logits: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", **global_batch_info: Any
 ) -> torch.Tensor:

@@ -32,11 +32,26 @@ and a resumed run loads it again.
 HF export (``trainer.export_hf_every_save``, ``trainer.export_hf_at_end``): the actor goes to
 ``<trainer.output_dir>/actor_hf/`` (see ``verl/models/hf_export.py``) after each checkpoint and/or
 when training completes.
+
+verl's trainer keys, as verl's ``RayPPOTrainer`` reads them:
+  - ``trainer.critic_warmup``: the actor updates from the step ``critic_warmup <= step`` on (steps count
+    from 1); before, generation, rewards, values and the critic update run as usual;
+  - ``trainer.balance_batch``: right after generation the batch is reordered so that each actor DP rank's
+    share holds a near-equal number of valid tokens (``global_seqlen/*`` metrics); rows move only within
+    the mini-batches' slices, so every mini-batch keeps its sequences (see :func:`balance_layout`);
+  - ``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``: each step's generations / each
+    validation's as ``<dir>/<step>.jsonl`` (input, output, gts, score, step), written by rank 0;
+  - ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep``: older checkpoints' parts deleted
+    after each save (:func:`verl.utils.checkpoint.prune_checkpoints`);
+  - ``data.dataloader_num_workers``: forked loader workers (:func:`rl_dataloader`); checkpoints record the
+    batches the loop consumed, not the sampler's prefetched position.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import signal
 import sys
@@ -56,17 +71,102 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.advantage import apply_kl_penalty, compute_advantage
 from verl.utils import checkpoint as ckpt
 from verl.utils.flops_counter import device_peak_flops
+from verl.utils.seqlen_balancing import balanced_dp_order, seqlen_balance_metrics
 from verl.utils.tracking import rank_zero_tracking
 
 PROMPT_FIELDS = ("input_ids", "attention_mask", "position_ids")
+# Per DataLoader worker, batches loaded ahead (torch's default is 2): workers are forks of a rank.
+PREFETCH_BATCHES = 1
+
+
+def _worker_dies_with_rank(rank_pid: int, worker_id: int) -> None:
+    from verl.launcher.spawn import die_with_parent
+
+    die_with_parent(rank_pid)
+
+
+def rl_dataloader(dataset: Any, batch_size: int, num_workers: int, sampler: Any = None, drop_last: bool = False):
+    """verl's dataloader for ``dataset`` with ``data.dataloader_num_workers`` workers, capped at the batches
+    of one pass (a worker loads whole batches). Workers are forks of this rank that die with it, started per
+    pass (not persistent) and loading one batch ahead each, so they hold little memory. The sampler's own
+    position then runs ahead of what the loop consumed: the trainer checkpoints its consumed count instead."""
+    from torch.utils.data import DataLoader
+
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    batches = len(dataset) // batch_size if drop_last else -(-len(dataset) // batch_size)
+    workers = min(int(num_workers), max(batches, 1))
+    options: dict[str, Any] = {}
+    if workers > 0:
+        import functools
+        import multiprocessing
+
+        options = dict(prefetch_factor=PREFETCH_BATCHES, persistent_workers=False,
+                       worker_init_fn=functools.partial(_worker_dies_with_rank, os.getpid()))
+        if "fork" in multiprocessing.get_all_start_methods():
+            options["multiprocessing_context"] = "fork"
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False, collate_fn=collate_fn,
+                      drop_last=drop_last, num_workers=workers, **options)
+
+
+def balance_layout(config: Any, world_size: int) -> tuple[int, int]:
+    """(actor DP size, rows per rank whose set ``balance_batch`` keeps). Each DP rank cuts its share into
+    mini-batches of ppo_mini_batch_size * n / dp rows (actor, and critic when there is one); a block that
+    divides both keeps every mini-batch's set of sequences, so the balanced step optimises the same thing.
+    A role that shuffles its mini-batches (``shuffle``) draws them at random from the rank's share anyway."""
+    arr = config.actor_rollout_ref
+    dp = world_size // (arr.actor.megatron.tensor_model_parallel_size * arr.actor.megatron.pipeline_model_parallel_size)
+    n = arr.rollout.n
+    roles = [arr.actor] + ([config.critic] if use_critic(config) else [])
+    sizes = [role.ppo_mini_batch_size * n // dp for role in roles if not role.shuffle]
+    return dp, math.gcd(*sizes) if sizes else config.data.train_batch_size * n // dp
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return str(value)
+
+
+def generation_records(batch: DataProto, scores: torch.Tensor, extra_info: dict[str, list], tokenizer: Any,
+                       step: int) -> list[dict[str, Any]]:
+    """verl's dumped generation fields per row: input (the prompt's text), output (the response's), gts
+    (reward_model.ground_truth), score (the sequence score), step, and the reward function's extra info."""
+    prompts, responses = batch.batch["prompts"], batch.batch["responses"]
+    mask = batch.batch["attention_mask"].bool()
+    prompt_mask, response_mask = mask[:, :prompts.shape[-1]], mask[:, prompts.shape[-1]:]
+    rows = len(batch)
+    reward_models = batch.non_tensor_batch.get("reward_model", [None] * rows)
+    score = scores.sum(-1).tolist()
+    extra = {k: v for k, v in (extra_info or {}).items() if len(v) == rows}
+    records = []
+    for i in range(rows):
+        ground_truth = reward_models[i].get("ground_truth") if isinstance(reward_models[i], dict) else None
+        records.append({
+            "input": tokenizer.decode(prompts[i][prompt_mask[i]].tolist(), skip_special_tokens=True),
+            "output": tokenizer.decode(responses[i][response_mask[i]].tolist(), skip_special_tokens=True),
+            "gts": ground_truth, "score": score[i], "step": step, **{k: v[i] for k, v in extra.items()}})
+    return records
+
+
+def write_generations(directory: str, step: int, records: list[dict[str, Any]]) -> str:
+    """``<directory>/<step>.jsonl``, one record a line (verl's rollout/validation dumps), written atomically."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{step}.jsonl")
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        for record in records:
+            fh.write(json.dumps(record, ensure_ascii=False, default=_jsonable) + "\n")
+    os.replace(path + ".tmp", path)
+    return path
 
 
 class PPOTrainer:
     def __init__(self, config: Any, tokenizer: Any, dry_run: bool = False):
         import torch.distributed as dist
-        from torch.utils.data import DataLoader
 
-        from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn, create_rl_sampler
+        from verl.utils.dataset.rl_dataset import RLHFDataset, create_rl_sampler
         from verl.utils.reward_score import load_reward_fn
         from verl.workers.reward_manager import get_reward_manager_cls
 
@@ -78,18 +178,20 @@ class PPOTrainer:
         self.debug = config.trainer.debug
 
         data = config.data
-        self.train_dataset = RLHFDataset(data.train_files, tokenizer, data)
+        self.train_dataset = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples)
         self.sampler = create_rl_sampler(data, self.train_dataset)
-        self.train_dataloader = DataLoader(self.train_dataset, batch_size=data.train_batch_size, sampler=self.sampler,
-                                           collate_fn=collate_fn, drop_last=True, num_workers=0)
-        if len(self.train_dataloader) == 0:
+        if len(self.train_dataset) < data.train_batch_size:
             raise ValueError(f"data.train_batch_size={data.train_batch_size}: expected at most the "
                              f"{len(self.train_dataset)} training prompts, found a larger batch")
+        self.train_dataloader = rl_dataloader(self.train_dataset, data.train_batch_size, data.dataloader_num_workers,
+                                              sampler=self.sampler, drop_last=True)
+        # What the loop has consumed (the sampler's own position runs ahead when workers prefetch).
+        self.data_epoch, self.data_position = self.sampler.epoch, self.sampler.position
         self.val_dataloader = None
         if data.val_files:
-            val_dataset = RLHFDataset(data.val_files, tokenizer, data)
-            self.val_dataloader = DataLoader(val_dataset, batch_size=data.val_batch_size or len(val_dataset),
-                                             shuffle=False, collate_fn=collate_fn, num_workers=0)
+            val_dataset = RLHFDataset(data.val_files, tokenizer, data, max_samples=data.val_max_samples)
+            self.val_dataloader = rl_dataloader(val_dataset, data.val_batch_size or len(val_dataset),
+                                                data.dataloader_num_workers)
         steps = len(self.train_dataloader) * config.trainer.total_epochs
         if config.trainer.total_training_steps is not None:
             steps = config.trainer.total_training_steps
@@ -101,6 +203,7 @@ class PPOTrainer:
         self.reward_fn = manager(tokenizer, num_examine=0, compute_score=compute_score,
                                  reward_fn_key=data.reward_fn_key)
         self.kl_ctrl = core_algos.get_kl_controller(config.algorithm.kl_ctrl)
+        self.dp_size, self.balance_block = balance_layout(config, self.world_size)
 
         from verl.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 
@@ -194,7 +297,8 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _trainer_state(self) -> dict[str, Any]:
-        state = {"sampler": self.sampler.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
+        state = {"sampler": self.sampler.state_at(self.data_epoch, self.data_position),
+                 "kl_ctrl": self.kl_ctrl.state_dict(),
                  "total_training_steps": self.total_training_steps}
         if self.use_rm:
             state["reward_model_path"] = self.rm_path
@@ -206,9 +310,18 @@ class PPOTrainer:
             if self.critic_wg is not None:
                 self.critic_wg.save_checkpoint(os.path.join(staging, "critic"))
 
+        trainer = self.config.trainer
         with self._timer("save_checkpoint"):
-            path = ckpt.save_trainer_checkpoint(self.config.trainer.default_local_dir, self.global_step,
+            path = ckpt.save_trainer_checkpoint(trainer.default_local_dir, self.global_step,
                                                 self._trainer_state(), save_models)
+            if self.rank == 0:
+                removed = ckpt.prune_checkpoints(trainer.default_local_dir, self.global_step,
+                                                 {"actor": trainer.max_actor_ckpt_to_keep,
+                                                  "critic": trainer.max_critic_ckpt_to_keep})
+                if removed:
+                    self._print(f"checkpoint: removed {', '.join(removed)} (trainer.max_actor_ckpt_to_keep="
+                                f"{trainer.max_actor_ckpt_to_keep}, max_critic_ckpt_to_keep="
+                                f"{trainer.max_critic_ckpt_to_keep})")
         self._print(f"checkpoint: step {self.global_step} -> {path}")
         if self.config.trainer.export_hf_every_save:
             self.export_hf()
@@ -233,13 +346,20 @@ class PPOTrainer:
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
         """Greedy decoding (rollout.val_kwargs) on the validation set: val/accuracy and val-core names."""
-        scores, sources = [], []
+        scores, sources, generations = [], [], []
+        dump_dir = self.config.trainer.validation_data_dir
         for batch_dict in self.val_dataloader:
             gen = self._prompt_batch(batch_dict, step=0, validate=True)
             out = self.actor_rollout_wg.generate_sequences(gen)
             out.meta_info.pop("metrics", None)
-            scores.append(self.reward_fn(out).sum(-1))
+            reward = self.reward_fn(out, return_dict=True)
+            scores.append(reward["reward_tensor"].sum(-1))
             sources.extend(out.non_tensor_batch[self.config.data.reward_fn_key].tolist())
+            if dump_dir and self.rank == 0:
+                generations.extend(generation_records(out, reward["reward_tensor"], reward["reward_extra_info"],
+                                                      self.tokenizer, self.global_step))
+        if dump_dir and self.rank == 0:
+            write_generations(dump_dir, self.global_step, generations)
         score = torch.cat(scores)
         metrics = {"val/accuracy": score.mean().item(), "val/num_samples": float(score.numel())}
         sources_arr = np.array(sources, dtype=object)
@@ -269,11 +389,16 @@ class PPOTrainer:
                 with self._timer("gen_max"):
                     batch.batch["reward_baselines"] = self._greedy_baseline_rewards(gen).repeat_interleave(
                         cfg.actor_rollout_ref.rollout.n)
+            if cfg.trainer.balance_batch:
+                # Rows move between DP ranks only within the mini-batches' slices (see balance_layout), and
+                # the group estimators find groups by uid, not by position: the same step, reordered.
+                metrics.update(self._balance_batch(batch))
 
             with self._timer("reward"):
                 if self.use_rm:
                     batch.union(self.rm_wg.compute_rm_score(batch))
-                batch.batch["token_level_scores"] = self.reward_fn(batch)
+                reward = self.reward_fn(batch, return_dict=True)
+                batch.batch["token_level_scores"] = reward["reward_tensor"]
             with self._timer("old_log_prob"):
                 old = self.actor_rollout_wg.compute_log_prob(batch)
                 entropys = old.batch.pop("entropys")
@@ -299,8 +424,14 @@ class PPOTrainer:
                 if self.use_critic:
                     with self._timer("update_critic"):
                         metrics.update(self.critic_wg.update_critic(batch).meta_info["metrics"])
-                with self._timer("update_actor"):
-                    metrics.update(self.actor_rollout_wg.update_actor(batch).meta_info["metrics"])
+                # verl: the actor trains once critic_warmup <= the step (steps count from 1).
+                if cfg.trainer.critic_warmup <= step:
+                    with self._timer("update_actor"):
+                        metrics.update(self.actor_rollout_wg.update_actor(batch).meta_info["metrics"])
+            if cfg.trainer.rollout_data_dir and self.rank == 0:
+                with self._timer("dump_rollout_generations"):
+                    write_generations(cfg.trainer.rollout_data_dir, step, generation_records(
+                        batch, batch.batch["token_level_scores"], reward["reward_extra_info"], self.tokenizer, step))
         metrics.update(metric_utils.compute_data_metrics(batch, self.use_critic))
         metrics.update(metric_utils.compute_rollout_probs_diff_metrics(batch))
         metrics.update(metric_utils.compute_timing_metrics(batch, self._timing))
@@ -313,6 +444,15 @@ class PPOTrainer:
         if self.debug:
             self._debug_print(batch, metrics)
         return metrics
+
+    def _balance_batch(self, batch: DataProto) -> dict[str, float]:
+        """verl's ``_balance_batch``: reorder ``batch`` in place so that each actor DP rank's share holds a
+        near-equal number of valid tokens (``attention_mask.sum(-1)``); returns ``global_seqlen/*``."""
+        lengths = batch.batch["attention_mask"].sum(-1).tolist()
+        order = balanced_dp_order(lengths, self.dp_size, self.balance_block)
+        if order != list(range(len(order))):
+            batch.reorder(torch.tensor(order))
+        return seqlen_balance_metrics(lengths, order, self.dp_size)
 
     def _greedy_baseline_rewards(self, gen: DataProto) -> torch.Tensor:
         """ReMax: the sequence reward [B] of one greedy (do_sample=False) response per prompt."""
@@ -364,12 +504,14 @@ class PPOTrainer:
         with PreemptionHandler(signals=(signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)) as preempt:
             while self.global_step < self.total_training_steps and not preempted:
                 epoch_before = self.sampler.epoch
+                self.data_epoch, self.data_position = self.sampler.epoch, self.sampler.position
                 for batch_dict in self.train_dataloader:
                     step = self.global_step + 1
                     metrics = self.train_step(batch_dict, step)
                     metrics["training/global_step"] = step
                     metrics["training/epoch"] = epoch_before
                     self.global_step = step
+                    self.data_position += len(batch_dict["input_ids"])
                     last = step >= self.total_training_steps
                     if validate and trainer.test_freq > 0 and (step % trainer.test_freq == 0 or last):
                         with self._timer("testing"):

@@ -88,11 +88,15 @@ class RLHFDataset(Dataset):
     ``truncation`` ("error" | "left" keeps the last tokens | "right" keeps the first tokens),
     ``filter_overlong_prompts`` (False; drops prompts longer than max_prompt_length at load and
     reports the count in ``num_filtered``).
+    ``max_samples`` (verl's ``data.train_max_samples`` / ``data.val_max_samples``; -1 or 0 = every row):
+    at most that many rows, chosen before the over-long filter as verl's RLHFDataset chooses them: with
+    ``shuffle`` (data.shuffle: true in the trainer's defaults) a random subset seeded by ``seed`` (data.seed),
+    else (or without a config) the first rows.
     The prompt text is the tokenizer's chat template applied to the messages (with the generation
     prompt) when the tokenizer has one, else the message contents concatenated.
     """
 
-    def __init__(self, data_files: str | Sequence[str], tokenizer: Any, config: Any = None):
+    def __init__(self, data_files: str | Sequence[str], tokenizer: Any, config: Any = None, max_samples: int = -1):
         self.tokenizer = tokenizer
         self.prompt_key = _cfg(config, "prompt_key", "prompt")
         self.max_prompt_length = int(_cfg(config, "max_prompt_length", 512))
@@ -112,13 +116,23 @@ class RLHFDataset(Dataset):
         self._file_rows: list[tuple[str, int, int]] = []  # (path, first row, rows) to name a bad row's file
         for path in self.data_files:
             self.rows.extend(self._read(path))
+        # The row of the files each kept row came from (to name a bad row's file and row).
+        self._origin = list(range(len(self.rows)))
+
+        self.max_samples = int(max_samples)
+        self.num_rows_read = len(self.rows)
+        if 0 < self.max_samples < len(self.rows):
+            self._origin = select_max_samples(len(self.rows), self.max_samples, bool(_cfg(config, "shuffle", False)),
+                                              _cfg(config, "seed", None))
+            self.rows = [self.rows[i] for i in self._origin]
 
         self.num_filtered = 0
         if self.filter_overlong_prompts:
-            kept = [row for row in self.rows if not self._raw_too_long(row)
+            keep = [i for i, row in enumerate(self.rows) if not self._raw_too_long(row)
                     and len(self._prompt_ids(row)) <= self.max_prompt_length]
-            self.num_filtered = len(self.rows) - len(kept)
-            self.rows = kept
+            self.num_filtered = len(self.rows) - len(keep)
+            self.rows = [self.rows[i] for i in keep]
+            self._origin = [self._origin[i] for i in keep]
             logger.warning("RLHFDataset: filtered %d prompts longer than max_prompt_length=%d; %d remain",
                            self.num_filtered, self.max_prompt_length, len(self.rows))
 
@@ -165,15 +179,21 @@ class RLHFDataset(Dataset):
                                    f"tokens, found {tokens} (set data.filter_overlong_prompts=True or "
                                    f"data.truncation=left|right|middle)")
         if len(self.rows) < min_rows:
-            kept = f" after filtering {self.num_filtered} over-long prompts" if self.num_filtered else ""
+            kept = []
+            if 0 < self.max_samples < self.num_rows_read:
+                kept.append(f"max_samples={self.max_samples} of {self.num_rows_read} rows")
+            if self.num_filtered:
+                kept.append(f"filtering {self.num_filtered} over-long prompts")
+            after = f" after {' and '.join(kept)}" if kept else ""
             raise DatasetError(f"{', '.join(self.data_files)}: expected at least {min_rows} rows (one batch), "
-                               f"found {len(self.rows)}{kept}")
+                               f"found {len(self.rows)}{after}")
 
     def _where(self, index: int) -> str:
+        origin = self._origin[index]
         for path, first, count in self._file_rows:
-            if first <= index < first + count:
-                return f"{path} row {index - first}"
-        return f"row {index}"
+            if first <= origin < first + count:
+                return f"{path} row {origin - first}"
+        return f"row {origin}"
 
     def prompt_text(self, row: dict) -> str:
         return render_prompt(row[self.prompt_key], self.tokenizer)
@@ -217,12 +237,23 @@ class RLHFDataset(Dataset):
         }
 
 
+def select_max_samples(total: int, max_samples: int, shuffle: bool, seed: int | None) -> list[int]:
+    """The rows ``max_samples`` keeps out of ``total`` (0 < max_samples < total), as verl's RLHFDataset picks
+    them: with ``shuffle`` ``max_samples`` distinct rows drawn by numpy's default_rng(seed) (in draw order),
+    else the first ``max_samples``. Every rank draws the same rows (the trainer's seed is never null)."""
+    if not shuffle:
+        return list(range(max_samples))
+    rng = np.random.default_rng(*(() if seed is None else (int(seed),)))
+    return [int(i) for i in rng.choice(total, size=max_samples, replace=False)]
+
+
 class ResumableSampler(Sampler[int]):
     """Sequential or seeded-shuffled indices whose position survives a checkpoint.
 
     Epoch e uses the permutation seeded by ``seed + e``; ``state_dict`` records (epoch, position).
-    The position counts indices handed out, so checkpoint it with a DataLoader that does not
-    prefetch (num_workers=0) to match the batches actually consumed.
+    The position counts indices handed out, which a DataLoader with workers takes ahead of the
+    batches its loop consumed: checkpoint ``state_at(epoch, consumed samples)`` there (the trainer
+    does) to resume at the first batch not yet consumed.
     """
 
     def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0):
@@ -258,6 +289,12 @@ class ResumableSampler(Sampler[int]):
             "shuffle": self.shuffle,
             "num_samples": self.num_samples,
         }
+
+    def state_at(self, epoch: int, position: int) -> dict:
+        """The state of this sampler at ``position`` samples into ``epoch`` (what the loop consumed)."""
+        if not 0 <= position <= self.num_samples:
+            raise ValueError(f"sampler position: expected 0..{self.num_samples}, found {position}")
+        return {**self.state_dict(), "epoch": int(epoch), "position": int(position)}
 
     def load_state_dict(self, state: dict) -> None:
         for key in ("seed", "shuffle", "num_samples"):
