@@ -141,3 +141,27 @@ def test_config_choices_come_from_the_registry():
     from verl.trainer.config.ppo import RULES
 
     assert set(RULES["actor_rollout_ref.actor.policy_loss.loss_mode"].choices) >= {"vanilla", "gspo"}
+
+
+def test_on_policy_update_reads_the_current_log_probs_not_the_old_ones():
+    """verl's on-policy actor: with one epoch over one mini-batch, old = current (detached), ratio 1."""
+    from omegaconf import OmegaConf
+
+    from verl.workers.actor_rollout_ref_worker import policy_loss_fn
+
+    cfg = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": None, "clip_ratio_high": None, "clip_ratio_c": 3.0,
+                            "loss_agg_mode": "token-mean", "entropy_coeff": 0.0, "use_kl_loss": False,
+                            "loss_scale_factor": None, "policy_loss": {"loss_mode": "vanilla"}})
+    torch.manual_seed(0)
+    log_prob = torch.randn(4, 6, requires_grad=True)
+    mb = {"response_mask": torch.ones(4, 6), "advantages": torch.randn(4, 6),
+          "old_log_probs": torch.full((4, 6), float("nan"))}  # must not be read on-policy
+    counts = {"dp_size": 1, "batch_num_tokens": 24, "global_batch_size": 4}
+    loss, metrics = policy_loss_fn(cfg, counts, on_policy=True)({"log_probs": log_prob}, mb)
+    loss.backward()
+    grad = log_prob.grad.clone()
+    log_prob.grad = None
+    full, _ = policy_loss_fn(cfg, counts)({"log_probs": log_prob}, {**mb, "old_log_probs": log_prob.detach()})
+    full.backward()
+    assert torch.isfinite(loss) and loss.item() == full.item() and torch.equal(grad, log_prob.grad)
+    assert metrics["actor/ppo_kl"].item() == 0.0

@@ -72,21 +72,24 @@ def loss_mode(cfg: Any) -> str:
     return (cfg.get("policy_loss") or {}).get("loss_mode", "vanilla")
 
 
-def policy_loss_fn(cfg: Any, counts: dict[str, int]) -> Callable:
+def policy_loss_fn(cfg: Any, counts: dict[str, int], on_policy: bool = False) -> Callable:
     """verl's PPO actor loss (pg_loss - entropy_coeff * entropy + kl_loss_coef * kl) for ``update_policy``
     with ``global_loss=True``: every term is aggregated with the mini-batch's global ``counts``
     (:func:`role_utils.global_batch_info`) and ``actor.loss_scale_factor``, as verl's ``global_batch_info``.
     The policy-gradient term is the registered loss ``actor.policy_loss.loss_mode``
-    (:func:`core_algos.get_policy_loss_fn`: vanilla, gspo, or one a user registered)."""
+    (:func:`core_algos.get_policy_loss_fn`: vanilla, gspo, or one a user registered). ``on_policy`` (one
+    PPO epoch over one mini-batch, as verl's actor decides it): the old log-probs are the current ones,
+    detached, so the ratio is exactly 1 and the old-log-prob input is not read."""
     info = dict(counts, loss_scale_factor=cfg.get("loss_scale_factor"))
     policy_loss = core_algos.get_policy_loss_fn(loss_mode(cfg))
     loss_config = PolicyLossConfig(cfg, dict(counts))
 
     def loss_fn(outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
         log_prob, mask = outputs["log_probs"], mb["response_mask"]
+        old_log_prob = log_prob.detach() if on_policy else mb["old_log_probs"]
         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss(
-            old_log_prob=mb["old_log_probs"], log_prob=log_prob, advantages=mb["advantages"],
-            response_mask=mask, loss_agg_mode=cfg.loss_agg_mode, config=loss_config)
+            old_log_prob=old_log_prob, log_prob=log_prob, advantages=mb["advantages"], response_mask=mask,
+            loss_agg_mode=cfg.loss_agg_mode, config=loss_config)
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss, "actor/pg_clipfrac": pg_clipfrac, "actor/ppo_kl": ppo_kl,
                    "actor/pg_clipfrac_lower": pg_clipfrac_lower}
@@ -258,10 +261,11 @@ class ActorRolloutRefWorker(Worker):
         if self._rollout_synced:  # weights synced before this update would be stale
             self._release_rollout()
         steps = []
+        on_policy = cfg.ppo_epochs == 1 and mini >= fields["response_mask"].size(0)
         try:
             seed = int(data.meta_info.get("seed", 0))
             for batch in ppo_mini_batches(fields, mini, cfg.ppo_epochs, cfg.shuffle, seed):
-                loss_fn = policy_loss_fn(cfg, global_batch_info(batch["response_mask"]))
+                loss_fn = policy_loss_fn(cfg, global_batch_info(batch["response_mask"]), on_policy)
                 m = self.actor.update_policy(batch, loss_fn, calculate_entropy=cfg.entropy_coeff != 0,
                                              temperature=self.log_prob_temperature, global_loss=True,
                                              summed_metrics=POLICY_LOSS_SHARES)

@@ -147,6 +147,9 @@ RULES: dict[str, Rule] = {
     "reward_model.hot_swap.at_step": rule(int, ge=1),
     "custom_reward_function.path": rule(str),
     "algorithm.adv_estimator": rule(choices=ADV_ESTIMATORS),
+    "algorithm.rollout_correction.loss_type": rule(choices=("ppo_clip",)),
+    "algorithm.rollout_correction.rollout_is": rule(str),
+    "algorithm.rollout_correction.rollout_rs": rule(str),
     "algorithm.gamma": rule(ge=0, le=1),
     "algorithm.lam": rule(ge=0, le=1),
     "algorithm.kl_penalty": rule(choices=KL_PENALTY_CHOICES),
@@ -214,6 +217,10 @@ REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
      "initial weights come from model.path (an HF directory); turn a Megatron checkpoint into one with "
      "`verl convert mcore-to-hf --ckpt DIR --out HF_DIR`, then set use_dist_checkpointing=false"),
     ("algorithm.use_pf_ppo", bool, "PF-PPO reweighting is not implemented: set false"),
+    ("algorithm.rollout_correction.rollout_is", lambda v: v is not None,
+     "importance-sampling corrections are not implemented: set null (bypass_mode alone is)"),
+    ("algorithm.rollout_correction.rollout_rs", lambda v: v is not None,
+     "rejection-sampling corrections are not implemented: set null (bypass_mode alone is)"),
     ("trainer.default_hdfs_dir", lambda v: v is not None, "there is no HDFS here: set null (checkpoints go to "
      "trainer.default_local_dir)"),
     ("trainer.del_local_ckpt_after_load", bool, "set false: verl-hpc keeps local checkpoints"),

@@ -176,6 +176,7 @@ class PPOTrainer:
         self.use_critic = use_critic(config)
         self.use_reference = use_reference(config)
         self.debug = config.trainer.debug
+        self.bypass_old_log_prob = bool(config.algorithm.rollout_correction.bypass_mode)
 
         data = config.data
         self.train_dataset = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples)
@@ -399,12 +400,17 @@ class PPOTrainer:
                     batch.union(self.rm_wg.compute_rm_score(batch))
                 reward = self.reward_fn(batch, return_dict=True)
                 batch.batch["token_level_scores"] = reward["reward_tensor"]
-            with self._timer("old_log_prob"):
-                old = self.actor_rollout_wg.compute_log_prob(batch)
-                entropys = old.batch.pop("entropys")
-                metrics["actor/entropy"] = core_algos.agg_loss(
-                    entropys, batch.batch["response_mask"], cfg.actor_rollout_ref.actor.loss_agg_mode).item()
-                batch.union(old)
+            if self.bypass_old_log_prob:
+                # verl's rollout_correction.bypass_mode: the rollout's log-probs (same weights, same
+                # temperature) are the old policy's; no separate forward, and no actor/entropy metric.
+                batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+            else:
+                with self._timer("old_log_prob"):
+                    old = self.actor_rollout_wg.compute_log_prob(batch)
+                    entropys = old.batch.pop("entropys")
+                    metrics["actor/entropy"] = core_algos.agg_loss(
+                        entropys, batch.batch["response_mask"], cfg.actor_rollout_ref.actor.loss_agg_mode).item()
+                    batch.union(old)
             if self.use_reference:
                 with self._timer("ref"):
                     batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
@@ -433,7 +439,8 @@ class PPOTrainer:
                     write_generations(cfg.trainer.rollout_data_dir, step, generation_records(
                         batch, batch.batch["token_level_scores"], reward["reward_extra_info"], self.tokenizer, step))
         metrics.update(metric_utils.compute_data_metrics(batch, self.use_critic))
-        metrics.update(metric_utils.compute_rollout_probs_diff_metrics(batch))
+        if not self.bypass_old_log_prob:  # in bypass mode the two are the same tensor
+            metrics.update(metric_utils.compute_rollout_probs_diff_metrics(batch))
         metrics.update(metric_utils.compute_timing_metrics(batch, self._timing))
         metrics.update(metric_utils.compute_throughput_metrics(batch, self._timing["step"], self.world_size))
         metrics.update(metric_utils.reduce_memory_metrics(all_gather_objects(metric_utils.local_memory_metrics())))
