@@ -26,6 +26,9 @@ CASES = {  # name: (world, (tp, pp, dp), rollout tp, config)
     "t2p2-tg1-qwen-gqa-tied": (4, (2, 2, 1), 1, QWEN_GQA_TIED),
     "t2d2-tg1-llama-bias-tied": (4, (2, 1, 2), 1, LLAMA_BIAS_TIED),
     "t1d4-tg4-qwen-mqa-kv-replicated": (4, (1, 1, 4), 4, QWEN_MQA_UNTIED),
+    # Pipeline without tensor parallelism: every rank receives the other stage (issue 17).
+    "t1p2-tg1-llama-untied-pp-only": (2, (1, 2, 1), 1, LLAMA_UNTIED),
+    "t1p2d2-tg1-qwen-gqa-tied-dp-x-pp": (4, (1, 2, 2), 1, QWEN_GQA_TIED),
 }
 
 
