@@ -7,7 +7,11 @@ critic (value_loss_fn), laid out as
   dp1_mb2  DP1 on 1 rank, two micro-batches of 2 rows, global counts;
   full     DP1, one micro-batch of 4 rows, verl's default local aggregation: the definition of the loss;
   dp2_local  as dp2 with local aggregation (what the roles did before): it differs for token-mean.
-lr = 0 and no clipping, so the gradients Megatron all-reduced into ``main_grad`` are compared directly.
+  dp2_tokens   as dp2 with token-budget micro-batches (verl's use_dynamic_bsz) of 12 tokens: one row each;
+  dp1_tokens   DP1 with a 31-token budget: micro-batches of 3 rows and 1 row;
+  dp1_tokens22 DP1 with a 22-token budget: rows {0, 2} and {1, 3}, out of the batch's order.
+lr = 0 and no clipping, so the gradients Megatron all-reduced into ``main_grad`` are compared directly; the
+log-probs and values each layout computes (forward micro-batches cut the same way) are compared too.
 """
 
 import pytest
@@ -65,10 +69,14 @@ def _grad_job(actor_dir, critic_dir, batch, layouts):
     mine = {k: v[dp_rank * share:(dp_rank + 1) * share] for k, v in batch.items()}
 
     results = {}
-    for layout, (micro_batch, global_loss) in layouts.items():
-        actor, critic = MegatronActor(actor_engine, micro_batch), MegatronCritic(critic_engine, micro_batch)
+    for layout, (micro_batch, global_loss, *budget) in layouts.items():
+        max_token_len = budget[0] if budget else None
+        actor = MegatronActor(actor_engine, micro_batch, max_token_len=max_token_len)
+        critic = MegatronCritic(critic_engine, micro_batch, max_token_len=max_token_len,
+                                forward_max_token_len=max_token_len)
         # Old log-probs near the current ones (some ratios clip), a reference policy further off.
         log_probs = actor.compute_log_prob(mine, calculate_entropy=False)["log_probs"]
+        values = critic.compute_values(mine)["values"]
         data = dict(mine, old_log_probs=log_probs + 0.3 * mine["noise_old"],
                     ref_log_prob=log_probs + 0.5 * mine["noise_ref"])
         counts = global_batch_info(mine["response_mask"]) if global_loss else {}
@@ -80,9 +88,13 @@ def _grad_job(actor_dir, critic_dir, batch, layouts):
             c = critic.update_critic(data, value_loss_fn(critic_cfg, counts), global_loss=global_loss,
                                      summed_metrics=("critic/vf_loss",))
             results[layout, mode] = {"actor": actor_grads, "critic": _grads(critic_engine),
-                                     "pg_loss": m["actor/pg_loss"], "loss": m["loss"], "vf_loss": c["critic/vf_loss"]}
+                                     "pg_loss": m["actor/pg_loss"], "loss": m["loss"], "vf_loss": c["critic/vf_loss"],
+                                     "log_probs": log_probs, "values": values}
     destroy_megatron()
-    return results if dp_rank == 0 else None  # the DP ranks hold the same all-reduced gradients
+    if dp_rank == 0:
+        return results
+    # The DP ranks hold the same all-reduced gradients; their forward results are their own rows'.
+    return {key: {"log_probs": r["log_probs"], "values": r["values"]} for key, r in results.items()}
 
 
 @pytest.fixture(scope="module")
@@ -95,11 +107,17 @@ def runs(tmp_path_factory):
     g = torch.Generator().manual_seed(4)
     for name in ("advantages", "returns", "values", "noise_old", "noise_ref"):
         batch[name] = torch.randn(ROWS, RESPONSE, generator=g)
-    dp2 = run_ranks(_grad_job, 2, actor_dir, critic_dir, batch, {"dp2": (2, True), "dp2_local": (2, False)},
-                    timeout_s=300)[0]
-    dp1 = run_ranks(_grad_job, 1, actor_dir, critic_dir, batch, {"dp1_mb2": (2, True), "full": (4, False)},
-                    timeout_s=300)[0]
-    return dp2 | dp1
+    assert batch["attention_mask"].sum(dim=1).tolist() == [12, 9, 10, 9]  # the token budgets below rely on it
+    dp2 = run_ranks(_grad_job, 2, actor_dir, critic_dir, batch, {"dp2": (2, True), "dp2_local": (2, False),
+                                                                 "dp2_tokens": (2, True, 12)}, timeout_s=300)
+    dp1 = run_ranks(_grad_job, 1, actor_dir, critic_dir, batch, {"dp1_mb2": (2, True), "full": (4, False),
+                                                                 "dp1_tokens": (2, True, 31),
+                                                                 "dp1_tokens22": (2, True, 22)}, timeout_s=300)[0]
+    for layout in ("dp2", "dp2_tokens"):  # each DP rank's half of the rows, in order
+        for key in ("log_probs", "values"):
+            dp2[0][layout, LOSS_AGG_MODES[0]][key] = torch.cat([dp2[r][layout, LOSS_AGG_MODES[0]][key]
+                                                                for r in (0, 1)])
+    return dp2[0] | dp1
 
 
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -111,9 +129,12 @@ def _scale(grads: dict[str, torch.Tensor]) -> float:
     return max(g.abs().max().item() for g in grads.values())
 
 
+GLOBAL_LAYOUTS = ["dp2", "dp1_mb2", "dp2_tokens", "dp1_tokens", "dp1_tokens22"]
+
+
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 @pytest.mark.parametrize("role", ["actor", "critic"])
-@pytest.mark.parametrize("layout", ["dp2", "dp1_mb2"])
+@pytest.mark.parametrize("layout", GLOBAL_LAYOUTS)
 def test_gradient_is_the_full_batch_gradient(runs, layout, role, mode):
     full, got = runs["full", mode][role], runs[layout, mode][role]
     assert _scale(full) > 1e-4, "the reference gradient vanished: nothing would be compared"
@@ -121,8 +142,15 @@ def test_gradient_is_the_full_batch_gradient(runs, layout, role, mode):
     assert worst <= 1e-5 * _scale(full), f"{layout} {role} {mode}: max |grad - full-batch grad| = {worst:.3e}"
 
 
+@pytest.mark.parametrize("layout", GLOBAL_LAYOUTS)
+def test_token_budget_forward_returns_rows_in_the_batch_order(runs, layout):
+    for key in ("log_probs", "values"):
+        full, got = runs["full", LOSS_AGG_MODES[0]][key], runs[layout, LOSS_AGG_MODES[0]][key]
+        assert torch.allclose(got, full, rtol=1e-5, atol=1e-6), f"{layout} {key}"
+
+
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-@pytest.mark.parametrize("layout", ["dp2", "dp1_mb2"])
+@pytest.mark.parametrize("layout", GLOBAL_LAYOUTS)
 def test_reported_losses_are_the_mini_batch_losses(runs, layout, mode):
     for key in ("pg_loss", "loss", "vf_loss"):
         assert runs[layout, mode][key] == pytest.approx(runs["full", mode][key], rel=1e-5, abs=1e-7), key

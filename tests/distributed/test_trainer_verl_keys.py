@@ -1,11 +1,13 @@
 """verl's trainer keys in `verl train` on 2 local ranks (gloo, CPU, tiny Qwen2 on the arithmetic task).
 
 - PPO (critic, DP=2) with trainer.critic_warmup=3, balance_batch, rollout/validation dumps,
-  train/val_max_samples, dataloader_num_workers=2 and max_actor/critic_ckpt_to_keep, saving every step:
+  train/val_max_samples, dataloader_num_workers=2, max_actor/critic_ckpt_to_keep and token-budget
+  micro-batches for every role (use_dynamic_bsz), saving every step:
   two warm-up steps, then a run resumed from the step-2 checkpoint (an actor that never stepped)
   trains the actor from step 3 and prunes the old checkpoints' parts;
-- GRPO on DP=2 with balance_batch on and off: the first step's losses, gradient norms and statistics
-  are the same (balancing moves rows between ranks inside each mini-batch, nothing else).
+- GRPO on DP=2 with balance_batch on and off, and with token-budget micro-batches (use_dynamic_bsz):
+  the first step's losses, gradient norms and statistics are the same (balancing moves rows between ranks
+  inside each mini-batch; the budget only changes how each rank's rows are cut into micro-batches).
 """
 
 import json
@@ -38,7 +40,12 @@ def test_ppo_critic_warmup_dumps_limits_workers_and_checkpoint_pruning(tmp_path,
     keys = ["trainer.critic_warmup=3", f"trainer.rollout_data_dir={out / 'rollout'}",
             f"trainer.validation_data_dir={out / 'val'}", "data.train_max_samples=128", "data.val_max_samples=24",
             "data.dataloader_num_workers=2", "trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=2",
-            "trainer.save_freq=1", "trainer.test_freq=4", "trainer.export_hf_at_end=false"]
+            "trainer.save_freq=1", "trainer.test_freq=4", "trainer.export_hf_at_end=false",
+            # Micro-batch sizes of 3 rows divide no share: a role that ignored its token budget would fail.
+            "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",
+            "critic.ppo_max_token_len_per_gpu=50", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+            "critic.ppo_micro_batch_size_per_gpu=3", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=3"]
     run_train(train_cmd("ppo_arith_tiny.yaml", out, arithmetic_data, *keys, "trainer.total_training_steps=2"))
     checkpoints = out / "checkpoints"
     assert _parts(checkpoints) == {"global_step_1": ["critic"], "global_step_2": ["actor", "critic"]}
@@ -73,8 +80,10 @@ def test_ppo_critic_warmup_dumps_limits_workers_and_checkpoint_pruning(tmp_path,
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
 
 
-def test_balance_batch_does_not_change_the_step(tmp_path, arithmetic_data):
-    """GRPO on DP=2 (TP=1): 512 responses, two mini-batches of 128 rows per rank."""
+def test_balance_batch_and_dynamic_bsz_do_not_change_the_step(tmp_path, arithmetic_data):
+    """GRPO on DP=2 (TP=1): 512 responses, two mini-batches of 128 rows per rank; sequences of at most 14
+    tokens, so a 40-token budget cuts micro-batches of 2 to 5 rows, for the log-probs, the reference and the
+    update alike."""
     common = ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1", "trainer.total_training_steps=1",
               "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
               "trainer.export_hf_at_end=false", "data.dataloader_num_workers=0",
@@ -85,12 +94,18 @@ def test_balance_batch_does_not_change_the_step(tmp_path, arithmetic_data):
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    return sum(c.isdigit() for c in solution_str) / 6\n")
     runs = {}
-    for balance in ("false", "true"):
-        out = tmp_path / balance
-        run_train(train_cmd("grpo_arith_tiny.yaml", out, arithmetic_data, *common, f"trainer.balance_batch={balance}",
+    for name, keys in (("plain", ["trainer.balance_batch=false"]), ("balanced", ["trainer.balance_batch=true"]),
+                       # Micro-batch sizes of 3 rows divide no share: a role that ignored the budget fails.
+                       ("tokens", ["trainer.balance_batch=false", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                   "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",
+                                   "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+                                   "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
+                                   "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=3"])):
+        out = tmp_path / name
+        run_train(train_cmd("grpo_arith_tiny.yaml", out, arithmetic_data, *common, *keys,
                             f"custom_reward_function.path={reward}"))
-        runs[balance] = read_metrics(out)[1]
-    plain, balanced = runs["false"], runs["true"]
+        runs[name] = read_metrics(out)[1]
+    plain, balanced = runs["plain"], runs["balanced"]
     assert plain["critic/advantages/max"] > 0.5 and plain["actor/grad_norm"] > 1e-3
     assert balanced["global_seqlen/balanced_max"] - balanced["global_seqlen/balanced_min"] < \
         balanced["global_seqlen/minmax_diff"], "the batch was already balanced: nothing would be compared"
@@ -100,3 +115,4 @@ def test_balance_batch_does_not_change_the_step(tmp_path, arithmetic_data):
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
                 "critic/advantages/mean", "critic/advantages/max", "response_length/mean"):
         assert balanced[key] == pytest.approx(plain[key], rel=1e-5, abs=1e-7), key
+        assert runs["tokens"][key] == pytest.approx(plain[key], rel=1e-5, abs=1e-7), key

@@ -246,3 +246,26 @@ def test_train_max_samples_below_one_batch_is_refused_and_preflight_counts_after
                   "expected at least 64 rows (one batch)", "after max_samples=64 of 80 rows and filtering")
     assert main_ppo.main(["--config", GRPO, *data_args, "data.train_max_samples=64"]) == 0
     assert len(no_ranks) == 1
+
+
+def test_dynamic_bsz_is_accepted_with_a_budget_that_fits_a_sequence_and_one_pipeline_stage(data_args, no_ranks,
+                                                                                          capsys):
+    # verl: actor.use_dynamic_bsz turns on the rollout's, the reference's and the critic's too (interpolations);
+    # the micro-batch sizes are then unused (3 divides nothing here).
+    config = load_config(PPO, data_args + ["actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                           "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64",
+                                           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+                                           "critic.ppo_micro_batch_size_per_gpu=3"])
+    assert config.critic.use_dynamic_bsz and config.actor_rollout_ref.rollout.log_prob_use_dynamic_bsz
+    assert config.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu == 64
+    expect_exit_2(capsys, ["--config", PPO, *data_args, "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                           "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=10"],
+                  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=10: expected at least "
+                  "data.max_prompt_length + data.max_response_length=14")
+    expect_exit_2(capsys, ["--config", PPO, *data_args, "critic.use_dynamic_bsz=true",
+                           "critic.forward_max_token_len_per_gpu=13"],
+                  "critic.forward_max_token_len_per_gpu=13: expected at least")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+                           "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"],
+                  "actor_rollout_ref.actor.use_dynamic_bsz=true", "pipeline_model_parallel_size=1, found 2")

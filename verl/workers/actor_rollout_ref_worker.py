@@ -41,6 +41,7 @@ from verl.workers.role_utils import (
     megatron_mesh,
     optim_config,
     ppo_mini_batches,
+    token_budget,
 )
 
 logger = get_logger(__name__)
@@ -139,7 +140,10 @@ class ActorRolloutRefWorker(Worker):
                                                                       mega.use_distributed_optimizer),
                                 **engine_options(mega, arr.model))
         load_initial_weights(engine, arr.model.path, self.model_config, "lm")
-        self.actor = MegatronActor(engine, micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu)
+        self.log_prob_max_token_len = token_budget(arr.rollout, "log_prob_use_dynamic_bsz",
+                                                   "log_prob_max_token_len_per_gpu")
+        self.actor = MegatronActor(engine, micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu,
+                                   max_token_len=self.log_prob_max_token_len)
         self.ref = None
         if role == "actor_rollout_ref":
             ref_engine = MegatronEngine(self.model_config, optim=None, **engine_options(arr.ref.megatron))
@@ -147,7 +151,9 @@ class ActorRolloutRefWorker(Worker):
             with torch.no_grad():
                 for name, param in ref_engine.module.named_parameters():
                     param.copy_(actor_params[name])
-            self.ref = MegatronActor(ref_engine, micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu)
+            self.ref = MegatronActor(ref_engine, micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
+                                     max_token_len=token_budget(arr.ref, "log_prob_use_dynamic_bsz",
+                                                                "log_prob_max_token_len_per_gpu"))
 
         training = TrainingLayout(tp=mega.tensor_model_parallel_size, pp=mega.pipeline_model_parallel_size,
                                   dp=self.dp_size)
@@ -258,6 +264,7 @@ class ActorRolloutRefWorker(Worker):
         fields = batch_fields(data, keys)
         mini = cfg.ppo_mini_batch_size * self.rollout_config.n // self.dp_size
         self.actor.micro_batch_size = cfg.ppo_micro_batch_size_per_gpu
+        self.actor.max_token_len = token_budget(cfg, "use_dynamic_bsz", "ppo_max_token_len_per_gpu")
         if self._rollout_synced:  # weights synced before this update would be stale
             self._release_rollout()
         steps = []
@@ -274,6 +281,7 @@ class ActorRolloutRefWorker(Worker):
                 steps.append(m)
         finally:
             self.actor.micro_batch_size = self.rollout_config.log_prob_micro_batch_size_per_gpu
+            self.actor.max_token_len = self.log_prob_max_token_len
         return DataProto(meta_info={"metrics": mean_metrics(steps)})
 
     # ------------------------------------------------------------------ checkpoints

@@ -26,6 +26,7 @@ from verl.workers.role_utils import (
     megatron_mesh,
     optim_config,
     ppo_mini_batches,
+    token_budget,
 )
 
 
@@ -64,7 +65,10 @@ class CriticWorker(Worker):
                                                    mega.use_distributed_optimizer),
                                 **engine_options(mega))
         load_initial_weights(engine, self.config.model.path, model_config, "value")
-        self.critic = MegatronCritic(engine, micro_batch_size=self.config.ppo_micro_batch_size_per_gpu)
+        self.critic = MegatronCritic(
+            engine, micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,
+            max_token_len=token_budget(self.config, "use_dynamic_bsz", "ppo_max_token_len_per_gpu"),
+            forward_max_token_len=token_budget(self.config, "use_dynamic_bsz", "forward_max_token_len_per_gpu"))
 
     def dispatch_meshes(self) -> dict[str, MeshRank]:
         return {"megatron": megatron_mesh()}

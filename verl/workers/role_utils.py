@@ -97,6 +97,12 @@ def ppo_mini_batches(data: dict[str, torch.Tensor], mini_batch_size: int, epochs
             index = order[start:start + mini_batch_size]
             yield {k: v[index] for k, v in data.items()}
 
+def token_budget(section: Any, use_key: str, budget_key: str) -> int | None:
+    """verl's dynamic batch size: ``section[budget_key]`` (valid tokens per micro-batch) when
+    ``section[use_key]`` is on, else None (micro-batches of a fixed row count)."""
+    return int(section[budget_key]) if section.get(use_key) else None
+
+
 def global_batch_info(response_mask: torch.Tensor) -> dict[str, int]:
     """verl's global counts for one mini-batch (this rank's share ``response_mask`` [b, R]): response
     tokens and sequences over every DP rank (one all-reduce) and the DP size. ``agg_loss`` normalises

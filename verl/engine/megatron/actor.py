@@ -44,16 +44,18 @@ def token_log_probs(engine: MegatronEngine, compute_entropy: bool, temperature: 
 class MegatronActor:
     """verl's actor (or, built without an optimizer, the reference policy)."""
 
-    def __init__(self, engine: MegatronEngine, micro_batch_size: int = 1):
+    def __init__(self, engine: MegatronEngine, micro_batch_size: int = 1, max_token_len: int | None = None):
         if engine.head != "lm":
             raise ValueError(f"actor: expected an engine with the lm head, found {engine.head!r}")
         self.engine = engine
         self.micro_batch_size = micro_batch_size
+        self.max_token_len = max_token_len  # set: token-budget micro-batches (verl's use_dynamic_bsz)
 
     def compute_log_prob(self, batch: Batch, calculate_entropy: bool = True,
                          temperature: float = 1.0) -> dict[str, torch.Tensor]:
         return self.engine.forward(batch, self.micro_batch_size,
-                                   token_log_probs(self.engine, calculate_entropy, temperature))
+                                   token_log_probs(self.engine, calculate_entropy, temperature),
+                                   max_token_len=self.max_token_len)
 
     def update_policy(self, batch: Batch, loss_fn: LossFn, calculate_entropy: bool = True,
                       temperature: float = 1.0, **loss_aggregation) -> dict[str, float]:
@@ -61,4 +63,4 @@ class MegatronActor:
         ``loss_aggregation``: ``global_loss`` / ``summed_metrics`` of :meth:`MegatronEngine.train_step`."""
         return self.engine.train_step(batch, self.micro_batch_size,
                                       token_log_probs(self.engine, calculate_entropy, temperature), loss_fn,
-                                      **loss_aggregation)
+                                      max_token_len=self.max_token_len, **loss_aggregation)

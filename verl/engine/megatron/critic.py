@@ -25,19 +25,27 @@ def sequence_scores(output, aligned_ids, shifts, micro_batch) -> dict[str, torch
 
 
 class MegatronCritic:
-    def __init__(self, engine: MegatronEngine, micro_batch_size: int = 1):
+    """``forward_max_token_len`` / ``max_token_len``: token-budget micro-batches for values / updates
+    (verl's ``use_dynamic_bsz``), else ``micro_batch_size`` rows."""
+
+    def __init__(self, engine: MegatronEngine, micro_batch_size: int = 1, max_token_len: int | None = None,
+                 forward_max_token_len: int | None = None):
         if engine.head != "value":
             raise ValueError(f"critic: expected an engine with the value head, found {engine.head!r}")
         self.engine = engine
         self.micro_batch_size = micro_batch_size
+        self.max_token_len = max_token_len
+        self.forward_max_token_len = forward_max_token_len
 
     def compute_values(self, batch: Batch) -> dict[str, torch.Tensor]:
-        return self.engine.forward(batch, self.micro_batch_size, response_values)
+        return self.engine.forward(batch, self.micro_batch_size, response_values,
+                                   max_token_len=self.forward_max_token_len)
 
     def update_critic(self, batch: Batch, loss_fn: LossFn, **loss_aggregation) -> dict[str, float]:
         """One optimizer step; ``loss_fn({'values'}, micro_batch) -> (loss, metrics)``.
         ``loss_aggregation``: ``global_loss`` / ``summed_metrics`` of :meth:`MegatronEngine.train_step`."""
-        return self.engine.train_step(batch, self.micro_batch_size, response_values, loss_fn, **loss_aggregation)
+        return self.engine.train_step(batch, self.micro_batch_size, response_values, loss_fn,
+                                      max_token_len=self.max_token_len, **loss_aggregation)
 
 
 class MegatronRewardModel:

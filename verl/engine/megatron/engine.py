@@ -12,6 +12,10 @@ DDP, optimizer, LR schedule. Roles (actor, critic, reward model) plug in two cal
       ``dp_size``, ``batch_num_tokens``, ``global_batch_size``), so that the gradient is the same
       whatever the DP size and micro-batch split.
 
+Micro-batches: ``micro_batch_size`` rows each, or with ``max_token_len`` (verl's ``use_dynamic_bsz``) as many
+rows as fit that many valid tokens (:func:`token_budget_groups`; pipeline parallelism needs equal shapes,
+so only with pp = 1); rows keep the padded sequence length either way.
+
 Batches are plain dicts of tensors that share the batch dimension (input_ids, attention_mask,
 position_ids, responses, ...). Every rank of a model-parallel group passes the same batch; each DP
 rank passes its own share. Results are returned on every rank of the pipeline.
@@ -71,6 +75,30 @@ def split_micro_batches(batch: Batch, micro_batch_size: int) -> list[dict[str, t
     return [{k: v[i:i + micro_batch_size] for k, v in batch.items()} for i in range(0, size, micro_batch_size)]
 
 
+def token_budget_groups(attention_mask: torch.Tensor, max_token_len: int) -> list[list[int]]:
+    """verl's dynamic batch size (``use_dynamic_bsz``): the rows [B] of a batch in micro-batches whose
+    valid tokens (``attention_mask.sum(-1)``) add up to at most ``max_token_len`` (first-fit decreasing:
+    longest rows first, each into the first micro-batch with room). Each group lists its rows ascending;
+    groups are ordered by their first row."""
+    lengths = attention_mask.sum(dim=-1).tolist()
+    longest = max(lengths, default=0)
+    if longest > max_token_len:
+        raise ValueError(f"max_token_len: expected at least the longest sequence in the batch ({longest} tokens), "
+                         f"found {max_token_len}")
+    groups: list[list[int]] = []
+    room: list[int] = []
+    for row in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for g, free in enumerate(room):
+            if lengths[row] <= free:
+                groups[g].append(row)
+                room[g] -= lengths[row]
+                break
+        else:
+            groups.append([row])
+            room.append(max_token_len - lengths[row])
+    return sorted(sorted(group) for group in groups)
+
+
 class MegatronEngine:
     def __init__(self, config: ModelConfig, head: str = "lm", optim: OptimConfig | None = None, *,
                  params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False,
@@ -126,12 +154,29 @@ class MegatronEngine:
         return self.model.module if self.optimizer is not None else self.model
 
     # ------------------------------------------------------------------ micro-batch schedule
+    def _micro_batches(self, batch: Batch, micro_batch_size: int,
+                       max_token_len: int | None) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor | None]:
+        """(micro-batches, the batch rows in micro-batch order or None when that is the batch's order)."""
+        if max_token_len is None:
+            return split_micro_batches(batch, micro_batch_size), None
+        from megatron.core import parallel_state as mpu
+
+        if mpu.get_pipeline_model_parallel_world_size() > 1:
+            raise ValueError(f"max_token_len={max_token_len}: token-budget micro-batches vary in rows, which "
+                             f"pipeline stages cannot exchange: expected pipeline_model_parallel_size 1, found "
+                             f"{mpu.get_pipeline_model_parallel_world_size()}")
+        groups = token_budget_groups(batch["attention_mask"], max_token_len)
+        micro_batches = [{k: v[torch.tensor(g, device=v.device)] for k, v in batch.items()} for g in groups]
+        return micro_batches, torch.tensor([row for group in groups for row in group])
+
     def _schedule(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn, loss_fn: LossFn | None,
-                  global_loss: bool = False):
+                  global_loss: bool = False, micro_batches: list[dict[str, torch.Tensor]] | None = None):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         forward_only = loss_fn is None
-        micro_batches = split_micro_batches(batch, micro_batch_size)
+        if micro_batches is None:
+            micro_batches = split_micro_batches(batch, micro_batch_size)
+        micro_batch_size = max(next(iter(mb.values())).size(0) for mb in micro_batches)
         # Megatron divides each micro-batch's loss by their number; shares of a global loss must add up.
         loss_scale = len(micro_batches) if global_loss else 1
 
@@ -174,18 +219,27 @@ class MegatronEngine:
                                    group=mpu.get_pipeline_model_parallel_group())
         return box[0]
 
-    def forward(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn) -> dict[str, torch.Tensor]:
-        """output_fn's results for the whole batch (concatenated over micro-batches), on every stage, on
-        the CPU (where the controller's DataProto lives), whatever device the model computes on."""
-        per_micro_batch = self._schedule(batch, micro_batch_size, output_fn, None)
+    def forward(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn,
+                max_token_len: int | None = None) -> dict[str, torch.Tensor]:
+        """output_fn's results for the whole batch (concatenated over micro-batches, in the batch's row
+        order), on every stage, on the CPU (where the controller's DataProto lives), whatever device the
+        model computes on. ``max_token_len``: micro-batches by token budget (:func:`token_budget_groups`)
+        instead of ``micro_batch_size`` rows."""
+        micro_batches, rows = self._micro_batches(batch, micro_batch_size, max_token_len)
+        per_micro_batch = self._schedule(batch, micro_batch_size, output_fn, None, micro_batches=micro_batches)
         result = None
         if self.is_last_stage:
             result = {k: torch.cat([mb[k] for mb in per_micro_batch], dim=0).cpu() for k in per_micro_batch[0]}
+            if rows is not None:  # back to the batch's order
+                result = {k: torch.empty_like(v).index_copy_(0, rows, v) for k, v in result.items()}
         return self._from_last_stage(result)
 
     def train_step(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn, loss_fn: LossFn, *,
-                   global_loss: bool = False, summed_metrics: Collection[str] = ()) -> dict[str, float]:
+                   global_loss: bool = False, summed_metrics: Collection[str] = (),
+                   max_token_len: int | None = None) -> dict[str, float]:
         """One optimizer step over ``batch``; metrics are averaged over micro-batches and DP ranks.
+        ``max_token_len``: micro-batches by token budget instead of ``micro_batch_size`` rows (verl's
+        ``use_dynamic_bsz``; with ``global_loss`` the gradient is the same for any split).
 
         ``global_loss``: loss_fn returns shares of a globally normalised loss (see the module
         docstring); the shares are added over micro-batches (DDP averages the gradients over DP,
@@ -199,7 +253,9 @@ class MegatronEngine:
             raise RuntimeError("train_step: expected an engine built with an OptimConfig, found a forward-only engine")
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        per_micro_batch = self._schedule(batch, micro_batch_size, output_fn, loss_fn, global_loss)
+        micro_batches, _ = self._micro_batches(batch, micro_batch_size, max_token_len)
+        per_micro_batch = self._schedule(batch, micro_batch_size, output_fn, loss_fn, global_loss,
+                                         micro_batches=micro_batches)
         updated, grad_norm, _ = self.optimizer.step()
         if updated:
             self.scheduler.step(increment=1)

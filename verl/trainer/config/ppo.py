@@ -198,8 +198,6 @@ REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     (f"{ARR}.hybrid_engine", lambda v: not v, "verl-hpc always colocates actor and rollout (the 3D-HybridEngine)"),
     (f"{ARR}.model.lora_rank", lambda v: v != 0, "LoRA is not implemented: set 0"),
     (f"{ARR}.model.enable_activation_offload", bool, "activation offload is not implemented: set false"),
-    (f"{ARR}.actor.use_dynamic_bsz", bool,
-     "token-budget micro-batches are not implemented yet: set false and size ppo_micro_batch_size_per_gpu"),
     *((f"{role}.megatron.virtual_pipeline_model_parallel_size", lambda v: v is not None,
        "the interleaved (virtual) pipeline schedule is not implemented: set null")
       for role in (f"{ARR}.actor", f"{ARR}.ref", "critic")),
@@ -332,13 +330,17 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
         _check_divides(f"{name}.ppo_mini_batch_size", mini, "data.train_batch_size", train_bs)
         _check_divides(f"{name}.ppo_mini_batch_size * rollout.n / dp ({dp})", dp,
                        f"{name}.ppo_mini_batch_size * rollout.n", mini * n)
-        _check_divides(f"{name}.ppo_micro_batch_size_per_gpu", role["ppo_micro_batch_size_per_gpu"],
-                       f"{name}.ppo_mini_batch_size * rollout.n / dp", mini * n // dp)
+        if not role["use_dynamic_bsz"]:  # with it, micro-batches are cut by tokens (ppo_max_token_len_per_gpu)
+            _check_divides(f"{name}.ppo_micro_batch_size_per_gpu", role["ppo_micro_batch_size_per_gpu"],
+                           f"{name}.ppo_mini_batch_size * rollout.n / dp", mini * n // dp)
     for key in ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
                 "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
         section, _, leaf = key.rpartition(".")
+        if arr[section.split(".")[1]]["log_prob_use_dynamic_bsz"]:
+            continue
         micro = arr[section.split(".")[1]][leaf]
         _check_divides(key, micro, "data.train_batch_size * rollout.n / dp", train_bs * n // dp)
+    _check_token_budgets(cfg, roles, pp)
     if algo["adv_estimator"] in ("grpo", "rloo", "reinforce_plus_plus_baseline") and n < 2:
         raise ConfigError(f"actor_rollout_ref.rollout.n: expected >= 2 for {algo['adv_estimator']} "
                           f"(group baselines), found {n}")
@@ -357,6 +359,30 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
     if launcher_world_size is not None and launcher_world_size != world:
         raise ConfigError(f"trainer.nnodes * trainer.n_gpus_per_node: expected the launcher's world size "
                           f"{launcher_world_size}, found {trainer['nnodes']} * {trainer['n_gpus_per_node']} = {world}")
+
+
+def _check_token_budgets(cfg: dict[str, Any], roles: list[tuple[str, Any]], pp: int) -> None:
+    """verl's dynamic batch size: micro-batches of at most N valid tokens. Every sequence must fit one
+    (N >= max_prompt_length + max_response_length, verl's assertion), and the micro-batches' row counts
+    vary, which pipeline stages cannot exchange (pp must be 1)."""
+    arr = cfg[ARR]
+    budgets = [(f"{name}.use_dynamic_bsz", role["use_dynamic_bsz"], f"{name}.{key}", role[key])
+               for name, role in roles for key in ("ppo_max_token_len_per_gpu",)
+               + (("forward_max_token_len_per_gpu",) if name == "critic" else ())]
+    budgets += [(f"{ARR}.{name}.log_prob_use_dynamic_bsz", arr[name]["log_prob_use_dynamic_bsz"],
+                 f"{ARR}.{name}.log_prob_max_token_len_per_gpu", arr[name]["log_prob_max_token_len_per_gpu"])
+                for name in ("rollout", "ref") if name == "rollout" or use_reference(cfg)]
+    longest = cfg["data"]["max_prompt_length"] + cfg["data"]["max_response_length"]
+    for use_key, used, key, budget in budgets:
+        if not used:
+            continue
+        if pp > 1:
+            raise ConfigError(f"{use_key}=true: token-budget micro-batches vary in rows, which pipeline stages "
+                              f"cannot exchange: expected {ARR}.actor.megatron.pipeline_model_parallel_size=1, "
+                              f"found {pp}")
+        if budget is None or budget < longest:
+            raise ConfigError(f"{key}={budget}: expected at least data.max_prompt_length + data.max_response_length"
+                              f"={longest} (one sequence per micro-batch at least) with {use_key}=true")
 
 
 LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "dtype")
