@@ -218,6 +218,7 @@ def test_engine_options_follow_verls_megatron_keys(data_args):
     config = load_config(GRPO, [*data_args, "actor_rollout_ref.actor.megatron.dtype=bfloat16",
                                 "actor_rollout_ref.rollout.dtype=bfloat16",
                                 "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+                                "actor_rollout_ref.actor.megatron.sequence_parallel=true",
                                 "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1",
                                 "actor_rollout_ref.actor.optim.lr_decay_steps=50"])
     arr = config.actor_rollout_ref
