@@ -270,3 +270,13 @@ def test_dynamic_bsz_is_accepted_with_a_budget_that_fits_a_sequence_and_one_pipe
                            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
                            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"],
                   "actor_rollout_ref.actor.use_dynamic_bsz=true", "pipeline_model_parallel_size=1, found 2")
+
+
+def test_hydra_job_overrides_are_ignored_and_fsdp_config_name_points_to_megatron(data_args, no_ranks, capsys,
+                                                                                caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        config = load_config(GRPO, [*data_args, "hydra.run.dir=outputs/x", "hydra.job.chdir=False"])
+    assert "hydra" not in config and "Hydra's job runner" in caplog.text
+    expect_exit_2(capsys, ["--config-name=ppo_trainer", *data_args], "ppo_trainer", "use ppo_megatron_trainer")

@@ -112,7 +112,9 @@ def _compose_named(config_dir: str, config_name: str):
         raise ConfigError(f"--config-path: expected a directory of YAML configs, found nothing at {config_dir}")
     if not os.path.isfile(os.path.join(config_dir, name + ".yaml")):
         have = sorted(f[:-5] for f in os.listdir(config_dir) if f.endswith(".yaml"))
-        raise ConfigError(f"--config-name: expected one of {have} in {config_dir}, found '{config_name}'")
+        hint = " (verl's FSDP trainer; verl-hpc trains on Megatron: use ppo_megatron_trainer)" \
+            if name == "ppo_trainer" else ""
+        raise ConfigError(f"--config-name: expected one of {have} in {config_dir}, found '{config_name}'{hint}")
     try:
         with initialize_config_dir(config_dir=config_dir, version_base=None, job_name="verl"):
             return hydra_compose(config_name=name)
@@ -190,6 +192,10 @@ def _apply_overrides(cfg, overrides: Sequence[str], defaults: Mapping[str, Any])
                               f"trainer.total_training_steps=3, +new.key=1, ~key), found {found}") from None
         override = parsed[0]
         key = override.key_or_group
+        if key == "hydra" or key.startswith("hydra."):
+            # Hydra's own job settings (run dir, logging): there is no Hydra job runner here.
+            logger.warning("config: %s ignored: it configures Hydra's job runner, which verl-hpc does not use", item)
+            continue
         if not (override.is_add() or override.is_force_add()) and OmegaConf.select(cfg, key, default=_MISSING) \
                 is _MISSING and not override.is_delete():
             parent = key.rpartition(".")[0]
