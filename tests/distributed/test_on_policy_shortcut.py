@@ -23,7 +23,7 @@ def run(tmp_path, data_args, name, *overrides):
     out = tmp_path / name
     proc = subprocess.run(
         [sys.executable, "-m", "verl.trainer.main_ppo", "--config", GRPO, *data_args,
-         "trainer.total_training_steps=3", "trainer.val_before_train=false", "trainer.test_freq=-1",
+         "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.test_freq=-1",
          "trainer.save_freq=-1", "trainer.export_hf_at_end=false", "data.train_batch_size=16",
          "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
          "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64",
@@ -37,7 +37,7 @@ def test_bypass_mode_matches_the_full_path_on_policy(tmp_path):
     data_args = arithmetic_data_args(tmp_path / "data")
     full = run(tmp_path, data_args, "full")
     bypass = run(tmp_path, data_args, "bypass", "algorithm.rollout_correction.bypass_mode=true")
-    assert [r["step"] for r in full] == [r["step"] for r in bypass] == [1, 2, 3]
+    assert [r["step"] for r in full] == [r["step"] for r in bypass] == [1, 2]
     for a, b in zip(full, bypass, strict=True):
         assert "timing_s/old_log_prob" in a and "timing_s/old_log_prob" not in b
         for key in SAME:

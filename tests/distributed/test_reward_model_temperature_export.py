@@ -87,7 +87,9 @@ def _job(lm_dir, rm_a, rm_b, export_dir, batch):
 
     # Reward model: scores, then a hot swap.
     config = OmegaConf.create({
-        "reward_model": {"model": {"path": rm_a}, "micro_batch_size_per_gpu": 2},
+        "reward_model": {"model": {"path": rm_a}, "micro_batch_size_per_gpu": 2,
+                         "megatron": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
+                                      "seed": 1, "dtype": "float32"}},
         "actor_rollout_ref": {"actor": {"megatron": {"tensor_model_parallel_size": 2,
                                                      "pipeline_model_parallel_size": 1, "seed": 1}}}})
     rm_wg = WorkerGroup(RewardModelWorker, config, name="reward_model")
