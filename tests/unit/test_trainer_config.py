@@ -173,7 +173,7 @@ def test_packaged_defaults_are_verls_command_line(data_args, no_ranks):
     assert config.critic.ppo_mini_batch_size == 4  # follows the actor's, as verl interpolates it
     assert config.actor_rollout_ref.actor.megatron.use_distributed_optimizer is True
     assert config.actor_rollout_ref.actor.megatron.override_transformer_config.apply_rope_fusion is False
-    assert config.hybrid_engine.bucket_bytes == 64 * 2**20  # rollout.checkpoint_engine.update_weights_bucket_megabytes
+    assert config.hybrid_engine.bucket_bytes == 4 * 2**20  # rollout.checkpoint_engine.update_weights_bucket_megabytes
 
 
 def test_override_grammar_errors_are_one_line(data_args, no_ranks, capsys):

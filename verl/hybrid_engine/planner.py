@@ -32,7 +32,9 @@ from verl.hybrid_engine.rollout_layout import RolloutLayout
 from verl.models.config import ModelConfig
 from verl.utils.torch_dtypes import ELEMENT_SIZES
 
-DEFAULT_BUCKET_BYTES = 64 << 20
+# Small buckets pipeline well (bucket k's transfer hides bucket k+-1's copies): on gloo, 4 MiB beat 16 and
+# 64 MiB on every layout measured (verl bench reshard, 100M model) and keeps the extra memory at 2 x 4 MiB.
+DEFAULT_BUCKET_BYTES = 4 << 20
 
 
 ALL_GATHER = "all_gather"
