@@ -13,17 +13,21 @@ from verl.workers.actor_rollout_ref_worker import policy_loss_fn
 pytestmark = pytest.mark.unit
 
 
+def _sequences(old_log_prob, log_prob, mask, low, high):
+    """Per sequence with tokens: (row, its token positions, its GSPO ratio s_i, s_i clipped)."""
+    for i in range(len(mask)):
+        tokens = [t for t in range(len(mask[i])) if mask[i][t]]
+        if tokens:
+            s = math.exp(sum(log_prob[i][t] - old_log_prob[i][t] for t in tokens) / len(tokens))
+            yield i, tokens, s, min(max(s, 1 - low), 1 + high)
+
+
 def gspo_reference(old_log_prob, log_prob, advantages, mask, low, high):
     """GSPO-token by hand: per sequence i the ratio s_i = exp(mean_t log(pi / pi_old)) over its tokens;
     per token max(-A s_i, -A clip(s_i, 1 - low, 1 + high)); the mean over a sequence's tokens, then over
     the sequences that have tokens. Plain Python loops over floats."""
     seq_losses = []
-    for i in range(len(mask)):
-        tokens = [t for t in range(len(mask[i])) if mask[i][t]]
-        if not tokens:
-            continue
-        s = math.exp(sum(log_prob[i][t] - old_log_prob[i][t] for t in tokens) / len(tokens))
-        clipped = min(max(s, 1 - low), 1 + high)
+    for i, tokens, s, clipped in _sequences(old_log_prob, log_prob, mask, low, high):
         seq_losses.append(sum(max(-advantages[i][t] * s, -advantages[i][t] * clipped) for t in tokens) / len(tokens))
     return sum(seq_losses) / len(seq_losses)
 
@@ -33,12 +37,7 @@ def gspo_reference_grad(old_log_prob, log_prob, advantages, mask, low, high):
     max (the clip is flat), 0 elsewhere, divided by |y_i| and the number of sequences."""
     n_seqs = sum(1 for row in mask if any(row))
     grad = [[0.0] * len(row) for row in mask]
-    for i in range(len(mask)):
-        tokens = [t for t in range(len(mask[i])) if mask[i][t]]
-        if not tokens:
-            continue
-        s = math.exp(sum(log_prob[i][t] - old_log_prob[i][t] for t in tokens) / len(tokens))
-        clipped = min(max(s, 1 - low), 1 + high)
+    for i, tokens, s, clipped in _sequences(old_log_prob, log_prob, mask, low, high):
         for t in tokens:
             a = advantages[i][t]
             if -a * s >= -a * clipped:
