@@ -280,3 +280,15 @@ def test_hydra_job_overrides_are_ignored_and_fsdp_config_name_points_to_megatron
         config = load_config(GRPO, [*data_args, "hydra.run.dir=outputs/x", "hydra.job.chdir=False"])
     assert "hydra" not in config and "Hydra's job runner" in caplog.text
     expect_exit_2(capsys, ["--config-name=ppo_trainer", *data_args], "ppo_trainer", "use ppo_megatron_trainer")
+
+
+def test_keys_without_effect_here_warn_when_set_and_stay_quiet_at_their_default(data_args, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        load_config(GRPO, data_args)
+    assert "has no effect" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        load_config(GRPO, [*data_args, "actor_rollout_ref.rollout.enforce_eager=False", "data.return_raw_chat=False"])
+    assert "actor_rollout_ref.rollout.enforce_eager=False has no effect in verl-hpc" in caplog.text
+    assert "data.return_raw_chat=False has no effect" in caplog.text

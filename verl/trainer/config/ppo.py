@@ -33,7 +33,10 @@ from verl.trainer.config.loader import (
 )
 from verl.trainer.ppo.core_algos import KL_PENALTY_CHOICES, LOSS_AGG_MODES, POLICY_LOSS_REGISTRY, AdvantageEstimator
 from verl.utils.dataset.rl_dataset import TRUNCATION_MODES
+from verl.utils.logging_utils import get_logger
 from verl.utils.tracking import check_backends
+
+logger = get_logger(__name__)
 
 CONFIG_NAME = "ppo_megatron_trainer"
 ADV_ESTIMATORS = tuple(e.value for e in AdvantageEstimator)
@@ -226,6 +229,37 @@ REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("trainer.device", lambda v: v == "cuda" and not _cuda(), "no CUDA device is visible here: use auto or cpu"),
     ("reward_model.launch_reward_fn_async", bool, "rewards are computed in the step here: set false"),
 )
+
+
+_VLLM_KNOB = "a vLLM/SGLang engine setting; the native engine generates each rank's whole batch at once"
+# Keys verl scripts set that change nothing here: a value other than the packaged default gets a warning
+# naming why (never silently ignored); the default itself is quiet.
+NO_EFFECT: dict[str, str] = {
+    **{f"{ARR}.rollout.{key}": _VLLM_KNOB for key in (
+        "enforce_eager", "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill",
+        "enable_prefix_caching", "disable_log_stats")},
+    f"{ARR}.rollout.calculate_log_probs": "the rollout always returns its log-probs (rollout_log_probs)",
+    f"{ARR}.actor.use_torch_compile": "nothing is torch.compile'd here",
+    f"{ARR}.actor.data_loader_seed": "mini-batch shuffles are seeded by the step (actor.shuffle)",
+    f"{ARR}.nccl_timeout": "collective timeouts come from the launcher (verl.launcher.bootstrap)",
+    "data.return_raw_chat": "prompts are rendered with the tokenizer's chat template in the dataset",
+    "data.return_raw_input_ids": "prompts are rendered with the tokenizer's chat template in the dataset",
+    "data.return_full_prompt": "the generations dump (trainer.rollout_data_dir) holds the full prompt",
+    "data.validation_shuffle": "validation runs over the whole set in order",
+    "data.filter_overlong_prompts_workers": "the over-long filter runs in one pass before step 1",
+    f"{ARR}.model.trust_remote_code": "models are built from their config, no remote code is run",
+    "data.trust_remote_code": "tokenizers load locally, no remote code is run",
+}
+
+
+def _warn_no_effect(cfg: dict[str, Any], defaults: dict[str, Any]) -> None:
+    for key, why in NO_EFFECT.items():
+        try:
+            value, default = deep_get(cfg, key), deep_get(defaults, key)
+        except KeyError:  # a --config-path config without the key
+            continue
+        if value != default:
+            logger.warning("config: %s=%r has no effect in verl-hpc: %s", key, value, why)
 
 
 def _refuse_meaningless(cfg: dict[str, Any]) -> None:
@@ -483,6 +517,7 @@ def load_config(path: str | None = None, overrides: Sequence[str] = (), launcher
     from omegaconf import OmegaConf
 
     cfg, base_dir = compose(config_dir, config_name, path, overrides, RULES)
+    _warn_no_effect(cfg, compose(PACKAGED_CONFIG_DIR, CONFIG_NAME, None, (), RULES)[0])
     _derive(cfg, base_dir)
     if not resolve_only:
         _validate(cfg, launcher_world_size)
