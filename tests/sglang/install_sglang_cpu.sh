@@ -34,9 +34,14 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" -r "$REQS"
 "${PIP[@]}" --no-deps "sglang==$SGLANG_VERSION"
 # Editable, so the venv always runs this checkout (its verl._C is built for the same CPU torch).
-"${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
-
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+# verl-hpc itself: the checkout on the path (a .pth), with the verl._C that launch/setup_env.sh built there for
+# the same Python and torch==2.13.0; an editable install here would compile the extension a second time.
+"$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '2.13.0' else 1)" \
+    || { echo "install_sglang_cpu: expected torch 2.13.0 in $VENV (the version verl._C is built for)" >&2; exit 1; }
+ls "$ROOT"/verl/_C*.so >/dev/null 2>&1 \
+    || { echo "install_sglang_cpu: expected verl._C built in $ROOT/verl (run launch/setup_env.sh first)" >&2; exit 1; }
+echo "$ROOT" > "$SITE/verl_hpc_checkout.pth"
 rm -rf "$SITE/sgl_kernel"
 mkdir -p "$SITE/sgl_kernel"
 cp "$CPU_DIR/sgl_kernel_stub/__init__.py" "$SITE/sgl_kernel/__init__.py"
