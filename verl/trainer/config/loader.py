@@ -170,6 +170,9 @@ def _check_user_keys(tree: Any, defaults: Any, prefix: str, source: str, root: M
             _check_user_keys(value or {}, default, dotted + ".", source, root)
 
 
+_MISSING = object()  # OmegaConf.select's default: tells an absent key from a null one
+
+
 def _apply_overrides(cfg, overrides: Sequence[str], defaults: Mapping[str, Any]) -> None:
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -210,11 +213,8 @@ def _apply_overrides(cfg, overrides: Sequence[str], defaults: Mapping[str, Any])
             raise ConfigError(f"override {item!r}: {_first_line(err)}") from None
 
 
-_MISSING = object()
-
-
 def _delete_key(cfg, key: str) -> bool:
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig, OmegaConf, open_dict
 
     parent_key, _, leaf = key.rpartition(".")
     parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
@@ -223,12 +223,6 @@ def _delete_key(cfg, key: str) -> bool:
     with open_dict(parent):
         del parent[leaf]
     return True
-
-
-def open_dict(node):
-    from omegaconf import open_dict as _open_dict
-
-    return _open_dict(node)
 
 
 def compose(config_dir: str, config_name: str, user_file: str | None, overrides: Sequence[str],
