@@ -28,6 +28,7 @@ from verl.trainer.config.loader import (
     Rule,
     compose,
     deep_get,
+    named_defaults,
     resolve_path,
     rule,
 )
@@ -517,7 +518,7 @@ def load_config(path: str | None = None, overrides: Sequence[str] = (), launcher
     from omegaconf import OmegaConf
 
     cfg, base_dir = compose(config_dir, config_name, path, overrides, RULES)
-    _warn_no_effect(cfg, compose(PACKAGED_CONFIG_DIR, CONFIG_NAME, None, (), RULES)[0])
+    _warn_no_effect(cfg, named_defaults(PACKAGED_CONFIG_DIR, CONFIG_NAME))
     _derive(cfg, base_dir)
     if not resolve_only:
         _validate(cfg, launcher_world_size)
