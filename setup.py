@@ -106,7 +106,7 @@ setup(
         # The CPU path of this project's machines and CI: the local CPU wheel of torch.
         "cpu": ["torch==2.13.0"],
         "test": _requirements("requirements-test.txt"),
-        # SGLang is installed by tests/sglang/install_sglang_cpu.sh (--no-deps route on CPU);
+        # SGLang is installed by launch/setup_sglang.sh (--no-deps route on CPU);
         # on GPU clusters install `sglang` from its own instructions.
     },
     entry_points={"console_scripts": ["verl=verl.cli:main"]},

@@ -183,9 +183,12 @@ def _record_path(out: str, stage: str) -> str:
 
 
 def _with_config_digests(cmd: Sequence[str]) -> list[str]:
-    """The command plus the sha256 of each ``--config`` file: an edited config is a changed command."""
+    """The command plus the sha256 of each ``--config`` file: an edited config is a changed command. The
+    interpreter is recorded as ``python``: .venv and .venv-sglang (rollout.name=sglang) produce the same
+    data and SFT model, so switching environments reuses them."""
     import hashlib
 
+    cmd = ["python", *cmd[1:]] if cmd and cmd[0] == sys.executable else list(cmd)
     digests = []
     for flag, value in zip(cmd, cmd[1:], strict=False):
         if flag == "--config" and os.path.isfile(value):

@@ -7,6 +7,7 @@
 #   bash launch/quickstart.sh --fresh                   # start over instead of resuming
 #   bash launch/quickstart.sh --config configs/ppo_arith_tiny.yaml --out outputs/quickstart_ppo   # PPO + critic
 #   bash launch/quickstart.sh trainer.total_training_steps=50   # extra args: verl train overrides
+#   bash launch/quickstart.sh actor_rollout_ref.rollout.name=sglang   # SGLang rollout (sets up .venv-sglang)
 #
 # Rerunning resumes: finished stages (data, SFT) are skipped, GRPO resumes from its last checkpoint
 # (trainer.resume_mode=auto); Ctrl-C during GRPO checkpoints the current step first. Under Slurm,
@@ -16,4 +17,11 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash launch/setup_env.sh
+# SGLang as the rollout (actor_rollout_ref.rollout.name=sglang): the environment holding SGLang and Megatron.
+for arg in "$@"; do
+  if [[ $arg =~ rollout\.name=sglang$ ]]; then
+    bash launch/setup_sglang.sh
+    exec .venv-sglang/bin/python -m launch.quickstart "$@"
+  fi
+done
 exec .venv/bin/python -m launch.quickstart "$@"

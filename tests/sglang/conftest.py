@@ -1,6 +1,6 @@
 """SGLang tier fixtures: SGLang lives in its own venv (.venv-sglang), driven through subprocesses.
 
-The session fixture runs tests/sglang/install_sglang_cpu.sh first (idempotent: a stamp check when
+The session fixture runs launch/setup_sglang.sh first (idempotent: a stamp check when
 already installed). The tier skips, with one message, only when that script reports the package
 index unreachable (exit 3); any other install problem fails the tier.
 """
@@ -13,7 +13,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-INSTALL_SCRIPT = os.path.join(HERE, "install_sglang_cpu.sh")
+INSTALL_SCRIPT = os.path.join(ROOT, "launch", "setup_sglang.sh")
 SESSION_SCRIPT = os.path.join(HERE, "sglang_session.py")
 INDEX_UNREACHABLE = 3
 
@@ -26,7 +26,7 @@ def sglang_python() -> str:
     if proc.returncode == INDEX_UNREACHABLE:
         pytest.skip("SGLang tier skipped: SGLang 0.5.23 cannot be installed here (package index unreachable)")
     if proc.returncode != 0:
-        pytest.fail(f"tests/sglang/install_sglang_cpu.sh failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}",
+        pytest.fail(f"launch/setup_sglang.sh failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}",
                     pytrace=False)
     return os.path.join(venv, "bin", "python")
 

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from verl.cli import main as verl_main
+from verl.engine.rollout.sglang_rollout import sglang_importable
 
 pytestmark = pytest.mark.unit
 
@@ -280,3 +281,13 @@ def test_numbers_as_verl_users_write_them_are_accepted(world, tmp_path):
     assert config.data.seed == 1000
     assert load_config(str(cfg_file), args).actor_rollout_ref.actor.optim.lr == 1e-5
     assert load_config(GRPO, args + ["trainer.logger=console"]).trainer.logger == ["console"]
+
+
+@pytest.mark.skipif(sglang_importable(), reason="SGLang is importable in this Python")
+def test_sglang_rollout_without_sglang_names_the_setup_command(world, capfd):
+    before = set(os.listdir(world["root"]))
+    code, out, err = _run(capfd, _train(world, "actor_rollout_ref.rollout.name=sglang"))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert "rollout.name=sglang: expected SGLang importable" in lines[0] and "launch/setup_sglang.sh" in lines[0]
+    assert set(os.listdir(world["root"])) == before

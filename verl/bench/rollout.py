@@ -82,7 +82,7 @@ def bench_sglang(model_dir: str, prompts: torch.Tensor, new_tokens: int, dtype: 
     from verl.bench.sglang_rollout import sglang_available
 
     if not sglang_available():
-        return {"skipped": "sglang is not installed here (bash tests/sglang/install_sglang_cpu.sh installs it on CPU)"}
+        return {"skipped": "sglang is not installed here (bash launch/setup_sglang.sh installs it on CPU)"}
     result = measure(model_dir, prompts, new_tokens, dtype=dtype, temperature=temperature, repeats=repeats, seed=seed)
     return _summary(result["seconds"], prompts.shape[0] * new_tokens)
 

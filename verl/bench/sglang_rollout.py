@@ -56,7 +56,7 @@ def bench_sglang(model_dir: str, prompts: torch.Tensor | Sequence[Sequence[int]]
     if not os.path.isfile(python):
         raise SGLangBenchError(
             f"sglang bench: sglang is not importable here and {python} does not exist; "
-            "run tests/sglang/install_sglang_cpu.sh or set VERL_SGLANG_PYTHON"
+            "run launch/setup_sglang.sh or set VERL_SGLANG_PYTHON"
         )
     with tempfile.TemporaryDirectory(prefix="verl-sglang-bench-") as work:
         request = os.path.join(work, "request.json")

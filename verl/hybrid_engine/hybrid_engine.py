@@ -2,8 +2,9 @@
 buffer, plans the reshard once, and moves weights into the rollout engine's buffer before generation
 (``to_rollout``) and releases the rollout memory after it (``to_training``).
 
-The rollout engine is any object with ``resume()``, ``weight_buffer()`` and ``release()`` (the native
-engine and SGLang's); the actor engine is a ``MegatronEngine`` (``module``, ``model``).
+The rollout engine is any object with ``resume()``, ``weight_buffer()``, ``push_weights()`` and
+``release()`` (the native engine and the trainer's SGLang rollout); the actor engine is a
+``MegatronEngine`` (``module``, ``model``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from verl.hybrid_engine.layouts import TrainingLayout, training_param_specs
 from verl.hybrid_engine.planner import plan_reshard
 from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
 from verl.models.config import ModelConfig
+
+METRIC_RESHARD_SECONDS = "timing_s/reshard"  # the executor's part of verl's timing_s/update_weights
 
 
 class HybridEngine:
@@ -71,9 +74,15 @@ class HybridEngine:
         return flat, offsets
 
     def to_rollout(self) -> dict[str, float]:
-        """Training -> rollout layout, straight into the rollout engine's weights."""
+        """Training -> rollout layout, straight into the rollout engine's weights (the native engine) or
+        into the buffer the engine is then handed (SGLang: ``push_weights``, timed on its own)."""
         self.rollout.resume()
-        return self.executor.to_rollout(into=self.rollout.weight_buffer()).metrics()
+        stats = self.executor.to_rollout(into=self.rollout.weight_buffer())
+        metrics = {**stats.metrics(), METRIC_RESHARD_SECONDS: stats.seconds}
+        pushed = self.rollout.push_weights()
+        if pushed:  # the engine copied the weights: the executor need not hold the buffer any longer
+            self.executor.release()
+        return {**metrics, **pushed}
 
     def to_training(self) -> None:
         """Release the rollout weights and KV cache; the training weights were never moved."""

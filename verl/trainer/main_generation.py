@@ -181,7 +181,7 @@ def _run_sglang(args: argparse.Namespace, argv: list[str]) -> int:
         raise UsageError(f"--engine sglang: expected sglang importable in {sys.executable}, found it is not")
     if not os.path.isfile(python):
         raise UsageError(f"--engine sglang: sglang is not importable here and {python} does not exist; "
-                         "run tests/sglang/install_sglang_cpu.sh or set VERL_SGLANG_PYTHON")
+                         "run launch/setup_sglang.sh or set VERL_SGLANG_PYTHON")
     env = dict(os.environ)
     env[IN_SGLANG_ENV] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)

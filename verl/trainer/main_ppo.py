@@ -113,7 +113,11 @@ def _run_rank(config, dry_run: bool) -> int:
         from verl.trainer.ppo.trainer import PPOTrainer
 
         tokenizer = AutoTokenizer.from_pretrained(config.data.tokenizer)
-        code = PPOTrainer(config, tokenizer, dry_run=dry_run).fit()
+        trainer = PPOTrainer(config, tokenizer, dry_run=dry_run)
+        try:
+            code = trainer.fit()
+        finally:
+            trainer.close()
         # Leave together: a rank that tears its process group down and exits while rank 0 is still
         # writing (the HF export, the last checkpoint) was seen to abort in teardown.
         import torch.distributed as dist

@@ -1,7 +1,7 @@
-"""Everything ``verl train`` can check before a rank starts: the loggers, the tokenizer, the model
-directories, one pass over each dataset, an explicit resume checkpoint. Each problem is one ``ConfigError`` /
-``DatasetError`` / ``CheckpointError`` line (exit 2), so no rank ever starts on input it would
-fail on at step 3, and nothing is written for a run that cannot start."""
+"""Everything ``verl train`` can check before a rank starts: the loggers, the tokenizer, the rollout
+engine, the model directories, one pass over each dataset, an explicit resume checkpoint. Each problem is
+one ``ConfigError`` / ``DatasetError`` / ``CheckpointError`` line (exit 2), so no rank ever starts on input
+it would fail on at step 3, and nothing is written for a run that cannot start."""
 
 from __future__ import annotations
 
@@ -59,6 +59,33 @@ def check_datasets(config: Any, tokenizer: Any) -> None:
             min_rows=1, need_ground_truth=need_ground_truth)
 
 
+def check_rollout_engine(config: Any) -> None:
+    """``rollout.name=sglang`` needs SGLang in this Python, and on CPU a rollout tp SGLang can take the
+    rollout layout with (it pads attention heads there instead of replicating KV heads)."""
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.name != "sglang":
+        return
+    import sys
+
+    from verl.engine.rollout.sglang_rollout import SGLangRolloutError, check_cpu_tp, sglang_importable
+
+    if not sglang_importable():
+        raise PreflightError(
+            f"actor_rollout_ref.rollout.name=sglang: expected SGLang importable by {sys.executable}, found none; "
+            "`bash launch/setup_sglang.sh` builds .venv-sglang (SGLang and Megatron), then run "
+            ".venv-sglang/bin/verl train ... (launch/quickstart.sh does both)")
+    import torch
+
+    from verl.models.config import ModelConfig
+
+    if not torch.cuda.is_available():
+        try:
+            check_cpu_tp(ModelConfig.from_pretrained(config.actor_rollout_ref.model.path),
+                         rollout.tensor_model_parallel_size)
+        except SGLangRolloutError as err:
+            raise PreflightError(f"actor_rollout_ref.rollout.tensor_model_parallel_size: {err}") from None
+
+
 def preflight(config: Any) -> None:
     """Raises PreflightError, DatasetError or CheckpointError (all ValueErrors: exit 2)."""
     try:
@@ -66,6 +93,7 @@ def preflight(config: Any) -> None:
     except ValueError as err:
         raise PreflightError(str(err)) from None
     tokenizer = load_tokenizer(config.data.tokenizer)
+    check_rollout_engine(config)
     check_model_dir("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path)
     check_model_dir("critic.model.path", config.critic.model.path)
     if config.reward_model.enable:

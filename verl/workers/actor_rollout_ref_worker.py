@@ -159,24 +159,29 @@ class ActorRolloutRefWorker(Worker):
                                   dp=self.dp_size)
         rollout_tp = arr.rollout.tensor_model_parallel_size
         groups = derive_groups(training, rollout_tp)
-        tp_group = None
-        for ranks in groups.rollout_tp_groups:  # every rank creates every group, in the same order
-            group = dist.new_group(list(ranks)) if rollout_tp > 1 else None
-            if dist.get_rank() in ranks:
-                tp_group = group
-        self.tokenizer = tokenizer
-        pad_id = tokenizer.pad_token_id if tokenizer is not None else 0
-        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
-        self.rollout = NativeRollout(self.model_config, tp_group=tp_group, dtype=DTYPES[arr.rollout.dtype],
-                                     pad_token_id=pad_id)
-        self.hybrid_engine = HybridEngine(engine, self.rollout, self.model_config, training, rollout_tp,
-                                          config.hybrid_engine.bucket_bytes, arr.rollout.dtype)
-        self.hybrid_engine.to_training()  # start with the rollout memory released
-        self._rollout_synced = False  # the rollout engine holds the actor's current weights
         rank = dist.get_rank()
         self.rollout_tp_rank = groups.rollout_tp_rank[rank]
         self.rollout_dp_rank = [i for i, g in enumerate(groups.rollout_tp_groups) if rank in g][0]
         self.rollout_dp_size = len(groups.rollout_tp_groups)
+        use_sglang = arr.rollout.name == "sglang"
+        tp_group = None
+        for ranks in groups.rollout_tp_groups:  # every rank creates every group, in the same order
+            # SGLang's group only moves handles between its ranks (gloo, whatever the training backend).
+            group = dist.new_group(list(ranks), backend="gloo" if use_sglang else None) if rollout_tp > 1 else None
+            if rank in ranks:
+                tp_group, my_group_ranks = group, ranks
+        self.tokenizer = tokenizer
+        pad_id = tokenizer.pad_token_id if tokenizer is not None else 0
+        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
+        if use_sglang:
+            self.rollout = self._sglang_rollout(config, my_group_ranks, tp_group, pad_id)
+        else:
+            self.rollout = NativeRollout(self.model_config, tp_group=tp_group, dtype=DTYPES[arr.rollout.dtype],
+                                         pad_token_id=pad_id)
+        self.hybrid_engine = HybridEngine(engine, self.rollout, self.model_config, training, rollout_tp,
+                                          config.hybrid_engine.bucket_bytes, arr.rollout.dtype)
+        self.hybrid_engine.to_training()  # start with the rollout memory released
+        self._rollout_synced = False  # the rollout engine holds the actor's current weights
         common = dict(response_length=config.data.max_response_length, ignore_eos=arr.rollout.ignore_eos,
                       eos_token_id=() if self.eos_token_id is None else (self.eos_token_id,))
         self.train_sampling = SamplingParams(temperature=arr.rollout.temperature, top_p=arr.rollout.top_p,
@@ -185,6 +190,30 @@ class ActorRolloutRefWorker(Worker):
         val = arr.rollout.val_kwargs
         self.val_sampling = SamplingParams(temperature=val.temperature, top_p=val.top_p, top_k=val.top_k,
                                            do_sample=val.do_sample, n=val.n, **common)
+
+    def _sglang_rollout(self, config: Any, group_ranks: tuple[int, ...], tp_group: Any, pad_id: int):
+        """One SGLang engine per rollout TP group, owned by the group's first rank (see sglang_group)."""
+        from verl.engine.rollout.sglang_group import SGLangGroupRollout
+        from verl.launcher.env import discover
+
+        rollout, data = config.actor_rollout_ref.rollout, config.data
+        # Rows one engine generates at once: its replica's share of a training or a validation batch.
+        val_rows = (data.val_batch_size or data.train_batch_size) * rollout.val_kwargs.n
+        rows = -(-max(data.train_batch_size * rollout.n, val_rows) // self.rollout_dp_size)
+        local_groups = max(1, discover().local_world_size // len(group_ranks))
+        return SGLangGroupRollout(
+            self.model_config, config.actor_rollout_ref.model.path, group_ranks, tp_group,
+            dtype=DTYPES[rollout.dtype], bucket_bytes=config.hybrid_engine.bucket_bytes, pad_token_id=pad_id,
+            seed=config.trainer.seed, group_index=self.rollout_dp_rank % local_groups, num_groups=local_groups,
+            max_rows=rows, max_seq_len=data.max_prompt_length + data.max_response_length,
+            mem_fraction_static=rollout.gpu_memory_utilization, free_cache_engine=rollout.free_cache_engine,
+            engine_kwargs=dict((rollout.get("engine_kwargs") or {}).get("sglang") or {}))
+
+    def shutdown(self) -> None:
+        """Stop what outlives a step: the SGLang engine this rank owns (nothing for the native engine)."""
+        stop = getattr(self.rollout, "shutdown", None)
+        if stop is not None:
+            stop()
 
     def dispatch_meshes(self) -> dict[str, MeshRank]:
         return {"megatron": megatron_mesh(),
@@ -223,6 +252,8 @@ class ActorRolloutRefWorker(Worker):
             out = self.rollout.generate_sequences(prompts, params)
         finally:
             self._release_rollout()
+        if out is None:  # an SGLang group's other ranks: the owner returns the group's rollout
+            return None
         out.meta_info["metrics"] = {**metrics, "timing_s/generate_sequences": time.perf_counter() - start}
         return out
 

@@ -207,9 +207,15 @@ class BaseRollout(abc.ABC):
         """The flat per-rank tensor the hybrid engine writes resharded weights into, in place.
 
         Laid out as ``rollout_param_specs`` in order. None when the engine keeps its weights out of
-        process (SGLang): the hybrid engine then pushes buckets through ``load_weights``.
+        process and has no such buffer (SGLang driven from one process: ``load_weights``).
         """
         return None
+
+    def push_weights(self) -> dict[str, float]:
+        """After the hybrid engine wrote ``weight_buffer()``: hand it to the engine; returns timing metrics.
+        Nothing to do when that buffer *is* the engine's weights (the native engine); the trainer's SGLang
+        rollout (``sglang_group.SGLangGroupRollout``) pushes it to its out-of-process engine."""
+        return {}
 
     @abc.abstractmethod
     def release(self) -> None:

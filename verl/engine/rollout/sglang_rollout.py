@@ -7,7 +7,7 @@ are returned in verl's fields through :class:`BaseRollout`. Weights are pushed w
 order, as the hybrid engine's executor produces it) travels in buckets through SGLang's
 ``update_weights_from_tensor`` with our custom loader (``sglang_cpu.loader``), which copies each
 bucket into SGLang's parameters with ``verl._C`` copy programs. On CPU the engine uses SGLang's
-torch-native attention and no CUDA graphs (the route in tests/sglang/install_sglang_cpu.sh).
+torch-native attention and no CUDA graphs (the route in launch/setup_sglang.sh).
 
 Semantics that differ from the native engine (SGLang's own behaviour, kept):
 - besides ``stop_ids``, SGLang also stops at the model config's ``eos_token_id`` unless nothing is
@@ -36,6 +36,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_TYPES
 
 
+def bucket_ranges(numel: int, bucket_elems: int) -> list[tuple[int, int]]:
+    """``[start, end)`` element ranges of at most ``bucket_elems`` covering ``numel`` elements."""
+    return [(start, min(start + bucket_elems, numel)) for start in range(0, numel, bucket_elems)]
+
+
 class SGLangRolloutError(RuntimeError):
     """SGLang refused a request (engine start, weight update) or returned something unexpected."""
 
@@ -47,7 +52,10 @@ def sglang_python() -> str:
 
 
 def sglang_importable() -> bool:
-    return importlib.util.find_spec("sglang") is not None
+    """SGLang is installed in this Python. A folder named ``sglang`` on the path (tests/sglang under pytest)
+    is a namespace package, not SGLang: it has no ``__init__`` file of its own."""
+    spec = importlib.util.find_spec("sglang")
+    return spec is not None and spec.origin not in (None, "namespace")
 
 
 def check_cpu_tp(config: ModelConfig, tp_size: int) -> None:
@@ -172,46 +180,61 @@ class SGLangRollout(BaseRollout):
         """Elements in rollout TP rank ``tp_rank``'s flat buffer."""
         return spec_offsets(self._specs[tp_rank])[1]
 
+    def bucket_ranges(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[tuple[int, int]]:
+        """Element ranges ``[start, end)`` cutting one rank's flat buffer into buckets of at most
+        ``bucket_bytes`` (every rank's buffer has the same size, so the ranges are the group's)."""
+        element = torch.empty((), dtype=self.dtype).element_size()
+        if bucket_bytes < element:
+            raise SGLangRolloutError(f"bucket_bytes: expected >= one element ({element} bytes), found {bucket_bytes}")
+        return bucket_ranges(self.rank_numel(0), bucket_bytes // element)
+
     def update_weights(self, rank_buffers: Sequence[torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
-        """Push every TP rank's flat rollout buffer into the running engine; return the bucket count.
+        """Push every TP rank's flat rollout buffer, all held by this process, into the running engine;
+        return the bucket count (the trainer's ranks each hold one buffer: :meth:`push_serialized`).
 
         ``rank_buffers[r]`` is rank r's buffer (``rollout_param_specs(config, tp, r)`` order, the
-        engine's dtype). It is cut into buckets of at most ``bucket_bytes``; bucket k of every rank
-        travels in one ``update_weights_from_tensor`` call (each SGLang rank receives only its own
-        slice), all inside one ``begin_weight_update()/end_weight_update()`` session.
+        engine's dtype). It is cut into buckets of at most ``bucket_bytes``; SGLang rank r opens only
+        rank r's buckets (shared memory on CPU, IPC on GPU).
         """
-        from sglang.srt.model_executor.model_runner_components.weight_updater import LocalSerializedTensor
         from sglang.srt.utils import MultiprocessingSerializer
 
         if len(rank_buffers) != self.tp_size:
             raise SGLangRolloutError(f"update_weights: expected {self.tp_size} rank buffers, found {len(rank_buffers)}")
         for rank, flat in enumerate(rank_buffers):
-            want = self.rank_numel(rank)
-            if flat.dim() != 1 or flat.numel() != want or flat.dtype != self.dtype:
-                raise SGLangRolloutError(
-                    f"update_weights: rank {rank} expected a 1-D {self.dtype} buffer of {want} elements, "
-                    f"found {flat.dtype} of shape {tuple(flat.shape)}"
-                )
-        if bucket_bytes < rank_buffers[0].element_size():
-            raise SGLangRolloutError(f"bucket_bytes: expected >= one element, found {bucket_bytes}")
-        bucket_elems = bucket_bytes // rank_buffers[0].element_size()
-        longest = rank_buffers[0].numel()
-        if any(flat.numel() != longest for flat in rank_buffers):
-            raise SGLangRolloutError("update_weights: expected equal per-rank buffer sizes (the rollout layout's)")
-        starts = list(range(0, longest, bucket_elems))
+            self.check_rank_buffer(rank, flat)
+        ranges = self.bucket_ranges(bucket_bytes)
+        payloads = [[MultiprocessingSerializer.serialize(flat[start:end]) for start, end in ranges]
+                    for flat in rank_buffers]
+        self.push_serialized(ranges, payloads)
+        return len(ranges)
+
+    def check_rank_buffer(self, rank: int, flat: torch.Tensor) -> None:
+        want = self.rank_numel(rank)
+        if flat.dim() != 1 or flat.numel() != want or flat.dtype != self.dtype:
+            raise SGLangRolloutError(
+                f"update_weights: rank {rank} expected a 1-D {self.dtype} buffer of {want} elements, "
+                f"found {flat.dtype} of shape {tuple(flat.shape)}"
+            )
+
+    def push_serialized(self, ranges: Sequence[tuple[int, int]], payloads: Sequence[Sequence[bytes]]) -> None:
+        """Load serialized buckets into the engine: ``payloads[r][k]`` is TP rank r's bucket k (elements
+        ``ranges[k]`` of its flat buffer), as ``MultiprocessingSerializer.serialize`` made it in whichever
+        process holds that buffer. One ``update_weights_from_tensor`` call carries every bucket (one
+        scheduler round trip per push); SGLang rank r deserializes only ``payloads[r]`` and our loader
+        copies each bucket into its parameters."""
+        from sglang.srt.model_executor.model_runner_components.weight_updater import LocalSerializedTensor
+
+        if len(payloads) != self.tp_size or any(len(p) != len(ranges) for p in payloads):
+            raise SGLangRolloutError(f"push: expected {len(ranges)} bucket handles from each of {self.tp_size} "
+                                     f"ranks, found {[len(p) for p in payloads]}")
+        named = [(bucket_name(start, end), LocalSerializedTensor(values=[payloads[r][k] for r in range(self.tp_size)]))
+                 for k, (start, end) in enumerate(ranges)]
         self._check(self.engine.begin_weight_update(), "begin_weight_update")
         try:
-            for k, start in enumerate(starts):
-                end = min(start + bucket_elems, longest)
-                # Each SGLang rank deserializes only its own entry (shared memory on CPU, IPC on GPU).
-                payloads = [MultiprocessingSerializer.serialize(flat[start:end]) for flat in rank_buffers]
-                named = [(bucket_name(start, end), LocalSerializedTensor(values=payloads))]
-                result = self.engine.update_weights_from_tensor(
-                    named, load_format=LOADER_PATH, flush_cache=k + 1 == len(starts))
-                self._check(result, "update_weights_from_tensor")
+            self._check(self.engine.update_weights_from_tensor(named, load_format=LOADER_PATH, flush_cache=True),
+                        "update_weights_from_tensor")
         finally:
             self._check(self.engine.end_weight_update(), "end_weight_update")
-        return len(starts)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Named rollout-layout tensors of the (single) TP rank -> the engine (TP 1 only).

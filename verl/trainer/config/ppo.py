@@ -192,9 +192,6 @@ REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
      "vLLM is not part of verl-hpc: use native (the embedded engine) or sglang"),
     (f"{ARR}.rollout.name", lambda v: v in ("hf", "trtllm"),
      "verl-hpc's rollouts are native and sglang: use native"),
-    (f"{ARR}.rollout.name", lambda v: v == "sglang",
-     "SGLang as the trainer's rollout is not wired into verl train yet (verl generate --engine sglang and "
-     "verl bench rollout run it): use native, which holds the same per-rank layout"),
     (f"{ARR}.rollout.multi_turn.enable", bool, "multi-turn / tool rollouts are not implemented: set false"),
     (f"{ARR}.rollout.data_parallel_size", lambda v: v != 1, "the rollout's DP size is world / rollout tp here: set 1"),
     (f"{ARR}.rollout.pipeline_model_parallel_size", lambda v: v != 1,
@@ -232,7 +229,8 @@ REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 )
 
 
-_VLLM_KNOB = "a vLLM/SGLang engine setting; the native engine generates each rank's whole batch at once"
+_VLLM_KNOB = ("a vLLM engine setting; the native engine generates each rank's whole batch at once, and SGLang "
+              "takes its own engine settings from rollout.engine_kwargs.sglang")
 # Keys verl scripts set that change nothing here: a value other than the packaged default gets a warning
 # naming why (never silently ignored); the default itself is quiet.
 NO_EFFECT: dict[str, str] = {

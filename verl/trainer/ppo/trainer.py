@@ -551,6 +551,13 @@ class PPOTrainer:
             self.tracking.close()
         return 0
 
+    def close(self) -> None:
+        """Stop what the workers started beyond this process's memory (an SGLang engine's schedulers);
+        called on every exit path of a rank, including errors (idempotent)."""
+        worker = self.actor_rollout_wg.worker
+        if worker is not None:
+            worker.shutdown()
+
     def _log(self, metrics: dict[str, float], step: int) -> None:
         if self.tracking is not None:
             self.tracking.log(metrics, step, total_steps=self.total_training_steps)

@@ -1,2 +1,2 @@
 """SGLang on CPU: our custom weight loader, the stub sgl_kernel and the torchvision op shim
-(installed by tests/sglang/install_sglang_cpu.sh)."""
+(installed by launch/setup_sglang.sh)."""

@@ -1,5 +1,5 @@
 """Stand-in for ``sgl_kernel`` (sgl-kernel's CPU build is not on PyPI), installed as the top-level
-package ``sgl_kernel`` into the SGLang venv by tests/sglang/install_sglang_cpu.sh.
+package ``sgl_kernel`` into the SGLang venv by launch/setup_sglang.sh.
 
 SGLang imports names from sgl_kernel at module load even on paths that never call them (the CPU
 route with attention_backend="torch_native"). Every attribute, of the package and of any

@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# Install SGLang 0.5.23 on the CPU route into .venv-sglang (idempotent; fast when already done).
+# The SGLang environment: one venv (.venv-sglang) holding SGLang 0.5.23 (CPU route) *and* everything
+# `verl train` needs (megatron-core, verl-hpc's requirements), so a run with
+# actor_rollout_ref.rollout.name=sglang has Megatron and SGLang in the same processes. Idempotent.
 #   torch==2.13.0 (local CPU wheel) + sglang's non-CUDA requirements + `sglang --no-deps`,
 #   a stub sgl_kernel (+ scalar_type.py from the sglang-kernel wheel), a torchvision op shim as
-#   sitecustomize, and this project (editable, --no-deps).
+#   sitecustomize, verl-hpc's own requirements (megatron-core, ...; torch and SGLang's pins held),
+#   this checkout on the path (.pth) and a `verl` command in .venv-sglang/bin.
+# Needs launch/setup_env.sh first (it builds verl._C in the checkout for the same Python and torch).
+#   bash launch/setup_sglang.sh && .venv-sglang/bin/verl train ... actor_rollout_ref.rollout.name=sglang
 # Exit codes: 0 installed, 3 the package index is unreachable (callers skip), other = failure.
 # Env: VERL_SGLANG_VENV (default <repo>/.venv-sglang), PYTHON (default python3.11).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VERL_SGLANG_VENV:-$ROOT/.venv-sglang}"
 PY="${PYTHON:-python3.11}"
 SGLANG_VERSION=0.5.23
 SGLANG_KERNEL_VERSION=0.4.10  # the sglang-kernel that sglang 0.5.23 pins
-REQS="$ROOT/tests/sglang/requirements-sglang-cpu.txt"
+REQS="$ROOT/launch/requirements-sglang-cpu.txt"
 CPU_DIR="$ROOT/verl/engine/rollout/sglang_cpu"
 STAMP="$VENV/.verl-sglang-cpu.stamp"
 
 # The stamp records what was installed; any change to these inputs reinstalls the changed parts.
-want_stamp="$(cat "$0" "$REQS" "$CPU_DIR/sgl_kernel_stub/__init__.py" "$CPU_DIR/torchvision_op_shim.py" | sha256sum | cut -d' ' -f1) $ROOT"
+want_stamp="$(cat "$0" "$REQS" "$ROOT/requirements.txt" "$CPU_DIR/sgl_kernel_stub/__init__.py" "$CPU_DIR/torchvision_op_shim.py" | sha256sum | cut -d' ' -f1) $ROOT"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" && -x "$VENV/bin/python" ]]; then
     exit 0
 fi
@@ -24,7 +29,7 @@ fi
 start=$(date +%s)
 if ! "$PY" -m pip index versions sglang >/dev/null 2>&1 \
         && ! "$PY" -m pip download --no-deps -q -d "$(mktemp -d)" "sglang==$SGLANG_VERSION" >/dev/null 2>&1; then
-    echo "install_sglang_cpu: the package index is unreachable (cannot fetch sglang==$SGLANG_VERSION)" >&2
+    echo "setup_sglang: the package index is unreachable (cannot fetch sglang==$SGLANG_VERSION)" >&2
     exit 3
 fi
 
@@ -33,15 +38,23 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip setuptools wheel
 "${PIP[@]}" -r "$REQS"
 "${PIP[@]}" --no-deps "sglang==$SGLANG_VERSION"
-# Editable, so the venv always runs this checkout (its verl._C is built for the same CPU torch).
+# verl-hpc's runtime requirements (megatron-core, hydra, ...) beside SGLang's: torch and the versions SGLang
+# pins stay as they are (a constraints file of what is installed now).
+cons="$(mktemp)"
+"$VENV/bin/python" -m pip freeze --disable-pip-version-check | grep -i -E '^(torch|transformers|tokenizers|numpy)==' > "$cons"
+"${PIP[@]}" -r "$ROOT/requirements.txt" -c "$cons"
+rm -f "$cons"
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 # verl-hpc itself: the checkout on the path (a .pth), with the verl._C that launch/setup_env.sh built there for
 # the same Python and torch==2.13.0; an editable install here would compile the extension a second time.
 "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '2.13.0' else 1)" \
-    || { echo "install_sglang_cpu: expected torch 2.13.0 in $VENV (the version verl._C is built for)" >&2; exit 1; }
+    || { echo "setup_sglang: expected torch 2.13.0 in $VENV (the version verl._C is built for)" >&2; exit 1; }
 ls "$ROOT"/verl/_C*.so >/dev/null 2>&1 \
-    || { echo "install_sglang_cpu: expected verl._C built in $ROOT/verl (run launch/setup_env.sh first)" >&2; exit 1; }
+    || { echo "setup_sglang: expected verl._C built in $ROOT/verl (run launch/setup_env.sh first)" >&2; exit 1; }
 echo "$ROOT" > "$SITE/verl_hpc_checkout.pth"
+# The `verl` command of this environment (what an installed verl-hpc's console script would be).
+printf '#!%s\nimport sys\nfrom verl.cli import main\nsys.exit(main())\n' "$VENV/bin/python" > "$VENV/bin/verl"
+chmod +x "$VENV/bin/verl"
 rm -rf "$SITE/sgl_kernel"
 mkdir -p "$SITE/sgl_kernel"
 cp "$CPU_DIR/sgl_kernel_stub/__init__.py" "$SITE/sgl_kernel/__init__.py"
@@ -61,6 +74,6 @@ PYEOF
 cp "$CPU_DIR/torchvision_op_shim.py" "$SITE/sitecustomize.py"
 
 # Prove the install: SGLang's engine and our loader import in a fresh process.
-"$VENV/bin/python" -c "import sglang, torchvision; from sglang.srt.entrypoints.engine import Engine; import verl.engine.rollout.sglang_cpu.loader"
+"$VENV/bin/python" -c "import sglang, torchvision, megatron.core, verl._C; from sglang.srt.entrypoints.engine import Engine; import verl.engine.rollout.sglang_cpu.loader"
 echo "$want_stamp" > "$STAMP"
-echo "install_sglang_cpu: installed sglang==$SGLANG_VERSION (CPU route) into $VENV in $(( $(date +%s) - start )) s" >&2
+echo "setup_sglang: installed sglang==$SGLANG_VERSION (CPU route) and verl-hpc with megatron-core into $VENV in $(( $(date +%s) - start )) s" >&2
