@@ -53,7 +53,9 @@ ls "$ROOT"/verl/_C*.so >/dev/null 2>&1 \
     || { echo "setup_sglang: expected verl._C built in $ROOT/verl (run launch/setup_env.sh first)" >&2; exit 1; }
 echo "$ROOT" > "$SITE/verl_hpc_checkout.pth"
 # The `verl` command of this environment (what an installed verl-hpc's console script would be).
-printf '#!%s\nimport sys\nfrom verl.cli import main\nsys.exit(main())\n' "$VENV/bin/python" > "$VENV/bin/verl"
+# The guard matters: SGLang starts its processes with multiprocessing's spawn, which re-imports this script.
+printf '#!%s\nimport sys\nfrom verl.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
+    "$VENV/bin/python" > "$VENV/bin/verl"
 chmod +x "$VENV/bin/verl"
 rm -rf "$SITE/sgl_kernel"
 mkdir -p "$SITE/sgl_kernel"

@@ -1,6 +1,6 @@
 """Helpers (no tests): one optimizer step on a Megatron actor, then the hybrid engine's reshard into a
 rollout engine that was created before the step. Used by test_rollout_after_train_step.py (native
-engine) and tests/sglang/test_sglang_after_train_step.py (the resharded buffers pushed into SGLang).
+engine) and tests/gpu/test_gpu_pipeline.py. (SGLang after every train step: tests/sglang/test_sglang_trainer.py.)
 
 :func:`train_step_job` runs on every local rank (``run_ranks``). Per case it builds the Megatron
 actor (with optimizer) from an HF checkpoint, a native rollout engine for the case's rollout TP and

@@ -20,7 +20,9 @@ PROMPTS = [[5, 17, 42, 99, 7], [250, 3, 3, 18, 77, 120, 64, 9, 31], list(range(4
 LOGPROB_ATOL = 1e-4
 BUCKET_BYTES = 32 << 10  # small, so pushed tensors straddle bucket boundaries
 
-CASES = [("qwen2", 1), ("llama", 1), ("llama", 2)]
+# Llama: untied lm_head and a vocabulary padded in the rollout layout. Qwen2 (tied, qkv bias) is covered at
+# TP1 and TP2 against Megatron after every push by test_sglang_trainer.py (and Megatron = HF elsewhere).
+CASES = [("llama", 1), ("llama", 2)]
 CASE_NAMES = [f"{kind}-tp{tp}" for kind, tp in CASES]
 
 

@@ -127,6 +127,7 @@ def test_grpo_with_sglang_rollout_tp1_learns_with_parity_after_every_push(sglang
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1"), tmp_path / "parity.jsonl", tmp_path)
     assert wait(proc, tmp_path) == 0, (tmp_path / "run.log").read_text()[-4000:]
     assert_no_sglang_left(before)
+    assert "Traceback" not in (tmp_path / "run.log").read_text()  # a clean exit, SGLang's shutdown included
 
     check_parity(tmp_path / "parity.jsonl", steps)
     records = read_lines(tmp_path / "metrics.jsonl")
@@ -167,3 +168,23 @@ def test_sglang_rollout_tp2_preempted_run_resumes_and_a_killed_owner_ends_the_jo
     assert wait(proc, tmp_path) != 0
     assert_no_sglang_left(before)
     check_parity(tmp_path / "parity.jsonl", done + 1, exact=False)  # every push of both runs
+
+
+def test_bench_reshard_times_the_push_against_the_in_place_reshard(sglang_python, tmp_path):
+    """`verl bench reshard --push sglang`: the trainer's weight sync (reshard into shared buffers + push) beside
+    the in-place reshard of the same plan and one SGLang weight-update call, in the same run."""
+    out = tmp_path / "push.json"
+    before = sglang_processes()
+    proc = subprocess.run([os.path.join(os.path.dirname(sglang_python), "verl"), "bench", "reshard", "--model",
+                           os.path.join(ROOT, "configs", "models", "qwen2_tiny_arith.json"), "--train", "tp=2",
+                           "--rollout", "tp=1", "--nproc", "2", "--push", "sglang", "--repeats", "2",
+                           "--dtype", "float32", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["verified"] and result["naive_verified"]
+    assert result["push_buckets"] == 1 and result["push_seconds"] > result["seconds"] > 0
+    assert result["sglang_call_seconds"] > 0
+    assert result["push_budget_seconds"] == pytest.approx(2 * result["seconds"] + result["sglang_call_seconds"])
+    assert_no_sglang_left(before)

@@ -72,3 +72,46 @@ def test_rendezvous_ports_are_free_and_not_drawn_from_the_seeded_global_generato
 ])
 def test_bucket_ranges_cover_the_buffer_once(numel, per, want):
     assert bucket_ranges(numel, per) == want
+
+
+def test_a_handle_is_metadata_and_opens_the_same_shared_memory():
+    import pickle
+
+    import torch
+    import torch.multiprocessing
+
+    from verl.engine.rollout.sglang_group import serialize_handle
+
+    before = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    try:
+        flat = torch.zeros(1 << 20).share_memory_()  # 4 MiB
+        handle = serialize_handle(flat[1024:2048])
+        assert len(handle) < 1024  # a name and offsets, not the 4 KiB of the slice
+        view = pickle.loads(handle)
+        flat[1024:2048] = 7.0
+        assert view.shape == (1024,) and bool((view == 7.0).all())  # the same memory, not a copy
+    finally:
+        torch.multiprocessing.set_sharing_strategy(before)
+
+
+def _rollout_config(model_path, tp):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"actor_rollout_ref": {"model": {"path": str(model_path)}, "rollout": {
+        "name": "sglang", "tensor_model_parallel_size": tp}}})
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="SGLang replicates KV heads on GPUs")
+def test_preflight_refuses_a_cpu_rollout_tp_sglang_would_pad(tmp_path, monkeypatch):
+    import verl.engine.rollout.sglang_rollout as sglang_rollout
+    from verl.trainer.preflight import PreflightError, check_rollout_engine
+
+    monkeypatch.setattr(sglang_rollout, "sglang_importable", lambda: True)
+    cfg = {"model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 1}
+    (tmp_path / "model.json").write_text(json.dumps(cfg))
+    check_rollout_engine(_rollout_config(tmp_path / "model.json", 1))
+    with pytest.raises(PreflightError, match=r"tensor_model_parallel_size: rollout tp=2 on CPU: expected a tp "
+                                             r"dividing num_key_value_heads=1"):
+        check_rollout_engine(_rollout_config(tmp_path / "model.json", 2))

@@ -297,7 +297,7 @@ def build_training_buffer(config: ModelConfig, training, rank: int, hf: dict[str
 
 
 def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int, dtype_name: str,
-                 bucket_bytes: int, seed: int, repeats: int, with_naive: bool) -> dict:
+                 bucket_bytes: int, seed: int, repeats: int, with_naive: bool, push_model: str | None = None) -> dict:
     """Reshard on this rank, verify bit-exactly against the reference, and time all three paths."""
     import torch.distributed as dist
 
@@ -350,7 +350,41 @@ def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int
     memcpy_src = torch.empty(executor.rollout_numel, dtype=dtype).normal_()
     rollout_flat = executor.acquire()
     result["memcpy_seconds"] = _timed(lambda: rollout_flat.copy_(memcpy_src), repeats)
+    if push_model is not None:
+        result.update(_time_sglang_push(rank, config, groups, executor, push_model, dtype, bucket_bytes, repeats))
     return result
+
+
+def _time_sglang_push(rank: int, config: ModelConfig, groups, executor, model: str, dtype: torch.dtype,
+                      bucket_bytes: int, repeats: int) -> dict:
+    """The trainer's SGLang weight sync on this plan: reshard into each rank's shared buffer, then hand the
+    buckets to the group's engine (``push_seconds``, the whole ``timing_s/update_weights``), and SGLang's own
+    cost of one weight-update call, measured as a one-element push (``sglang_call_seconds``)."""
+    import torch.distributed as dist
+
+    from verl.engine.rollout.sglang_group import SGLangGroupRollout
+
+    mine = None
+    for index, ranks in enumerate(groups.rollout_tp_groups):  # every rank creates every group, in order
+        group = dist.new_group(list(ranks), backend="gloo") if len(ranks) > 1 else None
+        if rank in ranks:
+            mine = (index, ranks, group)
+    index, ranks, group = mine
+    rollout = SGLangGroupRollout(config, model, ranks, group, dtype, bucket_bytes, group_index=index,
+                                 num_groups=len(groups.rollout_tp_groups), max_rows=4, max_seq_len=64)
+    try:
+        def push():
+            executor.to_rollout(into=rollout.weight_buffer())
+            rollout.push_weights()
+            executor.release()
+
+        out = {"push_seconds": _timed(push, repeats), "push_buckets": len(rollout.ranges)}
+        buckets, rollout.ranges = rollout.ranges, [(0, 1)]
+        out["sglang_call_seconds"] = _timed(rollout.push_weights, repeats)
+        rollout.ranges = buckets
+        return out
+    finally:
+        rollout.shutdown()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -379,6 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="timings are best of this many")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-naive", action="store_true", help="skip timing the naive path")
+    p.add_argument("--push", choices=["sglang"], default=None,
+                   help="also time the trainer's weight sync into SGLang engines (reshard + per-rank push); needs "
+                        "SGLang importable (.venv-sglang/bin/verl)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before every rank is killed")
     return p
 
@@ -400,6 +437,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--bucket-bytes/--repeats: expected positive integers, found "
                              f"{args.bucket_bytes}/{args.repeats}")
         plan_reshard(config, training, RolloutLayout(rollout_tp), 0, args.bucket_bytes, args.dtype)
+        if args.push == "sglang":
+            from verl.engine.rollout.sglang_rollout import SGLangRolloutError, check_cpu_tp, sglang_importable
+
+            if not sglang_importable():
+                raise ValueError(f"--push sglang: expected SGLang importable by {sys.executable}, found none "
+                                 "(bash launch/setup_sglang.sh, then .venv-sglang/bin/verl bench reshard ...)")
+            if not torch.cuda.is_available():
+                try:
+                    check_cpu_tp(config, rollout_tp)
+                except SGLangRolloutError as err:
+                    raise ValueError(f"--push sglang: {err}") from None
     except (ModelConfigError, LayoutError, RolloutLayoutError, ValueError) as exc:
         print(f"verl bench reshard: {exc}", file=sys.stderr)
         return 2
@@ -407,7 +455,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ranks = spawn_gloo_ranks(reshard_rank, args.nproc,
                              (cfg, (training.tp, training.pp, training.dp), rollout_tp, args.dtype,
-                              args.bucket_bytes, args.seed, args.repeats, not args.no_naive), args.timeout)
+                              args.bucket_bytes, args.seed, args.repeats, not args.no_naive,
+                              os.path.abspath(args.model) if args.push else None), args.timeout)
     first = ranks[0]
     received = [r["bytes_received"] for r in ranks]
     seconds = first["seconds"]
@@ -434,6 +483,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["naive_seconds"] = first["naive_seconds"]
         result["naive_verified"] = all(r["naive_verified"] for r in ranks)
         result["naive_over_seconds"] = first["naive_seconds"] / seconds
+    if args.push:
+        # Acceptance of a push: at most twice the in-place reshard of the same plan plus one SGLang call.
+        budget = 2 * seconds + first["sglang_call_seconds"]
+        result.update(push_seconds=first["push_seconds"], push_buckets=first["push_buckets"],
+                      sglang_call_seconds=first["sglang_call_seconds"], push_budget_seconds=budget,
+                      push_over_budget=first["push_seconds"] / budget)
     if not result["verified"]:
         result["mismatched"] = {r["rank"]: r["mismatched"] for r in ranks if not r["verified"]}
     print(first["summary"])

@@ -22,7 +22,8 @@ from verl.hybrid_engine.planner import plan_reshard
 from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
 from verl.models.config import ModelConfig
 
-METRIC_RESHARD_SECONDS = "timing_s/reshard"  # the executor's part of verl's timing_s/update_weights
+# The executor's part of verl's timing_s/update_weights, logged when a push to the engine follows it (SGLang).
+METRIC_RESHARD_SECONDS = "timing_s/reshard"
 
 
 class HybridEngine:
@@ -78,10 +79,13 @@ class HybridEngine:
         into the buffer the engine is then handed (SGLang: ``push_weights``, timed on its own)."""
         self.rollout.resume()
         stats = self.executor.to_rollout(into=self.rollout.weight_buffer())
-        metrics = {**stats.metrics(), METRIC_RESHARD_SECONDS: stats.seconds}
+        metrics = stats.metrics()
         pushed = self.rollout.push_weights()
-        if pushed:  # the engine copied the weights: the executor need not hold the buffer any longer
-            self.executor.release()
+        if pushed:
+            # The weight sync has two parts now (verl's timing_s/update_weights is both): without a push the
+            # reshard is the whole of it and gets no name of its own.
+            metrics[METRIC_RESHARD_SECONDS] = stats.seconds
+            self.executor.release()  # the engine copied the weights: the executor need not hold the buffer
         return {**metrics, **pushed}
 
     def to_training(self) -> None:

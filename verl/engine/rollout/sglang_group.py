@@ -62,6 +62,20 @@ def engine_model_dir(model_path: str, into: str) -> str:
     return into
 
 
+def serialize_handle(tensor: torch.Tensor) -> bytes:
+    """What SGLang's ``MultiprocessingSerializer.serialize`` makes of a tensor (a ForkingPickler dump with torch's
+    reductions: a shared-memory name or a CUDA IPC handle, never the data), without importing SGLang: a rank
+    that owns no engine would otherwise pay SGLang's ~17 s import on 2 cores just to pickle handles."""
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401 - registers torch's tensor and storage reductions
+
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(tensor)
+    return buf.getvalue()
+
+
 def free_port_below_ephemeral(low: int = 20000, high: int = 29999, attempts: int = 64) -> int:
     """A loopback port for an engine's scheduler rendezvous (SGLang's ``nccl_port``), drawn from a generator
     of this process's own: SGLang's own draw uses the global ``random``, which the trainer seeds the same on
@@ -168,6 +182,13 @@ class SGLangGroupRollout:
         else:  # the group's ranks sit on consecutive devices of this host, the owner's first
             args["base_gpu_id"] = torch.cuda.current_device()
         args.update(engine_kwargs)
+        # SGLang's shutdown kills every child of this process, multiprocessing's resource tracker included, and
+        # its start switches multiprocessing to spawn, under which new semaphores register with that tracker.
+        # tqdm makes its write lock on first use: made after the start, it was unregistered at exit with a
+        # fresh tracker that never saw it (a KeyError traceback per rank). Made now, it is never registered.
+        from tqdm import tqdm
+
+        tqdm.get_lock()
         with signals_ignored_by_children():
             self.engine = SGLangRollout(self.config, model_dir, tp_size=self.tp_size, dtype=dtype,
                                         device=self.device, pad_token_id=pad_token_id, seed=seed,
@@ -185,12 +206,10 @@ class SGLangGroupRollout:
     def push_weights(self) -> dict[str, float]:
         """Hand every bucket of this rank's resharded buffer to SGLang TP rank ``tp_rank`` (collective over
         the group). Returns the push's seconds and the handle bytes the owner gathered (rank-local)."""
-        from sglang.srt.utils import MultiprocessingSerializer
-
         if self._buffer is None:
             raise SGLangRolloutError("push: expected a resharded weight buffer, found none (reshard first)")
         start = time.perf_counter()
-        mine = [MultiprocessingSerializer.serialize(self._buffer[a:b]) for a, b in self.ranges]
+        mine = [serialize_handle(self._buffer[a:b]) for a, b in self.ranges]
         if self.group is None:
             gathered = [mine]
         else:
