@@ -20,6 +20,11 @@ REQS="$ROOT/launch/requirements-sglang-cpu.txt"
 CPU_DIR="$ROOT/verl/engine/rollout/sglang_cpu"
 STAMP="$VENV/.verl-sglang-cpu.stamp"
 
+# One install at a time: tests/run_all.sh starts this in the background for the full suite, and the sglang
+# tier's fixture runs it again, waiting here until the first one is done (then the stamp makes it quick).
+exec 9>"$VENV.lock"
+flock 9
+
 # The stamp records what was installed; any change to these inputs reinstalls the changed parts.
 want_stamp="$(cat "$0" "$REQS" "$ROOT/requirements.txt" "$CPU_DIR/sgl_kernel_stub/__init__.py" "$CPU_DIR/torchvision_op_shim.py" | sha256sum | cut -d' ' -f1) $ROOT"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" && -x "$VENV/bin/python" ]]; then
