@@ -438,7 +438,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"{args.bucket_bytes}/{args.repeats}")
         plan_reshard(config, training, RolloutLayout(rollout_tp), 0, args.bucket_bytes, args.dtype)
         if args.push == "sglang":
-            from verl.engine.rollout.sglang_rollout import SGLangRolloutError, check_cpu_tp, sglang_importable
+            from verl.engine.rollout.sglang_rollout import SGLangRolloutError, check_cpu_tp
+            from verl.utils.sglang_env import sglang_importable
 
             if not sglang_importable():
                 raise ValueError(f"--push sglang: expected SGLang importable by {sys.executable}, found none "

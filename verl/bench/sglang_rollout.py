@@ -25,7 +25,8 @@ from collections.abc import Sequence
 
 import torch
 
-from verl.engine.rollout.sglang_rollout import REPO, kv_pool_tokens, sglang_importable, sglang_python
+from verl.engine.rollout.sglang_rollout import kv_pool_tokens
+from verl.utils.sglang_env import REPO, sglang_importable, sglang_python
 from verl.utils.torch_dtypes import DTYPES
 
 

@@ -168,7 +168,8 @@ def _run_rank(args: argparse.Namespace) -> int:
 
 
 def _run_sglang(args: argparse.Namespace, argv: list[str]) -> int:
-    from verl.engine.rollout.sglang_rollout import REPO, check_cpu_tp, sglang_importable, sglang_python
+    from verl.engine.rollout.sglang_rollout import check_cpu_tp
+    from verl.utils.sglang_env import REPO, sglang_importable, sglang_python
 
     config = prepare(args)[0]  # fail here, once, before SGLang starts
     if not torch.cuda.is_available():

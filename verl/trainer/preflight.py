@@ -67,7 +67,8 @@ def check_rollout_engine(config: Any) -> None:
         return
     import sys
 
-    from verl.engine.rollout.sglang_rollout import SGLangRolloutError, check_cpu_tp, sglang_importable
+    from verl.engine.rollout.sglang_rollout import SGLangRolloutError, check_cpu_tp
+    from verl.utils.sglang_env import sglang_importable
 
     if not sglang_importable():
         raise PreflightError(

@@ -126,11 +126,15 @@ def check_slurm() -> Check:
 
 
 def check_sglang() -> Check:
-    version = _version("sglang")
-    if version is None:
-        return Check(WARN, "sglang", "not installed (optional; the native rollout engine is used)",
-                     fix="pip install sglang==0.5.23   (GPU nodes)")
-    return Check(OK, "sglang", version)
+    from verl.utils.sglang_env import sglang_importable, sglang_python
+
+    if sglang_importable():
+        return Check(OK, "sglang", _version("sglang") or "installed, import failed")
+    if os.path.isfile(sglang_python()):
+        return Check(OK, "sglang", f"in {os.path.dirname(os.path.dirname(sglang_python()))} (rollout.name=sglang runs "
+                                   "under its bin/verl)")
+    return Check(WARN, "sglang", "not installed (optional; the native rollout engine is used)",
+                 fix="bash launch/setup_sglang.sh   (CPU route, .venv-sglang; GPU nodes: SGLang's own install)")
 
 
 def check_apex() -> Check:

@@ -18,7 +18,6 @@ Semantics that differ from the native engine (SGLang's own behaviour, kept):
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -32,7 +31,6 @@ from verl.hybrid_engine.rollout_layout import rollout_param_specs
 from verl.models.config import ModelConfig
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_TYPES
 
 
@@ -43,19 +41,6 @@ def bucket_ranges(numel: int, bucket_elems: int) -> list[tuple[int, int]]:
 
 class SGLangRolloutError(RuntimeError):
     """SGLang refused a request (engine start, weight update) or returned something unexpected."""
-
-
-def sglang_python() -> str:
-    """The python of the environment SGLang lives in when it is not importable here (the CPU route
-    installs it into .venv-sglang): ``VERL_SGLANG_PYTHON``, default ``<repo>/.venv-sglang/bin/python``."""
-    return os.environ.get("VERL_SGLANG_PYTHON", os.path.join(REPO, ".venv-sglang", "bin", "python"))
-
-
-def sglang_importable() -> bool:
-    """SGLang is installed in this Python. A folder named ``sglang`` on the path (tests/sglang under pytest)
-    is a namespace package, not SGLang: it has no ``__init__`` file of its own."""
-    spec = importlib.util.find_spec("sglang")
-    return spec is not None and spec.origin not in (None, "namespace")
 
 
 def check_cpu_tp(config: ModelConfig, tp_size: int) -> None:
