@@ -160,8 +160,12 @@ class SGLangGroupRollout:
             # SGLang's schedulers, children of another rank, do not hold).
             torch.multiprocessing.set_sharing_strategy("file_system")
         if self.is_owner:
-            self._start_engine(model_path, dtype, pad_token_id, seed, group_index, num_groups, max_rows,
-                               max_seq_len, mem_fraction_static, dict(engine_kwargs or {}))
+            try:
+                self._start_engine(model_path, dtype, pad_token_id, seed, group_index, num_groups, max_rows,
+                                   max_seq_len, mem_fraction_static, dict(engine_kwargs or {}))
+            except BaseException:
+                self.shutdown()  # the temporary model directory of a failed start
+                raise
 
     @property
     def is_owner(self) -> bool:
