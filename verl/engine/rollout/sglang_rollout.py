@@ -1,12 +1,14 @@
-"""The SGLang rollout engine: one ``sglang.Engine`` per rollout TP group, fed in place by the hybrid engine.
+"""The SGLang rollout engine: one ``sglang.Engine`` (all of a rollout TP group's ranks), driven from one process.
 
 The engine runs SGLang's model in its own processes (one per rollout TP rank). Prompts go in as
 token ids (no tokenizer: ``skip_tokenizer_init``); responses come back with per-token logprobs and
-are returned in verl's fields through :class:`BaseRollout`. Weights are pushed with
-:meth:`SGLangRollout.update_weights`: each rollout TP rank's flat buffer (``rollout_param_specs``
-order, as the hybrid engine's executor produces it) travels in buckets through SGLang's
-``update_weights_from_tensor`` with our custom loader (``sglang_cpu.loader``), which copies each
-bucket into SGLang's parameters with ``verl._C`` copy programs. On CPU the engine uses SGLang's
+are returned in verl's fields through :class:`BaseRollout`. Weights arrive as serialized buckets of
+each rollout TP rank's flat buffer (``rollout_param_specs`` order, as the hybrid engine's executor
+produces it): :meth:`SGLangRollout.push_serialized` sends them in one ``update_weights_from_tensor``
+call with our custom loader (``sglang_cpu.loader``), which copies each bucket into SGLang's parameters
+with ``verl._C`` copy programs. :meth:`SGLangRollout.update_weights` does it for buffers all held by
+this process (``verl generate``, the benches); in the trainer every rank holds its own and
+``sglang_group.SGLangGroupRollout`` gathers only their handles. On CPU the engine uses SGLang's
 torch-native attention and no CUDA graphs (the route in launch/setup_sglang.sh).
 
 Semantics that differ from the native engine (SGLang's own behaviour, kept):
