@@ -80,7 +80,7 @@ def test_a_handle_is_metadata_and_opens_the_same_shared_memory():
     import torch
     import torch.multiprocessing
 
-    from verl.engine.rollout.sglang_group import serialize_handle
+    from verl.engine.rollout.sglang_rollout import serialize_handle
 
     before = torch.multiprocessing.get_sharing_strategy()
     torch.multiprocessing.set_sharing_strategy("file_system")

@@ -360,16 +360,11 @@ def _time_sglang_push(rank: int, config: ModelConfig, groups, executor, model: s
     """The trainer's SGLang weight sync on this plan: reshard into each rank's shared buffer, then hand the
     buckets to the group's engine (``push_seconds``, the whole ``timing_s/update_weights``), and SGLang's own
     cost of one weight-update call, measured as a one-element push (``sglang_call_seconds``)."""
-    import torch.distributed as dist
 
     from verl.engine.rollout.sglang_group import SGLangGroupRollout
+    from verl.hybrid_engine.hybrid_engine import rollout_tp_process_group
 
-    mine = None
-    for index, ranks in enumerate(groups.rollout_tp_groups):  # every rank creates every group, in order
-        group = dist.new_group(list(ranks), backend="gloo") if len(ranks) > 1 else None
-        if rank in ranks:
-            mine = (index, ranks, group)
-    index, ranks, group = mine
+    index, ranks, group = rollout_tp_process_group(groups, rank, backend="gloo")
     rollout = SGLangGroupRollout(config, model, ranks, group, dtype, bucket_bytes, group_index=index,
                                  num_groups=len(groups.rollout_tp_groups), max_rows=4, max_seq_len=64)
     try:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from verl.hybrid_engine.executor import ReshardExecutor, ReshardProcessGroups, offsets_from_views
-from verl.hybrid_engine.groups import derive_groups
+from verl.hybrid_engine.groups import ReshardGroups, derive_groups
 from verl.hybrid_engine.layouts import TrainingLayout, training_param_specs
 from verl.hybrid_engine.planner import plan_reshard
 from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
@@ -24,6 +24,17 @@ from verl.models.config import ModelConfig
 
 # The executor's part of verl's timing_s/update_weights, logged when a push to the engine follows it (SGLang).
 METRIC_RESHARD_SECONDS = "timing_s/reshard"
+
+
+def rollout_tp_process_group(groups: ReshardGroups, rank: int, backend: str | None = None):
+    """``(rollout DP index, ranks, process group)`` of ``rank``'s rollout TP group; the group is None when it is
+    one rank. Every rank creates every group, in the same order, as ``dist.new_group`` requires."""
+    mine = None
+    for index, ranks in enumerate(groups.rollout_tp_groups):
+        group = dist.new_group(list(ranks), backend=backend) if len(ranks) > 1 else None
+        if rank in ranks:
+            mine = (index, ranks, group)
+    return mine
 
 
 class HybridEngine:

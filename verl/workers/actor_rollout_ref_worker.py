@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from verl.hybrid_engine.groups import derive_groups
-from verl.hybrid_engine.hybrid_engine import HybridEngine
+from verl.hybrid_engine.hybrid_engine import HybridEngine, rollout_tp_process_group
 from verl.hybrid_engine.layouts import TrainingLayout
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
@@ -160,16 +160,12 @@ class ActorRolloutRefWorker(Worker):
         rollout_tp = arr.rollout.tensor_model_parallel_size
         groups = derive_groups(training, rollout_tp)
         rank = dist.get_rank()
-        self.rollout_tp_rank = groups.rollout_tp_rank[rank]
-        self.rollout_dp_rank = [i for i, g in enumerate(groups.rollout_tp_groups) if rank in g][0]
-        self.rollout_dp_size = len(groups.rollout_tp_groups)
         use_sglang = arr.rollout.name == "sglang"
-        tp_group = None
-        for ranks in groups.rollout_tp_groups:  # every rank creates every group, in the same order
-            # SGLang's group only moves handles between its ranks (gloo, whatever the training backend).
-            group = dist.new_group(list(ranks), backend="gloo" if use_sglang else None) if rollout_tp > 1 else None
-            if rank in ranks:
-                tp_group, my_group_ranks = group, ranks
+        # SGLang's group only moves handles between its ranks (gloo, whatever the training backend).
+        self.rollout_dp_rank, my_group_ranks, tp_group = rollout_tp_process_group(
+            groups, rank, backend="gloo" if use_sglang else None)
+        self.rollout_tp_rank = groups.rollout_tp_rank[rank]
+        self.rollout_dp_size = len(groups.rollout_tp_groups)
         self.tokenizer = tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer is not None else 0
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None

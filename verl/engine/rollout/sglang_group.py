@@ -37,9 +37,11 @@ from verl.engine.rollout.sglang_cpu.loader import spec_offsets
 from verl.engine.rollout.sglang_rollout import (
     SGLangRollout,
     SGLangRolloutError,
+    bucket_elems,
     bucket_ranges,
     cpu_threads_bind,
     kv_pool_tokens,
+    serialize_handle,
 )
 from verl.hybrid_engine.rollout_layout import rollout_param_specs
 from verl.models.config import ModelConfig
@@ -60,20 +62,6 @@ def engine_model_dir(model_path: str, into: str) -> str:
     with open(os.path.join(into, "config.json"), "w", encoding="utf-8") as dst:
         json.dump(config, dst)
     return into
-
-
-def serialize_handle(tensor: torch.Tensor) -> bytes:
-    """What SGLang's ``MultiprocessingSerializer.serialize`` makes of a tensor (a ForkingPickler dump with torch's
-    reductions: a shared-memory name or a CUDA IPC handle, never the data), without importing SGLang: a rank
-    that owns no engine would otherwise pay SGLang's ~17 s import on 2 cores just to pickle handles."""
-    import io
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch.multiprocessing  # noqa: F401 - registers torch's tensor and storage reductions
-
-    buf = io.BytesIO()
-    ForkingPickler(buf).dump(tensor)
-    return buf.getvalue()
 
 
 def free_port_below_ephemeral(low: int = 20000, high: int = 29999, attempts: int = 64) -> int:
@@ -147,10 +135,7 @@ class SGLangGroupRollout:
         self.free_cache_engine = free_cache_engine
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.numel = spec_offsets(rollout_param_specs(config, self.tp_size, self.tp_rank))[1]
-        element = torch.empty((), dtype=dtype).element_size()
-        if self.bucket_bytes < element:
-            raise SGLangRolloutError(f"bucket_bytes: expected >= one element ({element} bytes), found {bucket_bytes}")
-        self.ranges = bucket_ranges(self.numel, self.bucket_bytes // element)
+        self.ranges = bucket_ranges(self.numel, bucket_elems(dtype, self.bucket_bytes))
         self._buffer: torch.Tensor | None = None
         self.engine: SGLangRollout | None = None
         self._model_dir: str | None = None
@@ -173,9 +158,10 @@ class SGLangGroupRollout:
 
     def _start_engine(self, model_path, dtype, pad_token_id, seed, group_index, num_groups, max_rows, max_seq_len,
                       mem_fraction_static, engine_kwargs) -> None:
-        if not os.path.isdir(model_path):
+        model_dir = model_path
+        if not os.path.isdir(model_path):  # a bare config.json: SGLang needs a directory
             self._model_dir = tempfile.mkdtemp(prefix="verl_sglang_model_")
-        model_dir = engine_model_dir(model_path, self._model_dir) if self._model_dir else model_path
+            model_dir = engine_model_dir(model_path, self._model_dir)
         # sleep_on_idle: an idle scheduler blocks on its sockets instead of spinning, which took the cores
         # the colocated training phases run on (they ran 3-4x slower beside two spinning engines on 2 cores).
         args: dict[str, Any] = dict(load_format="dummy", nccl_port=free_port_below_ephemeral(), sleep_on_idle=True)

@@ -45,6 +45,28 @@ class SGLangRolloutError(RuntimeError):
     """SGLang refused a request (engine start, weight update) or returned something unexpected."""
 
 
+def bucket_elems(dtype: torch.dtype, bucket_bytes: int) -> int:
+    """Elements of ``dtype`` in a bucket of at most ``bucket_bytes`` (at least one element)."""
+    element = torch.empty((), dtype=dtype).element_size()
+    if bucket_bytes < element:
+        raise SGLangRolloutError(f"bucket_bytes: expected >= one element ({element} bytes), found {bucket_bytes}")
+    return bucket_bytes // element
+
+
+def serialize_handle(tensor: torch.Tensor) -> bytes:
+    """What SGLang's ``MultiprocessingSerializer.serialize`` makes of a tensor (a ForkingPickler dump with torch's
+    reductions: a shared-memory name or a CUDA IPC handle, never the data), without importing SGLang: a rank
+    that owns no engine would otherwise pay SGLang's ~17 s import on 2 cores just to pickle handles."""
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401 - registers torch's tensor and storage reductions
+
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(tensor)
+    return buf.getvalue()
+
+
 def check_cpu_tp(config: ModelConfig, tp_size: int) -> None:
     """SGLang's CPU path pads attention heads instead of replicating KV heads (see sglang_cpu.loader),
     so a rollout-layout weight push matches it only when tp divides both head counts."""
@@ -170,10 +192,7 @@ class SGLangRollout(BaseRollout):
     def bucket_ranges(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[tuple[int, int]]:
         """Element ranges ``[start, end)`` cutting one rank's flat buffer into buckets of at most
         ``bucket_bytes`` (every rank's buffer has the same size, so the ranges are the group's)."""
-        element = torch.empty((), dtype=self.dtype).element_size()
-        if bucket_bytes < element:
-            raise SGLangRolloutError(f"bucket_bytes: expected >= one element ({element} bytes), found {bucket_bytes}")
-        return bucket_ranges(self.rank_numel(0), bucket_bytes // element)
+        return bucket_ranges(self.rank_numel(0), bucket_elems(self.dtype, bucket_bytes))
 
     def update_weights(self, rank_buffers: Sequence[torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
         """Push every TP rank's flat rollout buffer, all held by this process, into the running engine;
@@ -183,15 +202,12 @@ class SGLangRollout(BaseRollout):
         engine's dtype). It is cut into buckets of at most ``bucket_bytes``; SGLang rank r opens only
         rank r's buckets (shared memory on CPU, IPC on GPU).
         """
-        from sglang.srt.utils import MultiprocessingSerializer
-
         if len(rank_buffers) != self.tp_size:
             raise SGLangRolloutError(f"update_weights: expected {self.tp_size} rank buffers, found {len(rank_buffers)}")
         for rank, flat in enumerate(rank_buffers):
             self.check_rank_buffer(rank, flat)
         ranges = self.bucket_ranges(bucket_bytes)
-        payloads = [[MultiprocessingSerializer.serialize(flat[start:end]) for start, end in ranges]
-                    for flat in rank_buffers]
+        payloads = [[serialize_handle(flat[start:end]) for start, end in ranges] for flat in rank_buffers]
         self.push_serialized(ranges, payloads)
         return len(ranges)
 
@@ -205,8 +221,8 @@ class SGLangRollout(BaseRollout):
 
     def push_serialized(self, ranges: Sequence[tuple[int, int]], payloads: Sequence[Sequence[bytes]]) -> None:
         """Load serialized buckets into the engine: ``payloads[r][k]`` is TP rank r's bucket k (elements
-        ``ranges[k]`` of its flat buffer), as ``MultiprocessingSerializer.serialize`` made it in whichever
-        process holds that buffer. One ``update_weights_from_tensor`` call carries every bucket (one
+        ``ranges[k]`` of its flat buffer), as :func:`serialize_handle` made it in whichever process holds
+        that buffer. One ``update_weights_from_tensor`` call carries every bucket (one
         scheduler round trip per push); SGLang rank r deserializes only ``payloads[r]`` and our loader
         copies each bucket into its parameters."""
         from sglang.srt.model_executor.model_runner_components.weight_updater import LocalSerializedTensor
