@@ -33,9 +33,13 @@ from verl.utils.torch_dtypes import DTYPES
 from verl.workers.role_utils import (
     ACTOR_FIELDS,
     batch_fields,
+    dp_group_and_size,
     engine_options,
     ensure_megatron,
+    fsdp_dp_mesh,
+    fsdp_engine,
     global_batch_info,
+    is_fsdp,
     load_initial_weights,
     mean_metrics,
     megatron_mesh,
@@ -109,16 +113,23 @@ def policy_loss_fn(cfg: Any, counts: dict[str, int], on_policy: bool = False) ->
     return loss_fn
 
 
+def _copy_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """The reference starts as the initial actor: copy each local parameter (same layout on both sides:
+    Megatron shards, or FSDP DTensor shards on the same mesh)."""
+    params = dict(source.named_parameters())
+    with torch.no_grad():
+        for name, param in target.named_parameters():
+            src = params[name]
+            dst = param.to_local() if hasattr(param, "to_local") else param
+            dst.copy_(src.to_local() if hasattr(src, "to_local") else src)
+
+
 # --------------------------------------------------------------------------- the worker
 class ActorRolloutRefWorker(Worker):
     """``role``: "actor_rollout_ref" (with reference policy) or "actor_rollout"."""
 
     def __init__(self, config: Any, role: str = "actor_rollout_ref", total_training_steps: int = 1,
                  tokenizer: Any = None):
-        from megatron.core import parallel_state as mpu
-
-        from verl.engine.megatron.actor import MegatronActor
-        from verl.engine.megatron.engine import MegatronEngine
         from verl.engine.rollout.base import SamplingParams
         from verl.engine.rollout.native.engine import NativeRollout
 
@@ -127,36 +138,23 @@ class ActorRolloutRefWorker(Worker):
         self.config = config
         arr = config.actor_rollout_ref
         self.actor_config, self.rollout_config = arr.actor, arr.rollout
+        self.strategy = arr.actor.strategy
         if loss_mode(arr.actor) == "gspo" and arr.actor.loss_agg_mode != core_algos.GSPO_LOSS_AGG_MODE:
             logger.warning("actor.policy_loss.loss_mode=gspo aggregates the policy loss %s (GSPO's objective, as "
                            "verl) whatever actor.loss_agg_mode=%s says; the entropy and KL terms use %s",
                            core_algos.GSPO_LOSS_AGG_MODE, arr.actor.loss_agg_mode, arr.actor.loss_agg_mode)
-        mega = arr.actor.megatron
-        ensure_megatron(mega.tensor_model_parallel_size, mega.pipeline_model_parallel_size, mega.seed)
         self.model_config = ModelConfig.from_pretrained(arr.model.path)
-        self.dp_size = mpu.get_data_parallel_world_size()
-
-        engine = MegatronEngine(self.model_config, optim=optim_config(arr.actor.optim, total_training_steps,
-                                                                      mega.use_distributed_optimizer),
-                                **engine_options(mega, arr.model))
-        load_initial_weights(engine, arr.model.path, self.model_config, "lm")
         self.log_prob_max_token_len = token_budget(arr.rollout, "log_prob_use_dynamic_bsz",
                                                    "log_prob_max_token_len_per_gpu")
-        self.actor = MegatronActor(engine, micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu,
-                                   max_token_len=self.log_prob_max_token_len)
-        self.ref = None
-        if role == "actor_rollout_ref":
-            ref_engine = MegatronEngine(self.model_config, optim=None, **engine_options(arr.ref.megatron))
-            actor_params = dict(engine.module.named_parameters())
-            with torch.no_grad():
-                for name, param in ref_engine.module.named_parameters():
-                    param.copy_(actor_params[name])
-            self.ref = MegatronActor(ref_engine, micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
-                                     max_token_len=token_budget(arr.ref, "log_prob_use_dynamic_bsz",
-                                                                "log_prob_max_token_len_per_gpu"))
+        ref_options = dict(micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
+                           max_token_len=token_budget(arr.ref, "log_prob_use_dynamic_bsz",
+                                                      "log_prob_max_token_len_per_gpu"))
+        if is_fsdp(self.strategy):
+            engine, training = self._fsdp_actor(arr, total_training_steps, role, ref_options)
+        else:
+            engine, training = self._megatron_actor(arr, total_training_steps, role, ref_options)
+        self.dp_size = dp_group_and_size(self.strategy)[1]
 
-        training = TrainingLayout(tp=mega.tensor_model_parallel_size, pp=mega.pipeline_model_parallel_size,
-                                  dp=self.dp_size)
         rollout_tp = arr.rollout.tensor_model_parallel_size
         groups = derive_groups(training, rollout_tp)
         rank = dist.get_rank()
@@ -187,6 +185,47 @@ class ActorRolloutRefWorker(Worker):
         self.val_sampling = SamplingParams(temperature=val.temperature, top_p=val.top_p, top_k=val.top_k,
                                            do_sample=val.do_sample, n=val.n, **common)
 
+    def _megatron_actor(self, arr: Any, total_training_steps: int, role: str, ref_options: dict):
+        """Actor (and reference) on Megatron; returns (actor engine, training layout)."""
+        from megatron.core import parallel_state as mpu
+
+        from verl.engine.megatron.actor import MegatronActor
+        from verl.engine.megatron.engine import MegatronEngine
+
+        mega = arr.actor.megatron
+        ensure_megatron(mega.tensor_model_parallel_size, mega.pipeline_model_parallel_size, mega.seed)
+        engine = MegatronEngine(self.model_config, optim=optim_config(arr.actor.optim, total_training_steps,
+                                                                      mega.use_distributed_optimizer),
+                                **engine_options(mega, arr.model))
+        load_initial_weights(engine, arr.model.path, self.model_config, "lm")
+        self.actor = MegatronActor(engine, micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu,
+                                   max_token_len=self.log_prob_max_token_len)
+        self.ref = None
+        if role == "actor_rollout_ref":
+            ref_engine = MegatronEngine(self.model_config, optim=None, **engine_options(arr.ref.megatron))
+            _copy_weights(engine.module, ref_engine.module)
+            self.ref = MegatronActor(ref_engine, **ref_options)
+        training = TrainingLayout(tp=mega.tensor_model_parallel_size, pp=mega.pipeline_model_parallel_size,
+                                  dp=mpu.get_data_parallel_world_size())
+        return engine, training
+
+    def _fsdp_actor(self, arr: Any, total_training_steps: int, role: str, ref_options: dict):
+        """Actor (and reference) on FSDP2; returns (actor engine, training layout)."""
+        from verl.engine.fsdp.roles import FSDPActor
+        from verl.hybrid_engine.layouts import FSDPLayout
+
+        seed = int(self.config.trainer.seed)
+        optim = optim_config(arr.actor.optim, total_training_steps, clip_grad=arr.actor.get("grad_clip"))
+        engine = fsdp_engine(self.model_config, arr.model.path, "lm", arr.actor, arr.model, optim, seed)
+        self.actor = FSDPActor(engine, micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu,
+                               max_token_len=self.log_prob_max_token_len)
+        self.ref = None
+        if role == "actor_rollout_ref":
+            ref_engine = fsdp_engine(self.model_config, arr.model.path, "lm", arr.ref, arr.model, None, seed)
+            _copy_weights(engine.module, ref_engine.module)
+            self.ref = FSDPActor(ref_engine, **ref_options)
+        return engine, FSDPLayout(shard=engine.mesh.shard_size, replicate=engine.mesh.replicate_size)
+
     def _sglang_rollout(self, config: Any, group_ranks: tuple[int, ...], tp_group: Any, pad_id: int):
         """One SGLang engine per rollout TP group, owned by the group's first rank (see sglang_group)."""
         from verl.engine.rollout.sglang_group import SGLangGroupRollout
@@ -212,7 +251,7 @@ class ActorRolloutRefWorker(Worker):
             stop()
 
     def dispatch_meshes(self) -> dict[str, MeshRank]:
-        return {"megatron": megatron_mesh(),
+        return {"megatron": fsdp_dp_mesh() if is_fsdp(self.strategy) else megatron_mesh(),
                 "rollout": MeshRank(self.rollout_dp_rank, self.rollout_dp_size, self.rollout_tp_rank == 0)}
 
     # ------------------------------------------------------------------ generation
@@ -299,7 +338,7 @@ class ActorRolloutRefWorker(Worker):
         try:
             seed = int(data.meta_info.get("seed", 0))
             for batch in ppo_mini_batches(fields, mini, cfg.ppo_epochs, cfg.shuffle, seed):
-                loss_fn = policy_loss_fn(cfg, global_batch_info(batch["response_mask"]), on_policy)
+                loss_fn = policy_loss_fn(cfg, global_batch_info(batch["response_mask"], self.strategy), on_policy)
                 m = self.actor.update_policy(batch, loss_fn, calculate_entropy=cfg.entropy_coeff != 0,
                                              temperature=self.log_prob_temperature, global_loss=True,
                                              summed_metrics=POLICY_LOSS_SHARES)
@@ -314,24 +353,39 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        """Megatron model + optimizer; the iteration recorded is the optimizer's step count (Adam's t)."""
+        """Model + optimizer (Megatron dist_checkpointing or FSDP's DCP); the iteration recorded is the
+        optimizer's step count (Adam's t). RNG states are the trainer's (rng/rank<r>.pt)."""
+        engine = self.actor.engine
+        if is_fsdp(self.strategy):
+            from verl.engine.fsdp.checkpoint import save_checkpoint as save_fsdp
+
+            save_fsdp(engine, path, engine.optimizer_steps)
+            return
         from verl.engine.megatron.checkpoint import save_checkpoint
 
-        save_checkpoint(self.actor.engine, path, int(self.actor.engine.scheduler.num_steps),
-                        with_rng=False)  # the trainer saves every RNG in rng/rank<r>.pt
+        save_checkpoint(engine, path, int(engine.scheduler.num_steps), with_rng=False)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> int:
-        from verl.engine.megatron.checkpoint import load_checkpoint
-
         if self._rollout_synced:
             self._release_rollout()
+        if is_fsdp(self.strategy):
+            from verl.engine.fsdp.checkpoint import load_checkpoint as load_fsdp
+
+            return load_fsdp(self.actor.engine, path)
+        from verl.engine.megatron.checkpoint import load_checkpoint
+
         return load_checkpoint(self.actor.engine, path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
         """The actor as an HF model directory at ``path`` (replaced atomically; see ``models/hf_export.py``)."""
+        model_path = self.config.actor_rollout_ref.model.path
+        if is_fsdp(self.strategy):
+            from verl.engine.fsdp.hf_export import export_actor_hf as export_fsdp
+
+            export_fsdp(self.actor.engine, model_path, path, self.tokenizer)
+            return
         from verl.models.hf_export import export_actor_hf
 
-        export_actor_hf(self.actor.engine, self.model_config, self.config.actor_rollout_ref.model.path, path,
-                        self.tokenizer)
+        export_actor_hf(self.actor.engine, self.model_config, model_path, path, self.tokenizer)

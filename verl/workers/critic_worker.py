@@ -1,7 +1,8 @@
-"""The critic (value model) on Megatron, colocated with the actor: values and PPO value updates.
+"""The critic (value model), colocated with the actor: values and PPO value updates.
 
-It shares the actor's Megatron (t, p, d) layout (one parallel state per process) and its batches
-are split over Megatron DP replicas (MEGATRON_COMPUTE_PROTO).
+On Megatron it shares the actor's (t, p, d) layout (one parallel state per process) and its batches are
+split over Megatron DP replicas (MEGATRON_COMPUTE_PROTO); on FSDP (``critic.strategy=fsdp``) it shares the
+actor's mesh and every rank is a DP replica.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ from verl.trainer.ppo import core_algos
 from verl.workers.role_utils import (
     ACTOR_FIELDS,
     batch_fields,
+    dp_group_and_size,
     engine_options,
     ensure_megatron,
+    fsdp_dp_mesh,
+    fsdp_engine,
     global_batch_info,
+    is_fsdp,
     load_initial_weights,
     mean_metrics,
     megatron_mesh,
@@ -49,29 +54,37 @@ def value_loss_fn(cfg: Any, counts: dict[str, int]) -> Callable:
 
 class CriticWorker(Worker):
     def __init__(self, config: Any, total_training_steps: int = 1):
-        from megatron.core import parallel_state as mpu
-
-        from verl.engine.megatron.critic import MegatronCritic
-        from verl.engine.megatron.engine import MegatronEngine
-
         self.config = config.critic
+        self.strategy = self.config.strategy
         self.n = config.actor_rollout_ref.rollout.n
-        mega = self.config.megatron  # the actor's layout (checked at config time: one parallel state per process)
-        ensure_megatron(mega.tensor_model_parallel_size, mega.pipeline_model_parallel_size, mega.seed)
-        self.dp_size = mpu.get_data_parallel_world_size()
         model_config = ModelConfig.from_pretrained(self.config.model.path)
-        engine = MegatronEngine(model_config, head="value",
-                                optim=optim_config(self.config.optim, total_training_steps,
-                                                   mega.use_distributed_optimizer),
-                                **engine_options(mega))
-        load_initial_weights(engine, self.config.model.path, model_config, "value")
-        self.critic = MegatronCritic(
-            engine, micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,
-            max_token_len=token_budget(self.config, "use_dynamic_bsz", "ppo_max_token_len_per_gpu"),
-            forward_max_token_len=token_budget(self.config, "use_dynamic_bsz", "forward_max_token_len_per_gpu"))
+        options = dict(micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,
+                       max_token_len=token_budget(self.config, "use_dynamic_bsz", "ppo_max_token_len_per_gpu"),
+                       forward_max_token_len=token_budget(self.config, "use_dynamic_bsz",
+                                                          "forward_max_token_len_per_gpu"))
+        if is_fsdp(self.strategy):
+            from verl.engine.fsdp.roles import FSDPCritic
+
+            optim = optim_config(self.config.optim, total_training_steps, clip_grad=self.config.get("grad_clip"))
+            engine = fsdp_engine(model_config, self.config.model.path, "value", self.config,
+                                 config.actor_rollout_ref.model, optim, int(config.trainer.seed))
+            self.critic = FSDPCritic(engine, **options)
+        else:
+            from verl.engine.megatron.critic import MegatronCritic
+            from verl.engine.megatron.engine import MegatronEngine
+
+            mega = self.config.megatron  # the actor's layout (checked at config time: one parallel state per process)
+            ensure_megatron(mega.tensor_model_parallel_size, mega.pipeline_model_parallel_size, mega.seed)
+            engine = MegatronEngine(model_config, head="value",
+                                    optim=optim_config(self.config.optim, total_training_steps,
+                                                       mega.use_distributed_optimizer),
+                                    **engine_options(mega))
+            load_initial_weights(engine, self.config.model.path, model_config, "value")
+            self.critic = MegatronCritic(engine, **options)
+        self.dp_size = dp_group_and_size(self.strategy)[1]
 
     def dispatch_meshes(self) -> dict[str, MeshRank]:
-        return {"megatron": megatron_mesh()}
+        return {"megatron": fsdp_dp_mesh() if is_fsdp(self.strategy) else megatron_mesh()}
 
     @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
@@ -87,7 +100,7 @@ class CriticWorker(Worker):
         mini = cfg.ppo_mini_batch_size * self.n // self.dp_size
         steps = []
         for batch in ppo_mini_batches(fields, mini, cfg.ppo_epochs, cfg.shuffle, int(data.meta_info.get("seed", 0))):
-            loss_fn = value_loss_fn(cfg, global_batch_info(batch["response_mask"]))
+            loss_fn = value_loss_fn(cfg, global_batch_info(batch["response_mask"], self.strategy))
             m = self.critic.update_critic(batch, loss_fn, global_loss=True, summed_metrics=("critic/vf_loss",))
             steps.append({k: v for k, v in m.items() if k.startswith("critic/")}
                          | {"critic/grad_norm": m["grad_norm"], "critic/lr": m["lr"]})
@@ -95,13 +108,23 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        """Megatron model + optimizer; the iteration recorded is the optimizer's step count (Adam's t)."""
+        """Model + optimizer; the iteration recorded is the optimizer's step count (Adam's t)."""
+        engine = self.critic.engine
+        if is_fsdp(self.strategy):
+            from verl.engine.fsdp.checkpoint import save_checkpoint as save_fsdp
+
+            save_fsdp(engine, path, engine.optimizer_steps)
+            return
         from verl.engine.megatron.checkpoint import save_checkpoint
 
-        save_checkpoint(self.critic.engine, path, int(self.critic.engine.scheduler.num_steps), with_rng=False)
+        save_checkpoint(engine, path, int(engine.scheduler.num_steps), with_rng=False)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> int:
+        if is_fsdp(self.strategy):
+            from verl.engine.fsdp.checkpoint import load_checkpoint as load_fsdp
+
+            return load_fsdp(self.critic.engine, path)
         from verl.engine.megatron.checkpoint import load_checkpoint
 
         return load_checkpoint(self.critic.engine, path)

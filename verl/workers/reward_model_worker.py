@@ -1,4 +1,4 @@
-"""The model-based reward: a Megatron reward model (score head) colocated with the actor, hot-swappable.
+"""The model-based reward: a reward model (score head, on Megatron or FSDP) colocated with the actor, hot-swappable.
 
 ``compute_rm_score`` reads ``input_ids``/``attention_mask``/``position_ids`` [B, P+R] and
 ``responses`` [B, R] (the actor's tokens: the reward model shares the actor's tokenizer) and returns
@@ -30,8 +30,12 @@ from verl.single_controller import Dispatch, MeshRank, Worker, register
 from verl.workers.role_utils import (
     ACTOR_FIELDS,
     batch_fields,
+    dp_group_and_size,
     engine_options,
     ensure_megatron,
+    fsdp_dp_mesh,
+    fsdp_engine,
+    is_fsdp,
     load_initial_weights,
     megatron_mesh,
 )
@@ -61,33 +65,43 @@ def checkpoint_fingerprint(path: str) -> tuple:
 
 class RewardModelWorker(Worker):
     def __init__(self, config: Any):
-        from megatron.core import parallel_state as mpu
-
         self.config = config.reward_model
-        mega = config.actor_rollout_ref.actor.megatron
-        ensure_megatron(mega.tensor_model_parallel_size, mega.pipeline_model_parallel_size, mega.seed)
-        self.dp_size = mpu.get_data_parallel_world_size()
+        self.strategy = self.config.strategy
+        self.seed = int(config.trainer.seed)
+        if not is_fsdp(self.strategy):
+            mega = config.actor_rollout_ref.actor.megatron
+            ensure_megatron(mega.tensor_model_parallel_size, mega.pipeline_model_parallel_size, mega.seed)
+        self.dp_size = dp_group_and_size(self.strategy)[1]
         self.rm = None
         self.model_path = None
         self._load(self.config.model.path)
 
     def _load(self, path: str) -> None:
-        from verl.engine.megatron.critic import MegatronRewardModel
-        from verl.engine.megatron.engine import MegatronEngine
-
         if not os.path.isdir(path):
             raise FileNotFoundError(f"reward model: expected an HF checkpoint directory, found nothing at {path}")
         model_config = ModelConfig.from_pretrained(path)
+        micro = self.config.micro_batch_size_per_gpu
+        if is_fsdp(self.strategy):
+            from verl.engine.fsdp.roles import FSDPRewardModel
+
+            # Forward-only: a swap rebuilds the sharded model from the new directory (no optimizer to keep).
+            self.rm = FSDPRewardModel(fsdp_engine(model_config, path, "score", self.config, None, None, self.seed),
+                                      micro_batch_size=micro)
+            self.model_path = path
+            return
+        from verl.engine.megatron.critic import MegatronRewardModel
+        from verl.engine.megatron.engine import MegatronEngine
+
         if self.rm is None or self.rm.engine.config != model_config:
             # Forward-only: rebuilding costs one model's memory, no optimizer state is lost.
             self.rm = MegatronRewardModel(MegatronEngine(model_config, head="score", optim=None,
                                                          **engine_options(self.config.megatron)),
-                                          micro_batch_size=self.config.micro_batch_size_per_gpu)
+                                          micro_batch_size=micro)
         load_initial_weights(self.rm.engine, path, model_config, "score")
         self.model_path = path
 
     def dispatch_meshes(self) -> dict[str, MeshRank]:
-        return {"megatron": megatron_mesh()}
+        return {"megatron": fsdp_dp_mesh() if is_fsdp(self.strategy) else megatron_mesh()}
 
     @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:

@@ -1,5 +1,6 @@
-"""Helpers shared by the Megatron roles (actor/rollout/ref, critic, reward model): parallel state,
-optimizer config, initial weights, PPO mini-batches, batch fields and metrics."""
+"""Helpers shared by the roles (actor/rollout/ref, critic, reward model) on either training backend
+(``strategy``: megatron, or fsdp / fsdp2 = FSDP2): parallel state, engines, optimizer config, initial
+weights, PPO mini-batches, batch fields and metrics."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ from verl.single_controller import MeshRank
 from verl.utils.device import get_device
 
 ACTOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses")
+FSDP_STRATEGIES = ("fsdp", "fsdp2")  # verl: fsdp = FSDP1, fsdp2 = FSDP2; both run on FSDP2 here
+
+
+def is_fsdp(strategy: str) -> bool:
+    return strategy in FSDP_STRATEGIES
 
 
 def ensure_megatron(tp: int, pp: int, seed: int) -> None:
@@ -38,16 +44,69 @@ def megatron_mesh() -> MeshRank:
     return MeshRank(mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size(),
                     mpu.is_pipeline_last_stage() and mpu.get_tensor_model_parallel_rank() == 0)
 
-def optim_config(optim: Any, total_training_steps: int, use_distributed_optimizer: bool = False):
+def fsdp_dp_mesh() -> MeshRank:
+    """Under FSDP every rank is its own DP replica and returns its own output."""
+    import torch.distributed as dist
+
+    return MeshRank(dist.get_rank(), dist.get_world_size(), True)
+
+
+def dp_group_and_size(strategy: str) -> tuple[Any, int]:
+    """(process group, size) the role's batch is split over: Megatron's DP group, or the world under FSDP."""
+    import torch.distributed as dist
+
+    if is_fsdp(strategy):
+        return dist.group.WORLD, dist.get_world_size()
+    from megatron.core import parallel_state as mpu
+
+    return mpu.get_data_parallel_group(), mpu.get_data_parallel_world_size()
+
+
+def fsdp_engine(model_config: ModelConfig, model_path: str, head: str, role: Any, model: Any = None,
+                optim: Any = None, seed: int = 0):
+    """An FSDPEngine from a role's verl keys: ``fsdp_config`` (``fsdp_size``, ``model_dtype``,
+    ``mixed_precision.{param,reduce}_dtype``, ``offload_policy``, ``reshard_after_forward``) and the
+    actor's ``model`` section (``enable_gradient_checkpointing``, ``use_remove_padding``)."""
+    from verl.engine.fsdp.engine import FSDPEngine
+    from verl.engine.fsdp.parallel import fsdp_mesh
+    from verl.utils.device import is_cuda_available
+    from verl.utils.torch_dtypes import torch_dtype
+
+    fsdp = role.get("fsdp_config") or {}
+    mixed = fsdp.get("mixed_precision") or {}
+    gpu = is_cuda_available()
+    # Unset: bf16 compute with fp32 gradient reductions on GPUs (verl's default), the master dtype on the CPU.
+    param_dtype = mixed.get("param_dtype") or ("bfloat16" if gpu else None)
+    reduce_dtype = mixed.get("reduce_dtype") or ("float32" if gpu else None)
+    model = model or {}
+    return FSDPEngine(
+        model_config, model_path, fsdp_mesh(fsdp.get("fsdp_size", -1)), head, optim,
+        model_dtype=torch_dtype(VERL_DTYPE_NAMES.get(fsdp.get("model_dtype", "fp32"), fsdp.get("model_dtype"))),
+        param_dtype=torch_dtype(VERL_DTYPE_NAMES.get(param_dtype, param_dtype)) if param_dtype else None,
+        reduce_dtype=torch_dtype(VERL_DTYPE_NAMES.get(reduce_dtype, reduce_dtype)) if reduce_dtype else None,
+        offload=bool(fsdp.get("offload_policy") or fsdp.get("param_offload")),
+        reshard_after_forward=bool(fsdp.get("reshard_after_forward", True)),
+        gradient_checkpointing=bool(model.get("enable_gradient_checkpointing", False)),
+        remove_padding=bool(model.get("use_remove_padding", False)), seed=seed)
+
+
+# verl writes FSDP dtypes short (fp32, bf16); the dtype table has the long names.
+VERL_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def optim_config(optim: Any, total_training_steps: int, use_distributed_optimizer: bool = False,
+                 clip_grad: float | None = None):
     """verl's ``*.optim`` keys as the engine's OptimConfig. Warm-up as verl: ``lr_warmup_steps`` when >= 0, else
-    ``lr_warmup_steps_ratio`` of the total steps; decay over ``lr_decay_steps`` (null: the total steps)."""
+    ``lr_warmup_steps_ratio`` of the total steps; decay over ``lr_decay_steps`` (null: the total steps).
+    ``clip_grad``: the FSDP roles' ``grad_clip`` (verl's dp actor/critic key) instead of ``optim.clip_grad``."""
     from verl.engine.megatron.engine import OptimConfig
 
     total = max(1, total_training_steps)
     warmup = optim.lr_warmup_steps if optim.get("lr_warmup_steps", 0) >= 0 \
         else int(optim.get("lr_warmup_steps_ratio", 0.0) * total)
     return OptimConfig(lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
-                       betas=tuple(optim.betas), clip_grad=optim.clip_grad, lr_warmup_steps=warmup,
+                       betas=tuple(optim.betas),
+                       clip_grad=optim.clip_grad if clip_grad is None else clip_grad, lr_warmup_steps=warmup,
                        lr_warmup_init=optim.get("lr_warmup_init", 0.0), total_training_steps=total,
                        lr_decay_steps=optim.get("lr_decay_steps"), lr_decay_style=optim.lr_decay_style,
                        use_distributed_optimizer=use_distributed_optimizer)
@@ -103,19 +162,18 @@ def token_budget(section: Any, use_key: str, budget_key: str) -> int | None:
     return int(section[budget_key]) if section.get(use_key) else None
 
 
-def global_batch_info(response_mask: torch.Tensor) -> dict[str, int]:
+def global_batch_info(response_mask: torch.Tensor, strategy: str = "megatron") -> dict[str, int]:
     """verl's global counts for one mini-batch (this rank's share ``response_mask`` [b, R]): response
     tokens and sequences over every DP rank (one all-reduce) and the DP size. ``agg_loss`` normalises
     each micro-batch's share by them, so the loss is the same for any DP size and micro-batch split."""
     import torch.distributed as dist
-    from megatron.core import parallel_state as mpu
 
+    group, size = dp_group_and_size(strategy)
     # On this rank's device: NCCL reduces only CUDA tensors, and the batch may still be on the CPU.
     counts = torch.tensor([int(response_mask.sum()), response_mask.size(0)], dtype=torch.int64,
                           device=get_device())
-    dist.all_reduce(counts, group=mpu.get_data_parallel_group())
-    return {"dp_size": mpu.get_data_parallel_world_size(), "batch_num_tokens": int(counts[0]),
-            "global_batch_size": int(counts[1])}
+    dist.all_reduce(counts, group=group)
+    return {"dp_size": size, "batch_num_tokens": int(counts[0]), "global_batch_size": int(counts[1])}
 
 
 def mean_metrics(per_step: list[dict[str, float]]) -> dict[str, float]:

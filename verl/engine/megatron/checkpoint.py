@@ -119,6 +119,9 @@ def load_checkpoint(engine: MegatronEngine, path: str, with_optimizer: bool = Tr
     from megatron.core import parallel_state as mpu
 
     manifest = read_manifest(path)
+    if manifest.get("strategy", "megatron") != "megatron":
+        raise CheckpointError(f"checkpoint {path}: expected a Megatron checkpoint (strategy=megatron), found a "
+                              f"{manifest['strategy']} one")
     if manifest["head"] != engine.head:
         raise CheckpointError(f"checkpoint {path}: expected a {engine.head!r} model, found {manifest['head']!r}")
     with_optimizer = with_optimizer and engine.optimizer is not None

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from verl.engine.megatron.padding import attention_mask_4d, left_align
+from verl.engine.micro_batches import split_micro_batches, token_budget_groups
 from verl.models.config import ModelConfig
 from verl.models.mcore.model import build_gpt_model
 from verl.utils.device import get_device, to_device
@@ -63,40 +64,6 @@ class OptimConfig:
         if self.total_training_steps < 1 or self.lr_warmup_steps < 0:
             raise ValueError(f"optim: expected total_training_steps >= 1 and lr_warmup_steps >= 0, found "
                              f"{self.total_training_steps} and {self.lr_warmup_steps}")
-
-
-def split_micro_batches(batch: Batch, micro_batch_size: int) -> list[dict[str, torch.Tensor]]:
-    sizes = {k: v.size(0) for k, v in batch.items()}
-    size = next(iter(sizes.values()))
-    if len(set(sizes.values())) != 1:
-        raise ValueError(f"batch: expected one batch size for every field, found {sizes}")
-    if micro_batch_size < 1 or size % micro_batch_size:
-        raise ValueError(f"micro_batch_size: expected a divisor of the batch size {size}, found {micro_batch_size}")
-    return [{k: v[i:i + micro_batch_size] for k, v in batch.items()} for i in range(0, size, micro_batch_size)]
-
-
-def token_budget_groups(attention_mask: torch.Tensor, max_token_len: int) -> list[list[int]]:
-    """verl's dynamic batch size (``use_dynamic_bsz``): the rows [B] of a batch in micro-batches whose
-    valid tokens (``attention_mask.sum(-1)``) add up to at most ``max_token_len`` (first-fit decreasing:
-    longest rows first, each into the first micro-batch with room). Each group lists its rows ascending;
-    groups are ordered by their first row."""
-    lengths = attention_mask.sum(dim=-1).tolist()
-    longest = max(lengths, default=0)
-    if longest > max_token_len:
-        raise ValueError(f"max_token_len: expected at least the longest sequence in the batch ({longest} tokens), "
-                         f"found {max_token_len}")
-    groups: list[list[int]] = []
-    room: list[int] = []
-    for row in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        for g, free in enumerate(room):
-            if lengths[row] <= free:
-                groups[g].append(row)
-                room[g] -= lengths[row]
-                break
-        else:
-            groups.append([row])
-            room.append(max_token_len - lengths[row])
-    return sorted(sorted(group) for group in groups)
 
 
 class MegatronEngine:

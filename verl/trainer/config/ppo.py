@@ -42,6 +42,8 @@ logger = get_logger(__name__)
 CONFIG_NAME = "ppo_megatron_trainer"
 ADV_ESTIMATORS = tuple(e.value for e in AdvantageEstimator)
 MEGATRON_DTYPES = ("float32", "bfloat16")
+STRATEGIES = ("megatron", "fsdp", "fsdp2")  # fsdp and fsdp2 both run on FSDP2 (verl: fsdp = FSDP1)
+FSDP_DTYPES = ("fp32", "bf16", "float32", "bfloat16")  # verl writes the short names
 # The smallest bucket the planner is allowed: a 4 KiB page (a bucket holds one element per micro-DP
 # rank at least; smaller buckets only multiply collective calls).
 MIN_BUCKET_BYTES = 4096
@@ -69,6 +71,7 @@ def _positive(*keys: str) -> dict[str, Rule]:
 
 
 ARR = "actor_rollout_ref"
+FSDP_ROLES = (f"{ARR}.actor", f"{ARR}.ref", "critic", "reward_model")
 RULES: dict[str, Rule] = {
     "data.tokenizer": rule(str),
     "data.train_files": rule(str, list),
@@ -94,7 +97,7 @@ RULES: dict[str, Rule] = {
     f"{ARR}.model.path": rule(str),
     f"{ARR}.model.tokenizer_path": rule(str),
     f"{ARR}.model.external_lib": rule(str),
-    f"{ARR}.actor.strategy": rule(choices=("megatron",)),
+    f"{ARR}.actor.strategy": rule(choices=STRATEGIES),
     f"{ARR}.actor.ppo_micro_batch_size": rule(int, ge=1),
     f"{ARR}.actor.clip_ratio": rule(gt=0),
     f"{ARR}.actor.clip_ratio_low": rule(float, gt=0),
@@ -108,13 +111,17 @@ RULES: dict[str, Rule] = {
     f"{ARR}.actor.kl_loss_type": rule(choices=KL_PENALTY_CHOICES),
     **_optim_rules(f"{ARR}.actor.optim"),
     f"{ARR}.actor.megatron.dtype": rule(choices=MEGATRON_DTYPES),
+    **{f"{role}.fsdp_config.{key}": rule(choices=FSDP_DTYPES) for role in FSDP_ROLES
+       for key in ("model_dtype", "mixed_precision.param_dtype", "mixed_precision.reduce_dtype")},
+    **{f"{role}.fsdp_config.fsdp_size": rule(int, ge=-1) for role in FSDP_ROLES},
+    **{f"{role}.grad_clip": rule(ge=0) for role in (f"{ARR}.actor", "critic")},
     f"{ARR}.actor.megatron.virtual_pipeline_model_parallel_size": rule(int, ge=1),
     f"{ARR}.actor.megatron.expert_tensor_parallel_size": rule(int, ge=1),
     f"{ARR}.actor.megatron.dist_checkpointing_path": rule(str),
     f"{ARR}.actor.megatron.override_transformer_config.recompute_granularity": rule(str, choices=("full", "selective")),
     f"{ARR}.actor.megatron.override_transformer_config.recompute_method": rule(str, choices=("uniform", "block")),
     f"{ARR}.actor.megatron.override_transformer_config.recompute_num_layers": rule(int, ge=1),
-    f"{ARR}.ref.strategy": rule(choices=("megatron",)),
+    f"{ARR}.ref.strategy": rule(choices=STRATEGIES),
     f"{ARR}.ref.log_prob_micro_batch_size": rule(int, ge=1),
     f"{ARR}.ref.megatron.virtual_pipeline_model_parallel_size": rule(int, ge=1),
     f"{ARR}.rollout.name": rule(choices=("native", "sglang", "vllm", "hf", "trtllm")),
@@ -132,7 +139,7 @@ RULES: dict[str, Rule] = {
     f"{ARR}.rollout.val_kwargs.top_p": rule(gt=0, le=1),
     f"{ARR}.rollout.val_kwargs.n": rule(ge=1),
     f"{ARR}.rollout.checkpoint_engine.backend": rule(choices=("naive",)),
-    "critic.strategy": rule(choices=("megatron",)),
+    "critic.strategy": rule(choices=STRATEGIES),
     "critic.enable": rule(bool),
     "critic.model.path": rule(str),
     "critic.model.tokenizer_path": rule(str),
@@ -141,7 +148,7 @@ RULES: dict[str, Rule] = {
     "critic.loss_agg_mode": rule(choices=LOSS_AGG_MODES),
     **_optim_rules("critic.optim"),
     "critic.megatron.virtual_pipeline_model_parallel_size": rule(int, ge=1),
-    "reward_model.strategy": rule(choices=("megatron",)),
+    "reward_model.strategy": rule(choices=STRATEGIES),
     "reward_model.model.path": rule(str),
     "reward_model.model.input_tokenizer": rule(str),
     "reward_model.micro_batch_size": rule(int, ge=1),
@@ -273,6 +280,24 @@ def world_size(cfg: dict[str, Any]) -> int:
     return cfg["trainer"]["nnodes"] * cfg["trainer"]["n_gpus_per_node"]
 
 
+def is_fsdp(cfg: dict[str, Any]) -> bool:
+    return cfg[ARR]["actor"]["strategy"] in ("fsdp", "fsdp2")
+
+
+def model_parallel_sizes(cfg: dict[str, Any]) -> tuple[int, int]:
+    """The actor's (tp, pp): Megatron's, or (1, 1) under FSDP (every rank is a DP rank)."""
+    if is_fsdp(cfg):
+        return 1, 1
+    mega = cfg[ARR]["actor"]["megatron"]
+    return mega["tensor_model_parallel_size"], mega["pipeline_model_parallel_size"]
+
+
+def actor_dp_size(cfg: dict[str, Any]) -> int:
+    """How many ranks the actor's (and every colocated role's) batches are split over."""
+    tp, pp = model_parallel_sizes(cfg)
+    return world_size(cfg) // (tp * pp)
+
+
 def use_critic(cfg: dict[str, Any]) -> bool:
     """verl: ``critic.enable``, or when that is null, a critic exactly when advantages come from GAE."""
     enable = cfg["critic"].get("enable")
@@ -327,17 +352,26 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
     except ModelConfigError as err:
         raise ConfigError(f"actor_rollout_ref.model.path: {err}") from None
 
-    # Parallel layout: Megatron (t, p, d) for actor, reference and critic; rollout t_g.
+    # Parallel layout: Megatron (t, p, d) or FSDP (every rank a DP rank) for actor, reference, critic and
+    # reward model; rollout t_g.
     world = world_size(cfg)
-    tp = actor["megatron"]["tensor_model_parallel_size"]
-    pp = actor["megatron"]["pipeline_model_parallel_size"]
-    prefix = "actor_rollout_ref.actor.megatron."
-    try:
-        check_parallel_layout(model, tp, pp)
-    except ModelLayoutError as err:
-        raise ConfigError(f"{prefix}{err}") from None
-    _check_divides(prefix + "tensor_model_parallel_size * pipeline_model_parallel_size", tp * pp,
-                   "trainer.nnodes * trainer.n_gpus_per_node", world)
+    tp, pp = model_parallel_sizes(cfg)
+    if is_fsdp(cfg):
+        fsdp_size = actor["fsdp_config"]["fsdp_size"]
+        if fsdp_size not in (-1, 0) and fsdp_size < world:
+            _check_divides(f"{ARR}.actor.fsdp_config.fsdp_size", fsdp_size, "trainer.nnodes * trainer.n_gpus_per_node",
+                           world)
+        elif fsdp_size == 0:
+            raise ConfigError(f"{ARR}.actor.fsdp_config.fsdp_size: expected -1 (every rank) or a divisor of the "
+                              f"world size {world}, found 0")
+    else:
+        prefix = "actor_rollout_ref.actor.megatron."
+        try:
+            check_parallel_layout(model, tp, pp)
+        except ModelLayoutError as err:
+            raise ConfigError(f"{prefix}{err}") from None
+        _check_divides(prefix + "tensor_model_parallel_size * pipeline_model_parallel_size", tp * pp,
+                       "trainer.nnodes * trainer.n_gpus_per_node", world)
     _check_role_layouts(cfg)
     rollout_tp = rollout["tensor_model_parallel_size"]
     _check_divides("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp, "world size", world)
@@ -422,16 +456,30 @@ LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "dt
 
 
 def _check_role_layouts(cfg: dict[str, Any]) -> None:
-    """Reference, critic and reward model run in the actor's processes, and Megatron's parallel state is one
-    per process: their (tp, pp) and dtype must be the actor's. The rollout's dtype must be the actor's too:
-    the 3D-HybridEngine copies the training bytes into the rollout buffer as they are."""
+    """Reference, critic and reward model run in the actor's processes: one training backend for all of them
+    (as verl asserts). Megatron's parallel state is one per process: their (tp, pp) and dtype must be the
+    actor's, and so must the rollout's dtype (the 3D-HybridEngine copies the training bytes as they are).
+    FSDP's mesh is one per process too: one ``fsdp_size``; the rollout dtype may differ from FSDP's master
+    dtype (the reshard casts this rank's shards, never the full model)."""
+    used = {f"{ARR}.ref": use_reference(cfg), "critic": use_critic(cfg), "reward_model": cfg["reward_model"]["enable"]}
+    sections = {f"{ARR}.ref": cfg[ARR]["ref"], "critic": cfg["critic"], "reward_model": cfg["reward_model"]}
+    strategy = cfg[ARR]["actor"]["strategy"]
+    for name, section in sections.items():
+        if used[name] and (section["strategy"] in STRATEGIES[1:]) != is_fsdp(cfg):
+            raise ConfigError(f"{name}.strategy: expected the actor's backend ({ARR}.actor.strategy={strategy}: "
+                              f"colocated roles share one process), found {section['strategy']!r}")
+    if is_fsdp(cfg):
+        size = cfg[ARR]["actor"]["fsdp_config"]["fsdp_size"]
+        for name, section in sections.items():
+            if used[name] and section["fsdp_config"].get("fsdp_size", size) != size:
+                raise ConfigError(f"{name}.fsdp_config.fsdp_size: expected the actor's {size} (one device mesh per "
+                                  f"process), found {section['fsdp_config']['fsdp_size']}")
+        return
     actor = cfg[ARR]["actor"]["megatron"]
-    roles = [(f"{ARR}.ref", cfg[ARR]["ref"]["megatron"], use_reference(cfg)),
-             ("critic", cfg["critic"]["megatron"], use_critic(cfg)),
-             ("reward_model", cfg["reward_model"]["megatron"], cfg["reward_model"]["enable"])]
-    for name, mega, used in roles:
+    for name, section in sections.items():
+        mega = section["megatron"]
         for key in LAYOUT_KEYS:
-            if used and mega.get(key, actor[key]) != actor[key]:
+            if used[name] and mega.get(key, actor[key]) != actor[key]:
                 raise ConfigError(f"{name}.megatron.{key}: expected the actor's {actor[key]!r} (colocated roles share "
                                   f"one Megatron parallel state per process), found {mega[key]!r}")
     rollout_dtype = cfg[ARR]["rollout"]["dtype"]
@@ -495,8 +543,7 @@ def _derive(cfg: dict[str, Any], base_dir: str) -> None:
         cfg["hybrid_engine"]["bucket_bytes"] = \
             arr["rollout"]["checkpoint_engine"]["update_weights_bucket_megabytes"] * 2**20
     # verl's deprecated global micro-batch sizes, when given, become per-GPU ones (as verl's workers do).
-    dp = world_size(cfg) // (arr["actor"]["megatron"]["tensor_model_parallel_size"]
-                             * arr["actor"]["megatron"]["pipeline_model_parallel_size"])
+    dp = actor_dp_size(cfg)
     for section, key in ((arr["actor"], "ppo_micro_batch_size"), (arr["ref"], "log_prob_micro_batch_size"),
                          (arr["rollout"], "log_prob_micro_batch_size"), (cfg["critic"], "ppo_micro_batch_size"),
                          (cfg["reward_model"], "micro_batch_size")):

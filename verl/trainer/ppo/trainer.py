@@ -115,7 +115,11 @@ def balance_layout(config: Any, world_size: int) -> tuple[int, int]:
     divides both keeps every mini-batch's set of sequences, so the balanced step optimises the same thing.
     A role that shuffles its mini-batches (``shuffle``) draws them at random from the rank's share anyway."""
     arr = config.actor_rollout_ref
-    dp = world_size // (arr.actor.megatron.tensor_model_parallel_size * arr.actor.megatron.pipeline_model_parallel_size)
+    if arr.actor.strategy in ("fsdp", "fsdp2"):  # every rank is a DP rank
+        dp = world_size
+    else:
+        dp = world_size // (arr.actor.megatron.tensor_model_parallel_size
+                            * arr.actor.megatron.pipeline_model_parallel_size)
     n = arr.rollout.n
     roles = [arr.actor] + ([config.critic] if use_critic(config) else [])
     sizes = [role.ppo_mini_batch_size * n // dp for role in roles if not role.shuffle]

@@ -1,0 +1,156 @@
+"""The FSDP2 engine against transformers on gloo ranks.
+
+* logits of the sharded model = transformers' (fp32, <= 1e-5), with padded rows and with the rows packed
+  (``remove_padding``), for a tied GQA Qwen2 and an untied Llama;
+* one training step (global token-mean loss, two micro-batches per rank) at 1 and 2 ranks = the same step
+  of a single-process transformers model + AdamW (loss and every updated weight within 1e-5);
+* a DCP checkpoint written by 2 ranks and loaded by 1 rank continues with the same next step;
+* the HF export of the sharded model loads in transformers with the same logits.
+"""
+
+import os
+
+import pytest
+import torch
+from test_megatron_tiny_models import RESPONSE, hf_model, model_config, padded_batch, save_hf
+
+from verl.launcher.spawn import run_ranks
+
+pytestmark = pytest.mark.distributed
+
+LR, STEPS = 1e-2, 2
+MODELS = ("qwen2_gqa_tied", "llama_gqa_untied")
+
+
+def _advantages(batch):
+    return torch.linspace(-1.0, 1.0, batch["responses"].numel()).view_as(batch["responses"])
+
+
+def _loss_fn(counts):
+    from verl.trainer.ppo import core_algos
+
+    def loss_fn(outputs, mb):
+        mask = mb["attention_mask"][:, -RESPONSE:].float()
+        loss = core_algos.agg_loss(-outputs["log_probs"] * mb["advantages"], mask, "token-mean", **counts)
+        return loss, {}
+
+    return loss_fn
+
+
+def _batch_share(batch, rank, world):
+    rows = batch["input_ids"].size(0) // world
+    return {k: v[rank * rows:(rank + 1) * rows] for k, v in batch.items()}
+
+
+def _full_params(module):
+    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in
+            module.named_parameters()}
+
+
+def _engine_job(hf_dir, ckpt_dir, export_dir, world):
+    import torch.distributed as dist
+
+    from verl.engine.fsdp.checkpoint import load_checkpoint, save_checkpoint
+    from verl.engine.fsdp.engine import FSDPEngine
+    from verl.engine.fsdp.hf_export import export_actor_hf
+    from verl.engine.fsdp.parallel import fsdp_mesh
+    from verl.engine.fsdp.roles import FSDPActor
+    from verl.engine.megatron.engine import OptimConfig
+    from verl.engine.megatron.padding import restore
+
+    rank = dist.get_rank()
+    config = model_config(hf_dir)
+    mesh = fsdp_mesh(-1)
+    batch = padded_batch(batch=4)
+    batch["advantages"] = _advantages(batch)
+    out = {}
+    for remove_padding in (False, True):
+        engine = FSDPEngine(config, hf_dir, mesh, "lm", remove_padding=remove_padding)
+        logits = engine.forward(batch, 2, lambda lg, ids, sh, mb: {"logits": restore(lg, sh)})["logits"]
+        out[f"logits_packed{remove_padding}"] = logits
+    share = _batch_share(batch, rank, world)
+    counts = {"dp_size": world, "batch_num_tokens": int(batch["attention_mask"][:, -RESPONSE:].sum())}
+    optim = OptimConfig(lr=LR, weight_decay=0.01, clip_grad=0.0, total_training_steps=STEPS)
+    engine = FSDPEngine(config, hf_dir, mesh, "lm", optim, remove_padding=True)
+    actor = FSDPActor(engine, micro_batch_size=1)
+    metrics = actor.update_policy(share, _loss_fn(counts), calculate_entropy=False, global_loss=True)
+    out["loss"] = torch.tensor(metrics["loss"])
+    out["step1"] = _full_params(engine.module)
+    if world == 2:  # save after step 1, then take step 2 here
+        save_checkpoint(engine, ckpt_dir, engine.optimizer_steps)
+        export_actor_hf(engine, hf_dir, export_dir, tokenizer=None)
+    else:  # a fresh engine continues from the 2-rank checkpoint
+        engine = FSDPEngine(config, hf_dir, mesh, "lm", optim, remove_padding=True)
+        actor = FSDPActor(engine, micro_batch_size=1)
+        out["loaded_iteration"] = torch.tensor(load_checkpoint(engine, ckpt_dir))
+    actor.update_policy(share, _loss_fn(counts), calculate_entropy=False, global_loss=True)
+    out["step2"] = _full_params(engine.module)
+    return out
+
+
+def _reference_steps(model, batch):
+    """Two AdamW steps of the unsharded transformers model on the whole batch; also which elements had a
+    first gradient clearly away from zero (Adam's first update is g / (|g| + eps): for |g| near rounding
+    noise its sign, and so a 2 x lr difference, is decided by the last bit of the reduction order)."""
+    from verl.trainer.ppo import core_algos
+
+    model = model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    mask = batch["attention_mask"]
+    states, losses, conditioned = [], [], {}
+    for step in range(STEPS):
+        logits = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=batch["position_ids"]).logits
+        log_probs = torch.log_softmax(logits.float(), dim=-1)[:, :-1].gather(
+            -1, batch["input_ids"][:, 1:, None]).squeeze(-1)[:, -RESPONSE:]
+        loss = core_algos.agg_loss(-log_probs * batch["advantages"], mask[:, -RESPONSE:].float(), "token-mean")
+        optimizer.zero_grad()
+        loss.backward()
+        if step == 0:
+            conditioned = {n: (p.grad.abs() > 1e-6) | (p.grad == 0) for n, p in model.named_parameters()}
+        optimizer.step()
+        losses.append(loss.detach())
+        states.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    return losses, states, conditioned
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fsdp_engine_matches_transformers(tmp_path, name):
+    model = hf_model(name)
+    hf_dir = save_hf(model, str(tmp_path / "hf"), sharded=False)
+    batch = padded_batch(batch=4)
+    batch["advantages"] = _advantages(batch)
+    mask = batch["attention_mask"].bool()
+    with torch.no_grad():
+        expected = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                         position_ids=batch["position_ids"]).logits
+    losses, states, conditioned = _reference_steps(model, batch)
+    ckpt, export = str(tmp_path / "ckpt"), str(tmp_path / "export")
+    two = run_ranks(_engine_job, 2, hf_dir, ckpt, export, 2, timeout_s=300)
+    one = run_ranks(_engine_job, 1, hf_dir, ckpt, export, 1, timeout_s=300)
+    for result in (two[0], two[1], one[0]):
+        for packed in (False, True):
+            assert (result[f"logits_packed{packed}"][mask] - expected[mask]).abs().max() <= 1e-5
+    covered = sum(int(m.sum()) for m in conditioned.values()) / sum(m.numel() for m in conditioned.values())
+    assert covered > 0.99  # the comparison covers nearly every element
+    for result in (two[0], one[0]):
+        # Loss shares are added over micro-batches and averaged over ranks: the whole batch's loss.
+        assert abs(float(result["loss"]) - float(losses[0])) < 1e-5
+        for step, key in enumerate(("step1", "step2")):
+            for pname, ref in states[step].items():
+                ok = conditioned[pname]
+                assert torch.allclose(result[key][pname][ok], ref[ok], atol=1e-5, rtol=0), (key, pname)
+    assert int(one[0]["loaded_iteration"]) == 1
+    import transformers
+
+    exported = transformers.AutoModelForCausalLM.from_pretrained(export).eval()
+    assert "config.json" in os.listdir(export)
+    with torch.no_grad():
+        again = exported(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                         position_ids=batch["position_ids"]).logits
+    # The export is the weights after step 1.
+    reference_after_1 = model.__class__(model.config).eval()
+    reference_after_1.load_state_dict(states[0], strict=False)
+    with torch.no_grad():
+        want = reference_after_1(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                 position_ids=batch["position_ids"]).logits
+    assert (again[mask] - want[mask]).abs().max() <= 1e-5

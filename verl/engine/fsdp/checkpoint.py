@@ -1,0 +1,100 @@
+"""FSDP checkpoints with ``torch.distributed.checkpoint`` (DCP): model and optimizer as sharded tensors, the
+LR schedule and the optimizer step count in the manifest; loadable at another world size or ``fsdp_size``
+(DCP reshards on load).
+
+Atomic like the Megatron checkpoints (:mod:`verl.engine.megatron.checkpoint`): every rank writes into
+``<dir>.tmp``; after a barrier rank 0 writes ``verl_checkpoint.json`` (the file list) and renames the
+directory, so a crash never leaves a half-written ``<dir>``. RNG states are the trainer's (``rng/``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+import torch.distributed as dist
+
+from verl.engine.fsdp.engine import FSDPEngine
+from verl.engine.megatron.checkpoint import MANIFEST, read_manifest
+from verl.utils.checkpoint import CheckpointError
+
+STRATEGY = "fsdp"
+
+
+def _state(engine: FSDPEngine, with_optimizer: bool) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    state = {"model": get_model_state_dict(engine.model)}
+    if with_optimizer:
+        state["optimizer"] = get_optimizer_state_dict(engine.model, engine.optimizer)
+    return state
+
+
+def save_checkpoint(engine: FSDPEngine, path: str, iteration: int, with_optimizer: bool = True) -> None:
+    """Collective over every rank of the job."""
+    import torch.distributed.checkpoint as dcp
+
+    path = os.path.abspath(path)
+    staging = path + ".tmp"
+    if dist.get_rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging)
+    dist.barrier()
+    # An optimizer that never stepped has no state: a fresh engine's optimizer is that state.
+    fresh_optimizer = with_optimizer and engine.optimizer is not None and not engine.optimizer.state
+    with_optimizer = with_optimizer and engine.optimizer is not None and not fresh_optimizer
+    dcp.save(_state(engine, with_optimizer), checkpoint_id=staging)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        files = sorted(os.path.relpath(os.path.join(root, f), staging)
+                       for root, _, names in os.walk(staging) for f in names)
+        manifest = {"strategy": STRATEGY, "iteration": iteration, "world_size": dist.get_world_size(),
+                    "fsdp_size": engine.mesh.shard_size, "head": engine.head, "with_optimizer": with_optimizer,
+                    "fresh_optimizer": fresh_optimizer, "with_rng": False,
+                    "scheduler": engine.scheduler.state_dict() if engine.scheduler is not None else None,
+                    "model_config": dataclasses.asdict(engine.config), "files": files}
+        with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as fh:
+            json.dump(manifest, fh, indent=2)
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        os.replace(staging, path)
+    dist.barrier()
+
+
+def load_checkpoint(engine: FSDPEngine, path: str, with_optimizer: bool = True) -> int:
+    """Load into ``engine`` (any world size); returns the saved iteration. Collective over every rank."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    manifest = read_manifest(path)
+    if manifest.get("strategy") != STRATEGY:
+        raise CheckpointError(f"checkpoint {path}: expected an FSDP checkpoint (actor.strategy=fsdp), found a "
+                              f"{manifest.get('strategy', 'megatron')} one")
+    if manifest["head"] != engine.head:
+        raise CheckpointError(f"checkpoint {path}: expected a {engine.head!r} model, found {manifest['head']!r}")
+    if manifest["model_config"] != dataclasses.asdict(engine.config):
+        raise CheckpointError(f"checkpoint {path}: expected the model of {engine.config.model_type} hidden "
+                              f"{engine.config.hidden_size} x {engine.config.num_hidden_layers} layers, found "
+                              f"another model config")
+    with_optimizer = with_optimizer and engine.optimizer is not None
+    if with_optimizer and not manifest["with_optimizer"]:
+        if not manifest.get("fresh_optimizer"):
+            raise CheckpointError(f"checkpoint {path}: expected optimizer state, found a model-only checkpoint")
+        if engine.optimizer.state:
+            raise CheckpointError(f"checkpoint {path}: expected an engine that never stepped (the checkpoint's "
+                                  f"optimizer never did), found one at step {engine.optimizer_steps}")
+        with_optimizer = False
+    state = _state(engine, with_optimizer)
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except Exception as exc:  # DCP raises a CheckpointException wrapping each rank's error
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"checkpoint {path}: expected readable DCP shards, found {first[:300]}") from None
+    set_model_state_dict(engine.model, state["model"])
+    if with_optimizer:
+        set_optimizer_state_dict(engine.model, engine.optimizer, state["optimizer"])
+    if engine.scheduler is not None and manifest.get("scheduler"):
+        engine.scheduler.load_state_dict(manifest["scheduler"])
+    return int(manifest["iteration"])

@@ -1,0 +1,63 @@
+"""HF transformers models for the FSDP engine, built from a config.json or loaded from an HF directory.
+
+Heads, as verl's FSDP workers: ``lm`` is ``AutoModelForCausalLM``; ``value`` (critic) and ``score`` (reward
+model) are ``AutoModelForTokenClassification`` with one label, no dropout and no bias (the layout of an HF
+``*ForSequenceClassification`` score head and of the Megatron engine's value head). A value head that the
+checkpoint does not have (an LM checkpoint) starts at zero, as the Megatron critic's does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+HEADS = ("lm", "value", "score")
+
+
+def hf_model_config(model_path: str, head: str = "lm"):
+    """The transformers config of an HF directory or a bare config.json."""
+    from transformers import AutoConfig
+
+    if head not in HEADS:
+        raise ValueError(f"head: expected one of {HEADS}, found {head!r}")
+    file = os.path.join(model_path, "config.json") if os.path.isdir(model_path) else model_path
+    with open(file, encoding="utf-8") as fh:
+        raw = json.load(fh)
+    model_type = raw.pop("model_type")
+    raw.pop("architectures", None)
+    config = AutoConfig.for_model(model_type, **raw)
+    if head != "lm":
+        config.num_labels = 1
+        config.classifier_dropout = 0.0
+        config.token_classification_bias = False
+    return config
+
+
+def has_hf_weights(model_path: str) -> bool:
+    return os.path.isdir(model_path) and any(name.endswith(".safetensors") for name in os.listdir(model_path))
+
+
+def build_hf_model(model_path: str, head: str = "lm", dtype: torch.dtype = torch.float32, seed: int = 0):
+    """The full model on the CPU (FSDP shards it next). Without weights the init is seeded, so every rank
+    builds the same model."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per rank and role is noise in a job log
+    config = hf_model_config(model_path, head)
+    cls = AutoModelForCausalLM if head == "lm" else AutoModelForTokenClassification
+    torch.manual_seed(seed)
+    if has_hf_weights(model_path):
+        model, info = cls.from_pretrained(model_path, config=config, dtype=dtype, output_loading_info=True)
+        if head != "lm" and "score.weight" in info.get("missing_keys", ()):
+            with torch.no_grad():
+                model.score.weight.zero_()
+    else:
+        model = cls.from_config(config, dtype=dtype)
+        if head != "lm":
+            with torch.no_grad():
+                model.score.weight.zero_()
+    model.config.use_cache = False  # training and scoring never reuse a KV cache
+    return model

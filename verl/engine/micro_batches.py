@@ -1,0 +1,44 @@
+"""Micro-batches of a padded RL batch, shared by the training engines (Megatron, FSDP): fixed row counts,
+or verl's dynamic batch size (``use_dynamic_bsz``: rows grouped under a token budget)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+Batch = Mapping[str, torch.Tensor]
+
+
+def split_micro_batches(batch: Batch, micro_batch_size: int) -> list[dict[str, torch.Tensor]]:
+    sizes = {k: v.size(0) for k, v in batch.items()}
+    size = next(iter(sizes.values()))
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"batch: expected one batch size for every field, found {sizes}")
+    if micro_batch_size < 1 or size % micro_batch_size:
+        raise ValueError(f"micro_batch_size: expected a divisor of the batch size {size}, found {micro_batch_size}")
+    return [{k: v[i:i + micro_batch_size] for k, v in batch.items()} for i in range(0, size, micro_batch_size)]
+
+
+def token_budget_groups(attention_mask: torch.Tensor, max_token_len: int) -> list[list[int]]:
+    """verl's dynamic batch size (``use_dynamic_bsz``): the rows [B] of a batch in micro-batches whose
+    valid tokens (``attention_mask.sum(-1)``) add up to at most ``max_token_len`` (first-fit decreasing:
+    longest rows first, each into the first micro-batch with room). Each group lists its rows ascending;
+    groups are ordered by their first row."""
+    lengths = attention_mask.sum(dim=-1).tolist()
+    longest = max(lengths, default=0)
+    if longest > max_token_len:
+        raise ValueError(f"max_token_len: expected at least the longest sequence in the batch ({longest} tokens), "
+                         f"found {max_token_len}")
+    groups: list[list[int]] = []
+    room: list[int] = []
+    for row in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for g, free in enumerate(room):
+            if lengths[row] <= free:
+                groups[g].append(row)
+                room[g] -= lengths[row]
+                break
+        else:
+            groups.append([row])
+            room.append(max_token_len - lengths[row])
+    return sorted(sorted(group) for group in groups)
