@@ -86,6 +86,13 @@ def world(tmp_path_factory):
     write_manifest(str(ckpt))
     (ckpt / "actor" / "shard.distcp").write_bytes(b"x" * 10)
 
+    # A complete checkpoint of a Megatron actor (its manifest names no strategy, as Megatron's never did).
+    mega_ckpt = root / "mega_ckpt" / "global_step_1"
+    (mega_ckpt / "actor").mkdir(parents=True)
+    (mega_ckpt / "trainer_state.json").write_text(json.dumps({"step": 1}))
+    (mega_ckpt / "actor" / "verl_checkpoint.json").write_text(json.dumps({"iteration": 1, "head": "lm", "files": []}))
+    write_manifest(str(mega_ckpt))
+
     # Metrics files and YAML files of every wrong kind.
     (root / "metrics_bad_middle.jsonl").write_text('{"step": 1}\n{"step": 2,\n{"step": 3}\n')
     (root / "not_utf8.yaml").write_bytes(b"data:\n  tokenizer: \xff\xfe\n")
@@ -94,7 +101,7 @@ def world(tmp_path_factory):
     (root / "gsm8k_bad.jsonl").write_text('{"question": "q"}\nnot json\n')
     (root / "a_file").write_text("x")
     return {"root": root, "data": data, "bad": bad, "model": model, "cut_model": cut_model,
-            "garbled_model": garbled_model, "ckpt": ckpt}
+            "garbled_model": garbled_model, "ckpt": ckpt, "mega_ckpt": mega_ckpt}
 
 
 def _train(w, *extra):
@@ -134,6 +141,18 @@ CASES = [
     ("rollout n zero", lambda w: _train(w, "actor_rollout_ref.rollout.n=0"), "rollout.n"),
     ("train_batch_size zero", lambda w: _train(w, "data.train_batch_size=0"), "data.train_batch_size"),
     ("resume_mode typo", lambda w: _train(w, "trainer.resume_mode=autoo"), "found 'autoo'"),
+    ("strategy typo", lambda w: _train(w, "actor_rollout_ref.actor.strategy=fdsp"), "found 'fdsp'"),
+    ("fsdp actor, megatron critic", lambda w: _train(w, "actor_rollout_ref.actor.strategy=fsdp",
+                                                     "algorithm.adv_estimator=gae", "critic.strategy=megatron"),
+     "critic.strategy: expected the actor's backend"),
+    ("fsdp_size not dividing", lambda w: _train(w, "actor_rollout_ref.actor.strategy=fsdp",
+                                                "actor_rollout_ref.actor.fsdp_config.fsdp_size=3",
+                                                "trainer.n_gpus_per_node=4"), "fsdp_size=3: expected a divisor"),
+    ("fsdp resumes a megatron checkpoint", lambda w: _train(w, "actor_rollout_ref.actor.strategy=fsdp",
+                                                            f"trainer.resume_mode={w['mega_ckpt']}"),
+     "found a megatron checkpoint"),
+    ("fsdp model_dtype typo", lambda w: _train(w, "actor_rollout_ref.actor.strategy=fsdp",
+                                               "actor_rollout_ref.actor.fsdp_config.model_dtype=fp33"), "fp33"),
     ("resume_path without path", lambda w: _train(w, "trainer.resume_mode=resume_path"), "resume_from_path"),
     ("unknown key", lambda w: _train(w, "trainer.totl_training_steps=3"), "did you mean"),
     ("bad enum", lambda w: _train(w, "algorithm.adv_estimator=ppo"), "adv_estimator"),

@@ -5,6 +5,7 @@ it would fail on at step 3, and nothing is written for a run that cannot start."
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -107,6 +108,28 @@ def preflight(config: Any) -> None:
         if problem is not None:
             key = "trainer.resume_from_path" if trainer.resume_mode == "resume_path" else "trainer.resume_mode"
             raise CheckpointError(f"{key}: {problem}")
+    check_resume_backend(config)
+
+
+def check_resume_backend(config: Any) -> None:
+    """The checkpoint a run would resume from holds the configured backend's actor (a Megatron checkpoint
+    cannot be read by FSDP and the other way round: their sharded formats differ)."""
+    from verl.utils.checkpoint import find_resume_dir
+
+    trainer = config.trainer
+    if trainer.resume_mode == "disable":
+        return
+    path = find_resume_dir(trainer.default_local_dir, trainer.resume_mode, trainer.resume_from_path)
+    manifest = os.path.join(path, "actor", "verl_checkpoint.json") if path else None
+    if manifest is None or not os.path.isfile(manifest):
+        return
+    with open(manifest, encoding="utf-8") as fh:
+        saved = json.load(fh).get("strategy", "megatron")
+    wanted = "fsdp" if config.actor_rollout_ref.actor.strategy in ("fsdp", "fsdp2") else "megatron"
+    if saved != wanted:
+        raise CheckpointError(f"trainer.resume_mode: expected a checkpoint of actor_rollout_ref.actor.strategy="
+                              f"{config.actor_rollout_ref.actor.strategy} to resume from, found a {saved} checkpoint "
+                              f"in {path} (set trainer.resume_mode=disable or another trainer.output_dir)")
 
 
 __all__ = ["DatasetError", "PreflightError", "preflight"]
