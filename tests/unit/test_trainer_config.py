@@ -272,14 +272,34 @@ def test_dynamic_bsz_is_accepted_with_a_budget_that_fits_a_sequence_and_one_pipe
                   "actor_rollout_ref.actor.use_dynamic_bsz=true", "pipeline_model_parallel_size=1, found 2")
 
 
-def test_hydra_job_overrides_are_ignored_and_fsdp_config_name_points_to_megatron(data_args, no_ranks, capsys,
-                                                                                caplog):
+def test_hydra_job_overrides_are_ignored_and_verl_config_names_compose(data_args, no_ranks, capsys, caplog):
     import logging
+
+    from verl.trainer.config import PACKAGED_CONFIG_DIR
 
     with caplog.at_level(logging.WARNING):
         config = load_config(GRPO, [*data_args, "hydra.run.dir=outputs/x", "hydra.job.chdir=False"])
     assert "hydra" not in config and "Hydra's job runner" in caplog.text
-    expect_exit_2(capsys, ["--config-name=ppo_trainer", *data_args], "ppo_trainer", "use ppo_megatron_trainer")
+    # verl's FSDP trainer name gives the same keys with every role on FSDP.
+    fsdp = load_config(None, data_args, config_dir=PACKAGED_CONFIG_DIR, config_name="ppo_trainer", resolve_only=True)
+    assert [fsdp.actor_rollout_ref.actor.strategy, fsdp.actor_rollout_ref.ref.strategy, fsdp.critic.strategy,
+            fsdp.reward_model.strategy] == ["fsdp"] * 4
+    expect_exit_2(capsys, ["--config-name=ppo_trainr", *data_args], "ppo_trainr", "ppo_megatron_trainer")
+
+
+def test_keys_of_the_other_backend_warn(data_args, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        load_config(GRPO, [*data_args, "actor_rollout_ref.actor.strategy=fsdp"])
+    # The Megatron quickstart file sets tp=2 and sequence_parallel=false: said once each, for the actor.
+    assert "megatron.tensor_model_parallel_size=2 has no effect with actor_rollout_ref.actor.strategy=fsdp" \
+        in caplog.text
+    assert caplog.text.count("has no effect with") == 2
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        load_config(GRPO, [*data_args, "actor_rollout_ref.actor.fsdp_config.fsdp_size=1"])
+    assert caplog.text.count("has no effect with actor_rollout_ref.actor.strategy=megatron") == 1
 
 
 def test_keys_without_effect_here_warn_when_set_and_stay_quiet_at_their_default(data_args, caplog):

@@ -113,9 +113,7 @@ def _compose_named(config_dir: str, config_name: str):
         raise ConfigError(f"--config-path: expected a directory of YAML configs, found nothing at {config_dir}")
     if not os.path.isfile(os.path.join(config_dir, name + ".yaml")):
         have = sorted(f[:-5] for f in os.listdir(config_dir) if f.endswith(".yaml"))
-        hint = " (verl's FSDP trainer; verl-hpc trains on Megatron: use ppo_megatron_trainer)" \
-            if name == "ppo_trainer" else ""
-        raise ConfigError(f"--config-name: expected one of {have} in {config_dir}, found '{config_name}'{hint}")
+        raise ConfigError(f"--config-name: expected one of {have} in {config_dir}, found '{config_name}'")
     try:
         with initialize_config_dir(config_dir=config_dir, version_base=None, job_name="verl"):
             return hydra_compose(config_name=name)

@@ -268,6 +268,34 @@ def _warn_no_effect(cfg: dict[str, Any], defaults: dict[str, Any]) -> None:
             logger.warning("config: %s=%r has no effect in verl-hpc: %s", key, value, why)
 
 
+def _leaves(tree: Any, prefix: str) -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_leaves(value, f"{prefix}.{key}"))
+    return out
+
+
+def _warn_other_backend(cfg: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Keys of the backend the actor does not use, set away from their defaults, do nothing: say so."""
+    unused = ("megatron",) if is_fsdp(cfg) else ("fsdp_config", "grad_clip")
+    strategy = cfg[ARR]["actor"]["strategy"]
+    for role in FSDP_ROLES:
+        section, base = deep_get(cfg, role), deep_get(defaults, role)
+        for key in unused:
+            if key not in section or key not in base:
+                continue
+            have, default = _leaves(section[key], f"{role}.{key}"), _leaves(base[key], f"{role}.{key}")
+            actor = _leaves(cfg[ARR]["actor"].get(key, {}), f"{ARR}.actor.{key}")
+            # Other roles' copies interpolated from the actor's are the actor's setting: said once.
+            changed = sorted(k for k, v in have.items() if k in default and v != default[k]
+                             and (role == f"{ARR}.actor" or actor.get(k.replace(role, f"{ARR}.actor", 1)) != v))
+            for name in changed:
+                logger.warning("config: %s=%r has no effect with %s.actor.strategy=%s", name, have[name], ARR,
+                               strategy)
+
+
 def _refuse_meaningless(cfg: dict[str, Any]) -> None:
     for key, refused, why in REFUSED:
         value = deep_get(cfg, key)
@@ -563,7 +591,9 @@ def load_config(path: str | None = None, overrides: Sequence[str] = (), launcher
     from omegaconf import OmegaConf
 
     cfg, base_dir = compose(config_dir, config_name, path, overrides, RULES)
-    _warn_no_effect(cfg, named_defaults(PACKAGED_CONFIG_DIR, CONFIG_NAME))
+    defaults = named_defaults(PACKAGED_CONFIG_DIR, CONFIG_NAME)
+    _warn_no_effect(cfg, defaults)
+    _warn_other_backend(cfg, defaults)
     _derive(cfg, base_dir)
     if not resolve_only:
         _validate(cfg, launcher_world_size)
