@@ -9,11 +9,18 @@ equal the reference SGLang shard of the same ids.
 import pytest
 import torch
 
+from verl.bench.reshard import fsdp_shard, megatron_shard, sglang_shard
 from verl.bench.reshard import main as bench_main
-from verl.bench.reshard import megatron_shard, sglang_shard
-from verl.hybrid_engine.executor import flat_offsets
+from verl.hybrid_engine.executor import ReshardBindError, ReshardExecutor, flat_offsets
 from verl.hybrid_engine.groups import GENERAL, HYBRIDFLOW, derive_groups
-from verl.hybrid_engine.layouts import LayoutError, TrainingLayout, hf_tensor_shapes, training_param_specs
+from verl.hybrid_engine.layouts import (
+    FSDPLayout,
+    LayoutError,
+    TrainingLayout,
+    hf_tensor_shapes,
+    local_shape,
+    training_param_specs,
+)
 from verl.hybrid_engine.planner import ALL_GATHER, plan_reshard
 from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
 from verl.models.config import ModelConfig
@@ -50,6 +57,16 @@ def program(segments, src_offsets, dst_offsets, src_base=0, dst_base=0):
                          s.rows, s.row_elems, s.src_stride, s.dst_stride) for s in segments)
 
 
+def training_shard(hf, config, training, rank):
+    """(tensors, specs) of ``rank``'s training shard from the reference functions."""
+    s, _, t = training.coords(rank)
+    if isinstance(training, FSDPLayout):
+        shard = fsdp_shard(hf, training.shard, t)
+        return shard, [(name, tuple(x.shape)) for name, x in shard.items()]
+    return (megatron_shard(hf, config, training.tp, training.pp, t, s),
+            training_param_specs(config, training.tp, training.pp, t, s))
+
+
 def simulate(config, training, tg, bucket_bytes):
     """Run every rank's plan in this process; returns (plans, rollout buffers, expected buffers, train buffers)."""
     hf = id_weights(config)
@@ -57,9 +74,7 @@ def simulate(config, training, tg, bucket_bytes):
     plans = [plan_reshard(config, training, RolloutLayout(tg), r, bucket_bytes) for r in range(n)]
     train, roll, expected, writes = [], [], [], []
     for r in range(n):
-        s, _, t = training.coords(r)
-        specs = training_param_specs(config, training.tp, training.pp, t, s)
-        train.append(flat(megatron_shard(hf, config, training.tp, training.pp, t, s), specs))
+        train.append(flat(*training_shard(hf, config, training, r)))
         rspecs = [(x.name, x.shape) for x in rollout_param_specs(config, tg, plans[r].rollout_tp_rank)]
         expected.append(flat(sglang_shard(hf, config, tg, plans[r].rollout_tp_rank), rspecs)[0])
         offsets, numel = flat_offsets(rspecs)
@@ -207,3 +222,126 @@ def test_bench_cli_rejects_bad_layout_with_exit_code_2(tmp_path, capsys):
     assert bench_main(["--model", str(cfg), "--train", "tp=2,pp=2", "--rollout", "tp=2", "--nproc", "3"]) == 2
     assert "--nproc: expected tp*pp*dp = 4, found 3" in capsys.readouterr().err
     assert bench_main(["--model", str(cfg), "--train", "tq=2", "--rollout", "tp=2", "--nproc", "2"]) == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# FSDP2 training layout
+# ------------------------------------------------------------------------------------------------
+
+def uneven(tied=False):
+    """Sizes FSDP cannot split evenly: vocab 37, hidden 24, intermediate 44, k/v 12 rows (head_dim 6)."""
+    return ModelConfig.from_dict(dict(
+        model_type="qwen2", vocab_size=37, hidden_size=24, intermediate_size=44, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied))
+
+
+def test_fsdp_layout_numbers_ranks_as_a_replicate_by_shard_mesh_and_shards_like_torch_chunk():
+    layout = FSDPLayout(shard=4, replicate=2)
+    assert (layout.tp, layout.pp, layout.dp, layout.world_size) == (4, 1, 2, 8)
+    assert [layout.coords(r) for r in (0, 3, 4, 7)] == [(0, 0, 0), (0, 0, 3), (0, 1, 0), (0, 1, 3)]
+    assert all(layout.rank(*layout.coords(r)) == r for r in range(8))
+    for tied in (True, False):
+        config = uneven(tied)
+        shapes = hf_tensor_shapes(config)
+        params = layout.params(config)
+        assert [p.name for p in params] == list(shapes)  # what Qwen2ForCausalLM.named_parameters() names
+        assert ("lm_head.weight" in shapes) is not tied
+        hf = id_weights(config)
+        for r in range(4):
+            ref = fsdp_shard(hf, 4, r)
+            assert [local_shape(p, shapes, 4, r) for p in params] == [tuple(ref[p.name].shape) for p in params]
+    norm = ModelConfig.from_dict(dict(model_type="llama", vocab_size=8, hidden_size=5, intermediate_size=4,
+                                      num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1))
+    p = next(x for x in FSDPLayout(4).params(norm) if x.name == "model.norm.weight")
+    assert [local_shape(p, hf_tensor_shapes(norm), 4, r) for r in range(4)] == [(2,), (2,), (1,), (0,)]
+    with pytest.raises(LayoutError, match="fsdp shard: expected a positive integer, found 0"):
+        FSDPLayout(0)
+    with pytest.raises(LayoutError, match="fsdp replicate: expected a positive integer, found 1.5"):
+        FSDPLayout(2, 1.5)
+
+
+FSDP_MATRIX = [  # (shard, replicate, t_g)
+    (2, 1, 1), (4, 1, 1), (8, 1, 1), (2, 2, 1), (3, 1, 1),
+    (2, 1, 2), (4, 1, 2), (8, 1, 2), (2, 2, 2), (4, 1, 4), (2, 2, 4), (1, 2, 2), (1, 4, 4), (8, 1, 4),
+]
+
+
+@pytest.mark.parametrize("shard,replicate,tg", FSDP_MATRIX, ids=[f"fsdp{s}r{r}-tg{g}" for s, r, g in FSDP_MATRIX])
+def test_fsdp_every_rollout_element_once_and_only_what_a_rank_lacks_is_received(shard, replicate, tg):
+    config = uneven(tied=(shard + tg) % 2 == 1)
+    training = FSDPLayout(shard, replicate)
+    plans, rollout, expected, train, writes = simulate(config, training, tg, bucket_bytes=2048)
+    if shard == 8:  # k/v have 12 rows: chunks of 2 leave the last two shard ranks empty
+        assert fsdp_shard(id_weights(config), 8, 7)["model.layers.0.self_attn.k_proj.weight"].shape == (0, 24)
+    for r, plan in enumerate(plans):
+        assert torch.equal(rollout[r], expected[r]), f"rank {r} rollout differs from the reference"
+        assert writes[r] == rollout[r].numel(), f"rank {r}: {writes[r]} writes for {rollout[r].numel()} elements"
+        # Independent of the planner: the ids this rank's FSDP shard holds that its rollout shard needs.
+        need = expected[r][expected[r] > 0]
+        held = int(torch.isin(need, train[r]).sum())
+        esize = plan.element_size
+        assert plan.bytes_received == (need.numel() - held) * esize == plan.bytes_formula, f"rank {r}"
+        own = sum(seg.numel for seg in plan.local) + sum(seg.numel for b in plan.buckets
+                                                          if b.collective == ALL_GATHER for seg in b.pack)
+        assert own == held, f"rank {r}: {own} elements copied from its own shard, it holds {held}"
+        if tg == 1:
+            assert plan.case == HYBRIDFLOW and "FSDP shard" in plan.reason
+            assert all(b.collective == ALL_GATHER for b in plan.buckets)
+            _, rep, _ = training.coords(r)
+            assert plan.micro_dp_group == tuple(range(rep * shard, (rep + 1) * shard))
+        else:
+            assert plan.case == GENERAL and "row blocks" in plan.reason
+            assert not any(b.collective == ALL_GATHER for b in plan.buckets)
+            assert sum(seg.numel for seg in plan.local) == held
+
+
+@pytest.mark.parametrize("shard", [2, 4])
+def test_fsdp_to_tp1_receives_the_textbook_share_when_sizes_divide(shard):
+    config = tiny(vocab=1024, tied=shard == 2)  # every dim divisible by 4
+    plans, _, _, _, _ = simulate(config, FSDPLayout(shard), 1, bucket_bytes=1 << 20)
+    for plan in plans:
+        assert plan.bytes_received == plan.bytes_formula == (shard - 1) / shard * plan.model_bytes
+        assert plan.padding_bytes == 0
+
+
+def test_fsdp_summary_names_the_layout_and_groups_say_why():
+    groups = derive_groups(FSDPLayout(2, replicate=2), 1)
+    assert groups.micro_dp_groups == ((0, 1), (2, 3)) and groups.case == HYBRIDFLOW
+    assert "training FSDP(shard=2, replicate=2)" in groups.summary()
+    # t_g | t is Megatron's all-gather case, not FSDP's: its row blocks are not parts of rollout shards.
+    assert derive_groups(TrainingLayout(tp=4, pp=1), 2).case == HYBRIDFLOW
+    assert derive_groups(FSDPLayout(4), 2).case == GENERAL
+    assert derive_groups(FSDPLayout(4), 2).rollout_tp_groups == ((0, 2), (1, 3))
+    plan = plan_reshard(uneven(), FSDPLayout(4), RolloutLayout(2), 3, dtype="float32")
+    assert "training FSDP(shard=4, replicate=1) -> rollout t_g=2" in plan.summary()
+
+
+def test_executor_on_separate_tensors_names_what_is_missing_or_wrong():
+    config = uneven()
+    plan = plan_reshard(config, FSDPLayout(2), RolloutLayout(2), 0, bucket_bytes=2048, dtype="float32")
+    shard = fsdp_shard(id_weights(config), 2, 0)
+    sources = {n: t.to(torch.float32).reshape(-1) for n, t in shard.items()}
+    specs = [(s.name, s.shape) for s in rollout_param_specs(config, 2, 0)]
+    gone = dict(sources)
+    del gone["model.layers.1.mlp.down_proj.weight"]
+    with pytest.raises(ReshardBindError, match="'model.layers.1.mlp.down_proj.weight', not found among"):
+        ReshardExecutor(plan, gone, None, specs, None)
+    with pytest.raises(ReshardBindError, match="expected float32 elements .4 bytes., found torch.float64"):
+        ReshardExecutor(plan, {n: t.double() for n, t in sources.items()}, None, specs, None)
+    executor = ReshardExecutor(plan, sources, None, specs, None)
+    with pytest.raises(ReshardBindError, match="sources: expected this transition's training tensors"):
+        executor.to_rollout()
+    short = dict(sources, **{"model.norm.weight": sources["model.norm.weight"][:5]})
+    with pytest.raises(ReshardBindError, match=r"sources\['model.norm.weight'\]: expected a contiguous 1-D "
+                                               r"torch.float32 tensor of 12 elements on cpu, found torch.float32"):
+        executor.to_rollout(sources=short)
+
+
+def test_bench_cli_rejects_bad_fsdp_layout_with_exit_code_2(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"model_type": "qwen2", "vocab_size": 37, "hidden_size": 24, "intermediate_size": 44, '
+                   '"num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2}')
+    assert bench_main(["--model", str(cfg), "--train", "fsdp=2,replicate=2", "--rollout", "tp=2", "--nproc", "2"]) == 2
+    assert "--nproc: expected fsdp*replicate = 4, found 2" in capsys.readouterr().err
+    assert bench_main(["--model", str(cfg), "--train", "fsdp=2,tp=2", "--rollout", "tp=2", "--nproc", "2"]) == 2
+    assert "expected comma-separated fsdp/replicate=<positive int>, found 'tp=2'" in capsys.readouterr().err

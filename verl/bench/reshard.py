@@ -1,6 +1,7 @@
 """`verl bench reshard`: the 3D-HybridEngine against the naive gather-everything path, verified.
 
     verl bench reshard --model CONFIG.json --train tp=T,pp=P,dp=D --rollout tp=G --nproc N --json PATH
+    verl bench reshard --model CONFIG.json --train fsdp=S[,replicate=R] --rollout tp=G --nproc S*R
 
 Spawns N local gloo ranks. Every rank builds the same seeded full HF weight set, takes its Megatron
 training shard from it, reshards into the SGLang rollout layout with the planner + executor, and
@@ -8,8 +9,13 @@ checks the result bit-exactly against a pure-torch reference built from the full
 same run times the naive path (per-tensor TP all-gather + PP broadcast -> HF rename/split -> per-rank
 narrow/copy, what today's frameworks do) and a memcpy of the rollout shard's bytes.
 
-The reference functions here (``random_hf_weights``, ``megatron_shard``, ``sglang_shard``) are plain
-narrow/cat/view code, written independently of the planner's layout tables: they are the oracle.
+With ``fsdp=``, the training side is a real FSDP2 model (a transformers CausalLM with those weights,
+``fully_shard`` per decoder layer and at the root, HSDP with ``replicate``); the naive path is verl's
+per-parameter ``full_tensor()`` then narrow/copy, and each rank's bytes received are compared with
+its own bound (its rollout shard minus what its FSDP shard already holds of it).
+
+The reference functions here (``random_hf_weights``, ``megatron_shard``, ``fsdp_shard``, ``sglang_shard``)
+are plain narrow/cat/view code, written independently of the planner's layout tables: they are the oracle.
 """
 
 from __future__ import annotations
@@ -108,6 +114,15 @@ def megatron_shard(hf: dict[str, torch.Tensor], config: ModelConfig, tp: int, pp
             out["output_layer.weight"] = vocab_shard(hf["lm_head.weight"])
         elif pp > 1:
             out["output_layer.weight"] = vocab_shard(hf["model.embed_tokens.weight"])
+    return out
+
+
+def fsdp_shard(hf: dict[str, torch.Tensor], shard: int, shard_rank: int) -> dict[str, torch.Tensor]:
+    """FSDP2's local shard of every HF tensor: torch.chunk on dim 0; ranks past the last chunk hold nothing."""
+    out = {}
+    for name, t in hf.items():
+        chunks = torch.chunk(t, shard)
+        out[name] = (chunks[shard_rank] if shard_rank < len(chunks) else t[:0]).clone()
     return out
 
 
@@ -355,6 +370,119 @@ def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int
     return result
 
 
+# ------------------------------------------------------------------------------------------------
+# FSDP2 training layout: a real fully_shard-ed transformers model
+# ------------------------------------------------------------------------------------------------
+
+def hf_causal_lm(config: ModelConfig, dtype: torch.dtype) -> torch.nn.Module:
+    """A transformers CausalLM (Qwen2/Llama) of ``config``'s sizes, randomly initialised."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    extra = {} if config.model_type == "qwen2" else {"attention_bias": config.attention_bias}
+    hf_config = AutoConfig.for_model(
+        config.model_type, vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size, num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim, max_position_embeddings=config.max_position_embeddings,
+        rms_norm_eps=config.rms_norm_eps, tie_word_embeddings=config.tie_word_embeddings, **extra)
+    return AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+
+
+def build_fsdp_model(config: ModelConfig, shard: int, replicate: int, hf: dict[str, torch.Tensor],
+                     dtype: torch.dtype, device: str = "cpu") -> torch.nn.Module:
+    """``hf_causal_lm`` with the weights ``hf``, then ``fully_shard`` per decoder layer and at the root over a
+    ``(replicate, shard)`` mesh (1-D when replicate == 1): FSDP2 itself decides who holds what."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = hf_causal_lm(config, dtype)
+    params = dict(model.named_parameters())
+    if sorted(params) != sorted(hf) or any(tuple(params[n].shape) != tuple(t.shape) for n, t in hf.items()):
+        raise RuntimeError(f"transformers model: expected the parameters {sorted(hf)[:4]}..., found "
+                           f"{sorted((n, tuple(p.shape)) for n, p in params.items())[:4]}...")
+    with torch.no_grad():
+        for name, t in hf.items():
+            params[name].copy_(t)
+    if replicate == 1:
+        mesh = init_device_mesh(device, (shard,), mesh_dim_names=("shard",))
+    else:
+        mesh = init_device_mesh(device, (replicate, shard), mesh_dim_names=("replicate", "shard"))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def naive_fsdp_reshard(model: torch.nn.Module, config: ModelConfig, rollout_tp: int, j: int,
+                       rollout_params: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    """What verl's FSDP sharding manager does: per parameter ``full_tensor()`` (an all-gather of the whole
+    tensor over the shard group), cast, then narrow/copy the rollout shard."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            full = param.full_tensor().to(dtype)
+            for key, piece in sglang_shard_partial({name: full}, config, rollout_tp, j).items():
+                target, row = key.rsplit(":", 1)
+                rollout_params[target][int(row):int(row) + piece.shape[0]].copy_(piece)
+
+
+def fsdp_reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int, dtype_name: str,
+                      train_dtype_name: str, bucket_bytes: int, seed: int, repeats: int, with_naive: bool) -> dict:
+    """FSDP2 -> rollout on this rank: reshard what HybridEngine reads (fsdp_reshard_sources), verify
+    bit-exactly against the reference, and time it, the naive path and a memcpy."""
+    from verl.hybrid_engine.executor import ReshardExecutor, ReshardProcessGroups
+    from verl.hybrid_engine.groups import derive_groups
+    from verl.hybrid_engine.hybrid_engine import check_fsdp_module, fsdp_reshard_sources
+    from verl.hybrid_engine.layouts import FSDPLayout
+    from verl.hybrid_engine.planner import plan_reshard
+    from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
+
+    config = ModelConfig.from_dict(cfg)
+    training = FSDPLayout(*train)
+    dtype, train_dtype = DTYPES[dtype_name], DTYPES[train_dtype_name]
+    groups = derive_groups(training, rollout_tp)
+    j = groups.rollout_tp_rank[rank]
+    hf = random_hf_weights(config, seed, train_dtype)
+    model = build_fsdp_model(config, training.shard, training.replicate, hf, train_dtype)
+    reference = sglang_shard({n: t.to(dtype) for n, t in hf.items()}, config, rollout_tp, j)
+    del hf
+    check_fsdp_module(model, config, training, rank)
+    plan = plan_reshard(config, training, RolloutLayout(rollout_tp), rank, bucket_bytes, dtype_name)
+    sources = fsdp_reshard_sources(model, dtype, "cpu")
+    locals_ = {n: p.to_local() for n, p in model.named_parameters()}
+    in_place = all(s.data_ptr() == locals_[n].data_ptr() for n, s in sources.items() if s.numel())
+    executor = ReshardExecutor(plan, sources, None,
+                               [(s.name, s.shape) for s in rollout_param_specs(config, rollout_tp, j)],
+                               ReshardProcessGroups(groups))
+    stats = executor.to_rollout(sources=sources)
+    del sources, locals_
+    got = executor.rollout_params()
+    mismatched = [n for n, t in reference.items() if n not in got or not torch.equal(got[n], t)]
+    result = {"rank": rank, "rollout_tp_rank": j, "case": plan.case, "verified": not mismatched,
+              "mismatched": mismatched[:5], "bytes_received": plan.bytes_received, "bytes_sent": plan.bytes_sent,
+              "bytes_formula": plan.bytes_formula, "model_bytes": plan.model_bytes, "sources_in_place": in_place,
+              "peak_extra_bytes": stats.peak_extra_bytes, "metrics": stats.metrics(),
+              "summary": plan.summary() if rank == 0 else None}
+    executor.release()
+
+    def ours():  # a HybridEngine transition: fetch (cast only when dtypes differ) and reshard
+        executor.to_rollout(sources=fsdp_reshard_sources(model, dtype, "cpu"))
+
+    result["seconds"] = _timed(ours, repeats)
+    if with_naive:
+        naive_flat = torch.zeros(executor.rollout_numel, dtype=dtype)
+        naive_params = {n: naive_flat[o:o + t.numel()].view(t.shape)
+                        for (n, o), t in zip(executor.rollout_offsets.items(), got.values(), strict=False)}
+        result["naive_seconds"] = _timed(lambda: naive_fsdp_reshard(model, config, rollout_tp, j, naive_params,
+                                                                    dtype), repeats)
+        result["naive_verified"] = all(torch.equal(naive_params[n], t) for n, t in reference.items())
+        del naive_flat, naive_params
+    del reference, got
+    memcpy_src = torch.empty(executor.rollout_numel, dtype=dtype).normal_()
+    rollout_flat = executor.acquire()
+    result["memcpy_seconds"] = _timed(lambda: rollout_flat.copy_(memcpy_src), repeats)
+    return result
+
+
 def _time_sglang_push(rank: int, config: ModelConfig, groups, executor, model: str, dtype: torch.dtype,
                       bucket_bytes: int, repeats: int) -> dict:
     """The trainer's SGLang weight sync on this plan: reshard into each rank's shared buffer, then hand the
@@ -399,11 +527,14 @@ def _parse_sizes(text: str, keys: Sequence[str], what: str) -> dict[str, int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="verl bench reshard", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="HF-style config.json (Qwen2/Llama)")
-    p.add_argument("--train", required=True, help="training layout, e.g. tp=2,pp=2,dp=1")
+    p.add_argument("--train", required=True,
+                   help="training layout: Megatron tp=2,pp=2,dp=1 or FSDP2 fsdp=4 (HSDP: fsdp=2,replicate=2)")
     p.add_argument("--rollout", required=True, help="rollout layout, e.g. tp=2")
-    p.add_argument("--nproc", type=int, required=True, help="local gloo ranks to spawn (= tp*pp*dp)")
+    p.add_argument("--nproc", type=int, required=True, help="local gloo ranks to spawn (= tp*pp*dp or fsdp*replicate)")
     p.add_argument("--json", help="write the result here")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    p.add_argument("--train-dtype", choices=sorted(DTYPES), default=None,
+                   help="FSDP only: the sharded parameters' dtype (default --dtype); another dtype times the cast")
     p.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES)
     p.add_argument("--repeats", type=int, default=3, help="timings are best of this many")
     p.add_argument("--seed", type=int, default=0)
@@ -417,17 +548,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from verl.hybrid_engine.layouts import LayoutError, TrainingLayout, hf_tensor_shapes
+    from verl.hybrid_engine.layouts import FSDPLayout, LayoutError, TrainingLayout, hf_tensor_shapes
     from verl.hybrid_engine.planner import plan_reshard
     from verl.hybrid_engine.rollout_layout import RolloutLayout, RolloutLayoutError
 
     try:
         config = ModelConfig.from_pretrained(args.model)
-        train = _parse_sizes(args.train, ("tp", "pp", "dp"), "--train")
+        fsdp = "fsdp=" in args.train
         rollout_tp = _parse_sizes(args.rollout, ("tp",), "--rollout")["tp"]
-        training = TrainingLayout(train["tp"], train["pp"], train["dp"])
+        if fsdp:
+            train = _parse_sizes(args.train, ("fsdp", "replicate"), "--train")
+            training = FSDPLayout(train["fsdp"], train["replicate"])
+            if args.push:
+                raise ValueError("--push: expected a Megatron --train layout (tp/pp/dp), found fsdp")
+        else:
+            train = _parse_sizes(args.train, ("tp", "pp", "dp"), "--train")
+            training = TrainingLayout(train["tp"], train["pp"], train["dp"])
+            if args.train_dtype not in (None, args.dtype):
+                raise ValueError(f"--train-dtype: expected it only with --train fsdp=..., found {args.train_dtype} "
+                                 "with a Megatron layout (its bench trains in --dtype)")
         if args.nproc != training.world_size:
-            raise ValueError(f"--nproc: expected tp*pp*dp = {training.world_size}, found {args.nproc}")
+            sizes = "fsdp*replicate" if fsdp else "tp*pp*dp"
+            raise ValueError(f"--nproc: expected {sizes} = {training.world_size}, found {args.nproc}")
         if args.bucket_bytes <= 0 or args.repeats <= 0:
             raise ValueError(f"--bucket-bytes/--repeats: expected positive integers, found "
                              f"{args.bucket_bytes}/{args.repeats}")
@@ -449,25 +591,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cfg = dataclasses.asdict(config)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    ranks = spawn_gloo_ranks(reshard_rank, args.nproc,
-                             (cfg, (training.tp, training.pp, training.dp), rollout_tp, args.dtype,
-                              args.bucket_bytes, args.seed, args.repeats, not args.no_naive,
-                              os.path.abspath(args.model) if args.push else None), args.timeout)
+    if fsdp:
+        train_dtype = args.train_dtype or args.dtype
+        ranks = spawn_gloo_ranks(fsdp_reshard_rank, args.nproc,
+                                 (cfg, (training.shard, training.replicate), rollout_tp, args.dtype, train_dtype,
+                                  args.bucket_bytes, args.seed, args.repeats, not args.no_naive), args.timeout)
+    else:
+        ranks = spawn_gloo_ranks(reshard_rank, args.nproc,
+                                 (cfg, (training.tp, training.pp, training.dp), rollout_tp, args.dtype,
+                                  args.bucket_bytes, args.seed, args.repeats, not args.no_naive,
+                                  os.path.abspath(args.model) if args.push else None), args.timeout)
     first = ranks[0]
     received = [r["bytes_received"] for r in ranks]
     seconds = first["seconds"]
-    tp_pp = training.tp * training.pp
+    params = sum(math.prod(shape) for shape in hf_tensor_shapes(config).values())
+    if fsdp:
+        # FSDP's bound is per rank (uneven shards hold different amounts); the naive path all-gathers every
+        # full tensor in the training dtype.
+        per_rank = [r["bytes_formula"] for r in ranks]
+        formula = sum(per_rank) / len(per_rank)
+        naive_bytes = (1 - 1 / training.shard) * params * DTYPES[train_dtype].itemsize
+    else:
+        formula = first["bytes_formula"]
+        naive_bytes = (1 - 1 / (training.tp * training.pp)) * first["model_bytes"]
     result = {
         "model": os.path.abspath(args.model),
         "train": train, "rollout": {"tp": rollout_tp}, "nproc": args.nproc, "dtype": args.dtype,
-        "params": sum(math.prod(shape) for shape in hf_tensor_shapes(config).values()),
+        "params": params,
         "verified": all(r["verified"] for r in ranks),
         "case": first["case"],
         "bytes_received_per_rank": received,
         "bytes_received_mean": sum(received) / len(received),
-        "bytes_formula": first["bytes_formula"],
+        "bytes_formula": formula,
         "model_bytes": first["model_bytes"],
-        "naive_bytes_per_rank": (1 - 1 / tp_pp) * first["model_bytes"],
+        "naive_bytes_per_rank": naive_bytes,
         "seconds": seconds,
         "memcpy_seconds": first["memcpy_seconds"],
         "seconds_over_memcpy": seconds / first["memcpy_seconds"],
@@ -475,6 +632,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bucket_bytes": args.bucket_bytes,
         "metrics": first["metrics"],
     }
+    if fsdp:
+        result.update(train_dtype=train_dtype, bytes_formula_per_rank=per_rank,
+                      bytes_received_equals_formula=received == per_rank,
+                      sources_in_place=all(r["sources_in_place"] for r in ranks))
     if not args.no_naive:
         result["naive_seconds"] = first["naive_seconds"]
         result["naive_verified"] = all(r["naive_verified"] for r in ranks)
@@ -488,6 +649,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not result["verified"]:
         result["mismatched"] = {r["rank"]: r["mismatched"] for r in ranks if not r["verified"]}
     print(first["summary"])
+    if fsdp:
+        print("bytes received per rank vs formula: "
+              + ", ".join(f"rank {r}: {got} / {want:.0f}" for r, (got, want) in enumerate(zip(received, per_rank,
+                                                                                               strict=True))))
     print(json.dumps({k: v for k, v in result.items() if k != "metrics"}, indent=1))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

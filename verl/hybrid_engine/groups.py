@@ -10,13 +10,18 @@ When t_g divides t this is exactly HybridFlow's grouping (docs/architecture.md, 
 groups ``{(s, r) : r in block j, every s}`` per (dp, j), and each rank's training shard is part of
 its rollout shard. Otherwise the same rule puts each rollout shard on a rank whose training tp slice
 overlaps it (local slices first) and the rest moves by an all-to-all among the holders.
+
+An :class:`FSDPLayout` numbers its ranks as (p, t, d) = (1, shard, replicate), so the same rule
+applies, but its shards are row blocks of every HF tensor, not parts of rollout TP shards (SGLang
+splits o_proj/down_proj on dim 1): only t_g = 1 is an all-gather (inside each replicate's shard
+group, whose shards together are the whole model); any t_g > 1 is the general case.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from verl.hybrid_engine.layouts import LayoutError, TrainingLayout
+from verl.hybrid_engine.layouts import AnyTrainingLayout, FSDPLayout, LayoutError, describe_training
 
 HYBRIDFLOW = "hybridflow"
 GENERAL = "general"
@@ -24,7 +29,7 @@ GENERAL = "general"
 
 @dataclasses.dataclass(frozen=True)
 class ReshardGroups:
-    training: TrainingLayout
+    training: AnyTrainingLayout
     rollout_tp: int
     case: str                                     # HYBRIDFLOW or GENERAL
     reason: str
@@ -47,7 +52,7 @@ class ReshardGroups:
     def summary(self) -> str:
         t = self.training
         lines = [
-            f"training (p={t.pp}, t={t.tp}, d={t.dp}) -> rollout (t_g={self.rollout_tp}, "
+            f"training {describe_training(t)} -> rollout (t_g={self.rollout_tp}, "
             f"d_g={t.world_size // self.rollout_tp}) on {t.world_size} ranks: case {self.case}",
             f"  why: {self.reason}",
             f"  rollout TP groups: {[list(g) for g in self.rollout_tp_groups]}",
@@ -57,7 +62,7 @@ class ReshardGroups:
         return "\n".join(lines)
 
 
-def derive_groups(training: TrainingLayout, rollout_tp: int) -> ReshardGroups:
+def derive_groups(training: AnyTrainingLayout, rollout_tp: int) -> ReshardGroups:
     """Rollout TP groups (and micro-DP groups when they exist) for a training layout and t_g."""
     n, t = training.world_size, training.tp
     if not isinstance(rollout_tp, int) or rollout_tp <= 0 or n % rollout_tp:
@@ -71,7 +76,8 @@ def derive_groups(training: TrainingLayout, rollout_tp: int) -> ReshardGroups:
     rollout_tp_groups = tuple(sorted(
         tuple(order[j * replicas + k] for j in range(rollout_tp)) for k in range(replicas)
     ))
-    if t % rollout_tp == 0:
+    fsdp = isinstance(training, FSDPLayout)
+    if (rollout_tp == 1) if fsdp else (t % rollout_tp == 0):
         block = t // rollout_tp
         micro = []
         for dp in range(training.dp):
@@ -79,11 +85,18 @@ def derive_groups(training: TrainingLayout, rollout_tp: int) -> ReshardGroups:
                 micro.append(tuple(sorted(training.rank(s, dp, r) for s in range(training.pp)
                                           for r in range(j * block, (j + 1) * block))))
         m = training.pp * block
-        case, reason = HYBRIDFLOW, (
-            f"t_g={rollout_tp} divides t={t}: rollout tp rank = tp rank // {block}; all-gather inside "
-            f"micro-DP groups of p*t/t_g={m} ranks; every training shard is part of its rollout shard"
-        )
-        groups = tuple(micro)
+        if fsdp:
+            reason = (f"t_g=1: every rank needs the whole model; all-gather inside each replicate's shard "
+                      f"group of {t} ranks (the micro-DP group); every FSDP shard is part of the full model")
+        else:
+            reason = (f"t_g={rollout_tp} divides t={t}: rollout tp rank = tp rank // {block}; all-gather inside "
+                      f"micro-DP groups of p*t/t_g={m} ranks; every training shard is part of its rollout shard")
+        case, groups = HYBRIDFLOW, tuple(micro)
+    elif fsdp:
+        case, groups = GENERAL, ()
+        reason = (f"t_g={rollout_tp} > 1 over FSDP shard={t}: FSDP shards are row blocks of every HF tensor, "
+                  f"not parts of rollout TP shards (o_proj/down_proj split on dim 1); each rank copies what it "
+                  f"holds of its rollout shard locally, the rest moves by all-to-all from the least-loaded holder")
     else:
         relation = "is larger than" if rollout_tp > t else "does not divide"
         case, reason = GENERAL, (

@@ -1,14 +1,19 @@
-"""The 3D-HybridEngine in a training loop: binds the actor's Megatron weights to one flat training
-buffer, plans the reshard once, and moves weights into the rollout engine's buffer before generation
-(``to_rollout``) and releases the rollout memory after it (``to_training``).
+"""The 3D-HybridEngine in a training loop: plans the reshard once, moves the actor's weights into
+the rollout engine's buffer before generation (``to_rollout``) and releases the rollout memory after
+it (``to_training``).
 
 The rollout engine is any object with ``resume()``, ``weight_buffer()``, ``push_weights()`` and
-``release()`` (the native engine and the trainer's SGLang rollout); the actor engine is a
-``MegatronEngine`` (``module``, ``model``).
+``release()`` (the native engine and the trainer's SGLang rollout). The actor engine is a
+``MegatronEngine`` (``module``, ``model``; its weights are bound to one flat training buffer) for a
+:class:`TrainingLayout`, or any engine whose ``module`` is a ``fully_shard``-ed transformers CausalLM
+for an :class:`FSDPLayout` (its parameters' local shards are read where they are, see
+:func:`fsdp_reshard_sources`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from typing import Any
 
 import numpy as np
@@ -17,10 +22,19 @@ import torch.distributed as dist
 
 from verl.hybrid_engine.executor import ReshardExecutor, ReshardProcessGroups, offsets_from_views
 from verl.hybrid_engine.groups import ReshardGroups, derive_groups
-from verl.hybrid_engine.layouts import TrainingLayout, training_param_specs
+from verl.hybrid_engine.layouts import (
+    AnyTrainingLayout,
+    FSDPLayout,
+    LayoutError,
+    TrainingLayout,
+    hf_tensor_shapes,
+    local_shape,
+    training_param_specs,
+)
 from verl.hybrid_engine.planner import plan_reshard
 from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
 from verl.models.config import ModelConfig
+from verl.utils.torch_dtypes import torch_dtype
 
 # The executor's part of verl's timing_s/update_weights, logged when a push to the engine follows it (SGLang).
 METRIC_RESHARD_SECONDS = "timing_s/reshard"
@@ -37,27 +51,105 @@ def rollout_tp_process_group(groups: ReshardGroups, rank: int, backend: str | No
     return mine
 
 
-class HybridEngine:
-    """Reshards the actor's Megatron weights into the rollout engine's flat buffer and back out of it.
+def fsdp_reshard_sources(module: torch.nn.Module, dtype: torch.dtype, device: torch.device | str
+                         ) -> dict[str, torch.Tensor]:
+    """``{parameter name: this rank's local shard, 1-D}`` of a ``fully_shard``-ed model, for the reshard.
 
-    The actor's parameters are rebound (once) to views of one flat training buffer in
-    ``training_param_specs`` order unless Megatron's distributed optimizer already keeps them in
-    one buffer; the executor's copy programs address both buffers by offset.
+    A shard that already has ``dtype`` and sits on ``device`` is returned as a view (no copy: the reshard
+    reads the training weights in place); otherwise as a cast/moved copy (fp32 master weights with a
+    bf16 rollout, CPU-offloaded shards with a GPU rollout) that the caller drops after the transition.
+    Call it at every transition: optimizer steps update the shards in place, but FSDP owns the objects.
+    """
+    from torch.distributed.tensor import DTensor
+
+    _reshard(module)
+    out = {}
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            local = param.to_local() if isinstance(param, DTensor) else param.detach()
+            out[name] = local.to(device=device, dtype=dtype).contiguous().reshape(-1)
+    return out
+
+
+def _reshard(module: torch.nn.Module) -> None:
+    """Back to sharded parameters, whose local tensors are what the plan addresses: a forward outside
+    backward leaves the root's parameters unsharded (FSDP2 does not reshard the root after forward)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for sub in module.modules():
+        if isinstance(sub, FSDPModule):
+            sub.reshard()
+
+
+def check_fsdp_module(module: torch.nn.Module, config: ModelConfig, training: FSDPLayout, rank: int) -> None:
+    """Raise :class:`LayoutError` unless ``module``'s parameters are exactly the layout's, each sharded
+    ``Shard(0)`` over a mesh of the layout's shape, with this rank's shard of the layout's size."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import Shard as DTensorShard
+
+    _reshard(module)
+    params = dict(module.named_parameters())
+    layouts = {p.name: p for p in training.params(config)}
+    missing, unexpected = sorted(set(layouts) - set(params)), sorted(set(params) - set(layouts))
+    if missing or unexpected:
+        raise LayoutError(f"hybrid engine: expected the FSDP model's parameters to be {training}'s (the config's HF "
+                          f"tensors), found missing {missing} and unexpected {unexpected}")
+    _, replicate, shard = training.coords(rank)
+    mesh_shape = (training.shard,) if training.replicate == 1 else (training.replicate, training.shard)
+    coordinate = (shard,) if training.replicate == 1 else (replicate, shard)
+    shapes = hf_tensor_shapes(config)
+    for name, param in params.items():
+        want = local_shape(layouts[name], shapes, training.shard, shard)
+        if isinstance(param, DTensor):
+            shape, at = tuple(param.device_mesh.shape), tuple(param.device_mesh.get_coordinate() or ())
+            if len(shape) == 2 and shape[0] == 1:  # an HSDP mesh of one replicate is plain FSDP
+                shape, at = shape[1:], at[1:]
+            found = (f"placements {param.placements} on mesh {shape} at {at}, "
+                     f"local shape {tuple(param.to_local().shape)}")
+            ok = (param.placements[-1] == DTensorShard(0) and shape == mesh_shape and at == coordinate
+                  and tuple(param.to_local().shape) == want)
+        else:
+            found = f"a plain tensor of shape {tuple(param.shape)}"
+            ok = training.world_size == 1 and tuple(param.shape) == want
+        if not ok:
+            raise LayoutError(f"hybrid engine: {name}: expected Shard(0) on a {mesh_shape} mesh at {coordinate} "
+                              f"with local shape {want} ({training}, rank {rank}), found {found}")
+
+
+class HybridEngine:
+    """Reshards the actor's weights into the rollout engine's flat buffer and back out of it.
+
+    Megatron (:class:`TrainingLayout`): the actor's parameters are rebound (once) to views of one flat
+    training buffer in ``training_param_specs`` order unless Megatron's distributed optimizer already
+    keeps them in one buffer; the executor's copy programs address both buffers by offset.
+
+    FSDP2 (:class:`FSDPLayout`): nothing is rebound; every transition reads the local shards anew
+    (:func:`fsdp_reshard_sources`), cast and moved to the rollout buffer's dtype and device only when
+    they differ. The executor is bound at the first transition, when that buffer is known.
     """
 
-    def __init__(self, actor_engine: Any, rollout: Any, model_config: ModelConfig, training: TrainingLayout,
+    def __init__(self, actor_engine: Any, rollout: Any, model_config: ModelConfig, training: AnyTrainingLayout,
                  rollout_tp: int, bucket_bytes: int, dtype: str):
-        from megatron.core import parallel_state as mpu
-
         rank = dist.get_rank()
         self.rollout = rollout
         self.groups = derive_groups(training, rollout_tp)
-        flat, offsets = self._bind_training_buffer(actor_engine, model_config, training, mpu)
         plan = plan_reshard(model_config, training, RolloutLayout(rollout_tp), rank, bucket_bytes, dtype)
         j = self.groups.rollout_tp_rank[rank]
         specs = [(s.name, s.shape) for s in rollout_param_specs(model_config, rollout_tp, j)]
-        self.executor = ReshardExecutor(plan, flat, offsets, specs, ReshardProcessGroups(self.groups))
+        process_groups = ReshardProcessGroups(self.groups)
         self.summary = plan.summary()
+        self.executor: ReshardExecutor | None = None
+        self._fsdp_module = None
+        if isinstance(training, FSDPLayout):
+            check_fsdp_module(actor_engine.module, model_config, training, rank)
+            self._fsdp_module = actor_engine.module
+            self._dtype = torch_dtype(dtype)
+            self._bind = (plan, specs, process_groups)
+        else:
+            from megatron.core import parallel_state as mpu
+
+            flat, offsets = self._bind_training_buffer(actor_engine, model_config, training, mpu)
+            self.executor = ReshardExecutor(plan, flat, offsets, specs, process_groups)
 
     @staticmethod
     def _bind_training_buffer(engine: Any, model_config: ModelConfig, training: TrainingLayout, mpu):
@@ -89,7 +181,21 @@ class HybridEngine:
         """Training -> rollout layout, straight into the rollout engine's weights (the native engine) or
         into the buffer the engine is then handed (SGLang: ``push_weights``, timed on its own)."""
         self.rollout.resume()
-        stats = self.executor.to_rollout(into=self.rollout.weight_buffer())
+        into = self.rollout.weight_buffer()
+        if self._fsdp_module is None:
+            stats = self.executor.to_rollout(into=into)
+        else:
+            if into.dtype != self._dtype:
+                raise LayoutError(f"hybrid engine: expected the rollout buffer in {self._dtype}, found {into.dtype}")
+            fetch = time.perf_counter()
+            sources = fsdp_reshard_sources(self._fsdp_module, into.dtype, into.device)
+            fetch = time.perf_counter() - fetch
+            if self.executor is None:
+                self.executor = ReshardExecutor(self._bind[0], sources, None, self._bind[1], self._bind[2])
+            stats = self.executor.to_rollout(into=into, sources=sources)
+            del sources  # casts made for this transition only
+            # A cast is part of the transition's copies.
+            stats = dataclasses.replace(stats, seconds=stats.seconds + fetch, copy_seconds=stats.copy_seconds + fetch)
         metrics = stats.metrics()
         pushed = self.rollout.push_weights()
         if pushed:
@@ -101,7 +207,8 @@ class HybridEngine:
 
     def to_training(self) -> None:
         """Release the rollout weights and KV cache; the training weights were never moved."""
-        self.executor.release()
+        if self.executor is not None:
+            self.executor.release()
         self.rollout.release()
 
 

@@ -4,7 +4,8 @@ A model's *logical* tensors are its unfused HF weights (``model.layers.3.self_at
 ...). An engine's *local* parameter is one or more logical tensors placed on a mesh and fused:
 
 * ``tp`` placement, DTensor-style: :class:`Shard` (``dim``; ``replicas`` consecutive ranks may hold
-  the same chunk, as SGLang does for KV heads) or :class:`Replicate`;
+  the same chunk, as SGLang does for KV heads), :class:`ChunkShard` (torch.chunk's uneven split, as
+  FSDP2 shards) or :class:`Replicate`;
 * ``stages``: the pipeline stages that hold it;
 * fusion: the parts are stacked on dim 0, interleaved in ``groups`` row groups (Megatron's
   ``linear_qkv`` is ``num_query_groups`` groups of ``[q heads; k; v]``), and a vocab table is padded
@@ -14,8 +15,9 @@ A model's *logical* tensors are its unfused HF weights (``model.layers.3.self_at
 (:class:`Piece`): "local rows/cols here hold logical rows/cols there". The reshard planner works only
 on these rectangles, so every fused format is handled by the same code.
 
-This module also holds the Megatron training layout (megatron-core GPTModel built with
-``get_gpt_layer_local_spec``); the SGLang rollout layout is in :mod:`rollout_layout`.
+This module also holds the two training layouts: Megatron's (megatron-core GPTModel built with
+``get_gpt_layer_local_spec``) and FSDP2's (``fully_shard`` on a transformers model); the SGLang
+rollout layout is in :mod:`rollout_layout`.
 """
 
 from __future__ import annotations
@@ -44,12 +46,23 @@ class Shard:
 
 
 @dataclasses.dataclass(frozen=True)
+class ChunkShard:
+    """Split on ``dim`` as ``torch.chunk`` (and FSDP2's ``Shard(0)``) does: chunks of ceil(n / mesh_size),
+    so the last ranks may hold fewer rows, or none."""
+
+    dim: int
+
+    def __repr__(self) -> str:
+        return f"ChunkShard({self.dim})"
+
+
+@dataclasses.dataclass(frozen=True)
 class Replicate:
     def __repr__(self) -> str:
         return "Replicate()"
 
 
-Placement = Shard | Replicate
+Placement = Shard | ChunkShard | Replicate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +139,9 @@ def _shard_range(length: int, placement: Placement, dim: int, tp_size: int, tp_r
     """[start, stop) of ``dim`` (of ``length``, padding included) that ``tp_rank`` holds."""
     if isinstance(placement, Replicate) or placement.dim != dim:
         return 0, length
+    if isinstance(placement, ChunkShard):
+        size = -(-length // tp_size)
+        return min(tp_rank * size, length), min((tp_rank + 1) * size, length)
     chunks = tp_size // placement.replicas
     size = length // chunks
     chunk = tp_rank // placement.replicas
@@ -266,3 +282,75 @@ def training_param_specs(config: ModelConfig, tp: int, pp: int, tp_rank: int, pp
         raise LayoutError(f"tp rank: expected 0 <= rank < {tp}, found {tp_rank}")
     shapes = hf_tensor_shapes(config)
     return [ParamSpec(p.name, local_shape(p, shapes, tp, tp_rank)) for p in layout.params(config, pp_rank)]
+
+
+# --------------------------------------------------------------------------------------------
+# FSDP2 training layout (torch.distributed.fsdp.fully_shard on a transformers model)
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class FSDPLayout:
+    """FSDP2 (``shard`` ranks) or HSDP (``replicate`` x ``shard``) on a transformers CausalLM: every
+    parameter is its HF tensor, ``Shard(0)`` over the shard ranks with torch.chunk's uneven split.
+
+    Global rank = ``replicate_index * shard + shard_index``, the row-major order of
+    ``init_device_mesh(device, (replicate, shard), mesh_dim_names=("replicate", "shard"))`` (a 1-D mesh
+    when ``replicate == 1``). For the planner it is a (p, t, d) = (1, shard, replicate) layout: the
+    shard index plays Megatron's tp rank, the replicate index its dp rank.
+    """
+
+    shard: int
+    replicate: int = 1
+
+    def __post_init__(self):
+        for key in ("shard", "replicate"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise LayoutError(f"fsdp {key}: expected a positive integer, found {value!r}")
+
+    @property
+    def tp(self) -> int:
+        return self.shard
+
+    @property
+    def pp(self) -> int:
+        return 1
+
+    @property
+    def dp(self) -> int:
+        return self.replicate
+
+    @property
+    def world_size(self) -> int:
+        return self.shard * self.replicate
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(stage 0, replicate index, shard index) of a global rank."""
+        if not 0 <= rank < self.world_size:
+            raise LayoutError(f"rank: expected 0 <= rank < {self.world_size}, found {rank}")
+        return 0, rank // self.shard, rank % self.shard
+
+    def rank(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
+        return dp_rank * self.shard + tp_rank
+
+    def check(self, config: ModelConfig) -> None:
+        """Nothing to divide: torch.chunk shards any size (ranks past the last row hold nothing)."""
+
+    def params(self, config: ModelConfig, pp_rank: int = 0) -> list[ParamLayout]:
+        """One parameter per HF tensor, named as ``model.named_parameters()`` names it (tied: no lm_head)."""
+        if pp_rank != 0:
+            raise LayoutError(f"pp rank: expected 0 (FSDP has one stage), found {pp_rank}")
+        return [ParamLayout(name, (name,), ChunkShard(0)) for name in hf_tensor_shapes(config)]
+
+    def __str__(self) -> str:
+        return f"FSDP(shard={self.shard}, replicate={self.replicate})"
+
+
+AnyTrainingLayout = TrainingLayout | FSDPLayout
+
+
+def describe_training(training: AnyTrainingLayout) -> str:
+    """How summaries name a training layout."""
+    if isinstance(training, FSDPLayout):
+        return str(training)
+    return f"(p={training.pp}, t={training.tp}, d={training.dp})"

@@ -14,6 +14,10 @@ traffic into buckets of at most ``bucket_bytes``:
 * General case: elements a rank already holds are copied locally first; the rest move by
   all-to-all buckets over the world group from the least-loaded holder.
 
+The same two cases serve an :class:`FSDPLayout` (see :mod:`groups`): t_g = 1 all-gathers inside each
+replicate's shard group, t_g > 1 is the general case; either way a rank receives exactly the elements
+of its rollout shard it does not hold (``bytes_formula``).
+
 Plans address parameters logically (parameter name + element offset); :mod:`executor` binds them to
 flat buffers once. The plan of every rank is derived from one global assignment (cached), so all
 ranks agree on every collective without talking.
@@ -27,7 +31,15 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from verl.hybrid_engine.groups import HYBRIDFLOW, ReshardGroups, derive_groups
-from verl.hybrid_engine.layouts import ParamLayout, Piece, TrainingLayout, hf_tensor_shapes, local_pieces
+from verl.hybrid_engine.layouts import (
+    AnyTrainingLayout,
+    FSDPLayout,
+    ParamLayout,
+    Piece,
+    describe_training,
+    hf_tensor_shapes,
+    local_pieces,
+)
 from verl.hybrid_engine.rollout_layout import RolloutLayout
 from verl.models.config import ModelConfig
 from verl.utils.torch_dtypes import ELEMENT_SIZES
@@ -86,7 +98,7 @@ class ReshardPlan:
     rank: int
     case: str
     reason: str
-    training: TrainingLayout
+    training: AnyTrainingLayout
     rollout: RolloutLayout
     rollout_tp_rank: int
     rollout_tp_group: tuple[int, ...]
@@ -97,7 +109,10 @@ class ReshardPlan:
     buckets: tuple[Bucket, ...]
     zero_fill: tuple[tuple[str, int, int], ...]  # rollout (param, offset, numel): vocab padding
     model_bytes: int                  # M: payload bytes of one rollout TP group (all t_g shards)
-    bytes_formula: float | None    # HybridFlow: (p*t - t_g) / (t_g*p*t) * M; None otherwise
+    # What bytes_received is held to. Megatron HybridFlow: the mean over ranks, (p*t - t_g) / (t_g*p*t) * M.
+    # FSDP: this rank's own bound, its rollout shard minus what it holds of it (t_g = 1, even: (S-1)/S * M).
+    # None otherwise.
+    bytes_formula: float | None
 
     @property
     def element_size(self) -> int:
@@ -128,7 +143,7 @@ class ReshardPlan:
         t = self.training
         gathers = sum(b.collective == ALL_GATHER for b in self.buckets)
         lines = [
-            f"ReshardPlan rank {self.rank}: training (p={t.pp}, t={t.tp}, d={t.dp}) -> rollout "
+            f"ReshardPlan rank {self.rank}: training {describe_training(t)} -> rollout "
             f"t_g={self.rollout.tp} (rollout tp rank {self.rollout_tp_rank}, group {list(self.rollout_tp_group)}), "
             f"{self.dtype}",
             f"  case: {self.case} - {self.reason}",
@@ -241,7 +256,7 @@ class _Tables:
     rollout_params: list[list[_RolloutParam]]  # per rollout tp rank
 
 
-def _tables(config: ModelConfig, training: TrainingLayout, rollout: RolloutLayout) -> _Tables:
+def _tables(config: ModelConfig, training: AnyTrainingLayout, rollout: RolloutLayout) -> _Tables:
     shapes = hf_tensor_shapes(config)
     holders: dict[str, list[_Held]] = {}
     for stage in range(training.pp):
@@ -286,7 +301,7 @@ def _from(template: _Transfer, holder: _Holder) -> _Transfer:
                                src_stride=holder.stride)
 
 
-def _place(training: TrainingLayout, rank: int) -> tuple[int, int]:
+def _place(training: AnyTrainingLayout, rank: int) -> tuple[int, int]:
     """(stage, tp rank) of a training rank: which shard it holds (what :attr:`_Holder.place` names)."""
     stage, _, tp = training.coords(rank)
     return stage, tp
@@ -300,6 +315,7 @@ class _Global:
     a2a_buckets: list[list[_Route]]                                     # bucket -> its transfers
     zero_fill: dict[int, list[tuple[str, int, int]]]                    # rollout tp rank -> padding
     payload: list[int]                                                  # per rollout tp rank
+    held: list[int]          # per rank: elements of its rollout shard its own training shard holds
 
 
 def _zero_fill(tables: _Tables, j: int) -> list[tuple[str, int, int]]:
@@ -368,7 +384,8 @@ def _a2a_buckets(transfers: list[_Route], cap: int) -> list[list[_Route]]:
 
 
 @functools.lru_cache(maxsize=16)
-def _global_plan(config: ModelConfig, training: TrainingLayout, rollout: RolloutLayout, bucket_elems: int) -> _Global:
+def _global_plan(config: ModelConfig, training: AnyTrainingLayout, rollout: RolloutLayout,
+                 bucket_elems: int) -> _Global:
     groups = derive_groups(training, rollout.tp)
     tables = _tables(config, training, rollout)
     n = training.world_size
@@ -429,8 +446,12 @@ def _global_plan(config: ModelConfig, training: TrainingLayout, rollout: Rollout
                 load[src] += template.numel
     for j in range(rollout.tp):
         payload[j] = sum(template.numel for template, _ in _sources(tables, j))
+    # FSDP's per-rank bound on what a rank must receive, from the layouts alone (not from the choices above).
+    held = [sum(t.numel for t, found in _sources(tables, groups.rollout_tp_rank[rank])
+                if any(h.place == _place(training, rank) for h in found))
+            for rank in range(n)] if isinstance(training, FSDPLayout) else []
     return _Global(groups, local, gather_chunks, _a2a_buckets(a2a, max(1, bucket_elems // 2)),
-                   {j: _zero_fill(tables, j) for j in range(rollout.tp)}, payload)
+                   {j: _zero_fill(tables, j) for j in range(rollout.tp)}, payload, held)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -514,7 +535,7 @@ def _a2a_bucket(index: int, world: int, transfers: list[_Route], rank: int) -> B
 
 def plan_reshard(
     config: ModelConfig,
-    training: TrainingLayout,
+    training: AnyTrainingLayout,
     rollout: RolloutLayout,
     rank: int,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -540,7 +561,9 @@ def plan_reshard(
         buckets.append(_a2a_bucket(len(buckets), training.world_size, transfers, rank))
     model_elems = sum(g.payload)
     formula = None
-    if groups.case == HYBRIDFLOW:
+    if isinstance(training, FSDPLayout):
+        formula = float((g.payload[j] - g.held[rank]) * element_size)
+    elif groups.case == HYBRIDFLOW:
         pt, tg = training.pp * training.tp, rollout.tp
         formula = (pt - tg) / (tg * pt) * model_elems * element_size
     return ReshardPlan(
