@@ -8,8 +8,6 @@
 * the HF export of the sharded model loads in transformers with the same logits.
 """
 
-import os
-
 import pytest
 import torch
 from test_megatron_tiny_models import RESPONSE, hf_model, model_config, padded_batch, save_hf
@@ -47,7 +45,7 @@ def _full_params(module):
             module.named_parameters()}
 
 
-def _engine_job(hf_dir, ckpt_dir, export_dir, world):
+def _model_job(hf_dir, ckpt_dir, export_dir, world):
     import torch.distributed as dist
 
     from verl.engine.fsdp.checkpoint import load_checkpoint, save_checkpoint
@@ -71,21 +69,61 @@ def _engine_job(hf_dir, ckpt_dir, export_dir, world):
     share = _batch_share(batch, rank, world)
     counts = {"dp_size": world, "batch_num_tokens": int(batch["attention_mask"][:, -RESPONSE:].sum())}
     optim = OptimConfig(lr=LR, weight_decay=0.01, clip_grad=0.0, total_training_steps=STEPS)
+
+    def step(engine, **actor_options):
+        actor = FSDPActor(engine, **{"micro_batch_size": 1, **actor_options})
+        return actor.update_policy(share, _loss_fn(counts), calculate_entropy=False, global_loss=True)
+
     engine = FSDPEngine(config, hf_dir, mesh, "lm", optim, remove_padding=True)
-    actor = FSDPActor(engine, micro_batch_size=1)
-    metrics = actor.update_policy(share, _loss_fn(counts), calculate_entropy=False, global_loss=True)
-    out["loss"] = torch.tensor(metrics["loss"])
+    out["loss"] = torch.tensor(step(engine)["loss"])
     out["step1"] = _full_params(engine.module)
     if world == 2:  # save after step 1, then take step 2 here
         save_checkpoint(engine, ckpt_dir, engine.optimizer_steps)
         export_actor_hf(engine, hf_dir, export_dir, tokenizer=None)
     else:  # a fresh engine continues from the 2-rank checkpoint
         engine = FSDPEngine(config, hf_dir, mesh, "lm", optim, remove_padding=True)
-        actor = FSDPActor(engine, micro_batch_size=1)
         out["loaded_iteration"] = torch.tensor(load_checkpoint(engine, ckpt_dir))
-    actor.update_policy(share, _loss_fn(counts), calculate_entropy=False, global_loss=True)
+    step(engine)
     out["step2"] = _full_params(engine.module)
+    if world == 2:
+        # The same first step through the other options: padded rows with one micro-batch per rank, token-budget
+        # micro-batches (verl's use_dynamic_bsz), activation checkpointing with CPU offload of the shards.
+        variants = {"padded": (dict(remove_padding=False), dict(micro_batch_size=2)),
+                    "token_budget": (dict(remove_padding=True), dict(max_token_len=12)),
+                    "recompute_offload": (dict(gradient_checkpointing=True, offload=True), {})}
+        for name, (engine_options, actor_options) in variants.items():
+            engine = FSDPEngine(config, hf_dir, mesh, "lm", optim, **engine_options)
+            step(engine, **actor_options)
+            out[f"variant_{name}"] = _full_params(engine.module)
     return out
+
+
+def _engine_job(cases, world):
+    """Every model's checks, then (2 ranks) HYBRID_SHARD: fsdp_size 1 replicates the whole model on both."""
+    from verl.engine.fsdp.engine import FSDPEngine
+    from verl.engine.fsdp.parallel import fsdp_mesh, reset_fsdp_mesh
+    from verl.engine.megatron.engine import OptimConfig
+
+    results = {name: _model_job(*paths, world) for name, paths in cases.items()}
+    if world == 2:
+        import torch.distributed as dist
+
+        reset_fsdp_mesh()
+        mesh = fsdp_mesh(1)
+        batch = padded_batch(batch=4)
+        batch["advantages"] = _advantages(batch)
+        share = _batch_share(batch, dist.get_rank(), world)
+        counts = {"dp_size": world, "batch_num_tokens": int(batch["attention_mask"][:, -RESPONSE:].sum())}
+        for name, (hf_dir, _, _) in cases.items():
+            from verl.engine.fsdp.roles import FSDPActor
+
+            optim = OptimConfig(lr=LR, weight_decay=0.01, clip_grad=0.0, total_training_steps=STEPS)
+            engine = FSDPEngine(model_config(hf_dir), hf_dir, mesh, "lm", optim)
+            FSDPActor(engine, micro_batch_size=1).update_policy(share, _loss_fn(counts), calculate_entropy=False,
+                                                                global_loss=True)
+            results[name]["variant_hsdp"] = _full_params(engine.module)
+            results[name]["hsdp_mesh"] = torch.tensor(tuple(mesh.mesh.shape))
+    return results
 
 
 def _reference_steps(model, batch):
@@ -113,44 +151,48 @@ def _reference_steps(model, batch):
     return losses, states, conditioned
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_fsdp_engine_matches_transformers(tmp_path, name):
-    model = hf_model(name)
-    hf_dir = save_hf(model, str(tmp_path / "hf"), sharded=False)
+def _allclose_where_conditioned(got, want, conditioned, what):
+    for pname, ref in want.items():
+        ok = conditioned[pname]
+        assert torch.allclose(got[pname][ok], ref[ok], atol=1e-5, rtol=0), (what, pname)
+
+
+def test_fsdp_engine_matches_transformers(tmp_path):
+    import transformers
+
+    models, cases = {}, {}
+    for name in MODELS:
+        models[name] = hf_model(name)
+        hf_dir = save_hf(models[name], str(tmp_path / name / "hf"), sharded=False)
+        cases[name] = (hf_dir, str(tmp_path / name / "ckpt"), str(tmp_path / name / "export"))
+    two = run_ranks(_engine_job, 2, cases, 2, timeout_s=300)
+    one = run_ranks(_engine_job, 1, cases, 1, timeout_s=300)
     batch = padded_batch(batch=4)
     batch["advantages"] = _advantages(batch)
     mask = batch["attention_mask"].bool()
-    with torch.no_grad():
-        expected = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                         position_ids=batch["position_ids"]).logits
-    losses, states, conditioned = _reference_steps(model, batch)
-    ckpt, export = str(tmp_path / "ckpt"), str(tmp_path / "export")
-    two = run_ranks(_engine_job, 2, hf_dir, ckpt, export, 2, timeout_s=300)
-    one = run_ranks(_engine_job, 1, hf_dir, ckpt, export, 1, timeout_s=300)
-    for result in (two[0], two[1], one[0]):
-        for packed in (False, True):
-            assert (result[f"logits_packed{packed}"][mask] - expected[mask]).abs().max() <= 1e-5
-    covered = sum(int(m.sum()) for m in conditioned.values()) / sum(m.numel() for m in conditioned.values())
-    assert covered > 0.99  # the comparison covers nearly every element
-    for result in (two[0], one[0]):
-        # Loss shares are added over micro-batches and averaged over ranks: the whole batch's loss.
-        assert abs(float(result["loss"]) - float(losses[0])) < 1e-5
-        for step, key in enumerate(("step1", "step2")):
-            for pname, ref in states[step].items():
-                ok = conditioned[pname]
-                assert torch.allclose(result[key][pname][ok], ref[ok], atol=1e-5, rtol=0), (key, pname)
-    assert int(one[0]["loaded_iteration"]) == 1
-    import transformers
-
-    exported = transformers.AutoModelForCausalLM.from_pretrained(export).eval()
-    assert "config.json" in os.listdir(export)
-    with torch.no_grad():
-        again = exported(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                         position_ids=batch["position_ids"]).logits
-    # The export is the weights after step 1.
-    reference_after_1 = model.__class__(model.config).eval()
-    reference_after_1.load_state_dict(states[0], strict=False)
-    with torch.no_grad():
-        want = reference_after_1(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                 position_ids=batch["position_ids"]).logits
-    assert (again[mask] - want[mask]).abs().max() <= 1e-5
+    inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                  position_ids=batch["position_ids"])
+    for name, model in models.items():
+        with torch.no_grad():
+            expected = model(**inputs).logits
+        losses, states, conditioned = _reference_steps(model, batch)
+        covered = sum(int(m.sum()) for m in conditioned.values()) / sum(m.numel() for m in conditioned.values())
+        assert covered > 0.99  # the comparison covers nearly every element
+        for result in (two[0][name], two[1][name], one[0][name]):
+            for packed in (False, True):
+                assert (result[f"logits_packed{packed}"][mask] - expected[mask]).abs().max() <= 1e-5, name
+        for result in (two[0][name], one[0][name]):
+            # Loss shares are added over micro-batches and averaged over ranks: the whole batch's loss.
+            assert abs(float(result["loss"]) - float(losses[0])) < 1e-5
+            for index, key in enumerate(("step1", "step2")):
+                _allclose_where_conditioned(result[key], states[index], conditioned, (name, key))
+        for variant in ("padded", "token_budget", "recompute_offload", "hsdp"):
+            _allclose_where_conditioned(two[0][name][f"variant_{variant}"], states[0], conditioned, (name, variant))
+        assert two[0][name]["hsdp_mesh"].tolist() == [2, 1]
+        assert int(one[0][name]["loaded_iteration"]) == 1
+        # The HF export (written after step 1 by the 2-rank job) loads in transformers with step 1's logits.
+        exported = transformers.AutoModelForCausalLM.from_pretrained(cases[name][2]).eval()
+        after_one = model.__class__(model.config).eval()
+        after_one.load_state_dict(states[0], strict=False)
+        with torch.no_grad():
+            assert (exported(**inputs).logits[mask] - after_one(**inputs).logits[mask]).abs().max() <= 1e-5, name
