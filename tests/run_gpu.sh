@@ -12,6 +12,8 @@
 #   bash tests/run_gpu.sh bench       # 4a
 #   bash tests/run_gpu.sh quickstart  # 4b
 #   bash tests/run_gpu.sh qwen05b     # 4c
+#   bash tests/run_gpu.sh fsdp        # 4d: the FSDP backend: the quickstart's RL stage on 1 GPU (FSDP2 bf16 mixed
+#                                     #     precision, fp32 master weights cast into a bf16 native rollout)
 # Wheels, made on a machine with network (Python of the GPU image: 3.12):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 --platform any -d .whl megatron-core==0.16.1 omegaconf hydra-core==1.3.2
@@ -68,13 +70,22 @@ qwen05b() {
     --config configs/grpo_qwen2_0p5b_gpu.yaml trainer.output_dir="$OUT/qwen05b" trainer.resume_mode=disable \
     2>&1 | tee "$OUT/qwen05b.log"
 }
+fsdp() {
+  say "GRPO on FSDP2, 1 GPU, bf16 compute + bf16 rollout (configs/grpo_arith_tiny_fsdp.yaml)"
+  [[ -f data/arithmetic/train.parquet ]] || "$PY" -m verl.cli data arithmetic --out data/arithmetic
+  "$PY" -m verl.cli train --config configs/grpo_arith_tiny_fsdp.yaml trainer.n_gpus_per_node=1 \
+    actor_rollout_ref.rollout.dtype=bfloat16 trainer.total_training_steps=20 trainer.output_dir="$OUT/fsdp" \
+    trainer.resume_mode=disable 2>&1 | tee "$OUT/fsdp.log"
+}
 case "$stage" in
   setup) setup ;;
   tests) tests ;;
   bench) bench ;;
   quickstart) quickstart ;;
   qwen05b) qwen05b ;;
-  all) setup; tests; bench; quickstart; qwen05b ;;
-  *) echo "run_gpu: expected a stage among setup, tests, bench, quickstart, qwen05b, all; found '$stage'" >&2; exit 2 ;;
+  fsdp) fsdp ;;
+  all) setup; tests; bench; quickstart; qwen05b; fsdp ;;
+  *) echo "run_gpu: expected a stage among setup, tests, bench, quickstart, qwen05b, fsdp, all; found '$stage'" >&2
+     exit 2 ;;
 esac
 say "done: $stage"

@@ -89,7 +89,7 @@ def _model_job(hf_dir, ckpt_dir, export_dir, world):
         # The same first step through the other options: padded rows with one micro-batch per rank, token-budget
         # micro-batches (verl's use_dynamic_bsz), activation checkpointing with CPU offload of the shards.
         variants = {"padded": (dict(remove_padding=False), dict(micro_batch_size=2)),
-                    "token_budget": (dict(remove_padding=True), dict(max_token_len=12)),
+                    "token_budget": (dict(remove_padding=False), dict(max_token_len=12)),  # packs anyway
                     "recompute_offload": (dict(gradient_checkpointing=True, offload=True), {})}
         for name, (engine_options, actor_options) in variants.items():
             engine = FSDPEngine(config, hf_dir, mesh, "lm", optim, **engine_options)

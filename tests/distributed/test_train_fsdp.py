@@ -24,6 +24,7 @@ from test_train_e2e import (
     kill_tree,
     read_metrics,
     run_train,
+    save_arith_reward_model,
     train_cmd,
 )
 from tiny_models import arithmetic_data_args
@@ -81,16 +82,24 @@ def test_fsdp_grpo_logs_metrics_resumes_after_kill_and_on_one_rank(tmp_path, ari
         check_step_record(one[step], step, COMMON_KEYS)
 
 
-def test_fsdp_ppo_trains_critic_with_gae(tmp_path, arithmetic_data):
-    """The PPO quickstart config with one switch: every role (actor, critic, reference) follows the actor's
-    strategy."""
-    run_train(train_cmd("ppo_arith_tiny.yaml", tmp_path, arithmetic_data, "actor_rollout_ref.actor.strategy=fsdp",
-                        "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=2",
-                        "trainer.val_before_train=false"))
-    metrics = read_metrics(tmp_path)
+def test_fsdp_ppo_trains_critic_with_gae_scored_by_a_swapped_reward_model(tmp_path, arithmetic_data):
+    """The PPO quickstart config with one switch: every role (actor, critic, reference, reward model) follows
+    the actor's strategy. The reward model (an HF sequence-classification checkpoint) is swapped before step 2
+    for one whose head is zero."""
+    save_arith_reward_model(tmp_path / "rm")
+    save_arith_reward_model(tmp_path / "rm_zero", zero_head=True)
+    out = tmp_path / "run"
+    run_train(train_cmd("ppo_arith_tiny.yaml", out, arithmetic_data, "actor_rollout_ref.actor.strategy=fsdp",
+                        "reward_model.enable=true", f"reward_model.model.path={tmp_path / 'rm'}",
+                        "reward_model.micro_batch_size_per_gpu=4", f"reward_model.hot_swap.path={tmp_path / 'rm_zero'}",
+                        "reward_model.hot_swap.at_step=2", "trainer.total_training_steps=2", "trainer.test_freq=-1",
+                        "trainer.save_freq=2", "trainer.val_before_train=false"))
+    metrics = read_metrics(out)
     assert sorted(metrics) == [1, 2]
     for step in (1, 2):
         check_step_record(metrics[step], step, COMMON_KEYS + CRITIC_KEYS + ["actor/reward_kl_penalty"])
         assert metrics[step]["critic/vf_explained_var"] <= 1.0
-    manifest = (tmp_path / "checkpoints" / "global_step_2" / "critic" / "verl_checkpoint.json").read_text()
+    assert metrics[1]["critic/score/max"] != metrics[1]["critic/score/min"]  # continuous model scores
+    assert metrics[2]["critic/score/max"] == metrics[2]["critic/score/min"] == 0.0  # the zero head's
+    manifest = (out / "checkpoints" / "global_step_2" / "critic" / "verl_checkpoint.json").read_text()
     assert '"strategy": "fsdp"' in manifest and '"head": "value"' in manifest

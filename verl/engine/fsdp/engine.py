@@ -12,9 +12,10 @@ Data parallelism is the whole world: every rank gets its own share of the batch 
 gradients over every rank (reduce-scatter within a shard group, all-reduce across replicas), as Megatron's
 DDP averages over its DP group. With several micro-batches the gradient sync runs only on the last one.
 
-``remove_padding`` (verl's ``model.use_remove_padding``): the valid tokens of a micro-batch are packed into
-one row with per-sequence positions; transformers then masks attention block-diagonally, so no compute goes
-to padding; outputs are scattered back to the padded layout for ``output_fn``.
+``remove_padding`` (verl's ``model.use_remove_padding``), and token-budget micro-batches (verl's
+``use_dynamic_bsz``) always: the valid tokens of a micro-batch are packed into one row with per-sequence
+positions; transformers then masks attention block-diagonally, so no compute goes to padding; outputs are
+scattered back to the padded layout for ``output_fn``.
 
 Precision: parameters (the optimizer's master copy) in ``model_dtype``; ``param_dtype`` / ``reduce_dtype``
 form FSDP's ``MixedPrecisionPolicy`` (bf16 compute with fp32 reductions on GPUs, fp32 on the CPU).
@@ -142,11 +143,12 @@ class FSDPEngine:
         micro_batches = [{k: v[torch.tensor(g, device=v.device)] for k, v in batch.items()} for g in groups]
         return micro_batches, torch.tensor([row for group in groups for row in group])
 
-    def _model_output(self, micro_batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _model_output(self, micro_batch: dict[str, torch.Tensor],
+                      pack: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(output [b, S, V or 1] in the left-aligned layout, aligned ids, shifts)."""
         ids, mask, shifts = left_align(micro_batch["input_ids"], micro_batch["attention_mask"],
                                        micro_batch.get("position_ids"))
-        if self.remove_padding:
+        if pack:
             packed, positions = pack_rows(ids, mask)
             out = self.model(input_ids=packed, position_ids=positions, use_cache=False).logits[0]
             output = out.new_zeros(ids.shape + out.shape[-1:])
@@ -155,6 +157,11 @@ class FSDPEngine:
         positions = torch.arange(ids.size(1), device=ids.device).expand_as(ids)
         output = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
         return output, ids, shifts
+
+    def _packs(self, max_token_len: int | None) -> bool:
+        """Pack rows when asked to, and always under a token budget: a budget counts valid tokens only, so
+        its micro-batches carry no padding either."""
+        return self.remove_padding or max_token_len is not None
 
     # ------------------------------------------------------------------ forward
     def forward(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn,
@@ -166,7 +173,7 @@ class FSDPEngine:
         with torch.no_grad():
             for micro_batch in micro_batches:
                 micro_batch = to_device(micro_batch, self.device)
-                output, ids, shifts = self._model_output(micro_batch)
+                output, ids, shifts = self._model_output(micro_batch, self._packs(max_token_len))
                 results.append({k: v.detach().cpu() for k, v in output_fn(output, ids, shifts, micro_batch).items()})
         result = {k: torch.cat([r[k] for r in results], dim=0) for k in results[0]}
         if rows is not None:  # back to the batch's order
@@ -191,7 +198,7 @@ class FSDPEngine:
             # Reduce-scatter the gradients once, after the last micro-batch's backward.
             self.model.set_requires_gradient_sync(index == count - 1)
             micro_batch = to_device(micro_batch, self.device)
-            output, ids, shifts = self._model_output(micro_batch)
+            output, ids, shifts = self._model_output(micro_batch, self._packs(max_token_len))
             outputs = output_fn(output, ids, shifts, micro_batch)
             loss, metrics = loss_fn(outputs, micro_batch)
             # Shares of a global loss add up; a per-micro-batch mean loss is averaged.
