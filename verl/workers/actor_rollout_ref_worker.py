@@ -138,7 +138,7 @@ class ActorRolloutRefWorker(Worker):
         self.config = config
         arr = config.actor_rollout_ref
         self.actor_config, self.rollout_config = arr.actor, arr.rollout
-        self.strategy = arr.actor.strategy
+        self.strategy = arr.actor.get("strategy", "megatron")
         if loss_mode(arr.actor) == "gspo" and arr.actor.loss_agg_mode != core_algos.GSPO_LOSS_AGG_MODE:
             logger.warning("actor.policy_loss.loss_mode=gspo aggregates the policy loss %s (GSPO's objective, as "
                            "verl) whatever actor.loss_agg_mode=%s says; the entropy and KL terms use %s",

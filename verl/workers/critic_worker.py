@@ -55,7 +55,7 @@ def value_loss_fn(cfg: Any, counts: dict[str, int]) -> Callable:
 class CriticWorker(Worker):
     def __init__(self, config: Any, total_training_steps: int = 1):
         self.config = config.critic
-        self.strategy = self.config.strategy
+        self.strategy = self.config.get("strategy", "megatron")
         self.n = config.actor_rollout_ref.rollout.n
         model_config = ModelConfig.from_pretrained(self.config.model.path)
         options = dict(micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,

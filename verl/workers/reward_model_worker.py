@@ -66,8 +66,8 @@ def checkpoint_fingerprint(path: str) -> tuple:
 class RewardModelWorker(Worker):
     def __init__(self, config: Any):
         self.config = config.reward_model
-        self.strategy = self.config.strategy
-        self.seed = int(config.trainer.seed)
+        self.strategy = self.config.get("strategy", "megatron")
+        self.seed = int(config.trainer.seed) if is_fsdp(self.strategy) else 0  # FSDP's random init only
         if not is_fsdp(self.strategy):
             mega = config.actor_rollout_ref.actor.megatron
             ensure_megatron(mega.tensor_model_parallel_size, mega.pipeline_model_parallel_size, mega.seed)
