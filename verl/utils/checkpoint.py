@@ -20,6 +20,7 @@ import json
 import os
 import random
 import shutil
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,8 @@ def _barrier() -> None:
 
 def _megatron_rng_tracker():
     """Megatron's model-parallel RNG tracker when this process initialised Megatron, else None."""
+    if "megatron.core.parallel_state" not in sys.modules:  # never initialised here (the FSDP backend)
+        return None
     try:
         from megatron.core import parallel_state as mpu
         from megatron.core.tensor_parallel import get_cuda_rng_tracker
