@@ -120,8 +120,10 @@ class FSDPEngine:
         self.optimizer = None
         self.scheduler = None
         if optim is not None:
+            # fused: one kernel over every shard. The default on the CPU loops over parameters, each update
+            # a dozen DTensor dispatches: 40% of a tiny model's step (verl bench train, 0.74M Qwen2).
             self.optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
-                                               weight_decay=optim.weight_decay)
+                                               weight_decay=optim.weight_decay, fused=True)
             self.scheduler = LRSchedule(self.optimizer, optim)
         self.is_last_stage = True  # no pipeline stages: every rank holds the whole (sharded) model
 
