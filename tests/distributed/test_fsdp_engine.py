@@ -52,9 +52,9 @@ def _model_job(hf_dir, ckpt_dir, export_dir, world):
     from verl.engine.fsdp.engine import FSDPEngine
     from verl.engine.fsdp.hf_export import export_actor_hf
     from verl.engine.fsdp.parallel import fsdp_mesh
-    from verl.engine.fsdp.roles import FSDPActor
     from verl.engine.megatron.engine import OptimConfig
     from verl.engine.megatron.padding import restore
+    from verl.engine.roles import Actor
 
     rank = dist.get_rank()
     config = model_config(hf_dir)
@@ -71,7 +71,7 @@ def _model_job(hf_dir, ckpt_dir, export_dir, world):
     optim = OptimConfig(lr=LR, weight_decay=0.01, clip_grad=0.0, total_training_steps=STEPS)
 
     def step(engine, **actor_options):
-        actor = FSDPActor(engine, **{"micro_batch_size": 1, **actor_options})
+        actor = Actor(engine, **{"micro_batch_size": 1, **actor_options})
         return actor.update_policy(share, _loss_fn(counts), calculate_entropy=False, global_loss=True)
 
     engine = FSDPEngine(config, hf_dir, mesh, "lm", optim, remove_padding=True)
@@ -115,11 +115,11 @@ def _engine_job(cases, world):
         share = _batch_share(batch, dist.get_rank(), world)
         counts = {"dp_size": world, "batch_num_tokens": int(batch["attention_mask"][:, -RESPONSE:].sum())}
         for name, (hf_dir, _, _) in cases.items():
-            from verl.engine.fsdp.roles import FSDPActor
+            from verl.engine.roles import Actor
 
             optim = OptimConfig(lr=LR, weight_decay=0.01, clip_grad=0.0, total_training_steps=STEPS)
             engine = FSDPEngine(model_config(hf_dir), hf_dir, mesh, "lm", optim)
-            FSDPActor(engine, micro_batch_size=1).update_policy(share, _loss_fn(counts), calculate_entropy=False,
+            Actor(engine, micro_batch_size=1).update_policy(share, _loss_fn(counts), calculate_entropy=False,
                                                                 global_loss=True)
             results[name]["variant_hsdp"] = _full_params(engine.module)
             results[name]["hsdp_mesh"] = torch.tensor(tuple(mesh.mesh.shape))

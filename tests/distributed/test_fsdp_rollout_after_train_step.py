@@ -51,8 +51,8 @@ def _job(cases):
 
     from verl.engine.fsdp.engine import FSDPEngine
     from verl.engine.fsdp.parallel import fsdp_mesh
-    from verl.engine.fsdp.roles import FSDPActor
     from verl.engine.megatron.engine import OptimConfig
+    from verl.engine.roles import Actor
     from verl.engine.rollout.native.engine import NativeRollout
     from verl.hybrid_engine.groups import derive_groups
     from verl.hybrid_engine.hybrid_engine import HybridEngine, rollout_tp_process_group
@@ -78,7 +78,7 @@ def _job(cases):
         result["oracle_before"] = _transformers_greedy(engine, hf_dir)
         batch = training_batch(config.vocab_size)
         share = batch["input_ids"].shape[0] // world
-        metrics = FSDPActor(engine, micro_batch_size=share).update_policy(
+        metrics = Actor(engine, micro_batch_size=share).update_policy(
             {k: v[rank * share:(rank + 1) * share] for k, v in batch.items()}, nll_loss, calculate_entropy=False)
         result["update_successful"] = metrics["update_successful"]
         buffer_before = rollout.weight_buffer()

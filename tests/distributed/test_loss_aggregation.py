@@ -44,10 +44,9 @@ def _grads(engine) -> dict[str, torch.Tensor]:
 def _grad_job(actor_dir, critic_dir, batch, layouts):
     from megatron.core import parallel_state as mpu
 
-    from verl.engine.megatron.actor import MegatronActor
-    from verl.engine.megatron.critic import MegatronCritic
     from verl.engine.megatron.engine import MegatronEngine, OptimConfig
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
+    from verl.engine.roles import Actor, Critic
     from verl.models.config import ModelConfig
     from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
     from verl.workers.actor_rollout_ref_worker import POLICY_LOSS_SHARES, policy_loss_fn
@@ -71,8 +70,8 @@ def _grad_job(actor_dir, critic_dir, batch, layouts):
     results = {}
     for layout, (micro_batch, global_loss, *budget) in layouts.items():
         max_token_len = budget[0] if budget else None
-        actor = MegatronActor(actor_engine, micro_batch, max_token_len=max_token_len)
-        critic = MegatronCritic(critic_engine, micro_batch, max_token_len=max_token_len,
+        actor = Actor(actor_engine, micro_batch, max_token_len=max_token_len)
+        critic = Critic(critic_engine, micro_batch, max_token_len=max_token_len,
                                 forward_max_token_len=max_token_len)
         # Old log-probs near the current ones (some ratios clip), a reference policy further off.
         log_probs = actor.compute_log_prob(mine, calculate_entropy=False)["log_probs"]

@@ -31,10 +31,10 @@ def _full_logits(engine):
 def _checkpoint_job(hf_dir, ckpt_root, batch):
     from megatron.core import parallel_state as mpu
 
-    from verl.engine.megatron.actor import MegatronActor
     from verl.engine.megatron.checkpoint import load_checkpoint, save_checkpoint
     from verl.engine.megatron.engine import MegatronEngine, OptimConfig
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
+    from verl.engine.roles import Actor
     from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
 
     config = model_config(hf_dir)
@@ -48,7 +48,7 @@ def _checkpoint_job(hf_dir, ckpt_root, batch):
             load_hf_into_model(engine.module, config, HFCheckpoint(hf_dir).get)
         share = batch["input_ids"].size(0) // mpu.get_data_parallel_world_size()
         rank = mpu.get_data_parallel_rank()
-        return engine, MegatronActor(engine, 2), {k: v[rank * share:(rank + 1) * share] for k, v in batch.items()}
+        return engine, Actor(engine, 2), {k: v[rank * share:(rank + 1) * share] for k, v in batch.items()}
 
     result = {}
     engine, worker, data = actor(2, 1)

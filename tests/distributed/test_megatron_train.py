@@ -42,10 +42,9 @@ def value_loss(outputs, micro_batch):
 def _train_job(hf_dir, critic_dir, batch):
     from megatron.core import parallel_state as mpu
 
-    from verl.engine.megatron.actor import MegatronActor
-    from verl.engine.megatron.critic import MegatronCritic
     from verl.engine.megatron.engine import MegatronEngine, OptimConfig
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
+    from verl.engine.roles import Actor, Critic
     from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
 
     config = model_config(hf_dir)
@@ -60,7 +59,7 @@ def _train_job(hf_dir, critic_dir, batch):
         dp, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
         share = GLOBAL_BATCH // dp
         my_batch = {k: v[dp_rank * share:(dp_rank + 1) * share] for k, v in batch.items()}
-        actor = MegatronActor(engine, micro_batch_size=MICRO_BATCH)
+        actor = Actor(engine, micro_batch_size=MICRO_BATCH)
         steps = [actor.update_policy(my_batch, sft_loss) for _ in range(STEPS)]
         curves[name] = {"loss": [m["loss"] for m in steps], "lr": [m["lr"] for m in steps],
                         "grad_norm": [m["grad_norm"] for m in steps]}
@@ -69,7 +68,7 @@ def _train_job(hf_dir, critic_dir, batch):
     initialize_megatron(2, 2, seed=3)
     critic_config = model_config(critic_dir)
     engine = MegatronEngine(critic_config, head="value", optim=OptimConfig(lr=3e-3, weight_decay=0.0))
-    critic = MegatronCritic(engine, micro_batch_size=MICRO_BATCH)
+    critic = Critic(engine, micro_batch_size=MICRO_BATCH)
     curves["critic_tp2_pp2"] = {"loss": [critic.update_critic(batch, value_loss)["loss"] for _ in range(STEPS)]}
     curves["critic_values_shape"] = list(critic.compute_values(batch)["values"].shape)
     destroy_megatron()

@@ -4,7 +4,7 @@ One spawned job (TP=2, DP=1) runs all three; single-process transformers is the 
 - ``RewardModelWorker.compute_rm_score`` equals the HF reward model's score head at the last valid
   token, placed on the last valid response token; ``swap_reward_model`` to another checkpoint gives
   that checkpoint's scores;
-- ``MegatronActor.compute_log_prob(temperature=0.7)`` recomputes the native rollout's
+- ``Actor.compute_log_prob(temperature=0.7)`` recomputes the native rollout's
   ``rollout_log_probs`` of responses sampled at temperature 0.7 (and temperature 1 does not);
 - ``export_actor_hf`` of a perturbed actor writes a directory transformers loads, whose logits equal
   the Megatron actor's.
@@ -69,10 +69,10 @@ def reference_rm_scores(model, batch):
 def _job(lm_dir, rm_a, rm_b, export_dir, batch):
     from omegaconf import OmegaConf
 
-    from verl.engine.megatron.actor import MegatronActor
     from verl.engine.megatron.engine import MegatronEngine
     from verl.engine.megatron.padding import restore
     from verl.engine.megatron.parallel import initialize_megatron
+    from verl.engine.roles import Actor
     from verl.engine.rollout.base import SamplingParams
     from verl.engine.rollout.native.engine import NativeRollout
     from verl.models.config import ModelConfig
@@ -101,7 +101,7 @@ def _job(lm_dir, rm_a, rm_b, export_dir, batch):
     lm_config = ModelConfig.from_pretrained(lm_dir)
     engine = MegatronEngine(lm_config, optim=None)
     load_hf_into_model(engine.module, lm_config, HFCheckpoint(lm_dir).get)
-    actor = MegatronActor(engine, micro_batch_size=2)
+    actor = Actor(engine, micro_batch_size=2)
     rollout = NativeRollout(lm_config)
     rollout.load_hf_checkpoint(lm_dir)
     prompts = batch["input_ids"][:, :PROMPT]

@@ -63,8 +63,8 @@ def _run_case(hf_dir: str, training, rollout_tp: int) -> dict:
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
 
-    from verl.engine.megatron.actor import MegatronActor
     from verl.engine.megatron.engine import MegatronEngine, OptimConfig
+    from verl.engine.roles import Actor
     from verl.engine.rollout.native.engine import NativeRollout
     from verl.hybrid_engine.groups import derive_groups
     from verl.hybrid_engine.hybrid_engine import HybridEngine
@@ -87,7 +87,7 @@ def _run_case(hf_dir: str, training, rollout_tp: int) -> dict:
     batch = training_batch(config.vocab_size)
     dp, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
     share = batch["input_ids"].shape[0] // dp
-    metrics = MegatronActor(engine, micro_batch_size=share).update_policy(
+    metrics = Actor(engine, micro_batch_size=share).update_policy(
         {k: v[dp_rank * share:(dp_rank + 1) * share] for k, v in batch.items()}, nll_loss, calculate_entropy=False)
     result["update_successful"] = metrics["update_successful"]
 

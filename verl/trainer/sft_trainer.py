@@ -43,9 +43,9 @@ class SFTTrainer:
         import torch.distributed as dist
         from megatron.core import parallel_state as mpu
 
-        from verl.engine.megatron.actor import MegatronActor
         from verl.engine.megatron.engine import MegatronEngine, OptimConfig
         from verl.engine.megatron.parallel import initialize_megatron
+        from verl.engine.roles import Actor
         from verl.models.config import ModelConfig
         from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
 
@@ -64,7 +64,7 @@ class SFTTrainer:
             lr_decay_style=optim["lr_scheduler"]))
         if os.path.isdir(cfg["model"]["path"]) and _has_weights(cfg["model"]["path"]):
             load_hf_into_model(self.engine.module, self.model_config, HFCheckpoint(cfg["model"]["path"]).get)
-        self.actor = MegatronActor(self.engine, cfg["data"]["micro_batch_size_per_gpu"])
+        self.actor = Actor(self.engine, cfg["data"]["micro_batch_size_per_gpu"])
 
     def _global_batches(self):
         """Seeded reshuffle every epoch; the last partial batch of an epoch is dropped."""

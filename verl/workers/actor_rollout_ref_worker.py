@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from verl.engine.roles import Actor
 from verl.hybrid_engine.groups import derive_groups
 from verl.hybrid_engine.hybrid_engine import HybridEngine, rollout_tp_process_group
 from verl.hybrid_engine.layouts import TrainingLayout
@@ -146,13 +147,16 @@ class ActorRolloutRefWorker(Worker):
         self.model_config = ModelConfig.from_pretrained(arr.model.path)
         self.log_prob_max_token_len = token_budget(arr.rollout, "log_prob_use_dynamic_bsz",
                                                    "log_prob_max_token_len_per_gpu")
-        ref_options = dict(micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
-                           max_token_len=token_budget(arr.ref, "log_prob_use_dynamic_bsz",
-                                                      "log_prob_max_token_len_per_gpu"))
-        if is_fsdp(self.strategy):
-            engine, training = self._fsdp_actor(arr, total_training_steps, role, ref_options)
-        else:
-            engine, training = self._megatron_actor(arr, total_training_steps, role, ref_options)
+        build = self._fsdp_engines if is_fsdp(self.strategy) else self._megatron_engines
+        engine, ref_engine, training = build(arr, total_training_steps, with_ref=role == "actor_rollout_ref")
+        self.actor = Actor(engine, micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu,
+                           max_token_len=self.log_prob_max_token_len)
+        self.ref = None
+        if ref_engine is not None:  # the reference policy starts as the initial actor
+            _copy_weights(engine.module, ref_engine.module)
+            self.ref = Actor(ref_engine, micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
+                             max_token_len=token_budget(arr.ref, "log_prob_use_dynamic_bsz",
+                                                        "log_prob_max_token_len_per_gpu"))
         self.dp_size = dp_group_and_size(self.strategy)[1]
 
         rollout_tp = arr.rollout.tensor_model_parallel_size
@@ -185,11 +189,10 @@ class ActorRolloutRefWorker(Worker):
         self.val_sampling = SamplingParams(temperature=val.temperature, top_p=val.top_p, top_k=val.top_k,
                                            do_sample=val.do_sample, n=val.n, **common)
 
-    def _megatron_actor(self, arr: Any, total_training_steps: int, role: str, ref_options: dict):
-        """Actor (and reference) on Megatron; returns (actor engine, training layout)."""
+    def _megatron_engines(self, arr: Any, total_training_steps: int, with_ref: bool):
+        """(actor engine, reference engine or None, training layout) on Megatron."""
         from megatron.core import parallel_state as mpu
 
-        from verl.engine.megatron.actor import MegatronActor
         from verl.engine.megatron.engine import MegatronEngine
 
         mega = arr.actor.megatron
@@ -198,33 +201,20 @@ class ActorRolloutRefWorker(Worker):
                                                                       mega.use_distributed_optimizer),
                                 **engine_options(mega, arr.model))
         load_initial_weights(engine, arr.model.path, self.model_config, "lm")
-        self.actor = MegatronActor(engine, micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu,
-                                   max_token_len=self.log_prob_max_token_len)
-        self.ref = None
-        if role == "actor_rollout_ref":
-            ref_engine = MegatronEngine(self.model_config, optim=None, **engine_options(arr.ref.megatron))
-            _copy_weights(engine.module, ref_engine.module)
-            self.ref = MegatronActor(ref_engine, **ref_options)
+        ref = MegatronEngine(self.model_config, optim=None, **engine_options(arr.ref.megatron)) if with_ref else None
         training = TrainingLayout(tp=mega.tensor_model_parallel_size, pp=mega.pipeline_model_parallel_size,
                                   dp=mpu.get_data_parallel_world_size())
-        return engine, training
+        return engine, ref, training
 
-    def _fsdp_actor(self, arr: Any, total_training_steps: int, role: str, ref_options: dict):
-        """Actor (and reference) on FSDP2; returns (actor engine, training layout)."""
-        from verl.engine.fsdp.roles import FSDPActor
+    def _fsdp_engines(self, arr: Any, total_training_steps: int, with_ref: bool):
+        """(actor engine, reference engine or None, training layout) on FSDP2."""
         from verl.hybrid_engine.layouts import FSDPLayout
 
         seed = int(self.config.trainer.seed)
         optim = optim_config(arr.actor.optim, total_training_steps, clip_grad=arr.actor.get("grad_clip"))
         engine = fsdp_engine(self.model_config, arr.model.path, "lm", arr.actor, arr.model, optim, seed)
-        self.actor = FSDPActor(engine, micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu,
-                               max_token_len=self.log_prob_max_token_len)
-        self.ref = None
-        if role == "actor_rollout_ref":
-            ref_engine = fsdp_engine(self.model_config, arr.model.path, "lm", arr.ref, arr.model, None, seed)
-            _copy_weights(engine.module, ref_engine.module)
-            self.ref = FSDPActor(ref_engine, **ref_options)
-        return engine, FSDPLayout(shard=engine.mesh.shard_size, replicate=engine.mesh.replicate_size)
+        ref = fsdp_engine(self.model_config, arr.model.path, "lm", arr.ref, arr.model, None, seed) if with_ref else None
+        return engine, ref, FSDPLayout(shard=engine.mesh.shard_size, replicate=engine.mesh.replicate_size)
 
     def _sglang_rollout(self, config: Any, group_ranks: tuple[int, ...], tp_group: Any, pad_id: int):
         """One SGLang engine per rollout TP group, owned by the group's first rank (see sglang_group)."""

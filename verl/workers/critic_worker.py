@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from verl.engine.roles import Critic
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, register
@@ -63,14 +64,10 @@ class CriticWorker(Worker):
                        forward_max_token_len=token_budget(self.config, "use_dynamic_bsz",
                                                           "forward_max_token_len_per_gpu"))
         if is_fsdp(self.strategy):
-            from verl.engine.fsdp.roles import FSDPCritic
-
             optim = optim_config(self.config.optim, total_training_steps, clip_grad=self.config.get("grad_clip"))
             engine = fsdp_engine(model_config, self.config.model.path, "value", self.config,
                                  config.actor_rollout_ref.model, optim, int(config.trainer.seed))
-            self.critic = FSDPCritic(engine, **options)
         else:
-            from verl.engine.megatron.critic import MegatronCritic
             from verl.engine.megatron.engine import MegatronEngine
 
             mega = self.config.megatron  # the actor's layout (checked at config time: one parallel state per process)
@@ -80,7 +77,7 @@ class CriticWorker(Worker):
                                                        mega.use_distributed_optimizer),
                                     **engine_options(mega))
             load_initial_weights(engine, self.config.model.path, model_config, "value")
-            self.critic = MegatronCritic(engine, **options)
+        self.critic = Critic(engine, **options)
         self.dp_size = dp_group_and_size(self.strategy)[1]
 
     def dispatch_meshes(self) -> dict[str, MeshRank]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from verl.engine.roles import RewardModel
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, register
@@ -82,21 +83,18 @@ class RewardModelWorker(Worker):
         model_config = ModelConfig.from_pretrained(path)
         micro = self.config.micro_batch_size_per_gpu
         if is_fsdp(self.strategy):
-            from verl.engine.fsdp.roles import FSDPRewardModel
-
             # Forward-only: a swap rebuilds the sharded model from the new directory (no optimizer to keep).
-            self.rm = FSDPRewardModel(fsdp_engine(model_config, path, "score", self.config, None, None, self.seed),
-                                      micro_batch_size=micro)
+            self.rm = RewardModel(fsdp_engine(model_config, path, "score", self.config, None, None, self.seed),
+                                  micro_batch_size=micro)
             self.model_path = path
             return
-        from verl.engine.megatron.critic import MegatronRewardModel
         from verl.engine.megatron.engine import MegatronEngine
 
         if self.rm is None or self.rm.engine.config != model_config:
             # Forward-only: rebuilding costs one model's memory, no optimizer state is lost.
-            self.rm = MegatronRewardModel(MegatronEngine(model_config, head="score", optim=None,
-                                                         **engine_options(self.config.megatron)),
-                                          micro_batch_size=micro)
+            self.rm = RewardModel(MegatronEngine(model_config, head="score", optim=None,
+                                                 **engine_options(self.config.megatron)),
+                                  micro_batch_size=micro)
         load_initial_weights(self.rm.engine, path, model_config, "score")
         self.model_path = path
 

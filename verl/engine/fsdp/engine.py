@@ -127,6 +127,12 @@ class FSDPEngine:
             self.scheduler = LRSchedule(self.optimizer, optim)
         self.is_last_stage = True  # no pipeline stages: every rank holds the whole (sharded) model
 
+    def token_log_probs(self, compute_entropy: bool, temperature: float = 1.0) -> OutputFn:
+        """output_fn: response log-probs (and entropy) from full-vocabulary logits."""
+        from verl.engine.fsdp.log_probs import token_log_probs
+
+        return token_log_probs(compute_entropy, temperature)
+
     @property
     def module(self) -> torch.nn.Module:
         """The fully_shard'ed root model (parameters are DTensors; names are the HF names)."""

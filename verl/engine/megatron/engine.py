@@ -115,6 +115,12 @@ class MegatronEngine:
             wd_incr_steps=optim.total_training_steps, wd_incr_style="constant")
         return model, optimizer, scheduler
 
+    def token_log_probs(self, compute_entropy: bool, temperature: float = 1.0) -> OutputFn:
+        """output_fn: response log-probs (and entropy) from this engine's vocab-parallel logits."""
+        from verl.engine.megatron.actor import token_log_probs
+
+        return token_log_probs(self, compute_entropy, temperature)
+
     @property
     def module(self):
         """The GPTModel (unwrapped from DDP)."""
