@@ -30,7 +30,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from verl.engine.fsdp.model import build_hf_model
+from verl.engine.fsdp.model import (
+    build_empty_hf_model,
+    build_hf_model,
+    has_hf_weights,
+    load_sharded_weights,
+    reset_rotary_tables,
+)
 from verl.engine.fsdp.parallel import FSDPMesh
 from verl.engine.megatron.engine import Batch, LossFn, OptimConfig, OutputFn
 from verl.engine.megatron.padding import left_align
@@ -103,7 +109,12 @@ class FSDPEngine:
         self.optim_config = optim
         self.remove_padding = remove_padding
         self.device = get_device()
-        model = build_hf_model(model_path, head, model_dtype, seed)
+        # With weights on disk the model is built on the meta device and each rank loads only its shards, so no
+        # rank ever holds the full model (a 7B fp32 model would need 28 GB per rank); a config alone gets the
+        # seeded full init on every rank (tiny models, tests).
+        streamed = has_hf_weights(model_path)
+        model = build_empty_hf_model(model_path, head, model_dtype) if streamed \
+            else build_hf_model(model_path, head, model_dtype, seed)
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
@@ -114,8 +125,16 @@ class FSDPEngine:
         for layer in model.model.layers:
             fully_shard(layer, **kwargs)
         fully_shard(model, **kwargs)
-        if not offload:
-            model.to(self.device)  # non-sharded buffers (rotary tables) follow the shards
+        # Shards live on the compute device, or in host memory under CPU offload; the rotary tables (the only
+        # buffers) are always on the compute device.
+        if streamed:
+            model.to_empty(device="cpu" if offload else self.device)
+            load_sharded_weights(model, model_path, head)
+            reset_rotary_tables(model, self.device)
+        elif not offload:
+            model.to(self.device)
+        else:
+            reset_rotary_tables(model, self.device)
         self.model = model
         self.optimizer = None
         self.scheduler = None

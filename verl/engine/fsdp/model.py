@@ -39,6 +39,52 @@ def has_hf_weights(model_path: str) -> bool:
     return os.path.isdir(model_path) and any(name.endswith(".safetensors") for name in os.listdir(model_path))
 
 
+def build_empty_hf_model(model_path: str, head: str = "lm", dtype: torch.dtype = torch.float32):
+    """The model's structure on the meta device (no memory): FSDP shards it, then each rank allocates and
+    loads only its shards (:func:`load_sharded_weights`)."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    config = hf_model_config(model_path, head)
+    cls = AutoModelForCausalLM if head == "lm" else AutoModelForTokenClassification
+    with torch.device("meta"):
+        model = cls.from_config(config, dtype=dtype)
+    model.config.use_cache = False
+    return model
+
+
+def reset_rotary_tables(model: torch.nn.Module, device: torch.device) -> None:
+    """Recompute the RoPE tables (non-persistent buffers, so neither a checkpoint nor the meta-device build
+    holds them) of every rotary-embedding module, on ``device``."""
+    for module in model.modules():
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            fresh = type(module)(config=model.config)
+            for name, buffer in fresh.named_buffers(recurse=False):
+                setattr(module, name, buffer.to(device))
+
+
+def load_sharded_weights(model: torch.nn.Module, model_path: str, head: str) -> None:
+    """Each parameter's local shard from the HF checkpoint, one full tensor in memory at a time (read, cut to
+    this rank's rows, copied, dropped). A score head the checkpoint lacks starts at zero."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    from verl.models.mcore.weights import HFCheckpoint
+
+    checkpoint = HFCheckpoint(model_path)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            local = param.to_local() if isinstance(param, DTensor) else param
+            if name not in checkpoint.files and head != "lm" and name.startswith("score."):
+                local.zero_()
+                continue
+            full = checkpoint.get(name)  # one clear error when the checkpoint lacks it
+            if tuple(full.shape) != tuple(param.shape):
+                raise ValueError(f"HF checkpoint {model_path}: expected {name} of shape {tuple(param.shape)}, "
+                                 f"found {tuple(full.shape)}")
+            if isinstance(param, DTensor):  # this rank's rows, cut locally (no communication)
+                full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+            local.copy_(full)
+
+
 def build_hf_model(model_path: str, head: str = "lm", dtype: torch.dtype = torch.float32, seed: int = 0):
     """The full model on the CPU (FSDP shards it next). Without weights the init is seeded, so every rank
     builds the same model."""
