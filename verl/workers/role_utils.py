@@ -18,6 +18,7 @@ from verl.utils.device import get_device
 
 ACTOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses")
 FSDP_STRATEGIES = ("fsdp", "fsdp2")  # verl: fsdp = FSDP1, fsdp2 = FSDP2; both run on FSDP2 here
+VERL_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # the dtype table has the long names
 
 
 def is_fsdp(strategy: str) -> bool:
@@ -72,26 +73,23 @@ def fsdp_engine(model_config: ModelConfig, model_path: str, head: str, role: Any
     from verl.utils.device import is_cuda_available
     from verl.utils.torch_dtypes import torch_dtype
 
+    def dtype(name: str | None):  # verl writes FSDP dtypes short (fp32, bf16)
+        return torch_dtype(VERL_DTYPE_NAMES.get(name, name)) if name else None
+
     fsdp = role.get("fsdp_config") or {}
     mixed = fsdp.get("mixed_precision") or {}
     gpu = is_cuda_available()
     # Unset: bf16 compute with fp32 gradient reductions on GPUs (verl's default), the master dtype on the CPU.
-    param_dtype = mixed.get("param_dtype") or ("bfloat16" if gpu else None)
-    reduce_dtype = mixed.get("reduce_dtype") or ("float32" if gpu else None)
     model = model or {}
     return FSDPEngine(
         model_config, model_path, fsdp_mesh(fsdp.get("fsdp_size", -1)), head, optim,
-        model_dtype=torch_dtype(VERL_DTYPE_NAMES.get(fsdp.get("model_dtype", "fp32"), fsdp.get("model_dtype"))),
-        param_dtype=torch_dtype(VERL_DTYPE_NAMES.get(param_dtype, param_dtype)) if param_dtype else None,
-        reduce_dtype=torch_dtype(VERL_DTYPE_NAMES.get(reduce_dtype, reduce_dtype)) if reduce_dtype else None,
+        model_dtype=dtype(fsdp.get("model_dtype") or "fp32"),
+        param_dtype=dtype(mixed.get("param_dtype") or ("bfloat16" if gpu else None)),
+        reduce_dtype=dtype(mixed.get("reduce_dtype") or ("float32" if gpu else None)),
         offload=bool(fsdp.get("offload_policy") or fsdp.get("param_offload")),
         reshard_after_forward=bool(fsdp.get("reshard_after_forward", True)),
         gradient_checkpointing=bool(model.get("enable_gradient_checkpointing", False)),
         remove_padding=bool(model.get("use_remove_padding", False)), seed=seed)
-
-
-# verl writes FSDP dtypes short (fp32, bf16); the dtype table has the long names.
-VERL_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def optim_config(optim: Any, total_training_steps: int, use_distributed_optimizer: bool = False,

@@ -139,8 +139,8 @@ class FSDPEngine:
         self.optimizer = None
         self.scheduler = None
         if optim is not None:
-            # fused: one kernel over every shard. The default on the CPU loops over parameters, each update
-            # a dozen DTensor dispatches: 40% of a tiny model's step (verl bench train, 0.74M Qwen2).
+            # fused: one kernel over every shard. The CPU default loops over parameters, each update a dozen
+            # DTensor dispatches: a quarter of a tiny model's update (0.74M Qwen2, one rank: 72 -> 54 ms).
             self.optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
                                                weight_decay=optim.weight_decay, fused=True)
             self.scheduler = LRSchedule(self.optimizer, optim)
