@@ -240,8 +240,9 @@ def _rank_main(fn, rank, world_size, init_file, threads, results, args, parent_p
     except BaseException:  # noqa: BLE001 - reported to the parent, which ends every rank
         results.put((rank, False, traceback.format_exc()))
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        from verl.launcher.bootstrap import destroy_distributed
+
+        destroy_distributed()
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args, timeout_s: float = 120.0,

@@ -118,7 +118,7 @@ def _run_rank(config, dry_run: bool) -> int:
             code = trainer.fit()
         finally:
             trainer.close()
-            del trainer  # the engines go with it (see _release_models)
+            del trainer  # the engines go before the process group (see destroy_distributed)
         # Leave together: a rank that tears its process group down and exits while rank 0 is still
         # writing (the HF export, the last checkpoint) was seen to abort in teardown.
         import torch.distributed as dist
@@ -126,20 +126,7 @@ def _run_rank(config, dry_run: bool) -> int:
         dist.barrier()
         return code
     finally:
-        _release_models()
         destroy_distributed()
-
-
-def _release_models() -> None:
-    """Free the engines (and FSDP's device mesh, whose process groups their DTensors hold) before the process
-    group goes: left to interpreter shutdown, a gloo group destroyed after destroy_process_group aborted
-    the rank ("terminate called without an active exception", 3 of 10 FSDP runs)."""
-    import gc
-
-    from verl.engine.fsdp.parallel import reset_fsdp_mesh
-
-    reset_fsdp_mesh()
-    gc.collect()
 
 
 class _Tee:

@@ -13,6 +13,7 @@ import dataclasses
 
 import torch.distributed as dist
 
+from verl.launcher.bootstrap import on_teardown
 from verl.utils.device import get_device_name
 
 REPLICATE_DIM, SHARD_DIM = "ddp", "fsdp"  # verl's names for the two mesh dimensions
@@ -59,6 +60,7 @@ def fsdp_mesh(fsdp_size: int | None = -1) -> FSDPMesh:
     else:
         mesh = init_device_mesh(get_device_name(), (world // shard, shard), mesh_dim_names=(REPLICATE_DIM, SHARD_DIM))
     _MESH = FSDPMesh(mesh, shard, world // shard)
+    on_teardown(reset_fsdp_mesh)  # the mesh holds process groups: let it go before they are destroyed
     return _MESH
 
 
