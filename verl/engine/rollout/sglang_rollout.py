@@ -21,6 +21,7 @@ Semantics that differ from the native engine (SGLang's own behaviour, kept):
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -168,8 +169,20 @@ class SGLangRollout(BaseRollout):
         the release. Weights released this way must be pushed again after :meth:`resume`.
         """
         tags = self._tags(tags)
+        self._wait_until_idle()
         self.engine.release_memory_occupation(sorted(tags))
         self._released |= tags
+
+    def _wait_until_idle(self, timeout_s: float = 60.0) -> None:
+        """SGLang's scheduler asserts it is idle on a release (and dies otherwise), but with its overlap
+        schedule the last batch's results are still being processed for a moment after ``generate`` returns
+        (seen once in five CI runs). ``flush_cache`` answers, in the scheduler's order, whether it is idle."""
+        deadline = time.monotonic() + timeout_s
+        while not getattr(self.engine.flush_cache(), "success", True):
+            if time.monotonic() > deadline:
+                raise SGLangRolloutError(f"release: expected SGLang idle after generation, found requests still "
+                                         f"running after {timeout_s:.0f} s")
+            time.sleep(0.01)
 
     def resume(self, tags: Sequence[str] | None = None) -> None:
         """Re-acquire released memory of ``tags`` (all released when None); nothing released: no-op."""
