@@ -15,7 +15,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_bench_train_reports_steps_phases_tokens_and_memory(tmp_path):
     out = tmp_path / "train.json"
     proc = subprocess.run([sys.executable, "-m", "verl.cli", "bench", "train", "--steps", "2", "--warmup", "1",
-                           "--workdir", str(tmp_path / "work"), "--json", str(out)],
+                           "--workdir", str(tmp_path / "work"), "--json", str(out), "--baseline", "hf"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     record = json.loads(out.read_text())
@@ -24,3 +24,10 @@ def test_bench_train_reports_steps_phases_tokens_and_memory(tmp_path):
     # Every phase of a step is timed: what is left outside them is a few percent of the step at most.
     assert abs(record["unaccounted_s"]) <= 0.05 * record["s_per_step"] + 0.005, record
     assert record["tokens_per_s"] > 0 and 0 < record["peak_rss_gb"] < 8
+    # The single-process transformers baseline ran the same workload in the same command, timed alike.
+    baseline = record["baseline"]
+    assert baseline["name"] == "hf" and baseline["steps"] == 2 and baseline["measured_steps"] == 1
+    assert {"gen", "reward", "update_actor"} == set(baseline["phases"])
+    assert abs(baseline["unaccounted_s"]) <= 0.05 * baseline["s_per_step"] + 0.005, baseline
+    assert baseline["tokens_per_s"] > 0 and 0 < baseline["peak_rss_gb"] < 8
+    assert record["speedup"] == pytest.approx(baseline["s_per_step"] / record["s_per_step"])

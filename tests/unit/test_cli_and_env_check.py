@@ -89,3 +89,31 @@ def test_bench_train_summary_takes_medians_after_the_warmup():
     assert summary["phases"] == {"gen": 0.5, "generate_sequences": 0.25, "update_actor": 0.9}
     assert summary["unaccounted_s"] == pytest.approx(1.5 - 1.4)  # the nested generate_sequences is not summed
     assert summary["tokens_per_s"] == pytest.approx(100 / 1.5)
+
+
+def test_bench_train_trl_baseline_without_trl_is_one_line_exit_2(capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a))
+    assert verl_main(["bench", "train", "--baseline", "trl", "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--baseline trl: expected TRL importable" in err[0] and "found no module 'trl'" in err[0]
+
+
+def test_hf_grpo_baseline_masks_after_eos_and_matches_verls_grpo_advantages():
+    """The baseline's GRPO math against verl's published formula (core_algos, the trainer's own)."""
+    import numpy as np
+    import torch
+
+    from verl.bench.hf_grpo import grpo_advantages, response_mask
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    responses = torch.tensor([[5, 2, 0, 0], [5, 6, 7, 8], [2, 0, 0, 0]])
+    assert response_mask(responses, eos_id=2).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+
+    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.5])
+    mask = torch.ones(8, 3)
+    expected, _ = compute_grpo_outcome_advantage(scores.unsqueeze(1) * torch.tensor([[0.0, 0.0, 1.0]]), mask,
+                                                 np.repeat(np.arange(2), 4))
+    torch.testing.assert_close(grpo_advantages(scores, n=4), expected[:, 0])

@@ -16,11 +16,20 @@ character tokenizer, samples the resident memory of every rank while it runs, an
 Extra ``KEY=VALUE`` arguments are passed to ``verl train`` as overrides (e.g. a bigger
 ``data.max_response_length`` or ``actor_rollout_ref.actor.ppo_epochs=2``). The child's output goes to
 ``<workdir>/train.log``.
+
+``--baseline hf`` also runs the same workload (model, batch, lengths, LR, steps) through
+:mod:`verl.bench.hf_grpo` -- one process, transformers ``generate`` and one on-policy update per step, the
+shape of a peer trainer built on HF -- right after ``verl train`` in the same command, and adds its record
+under ``baseline`` and ``speedup`` = baseline s/step over ours (> 1: ``verl train`` is faster).
+``--baseline trl`` runs TRL's ``GRPOTrainer`` instead (:mod:`verl.bench.trl_grpo`; TRL is not a
+dependency). Both baselines are on-policy without an old-log-prob forward: compare them with
+``algorithm.rollout_correction.bypass_mode=true`` for the same work per step.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -54,18 +63,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rollout-tp", type=_positive, default=1)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--workdir", help="where data, logs and metrics go (default: a temporary directory)")
+    parser.add_argument("--baseline", choices=("none", "hf", "trl"), default="none",
+                        help="also run the same workload through a single-process transformers GRPO loop (hf) or "
+                             "TRL's GRPOTrainer (trl, when installed) and print the ratio")
     parser.add_argument("--json", help="also write the record here")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra verl train overrides")
     return parser
 
 
-def train_command(args: argparse.Namespace, data_dir: str, output_dir: str) -> list[str]:
+def train_command(args: argparse.Namespace, data_dir: str, output_dir: str, prompt_length: int = 8) -> list[str]:
+    """``verl train`` on the written data; ``prompt_length`` is the longest prompt in tokens (verl left-pads
+    every prompt to ``data.max_prompt_length``, so a looser bound would only add padded positions)."""
     batch = args.prompts
     per_rank = max(1, batch * args.n // max(1, args.nproc // (args.tp * args.pp)))  # one micro-batch per rank
     return [
         sys.executable, "-m", "verl.trainer.main_ppo",
         f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
-        f"data.tokenizer={data_dir}/tokenizer", "data.max_prompt_length=8",
+        f"data.tokenizer={data_dir}/tokenizer", f"data.max_prompt_length={prompt_length}",
         f"data.max_response_length={args.response_length}", f"data.train_batch_size={batch}",
         f"actor_rollout_ref.model.path={os.path.abspath(args.model)}",
         "algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=False",
@@ -98,6 +112,37 @@ def _tree_peak_rss(process, peak: int) -> int:
     return peak
 
 
+BASELINES = {"hf": "verl.bench.hf_grpo", "trl": "verl.bench.trl_grpo"}
+
+
+def baseline_command(args: argparse.Namespace, data_dir: str, metrics: str) -> list[str]:
+    return [sys.executable, "-m", BASELINES[args.baseline], "--model", os.path.abspath(args.model), "--data", data_dir,
+            "--prompts", str(args.prompts), "--n", str(args.n), "--response-length", str(args.response_length),
+            "--steps", str(args.steps), "--lr", str(args.lr), "--metrics", metrics]
+
+
+def _run_watched(command: list[str], log_path: str) -> dict | int:
+    """Run ``command`` with its output in ``log_path``, sampling the resident memory of its process tree:
+    ``{"peak_rss_gb", "wall_s"}``, or its exit code after one line on stderr when it fails."""
+    import psutil
+
+    start, peak = time.perf_counter(), 0
+    with open(log_path, "w", encoding="utf-8") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        watched = psutil.Process(child.pid)
+        while child.poll() is None:
+            peak = _tree_peak_rss(watched, peak)
+            time.sleep(0.05)
+    wall = time.perf_counter() - start
+    if child.returncode != 0:
+        with open(log_path, encoding="utf-8") as fh:
+            tail = fh.read().strip().splitlines()[-1:] or [""]
+        print(f"verl bench train: {os.path.basename(command[2])} exited {child.returncode}: {tail[0]} "
+              f"(log: {log_path})", file=sys.stderr)
+        return child.returncode
+    return {"peak_rss_gb": peak / 2**30, "wall_s": wall}
+
+
 def summarize(records: list[dict], warmup: int) -> dict:
     steps = [r for r in records if "timing_s/step" in r]
     if not steps:
@@ -115,14 +160,15 @@ def summarize(records: list[dict], warmup: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import psutil
-
     from verl.utils.dataset.arithmetic import build_char_tokenizer, generate_problems, make_row, write_parquet
     from verl.utils.tracking import read_metrics
 
     args = build_parser().parse_args(argv)
     if args.warmup < 0:
         raise ValueError(f"--warmup: expected >= 0, found {args.warmup}")
+    if args.baseline == "trl" and importlib.util.find_spec("trl") is None:
+        raise ValueError("--baseline trl: expected TRL importable next to this torch (pip install --no-deps trl "
+                         "accelerate datasets), found no module 'trl'")
     if not os.path.exists(args.model):
         raise ValueError(f"--model: expected an HF config.json or model directory, found nothing at {args.model}")
     with tempfile.TemporaryDirectory(prefix="verl_bench_train_") as tmp:
@@ -133,27 +179,23 @@ def main(argv: list[str] | None = None) -> int:
         write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], os.path.join(data_dir, "train.parquet"))
         write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(data_dir, "test.parquet"))
         build_char_tokenizer(os.path.join(data_dir, "tokenizer"))
-        command = train_command(args, data_dir, output_dir)
-        log_path = os.path.join(workdir, "train.log")
-        start, peak = time.perf_counter(), 0
-        with open(log_path, "w", encoding="utf-8") as log:
-            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-            watched = psutil.Process(child.pid)
-            while child.poll() is None:
-                peak = _tree_peak_rss(watched, peak)
-                time.sleep(0.05)
-        wall = time.perf_counter() - start
-        if child.returncode != 0:
-            with open(log_path, encoding="utf-8") as fh:
-                tail = fh.read().strip().splitlines()[-1:] or [""]
-            print(f"verl bench train: verl train exited {child.returncode}: {tail[0]} (log: {log_path})",
-                  file=sys.stderr)
-            return child.returncode
+        # The character tokenizer makes one token per character of the prompt text.
+        prompt_length = max(len(make_row(p, "train", 0)["prompt"][0]["content"]) for p in train)
+        ours = _run_watched(train_command(args, data_dir, output_dir, prompt_length),
+                            os.path.join(workdir, "train.log"))
+        if isinstance(ours, int):
+            return ours
         record = {"model": args.model, "nproc": args.nproc, "tp": args.tp, "pp": args.pp,
                   "rollout_tp": args.rollout_tp, "prompts": args.prompts, "n": args.n,
                   "response_length": args.response_length, "overrides": args.overrides,
-                  **summarize(read_metrics(output_dir), args.warmup),
-                  "peak_rss_gb": peak / 2**30, "wall_s": wall}
+                  **summarize(read_metrics(output_dir), args.warmup), **ours}
+        if args.baseline != "none":
+            metrics = os.path.join(workdir, "baseline_metrics.jsonl")
+            theirs = _run_watched(baseline_command(args, data_dir, metrics), os.path.join(workdir, "baseline.log"))
+            if isinstance(theirs, int):
+                return theirs
+            record["baseline"] = {"name": args.baseline, **summarize(read_metrics(metrics), args.warmup), **theirs}
+            record["speedup"] = record["baseline"]["s_per_step"] / record["s_per_step"]
     text = json.dumps(record, indent=2)
     print(text)
     if args.json:

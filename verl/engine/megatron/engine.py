@@ -107,6 +107,7 @@ class MegatronEngine:
             adam_beta1=optim.betas[0], adam_beta2=optim.betas[1], clip_grad=optim.clip_grad,
             bf16=params_dtype == torch.bfloat16, fp16=params_dtype == torch.float16, params_dtype=params_dtype,
             use_distributed_optimizer=optim.use_distributed_optimizer), [model])
+        _use_fused_adam_on_cpu(optimizer)
         scheduler = OptimizerParamScheduler(
             optimizer, init_lr=optim.lr_warmup_init if optim.lr_warmup_steps else optim.lr, max_lr=optim.lr,
             min_lr=optim.min_lr, lr_warmup_steps=optim.lr_warmup_steps,
@@ -246,3 +247,18 @@ class MegatronEngine:
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["update_successful"] = bool(updated)
         return metrics
+
+
+def _use_fused_adam_on_cpu(optimizer) -> None:
+    """Without TE/Apex megatron falls back to torch's AdamW, which on CPU tensors loops over parameters (a
+    dozen small kernels each); its fused CPU kernel updates every tensor in one pass. Set before the first
+    step, when the per-parameter state is created."""
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_optimizer = getattr(inner, "optimizer", None)
+        if not isinstance(torch_optimizer, torch.optim.Adam | torch.optim.AdamW):
+            continue
+        params = [p for group in torch_optimizer.param_groups for p in group["params"]]
+        if params and all(p.device.type == "cpu" and p.dtype in (torch.float32, torch.bfloat16) for p in params):
+            for group in torch_optimizer.param_groups:
+                group["fused"], group["foreach"] = True, False
+

@@ -1,0 +1,141 @@
+"""The single-process baseline of ``verl bench train --baseline hf``: GRPO with transformers alone.
+
+    python -m verl.bench.hf_grpo --model CONFIG.json --data DIR --prompts 16 --n 4 --response-length 4 \\
+        --steps 20 --metrics PATH
+
+It does per step what a peer trainer built on HF ``generate`` does, with none of verl's distributed
+machinery: sample ``n`` responses per prompt with ``generate`` (temperature 1, no top-k/top-p, as verl's
+rollout defaults), score them with the same exact-match rule, normalise the scores within each prompt's
+group (GRPO: (s - mean) / (std + 1e-6)), then one on-policy update -- no old-log-prob forward, since one
+epoch over one mini-batch makes the old policy the current one: ratio = exp(logp - logp.detach()), the
+clipped surrogate equals -A * ratio there, token-mean over the batch -- clip the gradient norm at 1 and step
+AdamW at a constant LR. One process, torch's default thread count (every core), fp32.
+
+Each step appends one JSON line with verl's metric names (``timing_s/{gen,reward,update_actor,step}``,
+``critic/score/mean``, ``perf/total_num_tokens``), so ``verl.bench.train.summarize`` reads both runs alike.
+``DIR`` is the arithmetic data directory ``verl bench train`` writes (``train.parquet``, ``tokenizer/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+
+def load_model(model_path: str, seed: int):
+    """A causal LM from an HF model directory (its weights) or a config.json (seeded random init)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if os.path.isdir(model_path) and any(name.endswith(".safetensors") for name in os.listdir(model_path)):
+        return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path), dtype=torch.float32)
+
+
+def read_prompts(data_dir: str) -> list[tuple[str, str]]:
+    """(prompt text, ground truth) of every training row, in file order."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(os.path.join(data_dir, "train.parquet")).to_pylist()
+    return [("".join(m["content"] for m in row["prompt"]), row["reward_model"]["ground_truth"]) for row in rows]
+
+
+def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """1 up to and including the first eos of each row, 0 after it (generate pads finished rows)."""
+    is_eos = (responses == eos_id).int()
+    after_eos = (torch.cumsum(is_eos, dim=1) - is_eos) > 0
+    return (~after_eos).float()
+
+
+def grpo_advantages(scores: torch.Tensor, n: int, eps: float = 1e-6) -> torch.Tensor:
+    """[B*n] scores grouped n by n (rows of one prompt are adjacent) -> normalised per group."""
+    groups = scores.view(-1, n)
+    std = groups.std(dim=1, keepdim=True) if n > 1 else torch.ones_like(groups[:, :1])
+    return ((groups - groups.mean(dim=1, keepdim=True)) / (std + eps)).view(-1)
+
+
+def grpo_step(model, optimizer, tokenizer, batch: list[tuple[str, str]], n: int, response_length: int) -> dict:
+    """One GRPO step on ``batch`` (prompt, truth) pairs; returns its metrics (verl's names)."""
+    from verl.utils.reward_score.arithmetic import compute_score
+
+    start = time.perf_counter()
+    prompts = [prompt for prompt, _ in batch for _ in range(n)]
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    model.eval()
+    with torch.no_grad():
+        sequences = model.generate(**encoded, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                   max_new_tokens=response_length, pad_token_id=tokenizer.pad_token_id,
+                                   eos_token_id=tokenizer.eos_token_id)
+    gen_done = time.perf_counter()
+
+    prompt_len = encoded["input_ids"].shape[1]
+    responses = sequences[:, prompt_len:]
+    mask = response_mask(responses, tokenizer.eos_token_id)
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    truths = [truth for _, truth in batch for _ in range(n)]
+    scores = torch.tensor([compute_score(text, truth) for text, truth in zip(texts, truths, strict=True)])
+    advantages = grpo_advantages(scores, n)
+    reward_done = time.perf_counter()
+
+    model.train()
+    attention = torch.cat([encoded["attention_mask"], mask.long()], dim=1)
+    positions = torch.clamp(torch.cumsum(attention, dim=1) - 1, min=0)
+    logits = model(input_ids=sequences, attention_mask=attention, position_ids=positions).logits
+    log_probs = torch.log_softmax(logits[:, prompt_len - 1:-1].float(), dim=-1)
+    token_log_probs = log_probs.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+    ratio = torch.exp(token_log_probs - token_log_probs.detach())
+    loss = -(advantages.unsqueeze(1) * ratio * mask).sum() / mask.sum().clamp(min=1)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    end = time.perf_counter()
+    return {"timing_s/gen": gen_done - start, "timing_s/reward": reward_done - gen_done,
+            "timing_s/update_actor": end - reward_done, "timing_s/step": end - start,
+            "critic/score/mean": scores.mean().item(), "actor/pg_loss": loss.item(),
+            "actor/grad_norm": float(grad_norm),
+            "perf/total_num_tokens": int(encoded["attention_mask"].sum() + mask.sum())}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m verl.bench.hf_grpo", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="HF config.json (random init) or HF model directory")
+    parser.add_argument("--data", required=True, help="directory with train.parquet and tokenizer/")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--response-length", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--metrics", required=True, help="JSON-lines file, one record per step")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers import AutoTokenizer
+
+    args = build_parser().parse_args(argv)
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.data, "tokenizer"), padding_side="left")
+    problems = read_prompts(args.data)
+    if len(problems) < args.prompts:
+        raise ValueError(f"--prompts: expected at most {len(problems)} (rows in {args.data}), found {args.prompts}")
+    model = load_model(args.model, args.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    torch.manual_seed(args.seed)
+    with open(args.metrics, "w", encoding="utf-8") as out:
+        for step in range(args.steps):
+            first = (step * args.prompts) % (len(problems) - args.prompts + 1)
+            record = grpo_step(model, optimizer, tokenizer, problems[first:first + args.prompts], args.n,
+                               args.response_length)
+            out.write(json.dumps({"step": step + 1, **record}) + "\n")
+            out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

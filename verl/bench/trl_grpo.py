@@ -1,0 +1,76 @@
+"""The peer-framework baseline of ``verl bench train --baseline trl``: TRL's ``GRPOTrainer`` on the same work.
+
+    python -m verl.bench.trl_grpo --model CONFIG.json --data DIR --prompts 16 --n 4 --response-length 4 \\
+        --steps 20 --metrics PATH
+
+TRL is not a dependency of verl-hpc; install it next to torch without letting it pull another one
+(``pip install --no-deps trl accelerate datasets`` plus what they import). The trainer is set up for the
+workload ``verl bench train`` runs: one process, HF ``generate`` (no vLLM), ``n`` completions per prompt,
+``prompts * n`` completions per optimizer step, one iteration per generation (on-policy: TRL then skips the
+old-log-prob forward), no KL term (``beta=0``, no reference model), temperature 1 without top-k/top-p, AdamW
+at a constant LR without weight decay, fp32 on the CPU, the same exact-match reward. Each optimizer step
+appends ``timing_s/step`` (and the mean score) as one JSON line, read by ``verl.bench.train.summarize``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from verl.bench.hf_grpo import build_parser as hf_parser
+from verl.bench.hf_grpo import load_model, read_prompts
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from verl.utils.reward_score.arithmetic import compute_score
+
+    parser = hf_parser()
+    parser.prog = "python -m verl.bench.trl_grpo"
+    args = parser.parse_args(argv)
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.data, "tokenizer"), padding_side="left")
+    dataset = Dataset.from_list([{"prompt": prompt, "answer": truth} for prompt, truth in read_prompts(args.data)])
+
+    def exact_match(completions, answer, **_):
+        return [compute_score(text, truth) for text, truth in zip(completions, answer, strict=True)]
+
+    records: dict[int, dict] = {}
+
+    class StepTimer(TrainerCallback):
+        """Per optimizer step: its wall time, and the mean reward TRL logs right after it."""
+
+        def on_step_begin(self, *_, **__):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, _args, state, *_, **__):
+            records[state.global_step] = {"step": state.global_step,
+                                          "timing_s/step": time.perf_counter() - self.start}
+
+        def on_log(self, _args, state, _control, logs=None, **__):
+            if logs and "reward" in logs and state.global_step in records:
+                records[state.global_step]["critic/score/mean"] = float(logs["reward"])
+
+    config = GRPOConfig(
+        output_dir=os.path.join(os.path.dirname(os.path.abspath(args.metrics)), "trl_output"),
+        per_device_train_batch_size=args.prompts * args.n, gradient_accumulation_steps=1,
+        num_generations=args.n, max_completion_length=args.response_length, num_iterations=1,
+        beta=0.0, temperature=1.0, top_k=0, top_p=1.0, learning_rate=args.lr, lr_scheduler_type="constant",
+        warmup_steps=0, weight_decay=0.0, max_steps=args.steps, logging_steps=1, save_strategy="no",
+        report_to=[], use_cpu=True, bf16=False, fp16=False, seed=args.seed, dataloader_num_workers=0,
+        disable_tqdm=True, log_completions=False)
+    trainer = GRPOTrainer(model=load_model(args.model, args.seed), reward_funcs=exact_match, args=config,
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=[StepTimer()])
+    trainer.train()
+    with open(args.metrics, "w", encoding="utf-8") as out:
+        out.writelines(json.dumps(records[step]) + "\n" for step in sorted(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
