@@ -7,20 +7,15 @@
 """
 
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 pytest.importorskip("megatron.core")
-psutil = pytest.importorskip("psutil")
 
+from _train_helpers import REPO, RUN_TIMEOUT_S, read_metrics, run_until_step_then_kill, train_env  # noqa: E402
 from tiny_models import arithmetic_data_args  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RUN_TIMEOUT_S = 240
 
 COMMON_KEYS = [
     "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "actor/pg_loss", "actor/entropy",
@@ -47,28 +42,15 @@ def arithmetic_data(tmp_path_factory):
     return arithmetic_data_args(tmp_path_factory.mktemp("arith"))
 
 
-def _env():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "OMPI_", "PMIX_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PYTHONPATH=REPO, VERL_STRICT_DATA_CHECK="1", OMP_NUM_THREADS="1")
-    return env
-
-
 def train_cmd(config, output_dir, data_args, *overrides):
     return [sys.executable, "-m", "verl.cli", "train", "--config", os.path.join(REPO, "configs", config),
             *data_args, f"trainer.output_dir={output_dir}", "trainer.logger=[console,csv]", *overrides]
 
 
 def run_train(cmd):
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    proc = subprocess.run(cmd, cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, f"verl train exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return proc
-
-
-def read_metrics(output_dir):
-    from verl.utils.tracking import read_metrics as read
-
-    return {record["step"]: record for record in read(str(output_dir))}
 
 
 def check_step_record(record, step, keys):
@@ -89,21 +71,6 @@ def deterministic(record):
     return {k: v for k, v in record.items() if not k.startswith(NONDETERMINISTIC_PREFIXES)}
 
 
-def kill_tree(pid):
-    """SIGKILL the launcher and every rank it started (ranks run in their own sessions)."""
-    try:
-        parent = psutil.Process(pid)
-        procs = parent.children(recursive=True) + [parent]
-    except psutil.NoSuchProcess:
-        return
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=10)
-
-
 def test_grpo_two_ranks_logs_verl_metrics_and_resumes_exactly_after_kill(tmp_path, arithmetic_data):
     steps = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=4"]
     full_dir = tmp_path / "uninterrupted"
@@ -117,17 +84,8 @@ def test_grpo_two_ranks_logs_verl_metrics_and_resumes_exactly_after_kill(tmp_pat
     assert os.path.isfile(full_dir / "metrics.csv")
 
     killed_dir = tmp_path / "killed"
-    launcher = subprocess.Popen(train_cmd("grpo_arith_tiny.yaml", killed_dir, arithmetic_data, *steps), cwd=REPO,
-                                env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while time.monotonic() < deadline and launcher.poll() is None:
-            if (killed_dir / "metrics.jsonl").is_file() and 3 in read_metrics(killed_dir):
-                break
-            time.sleep(0.05)
-        assert launcher.poll() is None, "the run finished before it could be killed after step 3"
-    finally:
-        kill_tree(launcher.pid)
+    # Killed once step 3 is logged: the step-2 checkpoint is complete, step 4 not yet logged.
+    run_until_step_then_kill(train_cmd("grpo_arith_tiny.yaml", killed_dir, arithmetic_data, *steps), killed_dir, 3)
     assert 4 not in read_metrics(killed_dir)
     assert (killed_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
 

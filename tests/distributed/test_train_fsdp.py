@@ -8,21 +8,15 @@
 """
 
 import os
-import subprocess
-import time
 
 import pytest
+from _train_helpers import read_metrics, run_until_step_then_kill
 from test_train_e2e import (
     COMMON_KEYS,
     CRITIC_KEYS,
-    REPO,
-    RUN_TIMEOUT_S,
     VAL_KEYS,
-    _env,
     check_step_record,
     deterministic,
-    kill_tree,
-    read_metrics,
     run_train,
     save_arith_reward_model,
     train_cmd,
@@ -51,17 +45,7 @@ def test_fsdp_grpo_logs_metrics_resumes_after_kill_and_on_one_rank(tmp_path, ari
     assert '"strategy": "fsdp"' in manifest
 
     killed_dir = tmp_path / "killed"
-    launcher = subprocess.Popen(train_cmd(CONFIG, killed_dir, arithmetic_data, *steps), cwd=REPO, env=_env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while time.monotonic() < deadline and launcher.poll() is None:
-            if (killed_dir / "metrics.jsonl").is_file() and 3 in read_metrics(killed_dir):
-                break
-            time.sleep(0.05)
-        assert launcher.poll() is None, "the run finished before it could be killed after step 3"
-    finally:
-        kill_tree(launcher.pid)
+    run_until_step_then_kill(train_cmd(CONFIG, killed_dir, arithmetic_data, *steps), killed_dir, 3)
     assert 4 not in read_metrics(killed_dir)
     proc = run_train(train_cmd(CONFIG, killed_dir, arithmetic_data, *steps, "trainer.resume_mode=auto"))
     assert "resumed from" in proc.stdout

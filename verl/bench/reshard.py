@@ -291,6 +291,17 @@ def _timed(fn, repeats: int) -> float:
     return best
 
 
+def _time_naive(reshard, executor, got: dict, reference: dict, dtype: torch.dtype, repeats: int) -> dict:
+    """Best-of-``repeats`` time of a naive reshard ``reshard(params)`` into buffers of the rollout's layout, and
+    whether it matches ``reference``: the baseline both the Megatron and the FSDP benchmark report."""
+    naive_flat = torch.zeros(executor.rollout_numel, dtype=dtype)
+    naive_params = {n: naive_flat[o:o + t.numel()].view(t.shape)
+                    for (n, o), t in zip(executor.rollout_offsets.items(), got.values(), strict=False)}
+    seconds = _timed(lambda: reshard(naive_params), repeats)
+    return {"naive_seconds": seconds,
+            "naive_verified": all(torch.equal(naive_params[n], t) for n, t in reference.items())}
+
+
 def build_training_buffer(config: ModelConfig, training, rank: int, hf: dict[str, torch.Tensor], dtype: torch.dtype):
     """(flat buffer, offsets, views) of this rank's Megatron shard, in training_param_specs order."""
     from verl.hybrid_engine.executor import flat_offsets
@@ -351,16 +362,11 @@ def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int
                      for s in range(training.pp) for d in range(training.dp)}
         pp_groups = {(d, r): dist.new_group([training.rank(s, d, r) for s in range(training.pp)])
                      for d in range(training.dp) for r in range(training.tp)}
-        naive_flat = torch.zeros(executor.rollout_numel, dtype=dtype)
-        naive_params = {n: naive_flat[o:o + t.numel()].view(t.shape)
-                        for (n, o), t in zip(executor.rollout_offsets.items(), got.values(), strict=False)}
 
-        def naive():
-            naive_reshard(rank, config, training, rollout_tp, train_views, naive_params, tp_groups, pp_groups)
+        def naive(params):
+            naive_reshard(rank, config, training, rollout_tp, train_views, params, tp_groups, pp_groups)
 
-        result["naive_seconds"] = _timed(naive, repeats)
-        result["naive_verified"] = all(torch.equal(naive_params[n], t) for n, t in reference.items())
-        del naive_flat, naive_params
+        result.update(_time_naive(naive, executor, got, reference, dtype, repeats))
     del reference, got
     memcpy_src = torch.empty(executor.rollout_numel, dtype=dtype).normal_()
     rollout_flat = executor.acquire()
@@ -469,13 +475,8 @@ def fsdp_reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp
 
     result["seconds"] = _timed(ours, repeats)
     if with_naive:
-        naive_flat = torch.zeros(executor.rollout_numel, dtype=dtype)
-        naive_params = {n: naive_flat[o:o + t.numel()].view(t.shape)
-                        for (n, o), t in zip(executor.rollout_offsets.items(), got.values(), strict=False)}
-        result["naive_seconds"] = _timed(lambda: naive_fsdp_reshard(model, config, rollout_tp, j, naive_params,
-                                                                    dtype), repeats)
-        result["naive_verified"] = all(torch.equal(naive_params[n], t) for n, t in reference.items())
-        del naive_flat, naive_params
+        result.update(_time_naive(lambda params: naive_fsdp_reshard(model, config, rollout_tp, j, params, dtype),
+                                  executor, got, reference, dtype, repeats))
     del reference, got
     memcpy_src = torch.empty(executor.rollout_numel, dtype=dtype).normal_()
     rollout_flat = executor.acquire()

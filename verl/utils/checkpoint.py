@@ -12,6 +12,8 @@ save the actor / critic parts of older checkpoints beyond the newest N are delet
 Atomic: every part is written under ``global_step_<N>.tmp``; after a barrier rank 0 renames it and
 only then updates ``latest_checkpointed_iteration.txt`` (itself written to a temp file and renamed),
 so a run killed at any instant leaves either the previous or the new checkpoint, never a torn one.
+The engines' parts (``actor/``, ``critic/``) are staged and renamed the same way by
+:func:`save_engine_checkpoint`, with their own manifest ``verl_checkpoint.json``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ logger = get_logger(__name__)
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "verl_trainer_manifest.json"  # every file with its size, written last
+ENGINE_MANIFEST = "verl_checkpoint.json"  # an engine checkpoint's (actor/, critic/) file list and layout
 
 
 class CheckpointError(ValueError):
@@ -109,15 +112,55 @@ def save_trainer_checkpoint(root: str, step: int, trainer_state: dict[str, Any],
     _barrier()
     if _rank() == 0:
         write_manifest(staging)  # last: a checkpoint without it (or not matching it) is incomplete
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(staging, final)
+        _replace_dir(staging, final)
         latest = os.path.join(root, LATEST_FILE)
         with open(latest + ".tmp", "w", encoding="utf-8") as fh:
             fh.write(f"{step}\n")
         os.replace(latest + ".tmp", latest)
     _barrier()
     return final
+
+
+def _replace_dir(staging: str, final: str) -> None:
+    if os.path.exists(final):
+        shutil.rmtree(final)
+    os.replace(staging, final)
+
+
+def save_engine_checkpoint(path: str, write: Callable[[str], None],
+                           manifest: Callable[[list[str]], dict[str, Any]]) -> None:
+    """An engine's (Megatron, FSDP) checkpoint, atomically. Collective over every rank of the job: each rank's
+    ``write(staging)`` fills ``<path>.tmp``; after a barrier rank 0 stores ``manifest(files)`` (every file
+    written, relative and sorted) as :data:`ENGINE_MANIFEST` and renames the directory to ``path``, replacing
+    an older one, so a crash never leaves a half-written ``path``."""
+    path = os.path.abspath(path)
+    staging = path + ".tmp"
+    if dist.get_rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging)
+    dist.barrier()
+    write(staging)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        files = sorted(os.path.relpath(os.path.join(root, f), staging)
+                       for root, _, names in os.walk(staging) for f in names)
+        with open(os.path.join(staging, ENGINE_MANIFEST), "w", encoding="utf-8") as fh:
+            json.dump(manifest(files), fh, indent=2)
+        _replace_dir(staging, path)
+    dist.barrier()
+
+
+def read_engine_manifest(path: str) -> dict:
+    """The engine checkpoint's manifest, after checking every file it lists is present."""
+    file = os.path.join(path, ENGINE_MANIFEST)
+    if not os.path.isfile(file):
+        raise CheckpointError(f"checkpoint {path}: expected {ENGINE_MANIFEST}, found it missing")
+    with open(file, encoding="utf-8") as fh:
+        manifest = json.load(fh)
+    for name in manifest["files"]:
+        if not os.path.isfile(os.path.join(path, name)):
+            raise CheckpointError(f"checkpoint {path}: expected file {name}, found it missing")
+    return manifest
 
 
 def prune_checkpoints(root: str, current_step: int, max_to_keep: dict[str, int | None]) -> list[str]:

@@ -2,23 +2,20 @@
 LR schedule and the optimizer step count in the manifest; loadable at another world size or ``fsdp_size``
 (DCP reshards on load).
 
-Atomic like the Megatron checkpoints (:mod:`verl.engine.megatron.checkpoint`): every rank writes into
-``<dir>.tmp``; after a barrier rank 0 writes ``verl_checkpoint.json`` (the file list) and renames the
-directory, so a crash never leaves a half-written ``<dir>``. RNG states are the trainer's (``rng/``).
+Atomic as the Megatron checkpoints, through :func:`verl.utils.checkpoint.save_engine_checkpoint`: every rank
+writes into ``<dir>.tmp``; after a barrier rank 0 writes ``verl_checkpoint.json`` (the file list) and renames
+the directory, so a crash never leaves a half-written ``<dir>``. RNG states are the trainer's (``rng/``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import shutil
 
 import torch.distributed as dist
 
 from verl.engine.fsdp.engine import FSDPEngine
-from verl.engine.megatron.checkpoint import MANIFEST, read_manifest
-from verl.utils.checkpoint import CheckpointError
+from verl.utils.checkpoint import CheckpointError, save_engine_checkpoint
+from verl.utils.checkpoint import read_engine_manifest as read_manifest
 
 STRATEGY = "fsdp"
 
@@ -36,31 +33,19 @@ def save_checkpoint(engine: FSDPEngine, path: str, iteration: int, with_optimize
     """Collective over every rank of the job."""
     import torch.distributed.checkpoint as dcp
 
-    path = os.path.abspath(path)
-    staging = path + ".tmp"
-    if dist.get_rank() == 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        os.makedirs(staging)
-    dist.barrier()
     # An optimizer that never stepped has no state: a fresh engine's optimizer is that state.
     fresh_optimizer = with_optimizer and engine.optimizer is not None and not engine.optimizer.state
     with_optimizer = with_optimizer and engine.optimizer is not None and not fresh_optimizer
-    dcp.save(_state(engine, with_optimizer), checkpoint_id=staging)
-    dist.barrier()
-    if dist.get_rank() == 0:
-        files = sorted(os.path.relpath(os.path.join(root, f), staging)
-                       for root, _, names in os.walk(staging) for f in names)
-        manifest = {"strategy": STRATEGY, "iteration": iteration, "world_size": dist.get_world_size(),
-                    "fsdp_size": engine.mesh.shard_size, "head": engine.head, "with_optimizer": with_optimizer,
-                    "fresh_optimizer": fresh_optimizer, "with_rng": False,
-                    "scheduler": engine.scheduler.state_dict() if engine.scheduler is not None else None,
-                    "model_config": dataclasses.asdict(engine.config), "files": files}
-        with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as fh:
-            json.dump(manifest, fh, indent=2)
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        os.replace(staging, path)
-    dist.barrier()
+
+    def manifest(files: list[str]) -> dict:
+        return {"strategy": STRATEGY, "iteration": iteration, "world_size": dist.get_world_size(),
+                "fsdp_size": engine.mesh.shard_size, "head": engine.head, "with_optimizer": with_optimizer,
+                "fresh_optimizer": fresh_optimizer, "with_rng": False,
+                "scheduler": engine.scheduler.state_dict() if engine.scheduler is not None else None,
+                "model_config": dataclasses.asdict(engine.config), "files": files}
+
+    save_engine_checkpoint(path, lambda staging: dcp.save(_state(engine, with_optimizer), checkpoint_id=staging),
+                           manifest)
 
 
 def load_checkpoint(engine: FSDPEngine, path: str, with_optimizer: bool = True) -> int:

@@ -1,8 +1,9 @@
 """Megatron checkpoints with ``megatron.core.dist_checkpointing``: model, optimizer, LR scheduler,
 RNG and iteration, loadable into a different (tp, pp).
 
-Atomic: every rank writes into ``<dir>.tmp``; after a barrier rank 0 records the file list in
-``verl_checkpoint.json`` and renames the directory, so a crash never leaves a half-written ``<dir>``.
+Atomic (:func:`verl.utils.checkpoint.save_engine_checkpoint`): every rank writes into ``<dir>.tmp``; after a
+barrier rank 0 records the file list in ``verl_checkpoint.json`` and renames the directory, so a crash never
+leaves a half-written ``<dir>``.
 Loading first checks that every recorded file is present (one clear error naming the missing one).
 
 Entry scripts need an ``if __name__ == "__main__"`` guard: dist_checkpointing's saver starts a
@@ -12,17 +13,14 @@ spawn-context Manager that re-imports ``__main__`` (without the guard it hangs).
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import shutil
 
 import torch
-import torch.distributed as dist
 
 from verl.engine.megatron.engine import MegatronEngine
-from verl.utils.checkpoint import CheckpointError, rng_state, set_rng_state
+from verl.utils.checkpoint import ENGINE_MANIFEST as MANIFEST  # noqa: F401 (its old home; tests import it)
+from verl.utils.checkpoint import CheckpointError, rng_state, save_engine_checkpoint, set_rng_state
+from verl.utils.checkpoint import read_engine_manifest as read_manifest
 
-MANIFEST = "verl_checkpoint.json"
 # The distributed optimizer's default sharding cannot be saved on CPU ("flattened_range is not
 # supported"); dp_reshardable can, and reloads under a different DP size.
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
@@ -71,46 +69,23 @@ def save_checkpoint(engine: MegatronEngine, path: str, iteration: int, with_opti
     from megatron.core import dist_checkpointing
     from megatron.core import parallel_state as mpu
 
-    path = os.path.abspath(path)
-    staging = path + ".tmp"
-    if dist.get_rank() == 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        os.makedirs(staging)
-    dist.barrier()
     # Never stepped: the optimizer and scheduler are as a fresh engine builds them; record that instead.
     fresh_optimizer = with_optimizer and engine.optimizer is not None and not optimizer_has_state(engine)
     with_optimizer = with_optimizer and not fresh_optimizer
-    state = _sharded_state(engine, with_optimizer, is_loading=False, with_rng=with_rng)
-    state["iteration"] = iteration
-    dist_checkpointing.save(state, staging)
-    dist.barrier()
-    if dist.get_rank() == 0:
-        files = sorted(os.path.relpath(os.path.join(root, f), staging)
-                       for root, _, names in os.walk(staging) for f in names)
-        manifest = {"iteration": iteration, "tp": mpu.get_tensor_model_parallel_world_size(),
-                    "pp": mpu.get_pipeline_model_parallel_world_size(), "head": engine.head,
-                    "with_optimizer": with_optimizer and engine.optimizer is not None,
-                    "fresh_optimizer": fresh_optimizer, "with_rng": with_rng,
-                    "model_config": dataclasses.asdict(engine.config), "files": files, **(extra_manifest or {})}
-        with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as fh:
-            json.dump(manifest, fh, indent=2)
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        os.replace(staging, path)
-    dist.barrier()
 
+    def write(staging: str) -> None:
+        state = _sharded_state(engine, with_optimizer, is_loading=False, with_rng=with_rng)
+        state["iteration"] = iteration
+        dist_checkpointing.save(state, staging)
 
-def read_manifest(path: str) -> dict:
-    """The checkpoint's manifest, after checking every file it lists is present."""
-    file = os.path.join(path, MANIFEST)
-    if not os.path.isfile(file):
-        raise CheckpointError(f"checkpoint {path}: expected {MANIFEST}, found it missing")
-    with open(file, encoding="utf-8") as fh:
-        manifest = json.load(fh)
-    for name in manifest["files"]:
-        if not os.path.isfile(os.path.join(path, name)):
-            raise CheckpointError(f"checkpoint {path}: expected file {name}, found it missing")
-    return manifest
+    def manifest(files: list[str]) -> dict:
+        return {"iteration": iteration, "tp": mpu.get_tensor_model_parallel_world_size(),
+                "pp": mpu.get_pipeline_model_parallel_world_size(), "head": engine.head,
+                "with_optimizer": with_optimizer and engine.optimizer is not None,
+                "fresh_optimizer": fresh_optimizer, "with_rng": with_rng,
+                "model_config": dataclasses.asdict(engine.config), "files": files, **(extra_manifest or {})}
+
+    save_engine_checkpoint(path, write, manifest)
 
 
 def load_checkpoint(engine: MegatronEngine, path: str, with_optimizer: bool = True) -> int:
