@@ -61,8 +61,10 @@ def _train_job(hf_dir, critic_dir, batch):
         my_batch = {k: v[dp_rank * share:(dp_rank + 1) * share] for k, v in batch.items()}
         actor = Actor(engine, micro_batch_size=MICRO_BATCH)
         steps = [actor.update_policy(my_batch, sft_loss) for _ in range(STEPS)]
+        optimizers = getattr(engine.optimizer, "chained_optimizers", [engine.optimizer])
+        fused = [group["fused"] for inner in optimizers for group in inner.optimizer.param_groups]
         curves[name] = {"loss": [m["loss"] for m in steps], "lr": [m["lr"] for m in steps],
-                        "grad_norm": [m["grad_norm"] for m in steps]}
+                        "grad_norm": [m["grad_norm"] for m in steps], "fused_adam": fused}
         destroy_megatron()
 
     initialize_megatron(2, 2, seed=3)
@@ -106,3 +108,9 @@ def test_lr_schedule_warms_up_then_decays(curves):
 
 def test_critic_values_cover_the_response(curves):
     assert curves[0]["critic_values_shape"] == [GLOBAL_BATCH, RESPONSE]
+
+
+def test_cpu_adam_runs_fused(curves):
+    """Megatron's torch AdamW fallback steps every CPU tensor in one fused kernel (not a loop per tensor)."""
+    for run in RUNS:
+        assert curves[0][run]["fused_adam"] and all(curves[0][run]["fused_adam"]), run

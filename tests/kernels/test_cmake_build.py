@@ -36,7 +36,7 @@ def test_ctest_runs_the_cpp_tests(cmake_build):
     out = subprocess.run(["ctest", "--test-dir", str(cmake_build), "--output-on-failure"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "copy_program_cpu" in out.stdout and "Passed" in out.stdout
+    assert "copy_program_cpu" in out.stdout and "shm_group_cpu" in out.stdout and "Passed" in out.stdout
 
 
 def test_nvcc_compiled_every_cu_for_sm80_and_sm90(cmake_build):

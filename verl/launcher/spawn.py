@@ -233,6 +233,9 @@ def _rank_main(fn, rank, world_size, init_file, threads, results, args, parent_p
     torch.set_num_threads(threads)
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+        from verl.launcher.bootstrap import DEFAULT_TIMEOUT_S, use_shm_collectives
+
+        use_shm_collectives(DEFAULT_TIMEOUT_S)  # as verl train's ranks do
         # Bytes, not tensors: torch's shared-memory handles die with a rank that already exited.
         buffer = io.BytesIO()
         torch.save(fn(*args), buffer)
