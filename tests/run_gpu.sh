@@ -14,6 +14,8 @@
 #   bash tests/run_gpu.sh qwen05b     # 4c
 #   bash tests/run_gpu.sh fsdp        # 4d: the FSDP backend: the quickstart's RL stage on 1 GPU (FSDP2 bf16 mixed
 #                                     #     precision, fp32 master weights cast into a bf16 native rollout)
+#   bash tests/run_gpu.sh manycore    # 5: issue 17's many-core half: GRPO steps of the 0.74M model on the host's
+#                                     #    CPU cores (CUDA hidden), actor TP1 and TP2, vs the one-process HF baseline
 # Wheels, made on a machine with network (Python of the GPU image: 3.12):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 --platform any -d .whl megatron-core==0.16.1 omegaconf hydra-core==1.3.2
@@ -77,6 +79,14 @@ fsdp() {
     actor_rollout_ref.rollout.dtype=bfloat16 trainer.total_training_steps=20 trainer.output_dir="$OUT/fsdp" \
     trainer.resume_mode=disable 2>&1 | tee "$OUT/fsdp.log"
 }
+manycore() {
+  say "CPU step speed on $(nproc) cores, CUDA hidden: verl bench train TP1 and TP2 vs --baseline hf"
+  for tp in 1 2; do
+    CUDA_VISIBLE_DEVICES= "$PY" -m verl.cli bench train --model configs/models/qwen2_0p7m_arith.json --steps 20 \
+      --tp "$tp" --baseline hf --json "$OUT/manycore_tp$tp.json" algorithm.rollout_correction.bypass_mode=true \
+      | "$PY" -c "import json,sys; r=json.load(sys.stdin); print('tp$tp', 's/step', round(r['s_per_step'], 4), 'hf', round(r['baseline']['s_per_step'], 4), 'speedup', round(r['speedup'], 2))"
+  done
+}
 case "$stage" in
   setup) setup ;;
   tests) tests ;;
@@ -84,8 +94,9 @@ case "$stage" in
   quickstart) quickstart ;;
   qwen05b) qwen05b ;;
   fsdp) fsdp ;;
-  all) setup; tests; bench; quickstart; qwen05b; fsdp ;;
-  *) echo "run_gpu: expected a stage among setup, tests, bench, quickstart, qwen05b, fsdp, all; found '$stage'" >&2
+  manycore) manycore ;;
+  all) setup; tests; bench; quickstart; qwen05b; fsdp; manycore ;;
+  *) echo "run_gpu: expected a stage among setup, tests, bench, quickstart, qwen05b, fsdp, manycore, all; found '$stage'" >&2
      exit 2 ;;
 esac
 say "done: $stage"

@@ -143,6 +143,23 @@ class MegatronEngine:
         micro_batches = [{k: v[torch.tensor(g, device=v.device)] for k, v in batch.items()} for g in groups]
         return micro_batches, torch.tensor([row for group in groups for row in group])
 
+    def _kept_columns(self, aligned_mask: torch.Tensor) -> int:
+        """Columns of a left-aligned micro-batch the model must see: up to its longest row (the rest is padding
+        in every row, which causal attention keeps out of every valid token; RL responses stop at very
+        different lengths, so this is often far short of the padded width). Rounded up to a multiple of the
+        TP size under sequence parallelism; the full width under pipeline parallelism, whose stages exchange
+        activations of one agreed shape."""
+        from megatron.core import parallel_state as mpu
+
+        width = aligned_mask.size(1)
+        if mpu.get_pipeline_model_parallel_world_size() > 1:
+            return width
+        keep = max(1, int(aligned_mask.sum(dim=1).max()))
+        if self.tf_config.sequence_parallel:
+            tp = mpu.get_tensor_model_parallel_world_size()
+            keep = -(-keep // tp) * tp
+        return min(keep, width)
+
     def _schedule(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn, loss_fn: LossFn | None,
                   global_loss: bool = False, micro_batches: list[dict[str, torch.Tensor]] | None = None):
         from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -160,8 +177,11 @@ class MegatronEngine:
             micro_batch = to_device(next(data_iterator), device)
             ids, mask, shifts = left_align(micro_batch["input_ids"], micro_batch["attention_mask"],
                                            micro_batch.get("position_ids"))
-            positions = torch.arange(ids.size(1), device=ids.device).expand_as(ids)
-            output = model(ids, positions, attention_mask_4d(mask))
+            keep = self._kept_columns(mask)
+            positions = torch.arange(keep, device=ids.device).expand(ids.size(0), keep)
+            output = model(ids[:, :keep], positions, attention_mask_4d(mask[:, :keep]))
+            if keep < ids.size(1):
+                output = _pad_sequence_dim(output, keep, ids.size(1))
 
             def loss_func(output_tensor, non_loss_data=False):
                 outputs = output_fn(output_tensor, ids, shifts, micro_batch)
@@ -247,6 +267,14 @@ class MegatronEngine:
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["update_successful"] = bool(updated)
         return metrics
+
+
+def _pad_sequence_dim(output: torch.Tensor, kept: int, width: int) -> torch.Tensor:
+    """A batch-first model output over the first ``kept`` columns, zero-padded back to ``width`` (the
+    padded positions are masked out by every consumer, as they were when computed on pad tokens)."""
+    if output.dim() < 2 or output.size(1) != kept:
+        raise RuntimeError(f"megatron output: expected [batch, {kept}, ...], found {tuple(output.shape)}")
+    return torch.nn.functional.pad(output, [0, 0] * (output.dim() - 2) + [0, width - kept])
 
 
 def _use_fused_adam_on_cpu(optimizer) -> None:
