@@ -116,6 +116,7 @@ class ShmCollectives {
       : group_(name, static_cast<int>(rank), static_cast<int>(world), static_cast<std::size_t>(slot_bytes), create) {}
 
   void unlink() { group_.unlink(); }
+  int64_t world() const { return group_.world(); }
 
   void all_reduce(torch::Tensor& tensor, const std::string& op, double timeout_s) {
     check_cpu_contiguous(tensor, "all_reduce");
@@ -213,6 +214,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<const std::string&, int64_t, int64_t, int64_t, bool>(), py::arg("name"), py::arg("rank"),
            py::arg("world"), py::arg("slot_bytes"), py::arg("create"))
       .def("unlink", &ShmCollectives::unlink, "Remove the region's name once every rank opened it")
+      .def("world", &ShmCollectives::world, "Ranks in the group")
       .def("all_reduce", &ShmCollectives::all_reduce, "In-place all-reduce (op: sum, max or min)", py::arg("tensor"),
            py::arg("op"), py::arg("timeout_s"))
       .def("all_gather", &ShmCollectives::all_gather, "output [world * n] = every rank's input [n]", py::arg("output"),

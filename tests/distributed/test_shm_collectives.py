@@ -1,11 +1,11 @@
 """Shared-memory CPU collectives under torch.distributed (verl._C.ShmCollectives) against gloo itself.
 
 Every case runs the same collective through gloo (torch's own function) and through the shared-memory
-path on real spawned ranks: all_reduce, all_gather_into_tensor and reduce_scatter_tensor with sums, max
-and min over float and integer dtypes, tensors larger than one slot (several chunks, both slot sets),
-async handles, a sub-group of three ranks, and
-what must stay on gloo (non-contiguous tensors, PRODUCT). A rank that exits mid-collective ends its
-peer's wait at once (even while it is an unreaped zombie), and nothing is left in /dev/shm.
+path on real spawned ranks: all_reduce, all_gather (and all_gather_object over it), all_gather_into_tensor
+and reduce_scatter_tensor with sums, max and min over float and integer dtypes, tensors larger than one
+slot (several chunks, both slot sets), async handles, a sub-group of three ranks, and what must stay on
+gloo (non-contiguous tensors, PRODUCT). A rank that exits mid-collective ends its peer's wait at once (even
+while it is an unreaped zombie), and nothing is left in /dev/shm.
 """
 
 import glob
@@ -37,7 +37,7 @@ def _compare_with_gloo():
     from verl.ops import shm_collectives
 
     # run_ranks installs them, as verl train's ranks do
-    assert dist.all_reduce is shm_collectives.all_reduce
+    assert dist.all_reduce is shm_collectives.all_reduce and dist.all_gather is shm_collectives.all_gather
     assert dist.all_gather_into_tensor is shm_collectives.all_gather_into_tensor
     assert dist.reduce_scatter_tensor is shm_collectives.reduce_scatter_tensor
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -74,6 +74,16 @@ def _compare_with_gloo():
             if not torch.equal(scattered, expected):
                 mismatches.append(f"reduce_scatter {dtype} {part * world} {op}")
     world_comm = shm_collectives._groups.get(dist.group.WORLD)
+
+    # all_gather into a list (equal tensors) and all_gather_object, which runs two of them.
+    pieces = [torch.empty(3, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(pieces, torch.arange(3) + 10 * rank)
+    if [p.tolist() for p in pieces] != [[10 * r, 10 * r + 1, 10 * r + 2] for r in range(world)]:
+        mismatches.append(f"all_gather list {[p.tolist() for p in pieces]}")
+    objects = [None] * world
+    dist.all_gather_object(objects, {"rank": rank, "text": "x" * (rank * 1000 + 1)})
+    if objects != [{"rank": r, "text": "x" * (r * 1000 + 1)} for r in range(world)]:
+        mismatches.append("all_gather_object")
 
     handle = dist.all_reduce(expected := torch.full((5,), float(rank + 1)), async_op=True)
     handle.wait()

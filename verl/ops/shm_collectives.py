@@ -7,15 +7,16 @@ waiting. ``verl._C.ShmCollectives`` runs them through one shared-memory region p
 its chunk into its slot, one rendezvous on per-rank counters, then every rank reads what it needs (a
 reduction adds the slots in rank order, so every rank gets the same bits).
 
-:func:`install` wraps ``all_reduce`` (SUM, MAX, MIN), ``all_gather_into_tensor`` and
-``reduce_scatter_tensor`` (SUM, MAX, MIN) of ``torch.distributed``. A call on contiguous CPU tensors of a
-real dtype, on a gloo group whose ranks all share this host, takes the shared-memory path: ``async_op=True``
-gets a completed work, and inside a ``_coalescing_manager`` block the op runs at once (the block is left
-nothing to batch). Anything else -- other ops, devices or backends, groups that span hosts -- goes to torch
-unchanged. A group's region is set up by its first eligible call (a collective of the group) and named only
-until every member opened it, so nothing is left in ``/dev/shm`` even when a rank is killed.
-A rank waiting on a peer that exited raises at once; one that waits past the process group's timeout
-raises too. ``VERL_SHM_COLLECTIVES=0`` leaves torch alone.
+:func:`install` wraps ``all_reduce`` (SUM, MAX, MIN), ``all_gather`` (of equal tensors, as
+``all_gather_object`` uses it), ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (SUM, MAX, MIN)
+of ``torch.distributed``. A call on contiguous CPU tensors of a real dtype, on a gloo group whose ranks all
+share this host, takes the shared-memory path: ``async_op=True`` gets a completed work, and inside a
+``_coalescing_manager`` block the op runs at once (the block is left nothing to batch). Anything else --
+other ops, devices or backends, groups that span hosts -- goes to torch unchanged. A group's region is set
+up by its first eligible call (a collective of the group) and named only until every member opened it, so
+nothing is left in ``/dev/shm`` even when a rank is killed. A rank waiting on a peer that exited raises at
+once; one that waits past the process group's timeout raises too. ``VERL_SHM_COLLECTIVES=0`` leaves torch
+alone.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int
           torch.uint8)
 
 _c10d = dist.distributed_c10d
-_TORCH = {name: getattr(_c10d, name) for name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")}
+_NAMES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor")
+_TORCH = {name: getattr(_c10d, name) for name in _NAMES}
 _installed = False
 _timeout_s = 600.0
 _groups: dict = {}  # ProcessGroup -> verl._C.ShmCollectives, or None where the fast path does not apply
@@ -66,10 +68,9 @@ def install(timeout_s: float) -> None:
     global _installed, _timeout_s
     _timeout_s = float(timeout_s)
     _installed = True
-    for name, fn in (("all_reduce", all_reduce), ("all_gather_into_tensor", all_gather_into_tensor),
-                     ("reduce_scatter_tensor", reduce_scatter_tensor)):
-        setattr(dist, name, fn)
-        setattr(_c10d, name, fn)
+    for name in _NAMES:
+        setattr(dist, name, globals()[name])
+        setattr(_c10d, name, globals()[name])
 
 
 def uninstall() -> None:
@@ -90,6 +91,21 @@ def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
         return _TORCH["all_reduce"](tensor, op=op, group=group, async_op=async_op)
     comm.all_reduce(tensor, name, _timeout_s)
     return _CompletedWork(tensor) if async_op else None
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    """``torch.distributed.all_gather`` (a list of equal tensors: what ``all_gather_object`` runs twice per
+    call, once for the sizes and once for the pickled bytes) with the shared-memory path."""
+    same = isinstance(tensor_list, list | tuple) and all(
+        isinstance(t, torch.Tensor) and t.shape == tensor.shape and t.dtype == tensor.dtype for t in tensor_list)
+    comm = _group_comm(group, tensor, *tensor_list) if same else None
+    if comm is None or len(tensor_list) != comm.world():
+        return _TORCH["all_gather"](tensor_list, tensor, group=group, async_op=async_op)
+    flat = torch.empty((len(tensor_list), *tensor.shape), dtype=tensor.dtype)
+    comm.all_gather(flat, tensor, _timeout_s)
+    for out, row in zip(tensor_list, flat, strict=True):
+        out.copy_(row)
+    return _CompletedWork(*tensor_list) if async_op else None
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
@@ -132,6 +148,7 @@ def _group_comm(group, *tensors):
     if _c10d._rank_not_in_group(group):
         return None
     if group not in _groups:
+        _groups[group] = None  # while it opens, its own object collectives go to torch
         _groups[group] = _open_group(group)
     return _groups[group]
 
