@@ -1,7 +1,7 @@
 """The Megatron engine runs each micro-batch only over the columns some row needs (up to its longest valid run
 after left alignment; a multiple of the TP size under sequence parallelism), and that changes nothing: the
 log-probs, the loss, the gradient norm and the updated weights' log-probs equal a forward over the whole
-padded width, at TP1 (x DP2) and TP2 with sequence parallelism."""
+padded width, at TP1 (x DP2) and TP2 with sequence parallelism; response padding reads 0 either way."""
 
 import pytest
 import torch
@@ -47,7 +47,8 @@ def _job(hf_dir, batch):
             report[f"{name}/{'trim' if trim else 'full'}"] = {
                 "widths": widths, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
                 "before": before["log_probs"][mask], "entropy": before["entropy"][mask],
-                "after": after["log_probs"][mask]}
+                "after": after["log_probs"][mask], "pad_log_probs": before["log_probs"][~mask],
+                "pad_entropy": before["entropy"][~mask]}
             destroy_megatron()
     return report
 
@@ -80,3 +81,10 @@ def test_trimming_changes_no_result(report, name):
         torch.testing.assert_close(trimmed[key], full[key], rtol=1e-5, atol=1e-5, msg=key)
     assert trimmed["loss"] == pytest.approx(full["loss"], rel=1e-5)
     assert trimmed["grad_norm"] == pytest.approx(full["grad_norm"], rel=1e-4)
+    # Response padding reads 0 whatever columns ran (verl's remove-padding convention), so pad positions
+    # never depend on which rows shared a micro-batch.
+    assert trimmed["pad_log_probs"].numel() > 0
+    for key in ("pad_log_probs", "pad_entropy"):
+        assert torch.equal(trimmed[key], torch.zeros_like(trimmed[key])), key
+        assert torch.equal(full[key], torch.zeros_like(full[key])), key
+

@@ -42,3 +42,13 @@ def token_budget_groups(attention_mask: torch.Tensor, max_token_len: int) -> lis
             groups.append([row])
             room.append(max_token_len - lengths[row])
     return sorted(sorted(group) for group in groups)
+
+
+def zero_response_padding(per_token: torch.Tensor, micro_batch: Batch) -> torch.Tensor:
+    """``per_token`` [B, R] (a response's log-probs, entropy or values) with 0 where the response is padding.
+    Pad positions are never read by the losses, but engines that skip padded columns would otherwise leave
+    them depending on which rows shared a micro-batch; 0 everywhere (verl's remove-padding convention)
+    keeps every output a function of its own row."""
+    valid = micro_batch["attention_mask"][:, -per_token.size(1):].bool()
+    return per_token.masked_fill(~valid, 0.0)
+

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from verl.engine.megatron.padding import restore
+from verl.engine.micro_batches import zero_response_padding
 
 
 def log_probs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
@@ -34,9 +35,11 @@ def token_log_probs(compute_entropy: bool, temperature: float = 1.0):
             logits = logits / temperature
         targets = torch.roll(aligned_ids, shifts=-1, dims=1)  # the last column wraps onto padding
         log_probs, entropy = log_probs_and_entropy(logits, targets, compute_entropy)
-        outputs = {"log_probs": restore(log_probs, shifts)[:, -response_length - 1:-1]}
+        outputs = {"log_probs": zero_response_padding(restore(log_probs, shifts)[:, -response_length - 1:-1],
+                                                      micro_batch)}
         if entropy is not None:
-            outputs["entropy"] = restore(entropy, shifts)[:, -response_length - 1:-1]
+            outputs["entropy"] = zero_response_padding(restore(entropy, shifts)[:, -response_length - 1:-1],
+                                                       micro_batch)
         return outputs
 
     return output_fn

@@ -12,6 +12,7 @@ import torch
 
 from verl.engine.megatron.padding import restore
 from verl.engine.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy
+from verl.engine.micro_batches import zero_response_padding
 
 
 def token_log_probs(engine, compute_entropy: bool, temperature: float = 1.0):
@@ -28,9 +29,11 @@ def token_log_probs(engine, compute_entropy: bool, temperature: float = 1.0):
         targets = torch.roll(aligned_ids, shifts=-1, dims=1)
         log_probs, entropy = vocab_parallel_log_probs_and_entropy(
             logits, targets, engine.config.vocab_size, compute_entropy)
-        outputs = {"log_probs": restore(log_probs, shifts)[:, -response_length - 1:-1]}
+        outputs = {"log_probs": zero_response_padding(restore(log_probs, shifts)[:, -response_length - 1:-1],
+                                                      micro_batch)}
         if entropy is not None:
-            outputs["entropy"] = restore(entropy, shifts)[:, -response_length - 1:-1]
+            outputs["entropy"] = zero_response_padding(restore(entropy, shifts)[:, -response_length - 1:-1],
+                                                       micro_batch)
         return outputs
 
     return output_fn
