@@ -9,17 +9,10 @@
 #include <vector>
 
 #include "reshard/reshard.h"
+#include "tests/expect.h"
 
 using verl::reshard::Segment;
 
-static int failures = 0;
-#define EXPECT(cond)                                                      \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      std::fprintf(stderr, "%s:%d: expectation failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                         \
-    }                                                                     \
-  } while (0)
 
 static bool valid(const std::vector<Segment>& p, int64_t sn, int64_t dn, int64_t es, int64_t align) {
   char msg[verl::reshard::kMessageBytes];
@@ -107,7 +100,7 @@ static void test_validation_rejects() {
     const bool ok = verl::reshard::validate_program(p.data(), p.size(), sn, dn, 4, align, msg, sizeof(msg));
     if (ok || std::strstr(msg, needle) == nullptr) {
       std::fprintf(stderr, "expected an error containing '%s', got '%s'\n", needle, ok ? "(accepted)" : msg);
-      ++failures;
+      ++expect_failures();
     }
   };
   bad({{0, 0, 2, 10, 10, 10}}, 15, 100, 0, "reads up to element 20");
@@ -131,8 +124,8 @@ int main() {
   test_unit_math();
   test_random_programs_match_reference();
   test_validation_rejects();
-  if (failures) {
-    std::fprintf(stderr, "%d expectation(s) failed\n", failures);
+  if (expect_failures()) {
+    std::fprintf(stderr, "%d expectation(s) failed\n", expect_failures());
     return 1;
   }
   std::printf("copy program C++ tests passed (%d threads)\n", verl::reshard::cpu_num_threads());

@@ -11,17 +11,10 @@
 #include <string>
 
 #include "collectives/shm_group.h"
+#include "tests/expect.h"
 
 using verl::collectives::ShmGroup;
 
-static int failures = 0;
-#define EXPECT(cond)                                                                          \
-  do {                                                                                        \
-    if (!(cond)) {                                                                            \
-      std::fprintf(stderr, "%s:%d: expectation failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                                             \
-    }                                                                                         \
-  } while (0)
 
 static std::string unique_name(const char* what) {
   return "/verl_shm_test_" + std::string(what) + "_" + std::to_string(getpid());
@@ -107,6 +100,6 @@ int main() {
   test_ranks_exchange_many_rounds(3);
   test_exited_peer_raises();
   test_bad_arguments_are_refused();
-  if (failures == 0) std::printf("shm group: all tests passed\n");
-  return failures == 0 ? 0 : 1;
+  if (expect_failures() == 0) std::printf("shm group: all tests passed\n");
+  return expect_failures() == 0 ? 0 : 1;
 }

@@ -167,25 +167,24 @@ def _open_group(group):
     if len({host for host, _ in members}) != 1:
         return None
     name = members[0][1]
-    comm, error = None, None
-    if rank == 0:
+
+    def attempt(create: bool):
+        """(region, None) or (None, why): every rank learns of a failure before anyone relies on the region."""
         try:
-            comm = _C.ShmCollectives(name, rank, size, SLOT_BYTES, True)
+            return _C.ShmCollectives(name, rank, size, SLOT_BYTES, create), None
         except RuntimeError as err:
-            error = str(err)
+            return None, str(err)
+
+    # Rank 0 creates, then the others open; each step's errors are shared before the next.
+    comm, error = attempt(create=True) if rank == 0 else (None, None)
     created = [None] * size
     dist.all_gather_object(created, error, group=group)
     if created[0] is not None:
         return None
     if rank != 0:
-        try:
-            comm = _C.ShmCollectives(name, rank, size, SLOT_BYTES, False)
-        except RuntimeError as err:
-            error = str(err)
+        comm, error = attempt(create=False)
     opened = [None] * size
     dist.all_gather_object(opened, error, group=group)
     if rank == 0:
         comm.unlink()  # every member has it mapped (or gave up): the name is no longer needed
-    if any(e is not None for e in opened):
-        return None
-    return comm
+    return None if any(e is not None for e in opened) else comm
