@@ -71,11 +71,15 @@ ShmGroup::ShmGroup(const std::string& name, int rank, int world, std::size_t slo
   bytes_ = region_bytes(world, slot_bytes_);
   const int fd = create ? shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600) : shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) throw std::runtime_error("shm group: shm_open(" + name + ") failed: " + errno_text());
-  if (create && ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
+  // Reserve every page now: a /dev/shm too small for the region then fails here (the group falls back to
+  // gloo) instead of raising SIGBUS at the first touch of a page tmpfs cannot back.
+  if (create && (ftruncate(fd, static_cast<off_t>(bytes_)) != 0 ||
+                 (errno = posix_fallocate(fd, 0, static_cast<off_t>(bytes_))) != 0)) {
     const std::string why = errno_text();
     close(fd);
     shm_unlink(name.c_str());
-    throw std::runtime_error("shm group: sizing " + name + " to " + std::to_string(bytes_) + " bytes failed: " + why);
+    throw std::runtime_error("shm group: reserving " + std::to_string(bytes_) + " bytes for " + name +
+                             " failed: " + why);
   }
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < bytes_) {

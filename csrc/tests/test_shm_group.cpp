@@ -93,6 +93,21 @@ static void test_bad_arguments_are_refused() {
     raised = std::strstr(err.what(), "shm_open") != nullptr;
   }
   EXPECT(raised);
+  raised = false;
+  const std::string huge = unique_name("huge");
+  try {
+    ShmGroup group(huge, 0, 2, std::size_t{1} << 40, true);  // 4 TiB: more than any /dev/shm holds
+  } catch (const std::runtime_error& err) {
+    raised = std::strstr(err.what(), "reserving") != nullptr;
+  }
+  EXPECT(raised);
+  raised = false;
+  try {
+    ShmGroup group(huge, 0, 2, 64, false);  // the failed region was removed, not left behind
+  } catch (const std::runtime_error&) {
+    raised = true;
+  }
+  EXPECT(raised);
 }
 
 int main() {

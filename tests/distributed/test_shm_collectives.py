@@ -169,3 +169,23 @@ def test_rank_waiting_on_an_exited_peer_raises_at_once():
                     p.kill()
     assert result["error"] is not None and "rank 1 of the group" in result["error"], result
     assert "exited while rank 0 waited" in result["error"] and result["waited_s"] < 30, result
+
+
+def _region_too_big():
+    import torch.distributed as dist
+
+    from verl.ops import shm_collectives
+
+    shm_collectives.SLOT_BYTES = 1 << 40  # a region no /dev/shm can back: creating it fails on rank 0
+    group = dist.new_group([0, 1])
+    x = torch.full((4,), float(dist.get_rank() + 1))
+    dist.all_reduce(x, group=group)
+    return {"sum": x.tolist(), "fast_path": shm_collectives._groups.get(group) is not None}
+
+
+def test_a_region_that_cannot_be_reserved_falls_back_to_gloo():
+    before = set(glob.glob("/dev/shm/verl_shm_*"))
+    for result in run_ranks(_region_too_big, 2, timeout_s=120):
+        assert result == {"sum": [3.0] * 4, "fast_path": False}
+    assert set(glob.glob("/dev/shm/verl_shm_*")) == before
+

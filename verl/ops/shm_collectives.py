@@ -13,7 +13,8 @@ of ``torch.distributed``. A call on contiguous CPU tensors of a real dtype, on a
 share this host, takes the shared-memory path: ``async_op=True`` gets a completed work, and inside a
 ``_coalescing_manager`` block the op runs at once (the block is left nothing to batch). Anything else --
 other ops, devices or backends, groups that span hosts -- goes to torch unchanged. A group's region is set
-up by its first eligible call (a collective of the group) and named only until every member opened it, so
+up by its first eligible call (a collective of the group), its pages reserved at once (a ``/dev/shm`` too small
+for it leaves the group on gloo instead of faulting later), and named only until every member opened it, so
 nothing is left in ``/dev/shm`` even when a rank is killed. A rank waiting on a peer that exited raises at
 once; one that waits past the process group's timeout raises too. ``VERL_SHM_COLLECTIVES=0`` leaves torch
 alone.
