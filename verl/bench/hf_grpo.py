@@ -31,18 +31,22 @@ def load_model(model_path: str, seed: int):
     """A causal LM from an HF model directory (its weights) or a config.json (seeded random init)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if os.path.isdir(model_path) and any(name.endswith(".safetensors") for name in os.listdir(model_path)):
+    from verl.engine.fsdp.model import has_hf_weights
+
+    if has_hf_weights(model_path):
         return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path), dtype=torch.float32)
 
 
-def read_prompts(data_dir: str) -> list[tuple[str, str]]:
-    """(prompt text, ground truth) of every training row, in file order."""
+def read_prompts(data_dir: str, tokenizer) -> list[tuple[str, str]]:
+    """(prompt text, ground truth) of every training row, in file order, rendered as verl train renders them."""
     import pyarrow.parquet as pq
 
+    from verl.utils.dataset.rl_dataset import render_prompt
+
     rows = pq.read_table(os.path.join(data_dir, "train.parquet")).to_pylist()
-    return [("".join(m["content"] for m in row["prompt"]), row["reward_model"]["ground_truth"]) for row in rows]
+    return [(render_prompt(row["prompt"], tokenizer), row["reward_model"]["ground_truth"]) for row in rows]
 
 
 def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -121,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.data, "tokenizer"), padding_side="left")
-    problems = read_prompts(args.data)
+    problems = read_prompts(args.data, tokenizer)
     if len(problems) < args.prompts:
         raise ValueError(f"--prompts: expected at most {len(problems)} (rows in {args.data}), found {args.prompts}")
     model = load_model(args.model, args.seed)

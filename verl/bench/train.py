@@ -176,11 +176,12 @@ def main(argv: list[str] | None = None) -> int:
         data_dir, output_dir = os.path.join(workdir, "data"), os.path.join(workdir, "out")
         train, test = generate_problems(max(4 * args.prompts, 256), 16, seed=0)
         os.makedirs(data_dir, exist_ok=True)
-        write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], os.path.join(data_dir, "train.parquet"))
+        train_rows = [make_row(p, "train", i) for i, p in enumerate(train)]
+        write_parquet(train_rows, os.path.join(data_dir, "train.parquet"))
         write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(data_dir, "test.parquet"))
         build_char_tokenizer(os.path.join(data_dir, "tokenizer"))
         # The character tokenizer makes one token per character of the prompt text.
-        prompt_length = max(len(make_row(p, "train", 0)["prompt"][0]["content"]) for p in train)
+        prompt_length = max(len(row["prompt"][0]["content"]) for row in train_rows)
         ours = _run_watched(train_command(args, data_dir, output_dir, prompt_length),
                             os.path.join(workdir, "train.log"))
         if isinstance(ours, int):

@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.prog = "python -m verl.bench.trl_grpo"
     args = parser.parse_args(argv)
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.data, "tokenizer"), padding_side="left")
-    dataset = Dataset.from_list([{"prompt": prompt, "answer": truth} for prompt, truth in read_prompts(args.data)])
+    dataset = Dataset.from_list([{"prompt": prompt, "answer": truth}
+                                 for prompt, truth in read_prompts(args.data, tokenizer)])
 
     def exact_match(completions, answer, **_):
         return [compute_score(text, truth) for text, truth in zip(completions, answer, strict=True)]

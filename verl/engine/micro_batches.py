@@ -7,6 +7,8 @@ from collections.abc import Mapping
 
 import torch
 
+from verl.engine.megatron.padding import restore
+
 Batch = Mapping[str, torch.Tensor]
 
 
@@ -44,11 +46,13 @@ def token_budget_groups(attention_mask: torch.Tensor, max_token_len: int) -> lis
     return sorted(sorted(group) for group in groups)
 
 
-def zero_response_padding(per_token: torch.Tensor, micro_batch: Batch) -> torch.Tensor:
-    """``per_token`` [B, R] (a response's log-probs, entropy or values) with 0 where the response is padding.
-    Pad positions are never read by the losses, but engines that skip padded columns would otherwise leave
-    them depending on which rows shared a micro-batch; 0 everywhere (verl's remove-padding convention)
+def response_outputs(per_position: torch.Tensor, shifts: torch.Tensor, micro_batch: Batch) -> torch.Tensor:
+    """A per-position output of left-aligned rows ([B, S]: log-probs, entropy, values) back in the batch's
+    layout and cut to the response ([B, R]: position t scores token t + 1), with 0 where the response is
+    padding. Pad positions are never read by the losses, but an engine that skips padded columns would
+    otherwise leave them depending on which rows shared a micro-batch; 0 (verl's remove-padding convention)
     keeps every output a function of its own row."""
-    valid = micro_batch["attention_mask"][:, -per_token.size(1):].bool()
+    response_length = micro_batch["responses"].size(1)
+    per_token = restore(per_position, shifts)[:, -response_length - 1:-1]
+    valid = micro_batch["attention_mask"][:, -response_length:].bool()
     return per_token.masked_fill(~valid, 0.0)
-

@@ -22,16 +22,13 @@ from typing import Any
 
 import torch
 
-from verl.engine.megatron.padding import restore
-from verl.engine.micro_batches import Batch, zero_response_padding
+from verl.engine.micro_batches import Batch, response_outputs
 
 LossFn = Any  # loss_fn(outputs, micro_batch) -> (loss, {metric: scalar tensor}); see the engines
 
 
 def response_values(output, aligned_ids, shifts, micro_batch) -> dict[str, torch.Tensor]:
-    response_length = micro_batch["responses"].size(1)
-    values = restore(output.squeeze(-1).float(), shifts)
-    return {"values": zero_response_padding(values[:, -response_length - 1:-1], micro_batch)}
+    return {"values": response_outputs(output.squeeze(-1).float(), shifts, micro_batch)}
 
 
 def sequence_scores(output, aligned_ids, shifts, micro_batch) -> dict[str, torch.Tensor]:

@@ -144,8 +144,8 @@ def _group_comm(group, *tensors):
                 and t.numel() > 0):
             return None
     group = group if group is not None else _c10d._get_default_group()
-    # Inside a synchronous coalescing block (Megatron's DP grad reduce-scatter and param all-gather, one op
-    # per bucket) running each op at once gives the same result: the block then has nothing left to batch.
+    # A coalescing block (Megatron's DP grad reduce-scatter and param all-gather, one op per bucket) is no
+    # reason to fall back: each op run at once gives the same result, and the block is left nothing to batch.
     if _c10d._rank_not_in_group(group):
         return None
     if group not in _groups:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from verl.engine.megatron.padding import restore
-from verl.engine.micro_batches import zero_response_padding
+from verl.engine.micro_batches import response_outputs
 
 
 def log_probs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
@@ -30,16 +29,13 @@ def token_log_probs(compute_entropy: bool, temperature: float = 1.0):
         raise ValueError(f"temperature: expected > 0 (use 1.0 for a greedy rollout), found {temperature}")
 
     def output_fn(logits, aligned_ids, shifts, micro_batch) -> dict[str, torch.Tensor]:
-        response_length = micro_batch["responses"].size(1)
         if temperature != 1.0:
             logits = logits / temperature
         targets = torch.roll(aligned_ids, shifts=-1, dims=1)  # the last column wraps onto padding
         log_probs, entropy = log_probs_and_entropy(logits, targets, compute_entropy)
-        outputs = {"log_probs": zero_response_padding(restore(log_probs, shifts)[:, -response_length - 1:-1],
-                                                      micro_batch)}
+        outputs = {"log_probs": response_outputs(log_probs, shifts, micro_batch)}
         if entropy is not None:
-            outputs["entropy"] = zero_response_padding(restore(entropy, shifts)[:, -response_length - 1:-1],
-                                                       micro_batch)
+            outputs["entropy"] = response_outputs(entropy, shifts, micro_batch)
         return outputs
 
     return output_fn

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from verl.engine.megatron.padding import restore
 from verl.engine.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy
-from verl.engine.micro_batches import zero_response_padding
+from verl.engine.micro_batches import response_outputs
 
 
 def token_log_probs(engine, compute_entropy: bool, temperature: float = 1.0):
@@ -22,18 +21,15 @@ def token_log_probs(engine, compute_entropy: bool, temperature: float = 1.0):
         raise ValueError(f"temperature: expected > 0 (use 1.0 for a greedy rollout), found {temperature}")
 
     def output_fn(logits, aligned_ids, shifts, micro_batch) -> dict[str, torch.Tensor]:
-        response_length = micro_batch["responses"].size(1)
         if temperature != 1.0:
             logits = logits / temperature  # out of place: the logits are part of the autograd graph
         # Next-token targets in the left-aligned rows; the last column wraps onto padding.
         targets = torch.roll(aligned_ids, shifts=-1, dims=1)
         log_probs, entropy = vocab_parallel_log_probs_and_entropy(
             logits, targets, engine.config.vocab_size, compute_entropy)
-        outputs = {"log_probs": zero_response_padding(restore(log_probs, shifts)[:, -response_length - 1:-1],
-                                                      micro_batch)}
+        outputs = {"log_probs": response_outputs(log_probs, shifts, micro_batch)}
         if entropy is not None:
-            outputs["entropy"] = zero_response_padding(restore(entropy, shifts)[:, -response_length - 1:-1],
-                                                       micro_batch)
+            outputs["entropy"] = response_outputs(entropy, shifts, micro_batch)
         return outputs
 
     return output_fn

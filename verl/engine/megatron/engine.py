@@ -289,4 +289,3 @@ def _use_fused_adam_on_cpu(optimizer) -> None:
         if params and all(p.device.type == "cpu" and p.dtype in (torch.float32, torch.bfloat16) for p in params):
             for group in torch_optimizer.param_groups:
                 group["fused"], group["foreach"] = True, False
-
