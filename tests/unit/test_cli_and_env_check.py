@@ -101,6 +101,20 @@ def test_bench_train_trl_baseline_without_trl_is_one_line_exit_2(capsys, monkeyp
     assert len(err) == 1 and "--baseline trl: expected TRL importable" in err[0] and "found no module 'trl'" in err[0]
 
 
+def test_bench_train_child_failure_is_one_line_that_names_only_a_log_that_will_exist(tmp_path, capsys):
+    """A failed child: its exit code, one line with its last output line, and the log's path only when
+    ``--workdir`` keeps it (a temporary workdir is removed on the way out)."""
+    from verl.bench.train import _run_watched
+
+    command = [sys.executable, "-m", "json.tool", str(tmp_path / "missing.json")]
+    log = tmp_path / "child.log"
+    for kept, where in ((True, f"(log: {log})"), (False, "(--workdir DIR keeps the full log)")):
+        assert _run_watched(command, str(log), log_kept=kept) == 2  # argparse: no such file
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("verl bench train: json.tool exited 2: "), err
+        assert "missing.json" in err[0] and err[0].endswith(where), err
+
+
 def test_hf_grpo_baseline_masks_after_eos_and_matches_verls_grpo_advantages():
     """The baseline's GRPO math against verl's published formula (core_algos, the trainer's own)."""
     import numpy as np

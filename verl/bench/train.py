@@ -121,9 +121,10 @@ def baseline_command(args: argparse.Namespace, data_dir: str, metrics: str) -> l
             "--steps", str(args.steps), "--lr", str(args.lr), "--metrics", metrics]
 
 
-def _run_watched(command: list[str], log_path: str) -> dict | int:
+def _run_watched(command: list[str], log_path: str, log_kept: bool = True) -> dict | int:
     """Run ``command`` with its output in ``log_path``, sampling the resident memory of its process tree:
-    ``{"peak_rss_gb", "wall_s"}``, or its exit code after one line on stderr when it fails."""
+    ``{"peak_rss_gb", "wall_s"}``, or its exit code after one line on stderr when it fails. ``log_kept``
+    False: the log lives in a temporary workdir that is about to be removed, so the line does not point at it."""
     import psutil
 
     start, peak = time.perf_counter(), 0
@@ -137,8 +138,9 @@ def _run_watched(command: list[str], log_path: str) -> dict | int:
     if child.returncode != 0:
         with open(log_path, encoding="utf-8") as fh:
             tail = fh.read().strip().splitlines()[-1:] or [""]
-        print(f"verl bench train: {os.path.basename(command[2])} exited {child.returncode}: {tail[0]} "
-              f"(log: {log_path})", file=sys.stderr)
+        where = f"log: {log_path}" if log_kept else "--workdir DIR keeps the full log"
+        print(f"verl bench train: {os.path.basename(command[2])} exited {child.returncode}: {tail[0]} ({where})",
+              file=sys.stderr)
         return child.returncode
     return {"peak_rss_gb": peak / 2**30, "wall_s": wall}
 
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         # The character tokenizer makes one token per character of the prompt text.
         prompt_length = max(len(row["prompt"][0]["content"]) for row in train_rows)
         ours = _run_watched(train_command(args, data_dir, output_dir, prompt_length),
-                            os.path.join(workdir, "train.log"))
+                            os.path.join(workdir, "train.log"), log_kept=bool(args.workdir))
         if isinstance(ours, int):
             return ours
         record = {"model": args.model, "nproc": args.nproc, "tp": args.tp, "pp": args.pp,
@@ -192,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                   **summarize(read_metrics(output_dir), args.warmup), **ours}
         if args.baseline != "none":
             metrics = os.path.join(workdir, "baseline_metrics.jsonl")
-            theirs = _run_watched(baseline_command(args, data_dir, metrics), os.path.join(workdir, "baseline.log"))
+            theirs = _run_watched(baseline_command(args, data_dir, metrics), os.path.join(workdir, "baseline.log"),
+                                  log_kept=bool(args.workdir))
             if isinstance(theirs, int):
                 return theirs
             record["baseline"] = {"name": args.baseline, **summarize(read_metrics(metrics), args.warmup), **theirs}
