@@ -8,7 +8,8 @@
 - rollout TP2 (one engine, two SGLang ranks, each fed by its own trainer rank): a run preempted by
   SIGUSR1 checkpoints and exits 0, the same command resumes it, and SIGKILL of the engine's owner rank
   ends the job;
-- no SGLang process outlives a finished, preempted or killed run (the process table is checked).
+- no SGLang process outlives a finished, preempted or killed run (the process table is checked), and no
+  rank's shared weight buffer outlives a finished or preempted one in /dev/shm.
 """
 
 import json
@@ -46,6 +47,16 @@ def assert_no_sglang_left(before: set[int]) -> None:
     while (left := sglang_processes() - before) and time.time() < deadline:
         time.sleep(0.2)
     assert not left, f"SGLang processes survived the run: {[psutil.Process(p).cmdline() for p in left]}"
+
+
+def torch_shm_files() -> set[str]:
+    """/dev/shm names of tensors shared by file name (torch's ``file_system`` strategy: ``torch_<pid>_...``)."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith("torch_")}
+
+
+def assert_no_shared_buffer_left(before: set[str]) -> None:
+    left = torch_shm_files() - before
+    assert not left, f"weight buffers left in /dev/shm: {sorted(left)}"
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +131,7 @@ def check_parity(parity_out, pushes: int, exact: bool = True) -> None:
 
 def test_grpo_with_sglang_rollout_tp1_learns_with_parity_after_every_push(sglang_python, arith, sft_model, tmp_path):
     before = sglang_processes()
+    shm_before = torch_shm_files()
     steps = 12
     proc = start(sglang_python, train_args(
         arith, sft_model, tmp_path, f"trainer.total_training_steps={steps}", "trainer.test_freq=12",
@@ -127,6 +139,7 @@ def test_grpo_with_sglang_rollout_tp1_learns_with_parity_after_every_push(sglang
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1"), tmp_path / "parity.jsonl", tmp_path)
     assert wait(proc, tmp_path) == 0, (tmp_path / "run.log").read_text()[-4000:]
     assert_no_sglang_left(before)
+    assert_no_shared_buffer_left(shm_before)
     assert "Traceback" not in (tmp_path / "run.log").read_text()  # a clean exit, SGLang's shutdown included
 
     check_parity(tmp_path / "parity.jsonl", steps)
@@ -144,6 +157,7 @@ def test_grpo_with_sglang_rollout_tp1_learns_with_parity_after_every_push(sglang
 def test_sglang_rollout_tp2_preempted_run_resumes_and_a_killed_owner_ends_the_job(sglang_python, arith, sft_model,
                                                                                    tmp_path):
     before = sglang_processes()
+    shm_before = torch_shm_files()
     args = train_args(arith, sft_model, tmp_path, "trainer.total_training_steps=6", "trainer.test_freq=-1",
                       "trainer.save_freq=-1", "trainer.val_before_train=false", "data.train_batch_size=16",
                       "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
@@ -157,6 +171,7 @@ def test_sglang_rollout_tp2_preempted_run_resumes_and_a_killed_owner_ends_the_jo
     proc.send_signal(signal.SIGUSR1)  # the launcher forwards it: finish the step, checkpoint, exit 0
     assert wait(proc, tmp_path) == 0, (tmp_path / "run.log").read_text()[-4000:]
     assert_no_sglang_left(before)
+    assert_no_shared_buffer_left(shm_before)  # each rank's buffer, mapped by its SGLang rank until the shutdown
     done = max(r["step"] for r in read_lines(tmp_path / "metrics.jsonl"))
     assert done >= 2 and os.path.isdir(tmp_path / "checkpoints" / f"global_step_{done}")
 
@@ -175,6 +190,7 @@ def test_bench_reshard_times_the_push_against_the_in_place_reshard(sglang_python
     the in-place reshard of the same plan and one SGLang weight-update call, in the same run."""
     out = tmp_path / "push.json"
     before = sglang_processes()
+    shm_before = torch_shm_files()
     proc = subprocess.run([os.path.join(os.path.dirname(sglang_python), "verl"), "bench", "reshard", "--model",
                            os.path.join(ROOT, "configs", "models", "qwen2_tiny_arith.json"), "--train", "tp=2",
                            "--rollout", "tp=1", "--nproc", "2", "--push", "sglang", "--repeats", "2",
@@ -188,3 +204,4 @@ def test_bench_reshard_times_the_push_against_the_in_place_reshard(sglang_python
     assert result["sglang_call_seconds"] > 0
     assert result["push_budget_seconds"] == pytest.approx(2 * result["seconds"] + result["sglang_call_seconds"])
     assert_no_sglang_left(before)
+    assert_no_shared_buffer_left(shm_before)

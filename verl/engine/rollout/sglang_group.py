@@ -14,7 +14,8 @@ on CPU, where SGLang's memory saver is unavailable) and resumes before the next 
 stops it; so does the interpreter's exit (SGLang registers ``atexit``), and SGLang's scheduler processes
 kill themselves when the owner dies (``PR_SET_PDEATHSIG``), so no engine outlives its rank. They ignore the
 preemption signals a rank's process group receives (SIGUSR1, SIGTERM, SIGINT): the trainer finishes the
-step with them, checkpoints, and stops them on its way out.
+step with them, checkpoints, and stops them on its way out. On CPU, :meth:`shutdown` also removes the
+rank's buffer from /dev/shm (:mod:`verl.utils.shared_buffer`): the killed schedulers never release it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from verl.engine.rollout.sglang_rollout import (
 from verl.hybrid_engine.rollout_layout import rollout_param_specs
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
+from verl.utils.shared_buffer import shared_name, unlink_if_unmapped
 
 METRIC_PUSH_SECONDS = "timing_s/push_weights"
 METRIC_HANDLE_BYTES = "perf/push_handle_bytes"
@@ -137,6 +139,7 @@ class SGLangGroupRollout:
         self.numel = spec_offsets(rollout_param_specs(config, self.tp_size, self.tp_rank))[1]
         self.ranges = bucket_ranges(self.numel, bucket_elems(dtype, self.bucket_bytes))
         self._buffer: torch.Tensor | None = None
+        self._buffer_name: str | None = None  # its /dev/shm name on CPU
         self.engine: SGLangRollout | None = None
         self._model_dir: str | None = None
         if self.device == "cpu":
@@ -190,7 +193,10 @@ class SGLangGroupRollout:
         shared memory on CPU (kept across steps), CUDA memory on GPUs (dropped after each push)."""
         if self._buffer is None:
             flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
-            self._buffer = flat.share_memory_() if self.device == "cpu" else flat
+            if self.device == "cpu":
+                flat = flat.share_memory_()
+                self._buffer_name = shared_name(flat)
+            self._buffer = flat
         return self._buffer
 
     def push_weights(self) -> dict[str, float]:
@@ -240,10 +246,18 @@ class SGLangGroupRollout:
         return self.engine.generate_sequences(prompts, sampling_params)
 
     def shutdown(self) -> None:
-        """Stop the engine (its scheduler processes) and remove the owner's temporary model directory; idempotent."""
+        """Stop the engine (its scheduler processes), remove the owner's temporary model directory and this
+        rank's weight buffer's /dev/shm name (the killed schedulers never release it); idempotent."""
         engine, self.engine = self.engine, None
+        # The buffer is dropped first: closing its mapping messages this process's torch_shm_manager, a
+        # child that SGLang's shutdown kills along with the schedulers (a close after that aborts the rank
+        # on a broken pipe). The name goes once the schedulers, which never release their mapping, are dead.
+        self._buffer = None
+        name, self._buffer_name = self._buffer_name, None
         if engine is not None:
             engine.shutdown()
+        if name is not None:
+            unlink_if_unmapped(name)  # kept while something in this process still holds the buffer
         if self._model_dir is not None:
             shutil.rmtree(self._model_dir, ignore_errors=True)
             self._model_dir = None
