@@ -20,8 +20,9 @@ the RL outputs (checkpoints, metrics, TensorBoard, plot) are cleared first, sinc
 belong to that command. ``--fresh`` clears everything under ``<out>`` the quickstart wrote.
 
 Ctrl-C during RL: the ranks finish the current step, write a checkpoint and exit (``verl train``
-treats SIGINT like a Slurm preemption); rerunning the same command resumes from it. Ctrl-C during
-data or SFT stops that stage; a rerun redoes it.
+treats SIGINT like a Slurm preemption); rerunning the same command resumes from it. A trainer signalled
+on its own (a preemption) also exits 0 after its checkpoint: the report then ends with the step it
+stopped at. Ctrl-C during data or SFT stops that stage; a rerun redoes it.
 
 Exit code: 0 when every stage succeeded, the failing stage's exit code otherwise, 130 after Ctrl-C.
 """
@@ -242,7 +243,7 @@ def _mean(records: Sequence[dict[str, Any]], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def summarize(out: str, walls: dict[str, float], resumed_from: int) -> dict[str, Any]:
+def summarize(out: str, walls: dict[str, float], resumed_from: int, total_steps: int | None = None) -> dict[str, Any]:
     rl = _read(os.path.join(out, "metrics.jsonl"))
     sft = _read(os.path.join(out, "sft", "metrics.jsonl"))
     val = [(r["step"], r["val/accuracy"]) for r in rl if "val/accuracy" in r]
@@ -256,6 +257,7 @@ def summarize(out: str, walls: dict[str, float], resumed_from: int) -> dict[str,
         "val_num_samples": next((r["val/num_samples"] for r in rl if "val/num_samples" in r), None),
         "rl_steps": max((r["step"] for r in steps), default=0),
         "rl_resumed_from_step": resumed_from,
+        "rl_total_steps": total_steps,
         "tokens_per_s": tokens / step_seconds if step_seconds else None,
         "tokens_per_s_per_rank": _mean(steps, "perf/throughput"),
         "step_s": _mean(steps, "timing_s/step"),
@@ -286,7 +288,8 @@ def format_summary(summary: dict[str, Any], out: str, algo: str) -> str:
          num(summary["val_accuracy_after_rl"], ".3f") + ("" if gain is None else f"  ({gain:+.1f} points)")),
         ("val/accuracy of the SFT export (verl sft's own eval)", num(summary["val_accuracy_sft_trainer"], ".3f")),
         (f"{algo} steps" + (f" (resumed at step {summary['rl_resumed_from_step']})"
-                            if summary["rl_resumed_from_step"] else ""), str(summary["rl_steps"])),
+                            if summary["rl_resumed_from_step"] else ""),
+         str(summary["rl_steps"]) + (f" of {total}" if (total := summary.get("rl_total_steps")) else "")),
         ("tokens/s (all ranks; per rank)", f"{num(summary['tokens_per_s'], '.0f')}; "
                                            f"{num(summary['tokens_per_s_per_rank'], '.0f')}"),
         ("step time (s): total / gen / update_actor",
@@ -306,6 +309,10 @@ def format_summary(summary: dict[str, Any], out: str, algo: str) -> str:
               f"plot     {os.path.join(out, 'metrics.png')}",
               f"tboard   tensorboard --logdir {os.path.join(out, 'tensorboard')}",
               f"model    {os.path.join(out, 'actor_hf')}  (HF format)"]
+    if summary.get("rl_total_steps") and summary["rl_steps"] < summary["rl_total_steps"]:
+        # verl train exits 0 after a signal (SIGINT/SIGTERM/SIGUSR1: a preemption) once it has checkpointed.
+        lines += ["", f"{algo} stopped at step {summary['rl_steps']} of {summary['rl_total_steps']}: the trainer "
+                      f"was signalled and checkpointed; rerun the same command to resume"]
     return "\n".join(lines)
 
 
@@ -445,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                            title=f"quickstart: SFT warm start -> {algo} on arithmetic "
                                  f"({os.path.basename(args.config)})")
         walls["total"] = time.perf_counter() - total_start
-        summary = summarize(out, {k: v for k, v in walls.items() if k != "total"}, resumed_from)
+        summary = summarize(out, {k: v for k, v in walls.items() if k != "total"}, resumed_from, total_steps)
         summary["wall_s_total"] = walls["total"]
         summary["plot"] = png
         with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as fh:
