@@ -1,22 +1,34 @@
 """The FSDP2 engine against transformers on gloo ranks.
 
-* logits of the sharded model = transformers' (fp32, <= 1e-5), with padded rows and with the rows packed
+* logits of the sharded model = transformers' (fp32, within the reordered-sum bound of helpers.tolerance),
+  with padded rows and with the rows packed
   (``remove_padding``), for a tied GQA Qwen2 and an untied Llama;
 * one training step (global token-mean loss, two micro-batches per rank) at 1 and 2 ranks = the same step
-  of a single-process transformers model + AdamW (loss and every updated weight within 1e-5);
+  of a single-process transformers model + AdamW (loss and every updated weight within derived bounds);
 * a DCP checkpoint written by 2 ranks and loaded by 1 rank continues with the same next step;
 * the HF export of the sharded model loads in transformers with the same logits.
 """
 
 import pytest
 import torch
-from test_megatron_tiny_models import RESPONSE, hf_model, model_config, padded_batch, save_hf
+from helpers.tolerance import decoder_depth, forward_tolerance
+from test_megatron_tiny_models import RESPONSE, VOCAB, hf_model, model_config, padded_batch, save_hf
 
 from verl.launcher.spawn import run_ranks
 
 pytestmark = pytest.mark.distributed
 
 LR, STEPS = 1e-2, 2
+# Sharded and single-process forwards differ in their fp32 summation order only. The tiny models' widest
+# reduction is the MLP's (intermediate 64), over 4 decoder layers; activations feeding it are RMS-normalised.
+FORWARD_REL = forward_tolerance(torch.float32, width=64, depth=decoder_depth(4))
+# The loss is a token mean of log-probs of magnitude up to log(VOCAB), one more reordered sum.
+LOSS_TOL = forward_tolerance(torch.float32, width=64, depth=decoder_depth(4) + 1, scale=float(torch.log(
+    torch.tensor(VOCAB))))
+# Adam moves a weight by lr * m / sqrt(v): a relative gradient error r moves it by about lr * r per step. The
+# gradients are one backward pass (as deep as the forward) away from the logits: r <= 2 * FORWARD_REL, twice
+# over two steps.
+WEIGHT_TOL = LR * 4 * FORWARD_REL
 MODELS = ("qwen2_gqa_tied", "llama_gqa_untied")
 
 
@@ -154,7 +166,7 @@ def _reference_steps(model, batch):
 def _allclose_where_conditioned(got, want, conditioned, what):
     for pname, ref in want.items():
         ok = conditioned[pname]
-        assert torch.allclose(got[pname][ok], ref[ok], atol=1e-5, rtol=0), (what, pname)
+        assert torch.allclose(got[pname][ok], ref[ok], atol=WEIGHT_TOL, rtol=0), (what, pname)
 
 
 def test_fsdp_engine_matches_transformers(tmp_path):
@@ -175,15 +187,16 @@ def test_fsdp_engine_matches_transformers(tmp_path):
     for name, model in models.items():
         with torch.no_grad():
             expected = model(**inputs).logits
+        logits_tol = FORWARD_REL * max(1.0, float(expected[mask].abs().max()))
         losses, states, conditioned = _reference_steps(model, batch)
         covered = sum(int(m.sum()) for m in conditioned.values()) / sum(m.numel() for m in conditioned.values())
         assert covered > 0.99  # the comparison covers nearly every element
         for result in (two[0][name], two[1][name], one[0][name]):
             for packed in (False, True):
-                assert (result[f"logits_packed{packed}"][mask] - expected[mask]).abs().max() <= 1e-5, name
+                assert (result[f"logits_packed{packed}"][mask] - expected[mask]).abs().max() <= logits_tol, name
         for result in (two[0][name], one[0][name]):
             # Loss shares are added over micro-batches and averaged over ranks: the whole batch's loss.
-            assert abs(float(result["loss"]) - float(losses[0])) < 1e-5
+            assert abs(float(result["loss"]) - float(losses[0])) <= LOSS_TOL
             for index, key in enumerate(("step1", "step2")):
                 _allclose_where_conditioned(result[key], states[index], conditioned, (name, key))
         for variant in ("padded", "token_budget", "recompute_offload", "hsdp"):
@@ -195,4 +208,4 @@ def test_fsdp_engine_matches_transformers(tmp_path):
         after_one = model.__class__(model.config).eval()
         after_one.load_state_dict(states[0], strict=False)
         with torch.no_grad():
-            assert (exported(**inputs).logits[mask] - after_one(**inputs).logits[mask]).abs().max() <= 1e-5, name
+            assert (exported(**inputs).logits[mask] - after_one(**inputs).logits[mask]).abs().max() <= logits_tol, name

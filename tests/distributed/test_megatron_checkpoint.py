@@ -6,9 +6,11 @@ import os
 import shutil
 
 import pytest
+import torch
 
 pytest.importorskip("megatron.core")
 
+from helpers.tolerance import decoder_depth, forward_tolerance  # noqa: E402
 from test_megatron_tiny_models import RESPONSE, hf_model, model_config, padded_batch, save_hf  # noqa: E402
 from test_megatron_train import sft_loss  # noqa: E402
 
@@ -115,7 +117,11 @@ def test_tp2_pp2_checkpoint_loads_at_tp1_pp1(checkpoint_run):
     # Valid positions only: at TP1 x PP1 the engine skips the padded columns (PP2 runs the full width).
     valid = result["attention_mask"].bool()
     worst = (result["logits_2x2"][valid] - result["logits_1x1"][valid]).abs().max().item()
-    assert worst <= 1e-5, f"max |logits(2,2) - logits(1,1) from checkpoint| = {worst:.3e}"
+    # Same weights, another TP x PP split: only the fp32 summation order differs (widest reduction: the
+    # MLP's 64 terms; 4 decoder layers; normalised activations of magnitude >= 1 feed every projection).
+    scale = max(1.0, result["logits_1x1"][valid].abs().max().item())
+    bound = forward_tolerance(torch.float32, width=64, depth=decoder_depth(4), scale=scale)
+    assert worst <= bound, f"max |logits(2,2) - logits(1,1) from checkpoint| = {worst:.3e} > {bound:.3e}"
 
 
 def test_checkpoint_is_atomic_and_complete(checkpoint_run):

@@ -13,16 +13,26 @@ import sys
 
 import pytest
 import torch
+from helpers.tolerance import log_prob_tolerance
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPTS = [[11, 12, 13], [21, 22, 23, 24, 25, 26], [31]]
 TIMEOUT_S = 120
+VOCAB = 320
+
+
+def log_prob_tol(reference: torch.Tensor) -> float:
+    """The rollout's log-probs against transformers': same weights, another fp32 summation order (KV-cache
+    decoding, TP shards). 2 layers, widest reduction the MLP's 128 terms, a log-softmax over VOCAB;
+    initializer_range 0.2 makes logits larger than 1, so the scale is the reference's magnitude."""
+    return log_prob_tolerance(torch.float32, width=128, num_layers=2, vocab=VOCAB,
+                              scale=max(1.0, float(reference.abs().max())))
 
 
 def build_hf(path, family, kv_heads, tied, seed=0):
     torch.manual_seed(seed)
-    common = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=kv_heads, tie_word_embeddings=tied,
                   max_position_embeddings=256, initializer_range=0.2)
     model = (Qwen2ForCausalLM(Qwen2Config(**common)) if family == "qwen2"
@@ -77,7 +87,7 @@ def test_tp_greedy_ids_and_logprobs_equal_hf(tmp_path, family, kv_heads, tied, t
     hf_ids = hf.sequences[:, ids.shape[1]:]
     hf_log_probs = torch.stack(hf.scores, 1).log_softmax(-1).gather(-1, hf_ids[..., None]).squeeze(-1)
     assert result["output_ids"] == hf_ids.tolist()
-    assert (torch.tensor(result["logprobs"]) - hf_log_probs).abs().max() < 1e-4
+    assert (torch.tensor(result["logprobs"]) - hf_log_probs).abs().max() <= log_prob_tol(hf_log_probs)
 
 
 def test_tp_sampling_ranks_agree_on_tokens_without_a_seed(tmp_path):
@@ -93,4 +103,4 @@ def test_tp_sampling_ranks_agree_on_tokens_without_a_seed(tmp_path):
         with torch.no_grad():
             logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
         expected = (logits / temperature).log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
-        assert (torch.tensor(log_probs) - expected).abs().max() < 1e-4, row
+        assert (torch.tensor(log_probs) - expected).abs().max() <= log_prob_tol(expected), row
