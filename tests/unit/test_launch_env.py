@@ -161,7 +161,8 @@ def test_intra_op_threads_split_the_host_between_local_ranks(monkeypatch):
     """No oversubscription: ranks x threads <= the cores this process may use (OMP_NUM_THREADS wins)."""
     import os
 
-    from verl.launcher.spawn import intra_op_threads, rank_env
+    from verl.launcher.spawn import rank_env
+    from verl.launcher.threads import intra_op_threads
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     monkeypatch.setattr(os, "cpu_count", lambda: 16)

@@ -30,6 +30,7 @@ import random
 import socket
 
 from verl.launcher.env import LOOPBACK, DistEnv, LaunchError, discover
+from verl.launcher.threads import intra_op_threads
 
 DEFAULT_TIMEOUT_S = 600.0
 _MPI_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK")
@@ -84,8 +85,6 @@ def init_distributed(backend: str | None = None, timeout_s: float = DEFAULT_TIME
                                 timeout=timeout)
     if backend == "gloo":
         use_shm_collectives(timeout_s)
-    from verl.launcher.spawn import intra_op_threads
-
     torch.set_num_threads(intra_op_threads(env.local_world_size))
     _seed_everything(seed + env.rank)
     return env

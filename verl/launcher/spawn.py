@@ -40,7 +40,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from verl.launcher.bootstrap import DEFAULT_TIMEOUT_S, destroy_distributed, use_shm_collectives
 from verl.launcher.env import LOOPBACK, LaunchError
+from verl.launcher.threads import intra_op_threads
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 KILL_GRACE_S = 5.0
@@ -112,20 +114,6 @@ def rank_env(rank: int, nproc: int, port: int, base: dict[str, str]) -> dict[str
     # oversubscribe the machine (torchrun caps at 1; an explicit OMP_NUM_THREADS wins).
     env.setdefault("OMP_NUM_THREADS", str(intra_op_threads(nproc, environ=base)))
     return env
-
-
-def intra_op_threads(local_world_size: int, environ=None) -> int:
-    """Intra-op threads for one of ``local_world_size`` ranks on this host: ``OMP_NUM_THREADS`` when
-    set; else the cores this process may run on, split between the local ranks, unless a launcher
-    already bound the process to fewer cores than the host has (Slurm's --cpus-per-task binding):
-    then all of those."""
-    environ = os.environ if environ is None else environ
-    if environ.get("OMP_NUM_THREADS", "").strip().isdigit() and int(environ["OMP_NUM_THREADS"]) > 0:
-        return int(environ["OMP_NUM_THREADS"])
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if allowed < (os.cpu_count() or allowed):
-        return max(1, allowed)
-    return max(1, allowed // max(1, local_world_size))
 
 
 def spawn_local(nproc: int, argv: list[str], env: dict[str, str] | None = None,
@@ -233,8 +221,6 @@ def _rank_main(fn, rank, world_size, init_file, threads, results, args, parent_p
     torch.set_num_threads(threads)
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-        from verl.launcher.bootstrap import DEFAULT_TIMEOUT_S, use_shm_collectives
-
         use_shm_collectives(DEFAULT_TIMEOUT_S)  # as verl train's ranks do
         # Bytes, not tensors: torch's shared-memory handles die with a rank that already exited.
         buffer = io.BytesIO()
@@ -243,8 +229,6 @@ def _rank_main(fn, rank, world_size, init_file, threads, results, args, parent_p
     except BaseException:  # noqa: BLE001 - reported to the parent, which ends every rank
         results.put((rank, False, traceback.format_exc()))
     finally:
-        from verl.launcher.bootstrap import destroy_distributed
-
         destroy_distributed()
 
 

@@ -74,28 +74,24 @@ def _token_list(text: str, what: str) -> list[int]:
 
 def _model_token_ids(model_dir: str, key: str) -> list[int]:
     """``key`` (eos_token_id / pad_token_id) from generation_config.json, else config.json."""
-    for name in ("generation_config.json", "config.json"):
-        path = os.path.join(model_dir, name)
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as fh:
-                value = json.load(fh).get(key)
-            if value is not None:
-                return [value] if isinstance(value, int) else list(value)
-    return []
+    from verl.models.hf_io import generation_config
+
+    value = generation_config(model_dir).get(key)
+    return [] if value is None else [value] if isinstance(value, int) else list(value)
 
 
 def prepare(args: argparse.Namespace):
     """Validate everything a rank would trip over; return (config, input_ids, attention_mask, params, pad)."""
     from verl.engine.rollout.base import SamplingParams, check_prompts
-    from verl.engine.rollout.native.weights import SafetensorsCheckpoint
     from verl.hybrid_engine.rollout_layout import check_rollout_tp
     from verl.models.config import ModelConfig
+    from verl.models.hf_io import HFCheckpoint
 
     if args.engine not in ENGINES:
         raise UsageError(f"--engine: expected one of {', '.join(ENGINES)}, found {args.engine!r}")
     config = ModelConfig.from_pretrained(args.model)
     check_rollout_tp(config, args.tp)
-    SafetensorsCheckpoint(args.model)
+    HFCheckpoint(args.model)
     prompts = [_token_list(text, f"--input-ids #{i}") for i, text in enumerate(args.input_ids)]
     for i, prompt in enumerate(prompts):
         if not prompt:
@@ -199,8 +195,7 @@ def _spawn_ranks(args: argparse.Namespace, argv: list[str]) -> int:
         output = args.json or os.path.join(tmp, "output.json")
         env = dict(os.environ)
         env.update({RENDEZVOUS_ENV: os.path.join(tmp, "rendezvous"), OUTPUT_ENV: output, "GLOO_SOCKET_IFNAME": "lo"})
-        # As torchrun does: T ranks on one host share its cores rather than each taking all of them.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.tp)))
+        # spawn_local gives each of the T ranks its share of this host's cores (verl.launcher.threads).
         code = spawn_local(args.tp, [sys.executable, "-m", "verl.trainer.main_generation", *argv], env=env,
                            out=sys.stderr)
         if code == 0 and not args.json:
@@ -220,10 +215,10 @@ def _engine_of(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     from verl.engine.rollout.base import RolloutInputError
-    from verl.engine.rollout.native.weights import CheckpointError
     from verl.engine.rollout.sglang_rollout import SGLangRolloutError
     from verl.hybrid_engine.rollout_layout import RolloutLayoutError
     from verl.models.config import ModelConfigError
+    from verl.utils.checkpoint import CheckpointError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     engine = _engine_of(argv)

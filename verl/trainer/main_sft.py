@@ -181,6 +181,7 @@ def _parse_args(argv: list[str]):
 def main(argv: list[str] | None = None) -> int:
     from verl.launcher.env import LaunchError, discover
     from verl.launcher.spawn import RankFailure, run_ranks
+    from verl.launcher.threads import intra_op_threads
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -206,8 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     else:
         nproc = cfg["trainer"]["nproc"]
-        # As torchrun does: the ranks share this host's cores (OMP_NUM_THREADS, when set, wins).
-        threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 1) // nproc)
+        threads = intra_op_threads(nproc)  # the ranks share this host's cores, as verl train's do
         try:
             metrics = run_ranks(run_rank, nproc, cfg, train, val, timeout_s=math.inf, threads_per_rank=threads)[0]
         except RankFailure as err:
