@@ -54,7 +54,8 @@ def _export_job(model_dir, out_dir, shard_bytes):
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.models.config import ModelConfig
     from verl.models.hf_export import export_actor_hf
-    from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
+    from verl.models.hf_io import HFCheckpoint
+    from verl.models.mcore.weights import load_hf_into_model
 
     initialize_megatron(2, 1, seed=1)
     config = ModelConfig.from_pretrained(model_dir)

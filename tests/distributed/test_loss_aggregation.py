@@ -48,7 +48,8 @@ def _grad_job(actor_dir, critic_dir, batch, layouts):
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.engine.roles import Actor, Critic
     from verl.models.config import ModelConfig
-    from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
+    from verl.models.hf_io import HFCheckpoint
+    from verl.models.mcore.weights import load_hf_into_model
     from verl.workers.actor_rollout_ref_worker import POLICY_LOSS_SHARES, policy_loss_fn
     from verl.workers.critic_worker import value_loss_fn
     from verl.workers.role_utils import global_batch_info

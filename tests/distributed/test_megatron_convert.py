@@ -19,7 +19,7 @@ def hf_dir(tmp_path_factory):
 
 
 def _tensors(path):
-    from verl.models.mcore.weights import HFCheckpoint
+    from verl.models.hf_io import HFCheckpoint
 
     checkpoint = HFCheckpoint(path)
     return {name: checkpoint.get(name) for name in checkpoint.files}

@@ -41,7 +41,8 @@ def _parity_job(hf_dirs, hf_logits, batch, hf_greedy):
     from verl.engine.megatron.generate import greedy_generate
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.hybrid_engine.layouts import training_param_specs
-    from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
+    from verl.models.hf_io import HFCheckpoint
+    from verl.models.mcore.weights import load_hf_into_model
 
     mask = batch["attention_mask"].bool()
     response_mask = mask[:, -RESPONSE:]

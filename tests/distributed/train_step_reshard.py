@@ -69,7 +69,8 @@ def _run_case(hf_dir: str, training, rollout_tp: int) -> dict:
     from verl.hybrid_engine.groups import derive_groups
     from verl.hybrid_engine.hybrid_engine import HybridEngine
     from verl.models.config import ModelConfig
-    from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
+    from verl.models.hf_io import HFCheckpoint
+    from verl.models.mcore.weights import load_hf_into_model
 
     config = ModelConfig.from_pretrained(hf_dir)
     engine = MegatronEngine(config, optim=OptimConfig(lr=LR, weight_decay=0.0, clip_grad=0.0))

@@ -31,7 +31,7 @@ def load_model(model_path: str, seed: int):
     """A causal LM from an HF model directory (its weights) or a config.json (seeded random init)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from verl.engine.fsdp.model import has_hf_weights
+    from verl.models.hf_io import has_hf_weights
 
     if has_hf_weights(model_path):
         return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -27,7 +26,9 @@ from verl.utils.torch_dtypes import DTYPES
 
 def checkpoint_dir(model: str, workdir: str, seed: int, dtype: str) -> str:
     """An HF directory for ``model``: itself if it holds weights, else random weights for its config."""
-    if os.path.isdir(model) and any(f.startswith("model.safetensors") for f in os.listdir(model)):
+    from verl.models.hf_io import has_hf_weights
+
+    if has_hf_weights(model):
         return model
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -7,10 +7,11 @@ validated once, at load, with messages that name the key.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from collections.abc import Mapping
 from typing import Any
+
+from verl.models.hf_io import read_config
+from verl.utils.checkpoint import CheckpointError
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 
@@ -97,12 +98,8 @@ class ModelConfig:
     @classmethod
     def from_pretrained(cls, path: str) -> ModelConfig:
         """Load from an HF model directory or a config.json path."""
-        file = os.path.join(path, "config.json") if os.path.isdir(path) else path
-        if not os.path.isfile(file):
-            raise ModelConfigError(f"model config: expected {file} to exist, found nothing")
-        with open(file, encoding="utf-8") as fh:
-            try:
-                cfg = json.load(fh)
-            except json.JSONDecodeError as exc:
-                raise ModelConfigError(f"model config: {file}: expected JSON, found invalid JSON ({exc.msg})") from None
+        try:
+            cfg = read_config(path)
+        except CheckpointError as err:
+            raise ModelConfigError(f"model config: {err}") from None
         return cls.from_dict(cfg)

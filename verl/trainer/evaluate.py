@@ -150,8 +150,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``verl eval``: prints ``val/accuracy <value> (n=<prompts>)``; bad input is one line, exit 2."""
     from verl.engine.rollout.base import RolloutInputError
-    from verl.engine.rollout.native.weights import CheckpointError
     from verl.models.config import ModelConfigError
+    from verl.utils.checkpoint import CheckpointError
     from verl.utils.dataset.errors import DatasetError
 
     try:

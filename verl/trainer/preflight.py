@@ -9,9 +9,9 @@ import json
 import os
 from typing import Any
 
+from verl.models.hf_io import model_dir_problem
 from verl.utils.checkpoint import CheckpointError, checkpoint_problem
 from verl.utils.dataset.errors import DatasetError
-from verl.utils.safetensors_check import model_dir_problem
 from verl.utils.tracking import check_backends
 
 

@@ -47,7 +47,8 @@ class SFTTrainer:
         from verl.engine.megatron.parallel import initialize_megatron
         from verl.engine.roles import Actor
         from verl.models.config import ModelConfig
-        from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
+        from verl.models.hf_io import HFCheckpoint, has_hf_weights
+        from verl.models.mcore.weights import load_hf_into_model
 
         self.cfg, self.train_data, self.val_data = cfg, train, val
         mcore, optim, trainer = cfg["megatron"], cfg["optim"], cfg["trainer"]
@@ -62,7 +63,7 @@ class SFTTrainer:
             betas=tuple(optim["betas"]), clip_grad=optim["clip_grad"],
             lr_warmup_steps=int(optim["warmup_steps_ratio"] * self.steps), total_training_steps=self.steps,
             lr_decay_style=optim["lr_scheduler"]))
-        if os.path.isdir(cfg["model"]["path"]) and _has_weights(cfg["model"]["path"]):
+        if has_hf_weights(cfg["model"]["path"]):
             load_hf_into_model(self.engine.module, self.model_config, HFCheckpoint(cfg["model"]["path"]).get)
         self.actor = Actor(self.engine, cfg["data"]["micro_batch_size_per_gpu"])
 
@@ -124,18 +125,15 @@ class SFTTrainer:
         config.json with the tokenizer's special token ids, and a greedy generation_config.json."""
         from megatron.core import parallel_state as mpu
 
-        from verl.models.hf_export import export_model_hf, read_hf_config, special_token_ids
+        from verl.models.hf_export import export_model_hf
+        from verl.models.hf_io import read_config, special_token_ids
 
-        hf_config = read_hf_config(self.cfg["model"]["path"])
+        hf_config = read_config(self.cfg["model"]["path"])
         special = special_token_ids(tokenizer, {})
         hf_config.update(special)
         written = export_model_hf(self.engine.module, self.model_config, out_dir, hf_config, tokenizer,
                                   {**special, "do_sample": False}, gather=mpu.get_data_parallel_rank() == 0)
         return written if self.rank == 0 else None
-
-
-def _has_weights(path: str) -> bool:
-    return any(os.path.isfile(os.path.join(path, f)) for f in ("model.safetensors", "model.safetensors.index.json"))
 
 
 def _loss_line(step: int, steps: int, metrics: dict[str, Any]) -> str:

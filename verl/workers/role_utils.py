@@ -127,18 +127,16 @@ def engine_options(megatron: Any, model: Any = None) -> dict[str, Any]:
 
 def load_initial_weights(engine: Any, model_path: str, model_config: ModelConfig, head: str) -> None:
     """An HF directory's safetensors into ``engine``; a bare config.json keeps Megatron's seeded init."""
-    from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
+    from verl.models.hf_io import HFCheckpoint
+    from verl.models.mcore.weights import load_hf_into_model
 
     if not os.path.isdir(model_path):
         return
     checkpoint = HFCheckpoint(model_path)
 
     def get_hf(name: str) -> torch.Tensor:
-        if name == "score.weight" and head == "value":
-            try:
-                return checkpoint.get(name)
-            except Exception:  # an LM checkpoint has no value head: start it at zero, as verl's critic does
-                return torch.zeros(1, model_config.hidden_size)
+        if name == "score.weight" and head == "value" and name not in checkpoint:
+            return torch.zeros(1, model_config.hidden_size)  # an LM checkpoint: the value head starts at zero
         return checkpoint.get(name)
 
     load_hf_into_model(engine.module, model_config, get_hf, head)

@@ -1,10 +1,9 @@
 """The FSDP actor as an HF model directory, streamed: one parameter is gathered to full size at a time
 (``DTensor.full_tensor``, a collective every rank runs), rank 0 writes it into the current safetensors shard
-and drops it, so no rank ever holds the whole model (see :func:`verl.models.hf_export.write_hf_dir`)."""
+and drops it, so no rank ever holds the whole model (see :func:`verl.models.hf_io.write_hf_dir`)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +11,8 @@ import torch
 import torch.distributed as dist
 
 from verl.engine.fsdp.engine import FSDPEngine
-from verl.models.hf_export import ARCHITECTURES, read_hf_config, special_token_ids, write_hf_dir
+from verl.models.hf_export import ARCHITECTURES
+from verl.models.hf_io import generation_config, read_config, write_hf_dir
 
 
 def iter_full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -24,10 +24,9 @@ def iter_full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tens
 
 def export_actor_hf(engine: FSDPEngine, model_path: str, out_dir: str, tokenizer: Any | None) -> None:
     """Collective over every rank; rank 0 writes ``out_dir`` (replaced atomically)."""
-    hf_config = read_hf_config(model_path)
+    hf_config = read_config(model_path)
     hf_config.setdefault("architectures", [ARCHITECTURES[engine.config.model_type]])
-    source = os.path.join(model_path, "generation_config.json") if os.path.isdir(model_path) else None
-    generation = source if source and os.path.isfile(source) else special_token_ids(tokenizer, hf_config)
+    generation = generation_config(model_path, tokenizer)
     stream = iter_full_tensors(engine.module)
     if dist.get_rank() == 0:
         write_hf_dir(out_dir, stream, hf_config, tokenizer, generation)

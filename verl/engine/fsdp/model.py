@@ -8,10 +8,9 @@ checkpoint does not have (an LM checkpoint) starts at zero, as the Megatron crit
 
 from __future__ import annotations
 
-import json
-import os
-
 import torch
+
+from verl.models.hf_io import HFCheckpoint, has_hf_weights, read_config
 
 HEADS = ("lm", "value", "score")
 
@@ -22,9 +21,7 @@ def hf_model_config(model_path: str, head: str = "lm"):
 
     if head not in HEADS:
         raise ValueError(f"head: expected one of {HEADS}, found {head!r}")
-    file = os.path.join(model_path, "config.json") if os.path.isdir(model_path) else model_path
-    with open(file, encoding="utf-8") as fh:
-        raw = json.load(fh)
+    raw = read_config(model_path)
     model_type = raw.pop("model_type")
     raw.pop("architectures", None)
     config = AutoConfig.for_model(model_type, **raw)
@@ -33,10 +30,6 @@ def hf_model_config(model_path: str, head: str = "lm"):
         config.classifier_dropout = 0.0
         config.token_classification_bias = False
     return config
-
-
-def has_hf_weights(model_path: str) -> bool:
-    return os.path.isdir(model_path) and any(name.endswith(".safetensors") for name in os.listdir(model_path))
 
 
 def build_empty_hf_model(model_path: str, head: str = "lm", dtype: torch.dtype = torch.float32):
@@ -67,19 +60,14 @@ def load_sharded_weights(model: torch.nn.Module, model_path: str, head: str) -> 
     this rank's rows, copied, dropped). A score head the checkpoint lacks starts at zero."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    from verl.models.mcore.weights import HFCheckpoint
-
     checkpoint = HFCheckpoint(model_path)
     with torch.no_grad():
         for name, param in model.named_parameters():
             local = param.to_local() if isinstance(param, DTensor) else param
-            if name not in checkpoint.files and head != "lm" and name.startswith("score."):
+            if name not in checkpoint and head != "lm" and name.startswith("score."):
                 local.zero_()
                 continue
-            full = checkpoint.get(name)  # one clear error when the checkpoint lacks it
-            if tuple(full.shape) != tuple(param.shape):
-                raise ValueError(f"HF checkpoint {model_path}: expected {name} of shape {tuple(param.shape)}, "
-                                 f"found {tuple(full.shape)}")
+            full = checkpoint.get(name, tuple(param.shape))  # one clear error when it lacks it or differs
             if isinstance(param, DTensor):  # this rank's rows, cut locally (no communication)
                 full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
             local.copy_(full)

@@ -13,14 +13,13 @@ renamed, so nothing half-written is left behind.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from verl.models.config import ModelConfig, ModelConfigError
-from verl.models.hf_export import DEFAULT_MAX_SHARD_BYTES
+from verl.models.hf_io import DEFAULT_MAX_SHARD_BYTES, HFCheckpoint, read_config
 from verl.models.mcore.model import HEADS, ModelLayoutError, check_parallel_layout
-from verl.models.mcore.weights import HFCheckpoint, WeightsError
+from verl.models.mcore.weights import WeightsError
 
 USAGE_ERROR = 2
 
@@ -73,12 +72,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_hf_config(hf_dir: str) -> dict:
-    ModelConfig.from_pretrained(hf_dir)  # validates, with messages that name the key
-    with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as fh:
-        return json.load(fh)
-
-
 def _check_out(out: str) -> None:
     if os.path.exists(out):
         raise FileExistsError(f"--out: expected a path that does not exist yet, found {out}")
@@ -87,8 +80,8 @@ def _check_out(out: str) -> None:
 def hf_to_mcore(args) -> None:
     from verl.launcher.spawn import run_ranks
 
-    hf_config = _read_hf_config(args.hf_dir)
-    config = ModelConfig.from_dict(hf_config)
+    hf_config = read_config(args.hf_dir)
+    config = ModelConfig.from_dict(hf_config)  # validates, with messages that name the key
     check_parallel_layout(config, args.tp, args.pp)
     HFCheckpoint(args.hf_dir)  # every shard present
     _check_out(args.out)

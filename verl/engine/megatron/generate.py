@@ -68,7 +68,8 @@ def greedy_generate(engine: MegatronEngine, prompt: list[int], max_new_tokens: i
 def _generate_rank(model_dir: str, tp: int, pp: int, prompt: list[int], max_new_tokens: int) -> dict:
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.models.config import ModelConfig
-    from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
+    from verl.models.hf_io import HFCheckpoint
+    from verl.models.mcore.weights import load_hf_into_model
 
     initialize_megatron(tp, pp)
     config = ModelConfig.from_pretrained(model_dir)
@@ -94,8 +95,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from verl.launcher.spawn import run_ranks
     from verl.models.config import ModelConfig, ModelConfigError
+    from verl.models.hf_io import HFCheckpoint
     from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
-    from verl.models.mcore.weights import HFCheckpoint, WeightsError
+    from verl.models.mcore.weights import WeightsError
 
     args = _parser().parse_args(argv)
     try:

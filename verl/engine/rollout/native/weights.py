@@ -1,69 +1,26 @@
 """HF safetensors checkpoint -> one rollout TP rank's rollout-layout tensors.
 
-Only the slices this rank holds are read (safetensors slicing), and each lands directly in the
-engine's flat buffer: q/k/v rows of the rank's heads (KV heads replicated when tp > kv heads),
+Only the slices this rank holds are read (``verl.models.hf_io.HFCheckpoint.slice``), and each lands
+directly in the engine's flat buffer: q/k/v rows of the rank's heads (KV heads replicated when tp > kv heads),
 gate/up rows of its FFN slice, o_proj/down_proj columns of its input slice, embed_tokens/lm_head
 rows of its slice of the vocabulary padded to a multiple of 64 (padding rows are zero).
 """
 
 from __future__ import annotations
 
-import json
-import os
-
 import torch
-from safetensors import safe_open
 
 from verl.hybrid_engine.rollout_layout import kv_head_of_rank, kv_heads_per_rank, padded_vocab_size
 from verl.models.config import ModelConfig
+from verl.models.hf_io import HFCheckpoint
 from verl.utils.checkpoint import CheckpointError
-from verl.utils.safetensors_check import model_dir_problem
-
-
-class SafetensorsCheckpoint:
-    """Lazy, sliceable access to the tensors of a (possibly sharded) safetensors checkpoint."""
-
-    def __init__(self, model_dir: str):
-        index = os.path.join(model_dir, "model.safetensors.index.json")
-        single = os.path.join(model_dir, "model.safetensors")
-        problem = model_dir_problem(model_dir) if os.path.isdir(model_dir) else None
-        if problem is not None:  # a cut file would fail deep inside safetensors with its own error
-            raise CheckpointError(f"HF checkpoint: {problem}")
-        if os.path.isfile(index):
-            with open(index, encoding="utf-8") as fh:
-                weight_map = json.load(fh)["weight_map"]
-            self.files = {name: os.path.join(model_dir, file) for name, file in weight_map.items()}
-        elif os.path.isfile(single):
-            with safe_open(single, framework="pt") as fh:
-                self.files = {name: single for name in fh.keys()}
-        else:
-            raise CheckpointError(
-                f"HF checkpoint: expected model.safetensors or model.safetensors.index.json in {model_dir}, "
-                "found neither"
-            )
-        self._open: dict[str, object] = {}
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.files
-
-    def slice(self, name: str, expected_shape: tuple):
-        if name not in self.files:
-            raise CheckpointError(f"HF checkpoint: expected tensor {name!r}, found it missing")
-        path = self.files[name]
-        if path not in self._open:
-            self._open[path] = safe_open(path, framework="pt")
-        tensor_slice = self._open[path].get_slice(name)
-        shape = tuple(tensor_slice.get_shape())
-        if shape != tuple(expected_shape):
-            raise CheckpointError(f"HF checkpoint: {name} expected shape {tuple(expected_shape)}, found {shape}")
-        return tensor_slice
 
 
 def load_hf_checkpoint(model_dir: str, config: ModelConfig, tp_size: int, tp_rank: int,
                        views: dict[str, torch.Tensor]) -> None:
     """Fill ``views`` (rollout-layout name -> destination tensor) with rank ``tp_rank``'s slices."""
     write = views.__getitem__
-    ckpt = SafetensorsCheckpoint(model_dir)
+    ckpt = HFCheckpoint(model_dir)
     unsupported = [n for n in ckpt.files if n.endswith(("o_proj.bias", "down_proj.bias", "gate_proj.bias",
                                                           "up_proj.bias"))]
     if unsupported:
