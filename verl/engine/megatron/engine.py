@@ -144,21 +144,26 @@ class MegatronEngine:
         return micro_batches, torch.tensor([row for group in groups for row in group])
 
     def _kept_columns(self, aligned_mask: torch.Tensor) -> int:
-        """Columns of a left-aligned micro-batch the model must see: up to its longest row (the rest is padding
+        """Columns of a left-aligned micro-batch the model runs over: up to its longest row (the rest is padding
         in every row, which causal attention keeps out of every valid token; RL responses stop at very
-        different lengths, so this is often far short of the padded width). Rounded up to a multiple of the
-        TP size under sequence parallelism; the full width under pipeline parallelism, whose stages exchange
-        activations of one agreed shape."""
+        different lengths, so this is often far short of the padded width); the full width under pipeline
+        parallelism, whose stages exchange activations of one agreed shape. Under sequence parallelism rounded
+        up to a multiple of the TP size, which each rank holds an equal part of: past the padded width when
+        that is not a multiple (the extra columns are padding, cut off the output)."""
         from megatron.core import parallel_state as mpu
 
         width = aligned_mask.size(1)
-        if mpu.get_pipeline_model_parallel_world_size() > 1:
-            return width
-        keep = max(1, int(aligned_mask.sum(dim=1).max()))
-        if self.tf_config.sequence_parallel:
-            tp = mpu.get_tensor_model_parallel_world_size()
-            keep = -(-keep // tp) * tp
-        return min(keep, width)
+        keep = width if mpu.get_pipeline_model_parallel_world_size() > 1 \
+            else min(width, max(1, int(aligned_mask.sum(dim=1).max())))
+        return self._sequence_parallel_width(keep)
+
+    def _sequence_parallel_width(self, columns: int) -> int:
+        if not self.tf_config.sequence_parallel:
+            return columns
+        from megatron.core import parallel_state as mpu
+
+        tp = mpu.get_tensor_model_parallel_world_size()
+        return -(-columns // tp) * tp
 
     def _schedule(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn, loss_fn: LossFn | None,
                   global_loss: bool = False, micro_batches: list[dict[str, torch.Tensor]] | None = None):
@@ -178,10 +183,11 @@ class MegatronEngine:
             ids, mask, shifts = left_align(micro_batch["input_ids"], micro_batch["attention_mask"],
                                            micro_batch.get("position_ids"))
             keep = self._kept_columns(mask)
+            run_ids, run_mask = _to_columns(ids, keep), _to_columns(mask, keep)
             positions = torch.arange(keep, device=ids.device).expand(ids.size(0), keep)
-            output = model(ids[:, :keep], positions, attention_mask_4d(mask[:, :keep]))
-            if keep < ids.size(1):
-                output = _pad_sequence_dim(output, keep, ids.size(1))
+            output = model(run_ids, positions, attention_mask_4d(run_mask))
+            if self.is_last_stage:  # earlier stages pass on [s(/tp), b, h] hidden states as they are
+                output = _output_to_columns(output, keep, ids.size(1))
 
             def loss_func(output_tensor, non_loss_data=False):
                 outputs = output_fn(output_tensor, ids, shifts, micro_batch)
@@ -199,7 +205,9 @@ class MegatronEngine:
         with context:
             return get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.model],
-                num_microbatches=len(micro_batches), seq_length=batch["input_ids"].size(1),
+                num_microbatches=len(micro_batches),
+                # The width the pipeline stages exchange (the full width under pp > 1, see _kept_columns).
+                seq_length=self._sequence_parallel_width(batch["input_ids"].size(1)),
                 micro_batch_size=micro_batch_size, forward_only=forward_only, collect_non_loss_data=forward_only)
 
     def _from_last_stage(self, value):
@@ -269,12 +277,22 @@ class MegatronEngine:
         return metrics
 
 
-def _pad_sequence_dim(output: torch.Tensor, kept: int, width: int) -> torch.Tensor:
-    """A batch-first model output over the first ``kept`` columns, zero-padded back to ``width`` (the
-    padded positions are masked out by every consumer, as they were when computed on pad tokens)."""
-    if output.dim() < 2 or output.size(1) != kept:
-        raise RuntimeError(f"megatron output: expected [batch, {kept}, ...], found {tuple(output.shape)}")
-    return torch.nn.functional.pad(output, [0, 0] * (output.dim() - 2) + [0, width - kept])
+def _to_columns(tensor: torch.Tensor, columns: int) -> torch.Tensor:
+    """A [B, S] input cut or zero-padded (pad tokens, masked out) to ``columns``."""
+    if columns <= tensor.size(1):
+        return tensor[:, :columns]
+    return torch.nn.functional.pad(tensor, [0, columns - tensor.size(1)])
+
+
+def _output_to_columns(output: torch.Tensor, ran: int, width: int) -> torch.Tensor:
+    """A batch-first model output over ``ran`` columns, back to the batch's ``width``: zero-padded where fewer
+    ran (the padded positions are masked out by every consumer, as they were when computed on pad tokens),
+    cut where sequence parallelism ran more."""
+    if output.dim() < 2 or output.size(1) != ran:
+        raise RuntimeError(f"megatron output: expected [batch, {ran}, ...], found {tuple(output.shape)}")
+    if ran >= width:
+        return output[:, :width]
+    return torch.nn.functional.pad(output, [0, 0] * (output.dim() - 2) + [0, width - ran])
 
 
 def _use_fused_adam_on_cpu(optimizer) -> None:

@@ -92,20 +92,38 @@ def transformer_config(config: ModelConfig, tp_size: int, pp_size: int, *,
 class ValueHead(torch.nn.Module):
     """Scalar head on the final hidden states, replicated on every TP rank.
 
-    Called the way GPTModel calls its output layer; megatron's ``output_layer.weight`` name is kept
+    Called the way GPTModel calls its output layer, and like megatron's ColumnParallelLinear it returns
+    every position of the sequence: under sequence parallelism each TP rank holds [s/tp, b, h] of the final
+    hidden states, so the [s/tp, b, 1] scores are all-gathered along the sequence (gathering the scalars
+    moves 1/h of what gathering the hidden states would). megatron's ``output_layer.weight`` name is kept
     so the critic checkpoint reads like verl's (HF ``score.weight``).
     """
 
-    def __init__(self, hidden_size: int, init_std: float, params_dtype: torch.dtype, seed: int = 0):
+    def __init__(self, hidden_size: int, init_std: float, params_dtype: torch.dtype, seed: int = 0,
+                 sequence_parallel: bool = False):
         super().__init__()
         # A fixed generator makes the replicas identical on every TP rank without a broadcast.
         generator = torch.Generator().manual_seed(seed)
         weight = torch.empty(1, hidden_size, dtype=torch.float32).normal_(0.0, init_std, generator=generator)
         self.weight = torch.nn.Parameter(weight.to(params_dtype))
+        # Read by GPTModel's inference path, as on its own output layer.
+        self.sequence_parallel = sequence_parallel
+        if sequence_parallel:
+            # Each TP rank's gradient covers its own sequence shard only; megatron's finalize_model_grads
+            # sums the grads of params tagged so over TP (as for the sequence-parallel norms), which keeps
+            # the replicas equal.
+            self.weight.sequence_parallel = True
 
     def forward(self, hidden_states, weight=None, runtime_gather_output=None):
-        """[s, b, h] -> ([s, b, 1], None) like megatron's ColumnParallelLinear."""
-        return F.linear(hidden_states, self.weight), None
+        """[s (/tp under sequence parallelism), b, h] -> ([s, b, 1], None)."""
+        scores = F.linear(hidden_states, self.weight)
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+
+            # Backward: every TP rank computes the same loss over the whole sequence, so its gradient
+            # for the gathered scores is complete; each keeps its own shard (a split, not a reduce-scatter).
+            scores = gather_from_sequence_parallel_region(scores, tensor_parallel_output_grad=False)
+        return scores, None
 
 
 def build_gpt_model(config: ModelConfig, head: str = "lm", *, params_dtype: torch.dtype = torch.float32,
@@ -139,6 +157,7 @@ def build_gpt_model(config: ModelConfig, head: str = "lm", *, params_dtype: torc
         rotary_base=config.rope_theta,
     )
     if head != "lm" and post_process:
-        model.output_layer = ValueHead(config.hidden_size, tf_config.init_method_std, params_dtype)
+        model.output_layer = ValueHead(config.hidden_size, tf_config.init_method_std, params_dtype,
+                                       sequence_parallel=tf_config.sequence_parallel)
     model.verl_head = head
     return model
