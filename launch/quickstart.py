@@ -24,7 +24,13 @@ treats SIGINT like a Slurm preemption); rerunning the same command resumes from 
 on its own (a preemption) also exits 0 after its checkpoint: the report then ends with the step it
 stopped at. Ctrl-C during data or SFT stops that stage; a rerun redoes it.
 
-Exit code: 0 when every stage succeeded, the failing stage's exit code otherwise, 130 after Ctrl-C.
+Before any stage runs (and before anything is written or cleared), both trainer configs are composed
+with every override and checked: a bad override or ``--config`` is one line and exit 2, as ``verl train``
+reports it. The RL config gets every check but the existence of the data (the data stage writes it),
+with the SFT config's model architecture standing in for the SFT export.
+
+Exit code: 0 when every stage succeeded, 2 for a bad config, the failing stage's exit code otherwise,
+130 after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from verl.launcher.spawn import child_preexec
+from verl.trainer.config import ConfigError
 from verl.utils.tracking import MetricsError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,6 +61,7 @@ RL_OUTPUTS = ("checkpoints", "metrics.jsonl", "metrics.csv", "tensorboard", "act
 # tqdm's "  37/600 [" (the SFT bar) in a child's output stream.
 TQDM_PROGRESS = re.compile(rb"(\d+)/(\d+) \[")
 EXIT_INTERRUPTED = 130
+EXIT_BAD_CONFIG = 2
 STOP_GRACE_S = 10.0
 
 
@@ -352,9 +360,47 @@ def _checkpointed_step(out: str) -> int:
         return int(fh.read().strip())
 
 
+def rl_overrides(data_dir: str, model_path: str, out: str, user: Sequence[str]) -> list[str]:
+    """The RL stage's overrides: the quickstart's paths, then the user's (which win)."""
+    return [f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
+            f"data.tokenizer={data_dir}/tokenizer", f"actor_rollout_ref.model.path={model_path}",
+            f"trainer.output_dir={out}", "trainer.resume_mode=auto", *user]
+
+
+def check_configs(sft_config: str, sft_overrides: Sequence[str], rl_config: str, data_dir: str, out: str,
+                  user_overrides: Sequence[str]):
+    """Both stages' configs with every override, checked before the first stage; returns the RL config.
+
+    SFT: composed with its types, choices and ranges. RL: every ``verl train`` check except that the data
+    files and tokenizer exist (the data stage writes them); the model is the architecture SFT trains
+    (its ``model.path``), which the SFT export will have. Raises ConfigError naming the stage."""
+    from verl.trainer.config import load_config, resolve_path
+    from verl.trainer.main_sft import read_sft_config_tree
+
+    try:
+        sft, base_dir = read_sft_config_tree(sft_config, sft_overrides)
+    except ConfigError as err:
+        raise ConfigError(f"sft config: {err}") from None
+    architecture = resolve_path(sft["model"]["path"], base_dir)
+    try:
+        return load_config(rl_config, rl_overrides(data_dir, architecture, out, user_overrides), data_pending=True)
+    except ConfigError as err:
+        raise ConfigError(f"rl config: {err}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     out = os.path.abspath(args.out)
+    py = sys.executable
+    data_dir, sft_dir, logs = os.path.join(out, "data"), os.path.join(out, "sft"), os.path.join(out, "logs")
+    rl_config, sft_config = os.path.join(REPO, args.config), os.path.join(REPO, args.sft_config)
+    sft_overrides = [f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
+                     f"model.tokenizer_path={data_dir}/tokenizer", f"trainer.output_dir={sft_dir}", *args.sft_override]
+    try:
+        rl_checked = check_configs(sft_config, sft_overrides, rl_config, data_dir, out, args.overrides)
+    except ConfigError as err:
+        print(f"quickstart: config error: {err}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     console = Console()
     if args.fresh:
         for name in ("data", "sft", "logs", STATE_DIR, *RL_OUTPUTS):
@@ -362,8 +408,6 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(path) if os.path.isdir(path) else (os.path.exists(path) and os.remove(path))
     os.makedirs(out, exist_ok=True)
     env = _child_env()
-    py = sys.executable
-    data_dir, sft_dir, logs = os.path.join(out, "data"), os.path.join(out, "sft"), os.path.join(out, "logs")
     algo = "PPO" if "ppo" in os.path.basename(args.config) else "GRPO"
     walls: dict[str, float] = {}
     total_start = time.perf_counter()
@@ -384,9 +428,7 @@ def main(argv: list[str] | None = None) -> int:
             forget(out, "sft")
 
         # ---------------------------------------------------------------- SFT
-        sft_cmd = [py, "-m", "verl.trainer.main_sft", "--config", os.path.join(REPO, args.sft_config),
-                   f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
-                   f"model.tokenizer_path={data_dir}/tokenizer", f"trainer.output_dir={sft_dir}", *args.sft_override]
+        sft_cmd = [py, "-m", "verl.trainer.main_sft", "--config", sft_config, *sft_overrides]
         hf_dir = os.path.join(sft_dir, "hf")
         if completed(out, "sft", sft_cmd) and os.path.isfile(os.path.join(hf_dir, "model.safetensors")):
             console.say(f"[sft] done earlier: {hf_dir}")
@@ -402,10 +444,8 @@ def main(argv: list[str] | None = None) -> int:
             console.say(f"[sft] val/accuracy of {hf_dir}: {sft_acc:.3f}")
 
         # ---------------------------------------------------------------- RL
-        rl_cmd = [py, "-m", "verl.cli", "train", "--config", os.path.join(REPO, args.config),
-                  f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
-                  f"data.tokenizer={data_dir}/tokenizer", f"actor_rollout_ref.model.path={hf_dir}",
-                  f"trainer.output_dir={out}", "trainer.resume_mode=auto", *args.overrides]
+        rl_cmd = [py, "-m", "verl.cli", "train", "--config", rl_config,
+                  *rl_overrides(data_dir, hf_dir, out, args.overrides)]
         record_path = _record_path(out, "rl")
         started_before = os.path.isfile(record_path)
         if upstream_ran or (started_before and not completed(out, "rl", rl_cmd)):
@@ -417,10 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         # Recorded before training, so an interrupted run resumes under the same command.
         record(out, "rl", rl_cmd)
         resumed_from = _checkpointed_step(out)
-        from verl.trainer.config import load_config
-
-        total = load_config(os.path.join(REPO, args.config), rl_cmd[rl_cmd.index("--config") + 2:]).trainer
-        total_steps = total.total_training_steps
+        total_steps = rl_checked.trainer.total_training_steps
         if resumed_from:
             console.say(f"[rl] resuming from the step-{resumed_from} checkpoint in {out}/checkpoints")
         metrics_path = os.path.join(out, "metrics.jsonl")

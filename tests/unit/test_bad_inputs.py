@@ -165,6 +165,13 @@ CASES = [
     ("log_dir is a file", lambda w: _train(w, f"--log_dir={w['root'] / 'a_file'}"), "--log_dir"),
     ("model path missing", lambda w: _train(w, "actor_rollout_ref.model.path=/nonexistent/model"),
      "actor_rollout_ref.model.path"),
+    # --- verl train: verl 0.9's selectors
+    ("model_engine torchtitan", lambda w: _train(w, "model_engine=torchtitan"), "TorchTitan is not part of"),
+    ("model_engine fsdp", lambda w: _train(w, "model_engine=fsdp"), "found 'fsdp'"),
+    ("model_engine against strategy",
+     lambda w: _train(w, "model_engine=dp", "actor_rollout_ref.actor.strategy=megatron"),
+     "expected fsdp or fsdp2 with model_engine=dp"),
+    ("async trainer mode", lambda w: _train(w, "trainer.v1.trainer_mode=colocate_async"), "asynchronous trainers"),
     # --- verl train: config files
     ("config missing", lambda w: ["train", "--config", str(w["root"] / "missing.yaml")], "missing.yaml"),
     ("config not utf-8", lambda w: ["train", "--config", str(w["root"] / "not_utf8.yaml")], "not_utf8.yaml"),

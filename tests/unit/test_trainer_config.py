@@ -312,3 +312,133 @@ def test_keys_without_effect_here_warn_when_set_and_stay_quiet_at_their_default(
         load_config(GRPO, [*data_args, "actor_rollout_ref.rollout.enforce_eager=False", "data.return_raw_chat=False"])
     assert "actor_rollout_ref.rollout.enforce_eager=False has no effect in verl-hpc" in caplog.text
     assert "data.return_raw_chat=False has no effect" in caplog.text
+
+
+# --------------------------------------------------------------------------- verl 0.9's command line (issue 27)
+def test_model_engine_picks_the_backend_and_the_config_as_verl_0_9(data_args, no_ranks, capsys, tmp_path):
+    """verl 0.9: no --config-name; `model_engine=megatron|dp` (absent: dp, verl's ppo_trainer) picks the config
+    and every role's strategy; a verl-hpc --config file keeps the Megatron defaults it is written for."""
+    def backend(path=None, *overrides, config_name=None):
+        cfg = load_config(path, [*data_args, *overrides], config_name=config_name, resolve_only=True)
+        arr = cfg.actor_rollout_ref
+        strategies = {arr.actor.strategy, arr.ref.strategy, cfg.critic.strategy, cfg.reward_model.strategy}
+        assert len(strategies) == 1, strategies
+        return cfg.model_engine, strategies.pop()
+
+    assert backend() == ("dp", "fsdp")  # verl 0.9's main_ppo default
+    assert backend(None, "model_engine=megatron") == ("megatron", "megatron")
+    assert backend(None, "model_engine=dp") == ("dp", "fsdp")
+    assert backend(GRPO) == ("megatron", "megatron")
+    assert backend(GRPO, "model_engine=dp") == ("dp", "fsdp")
+    assert backend(os.path.join(REPO, "configs", "grpo_arith_tiny_fsdp.yaml")) == ("dp", "fsdp")
+    # An explicit --config-name is composed, and the command line's model_engine still wins, as Hydra's
+    # group override does in verl.
+    assert backend(None, "model_engine=dp", config_name="ppo_megatron_trainer") == ("dp", "fsdp")
+    assert backend(None, "actor_rollout_ref.actor.strategy=fsdp2", config_name="ppo_megatron_trainer") \
+        == ("dp", "fsdp2")
+    engine_file = tmp_path / "engine.yaml"
+    engine_file.write_text("model_engine: dp\n")
+    assert backend(str(engine_file)) == ("dp", "fsdp")
+    # verl 0.9's Megatron command line through `python3 -m verl.trainer.main_ppo`: validated and spawned.
+    model = os.path.join(REPO, "configs", "models", "qwen2_tiny_arith.json")
+    argv = [*data_args, f"actor_rollout_ref.model.path={model}", "model_engine=megatron", "trainer.n_gpus_per_node=2",
+            "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.max_prompt_length=16",
+            "data.max_response_length=6", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"]
+    assert main_ppo.main(argv) == 0
+    (nproc, spawned), = no_ranks
+    assert nproc == 2 and "model_engine=megatron" in spawned  # the ranks compose the same config
+
+
+def test_model_engine_refusals_and_conflicts_are_one_line(data_args, no_ranks, capsys):
+    for engine, reason in (("torchtitan", "TorchTitan is not part of verl-hpc"), ("veomni", "VeOmni"),
+                           ("mindspeed", "Ascend NPUs")):
+        expect_exit_2(capsys, [*data_args, f"model_engine={engine}"], f"model_engine={engine!r}: not supported",
+                      reason, "expected megatron (Megatron-core) or dp (FSDP2)")
+    expect_exit_2(capsys, [*data_args, "model_engine=fsdp"], "model_engine: expected one of ['megatron', 'dp']",
+                  "found 'fsdp'")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "model_engine=megatron",
+                           "actor_rollout_ref.actor.strategy=fsdp"],
+                  "actor_rollout_ref.actor.strategy: expected megatron with model_engine=megatron", "found 'fsdp'")
+    assert not no_ranks
+
+
+def test_ray_kwargs_are_ignored_with_one_warning_line(data_args, caplog, tmp_path):
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        config = load_config(GRPO, [*data_args, "ray_kwargs.ray_init.runtime_env.py_executable=null",
+                                    "+ray_kwargs.ray_init.num_gpus=8", "ray_kwargs.timeline_json_file=t.json"])
+    assert "ray_kwargs" not in config
+    ray_lines = [r.getMessage() for r in caplog.records if "ray_kwargs" in r.getMessage()]
+    assert len(ray_lines) == 1 and "runs no Ray" in ray_lines[0] and "num_gpus=8" in ray_lines[0], ray_lines
+    caplog.clear()
+    path = tmp_path / "with_ray.yaml"
+    path.write_text(open(GRPO).read() + "ray_kwargs:\n  ray_init:\n    num_cpus: 4\n")
+    with caplog.at_level(logging.WARNING):
+        assert "ray_kwargs" not in load_config(str(path), data_args)
+    assert [r.getMessage() for r in caplog.records if "ray_kwargs" in r.getMessage()] == [
+        "config: ray_kwargs ignored: verl-hpc runs no Ray: its ranks start under Slurm, torchrun, mpirun or the "
+        "local spawner (verl.launcher)"]
+
+
+def test_use_v1_runs_the_sync_trainer_and_the_async_modes_are_refused(data_args, no_ranks, capsys, caplog):
+    import logging
+
+    config = load_config(GRPO, [*data_args, "trainer.use_v1=true", "trainer.v1.trainer_mode=sync"])
+    assert config.trainer.use_v1 and config.trainer.v1.trainer_mode == "sync"
+    for mode in ("colocate_async", "separate_async"):
+        expect_exit_2(capsys, ["--config", GRPO, *data_args, f"trainer.v1.trainer_mode={mode}"],
+                      f"trainer.v1.trainer_mode={mode!r}: not supported by verl-hpc yet", "asynchronous",
+                      f"expected sync, found {mode!r}")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "trainer.v1.trainer_mode=async"],
+                  "trainer.v1.trainer_mode: expected one of ['sync', 'colocate_async', 'separate_async']")
+    # verl's legacy trainer (use_v1=false) never reads the mode: the same synchronous loop, said once.
+    with caplog.at_level(logging.WARNING):
+        load_config(GRPO, [*data_args, "trainer.use_v1=false", "trainer.v1.trainer_mode=colocate_async"])
+    assert "trainer.use_v1=False has no effect in verl-hpc" in caplog.text
+    assert not no_ranks
+
+
+def test_verl_0_9_critic_sections_land_on_this_configs_keys(data_args, tmp_path):
+    """verl 0.9 names the critic's FSDP section `critic.fsdp`; its model keys default to the actor's."""
+    config = load_config(GRPO, [*data_args, "model_engine=dp", "algorithm.adv_estimator=gae",
+                                "actor_rollout_ref.model.use_remove_padding=True",
+                                "critic.fsdp.param_offload=True", "critic.model.enable_gradient_checkpointing=True"],
+                         resolve_only=True)
+    assert config.critic.fsdp_config.param_offload is True and "fsdp" not in config.critic
+    assert config.critic.model.enable_gradient_checkpointing is True
+    assert config.critic.model.use_remove_padding is True  # the actor's
+    with pytest.raises(ConfigError, match=r"critic.fsdp_config.forward_prefetc: unknown key.*written critic.fsdp"):
+        load_config(GRPO, [*data_args, "critic.fsdp.forward_prefetc=True"], resolve_only=True)
+    path = tmp_path / "both.yaml"
+    path.write_text("critic:\n  fsdp:\n    param_offload: true\n  fsdp_config:\n    param_offload: false\n")
+    with pytest.raises(ConfigError, match="critic.fsdp_config.param_offload: expected it once"):
+        load_config(str(path), data_args, resolve_only=True)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "megatron"])
+def test_the_critic_engine_reads_the_critic_model_keys(data_args, monkeypatch, strategy):
+    """critic.model.enable_gradient_checkpointing / use_remove_padding reach the critic's engine (verl's keys)."""
+    from verl.workers import critic_worker
+
+    seen = {}
+
+    class Built(Exception):
+        pass
+
+    def capture(name):
+        def build(*args, **kwargs):
+            seen[name] = args
+            raise Built
+
+        return build
+
+    monkeypatch.setattr(critic_worker, "fsdp_engine", capture("fsdp"))
+    monkeypatch.setattr(critic_worker, "engine_options", capture("megatron"))
+    monkeypatch.setattr(critic_worker, "ensure_megatron", lambda *args: None)
+    config = load_config(PPO, [*data_args, f"model_engine={'dp' if strategy == 'fsdp' else 'megatron'}",
+                               "critic.model.enable_gradient_checkpointing=True"])
+    with pytest.raises(Built):
+        critic_worker.CriticWorker(config)
+    model = seen["fsdp"][4] if strategy == "fsdp" else seen["megatron"][1]
+    assert model.enable_gradient_checkpointing is True and model.use_remove_padding is False

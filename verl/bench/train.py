@@ -77,7 +77,7 @@ def train_command(args: argparse.Namespace, data_dir: str, output_dir: str, prom
     batch = args.prompts
     per_rank = max(1, batch * args.n // max(1, args.nproc // (args.tp * args.pp)))  # one micro-batch per rank
     return [
-        sys.executable, "-m", "verl.trainer.main_ppo",
+        sys.executable, "-m", "verl.trainer.main_ppo", "--config-name=ppo_megatron_trainer",
         f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
         f"data.tokenizer={data_dir}/tokenizer", f"data.max_prompt_length={prompt_length}",
         f"data.max_response_length={args.response_length}", f"data.train_batch_size={batch}",

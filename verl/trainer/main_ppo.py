@@ -1,11 +1,16 @@
 """`verl train --config F [key=value ...] [--dry-run]`: PPO-family RL training.
 
-verl's own command line works too, with Hydra's override grammar (``k=v``, ``+k=v``, ``~k``, lists)::
+verl's own command lines work too, with Hydra's override grammar (``k=v``, ``+k=v``, ``~k``, lists)::
 
+    python3 -m verl.trainer.main_ppo model_engine=megatron k=v ... "$@"                  # verl 0.9
     python3 -m verl.trainer.main_ppo --config-path=config --config-name=ppo_megatron_trainer.yaml k=v ... [--cfg job]
 
 ``--config-path`` is relative to this file (``config`` = the packaged defaults, ``verl/trainer/config``) or
 absolute; ``--config F`` merges F over the defaults; ``--cfg job`` prints the resolved config and exits.
+Without ``--config-name`` the config is verl 0.9's choice: ``model_engine=megatron`` -> ppo_megatron_trainer,
+``model_engine=dp`` (verl's FSDP engine) or neither -> ppo_trainer; a ``--config F`` file without
+``model_engine`` keeps the ppo_megatron_trainer defaults it is written against. ``ray_kwargs.*`` is ignored
+with one warning (there is no Ray here).
 
 The config is loaded and validated first; a bad one prints one line and exits 2 before any rank
 starts. Then:
@@ -45,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="a trainer YAML merged over the defaults (e.g. configs/grpo_arith_tiny.yaml)")
     parser.add_argument("--config-path", "-cp", dest="config_path", metavar="DIR",
                         help="Hydra's config directory: absolute, or relative to verl/trainer/ (verl's `config`)")
-    parser.add_argument("--config-name", "-cn", dest="config_name", default="ppo_megatron_trainer", metavar="NAME",
-                        help="Hydra's config name in --config-path (default: ppo_megatron_trainer)")
+    parser.add_argument("--config-name", "-cn", dest="config_name", metavar="NAME",
+                        help="Hydra's config name in --config-path (default: as verl 0.9, ppo_megatron_trainer for "
+                             "model_engine=megatron, else ppo_trainer; ppo_megatron_trainer under --config)")
     parser.add_argument("--cfg", choices=("job",), help="print the resolved config (Hydra's --cfg job) and exit")
     parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
                         help="one step without weight updates")

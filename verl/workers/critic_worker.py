@@ -65,8 +65,9 @@ class CriticWorker(Worker):
                                                           "forward_max_token_len_per_gpu"))
         if is_fsdp(self.strategy):
             optim = optim_config(self.config.optim, total_training_steps, clip_grad=self.config.get("grad_clip"))
+            # critic.model's use_remove_padding / enable_gradient_checkpointing (default: the actor's).
             engine = fsdp_engine(model_config, self.config.model.path, "value", self.config,
-                                 config.actor_rollout_ref.model, optim, int(config.trainer.seed))
+                                 self.config.model, optim, int(config.trainer.seed))
         else:
             from verl.engine.megatron.engine import MegatronEngine
 
@@ -75,7 +76,7 @@ class CriticWorker(Worker):
             engine = MegatronEngine(model_config, head="value",
                                     optim=optim_config(self.config.optim, total_training_steps,
                                                        mega.use_distributed_optimizer),
-                                    **engine_options(mega))
+                                    **engine_options(mega, self.config.model))
             load_initial_weights(engine, self.config.model.path, model_config, "value")
         self.critic = Critic(engine, **options)
         self.dp_size = dp_group_and_size(self.strategy)[1]

@@ -8,6 +8,9 @@
    except under a mapping whose default is ``{}`` (``override_transformer_config``, ``engine_kwargs``);
 3. applies the command-line overrides with Hydra's override grammar: ``k=v``, ``+k=v`` (add),
    ``++k=v`` (add or override), ``~k`` (delete), lists ``k=[a,b]``, ``1e-6`` as a float;
+   a section another verl version spells differently (``aliases``) lands under this config's name, and
+   sections that configure machinery this stack does not have (``ignored``: Hydra's job runner, Ray)
+   are dropped with one warning line each, in the file and on the command line;
 4. resolves ``${...}`` interpolations;
 5. checks every leaf: its type is the default's type (an int is a float; an integral float such as
    ``1e3`` is an int), or what its :class:`Rule` says, plus the rule's choices and range.
@@ -127,7 +130,8 @@ def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
-def _read_user_file(path: str) -> dict[str, Any]:
+def read_user_file(path: str) -> dict[str, Any]:
+    """A ``--config`` YAML file as a plain mapping (interpolations unresolved); one-line errors."""
     import yaml
     from omegaconf import OmegaConf
 
@@ -152,6 +156,29 @@ def _read_user_file(path: str) -> dict[str, Any]:
     return container
 
 
+def _move_section(tree: dict[str, Any], alias: str, target: str, source: str) -> None:
+    """The subtree at dotted ``alias`` moved to dotted ``target`` (another verl version's name for it)."""
+    *parents, leaf = alias.split(".")
+    node: Any = tree
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or leaf not in node:
+        return
+    value = node.pop(leaf)
+    *target_parents, target_leaf = target.split(".")
+    dest: Any = tree
+    for part in target_parents:
+        dest = dest.setdefault(part, {})
+    if isinstance(value, dict) and isinstance(dest.get(target_leaf), dict):
+        both = sorted(set(value) & set(dest[target_leaf]))
+        if both:
+            raise ConfigError(f"{target}.{both[0]}: expected it once (in {source}), found it under both "
+                              f"{alias} and {target}")
+        dest[target_leaf].update(value)
+    else:
+        dest[target_leaf] = value
+
+
 def _check_user_keys(tree: Any, defaults: Any, prefix: str, source: str, root: Mapping[str, Any]) -> None:
     """Every key of a user file must exist in the defaults (any key under an open mapping)."""
     if not isinstance(tree, Mapping):
@@ -172,7 +199,57 @@ def _check_user_keys(tree: Any, defaults: Any, prefix: str, source: str, root: M
 _MISSING = object()  # OmegaConf.select's default: tells an absent key from a null one
 
 
-def _apply_overrides(cfg, overrides: Sequence[str], defaults: Mapping[str, Any]) -> None:
+# Top-level sections every command drops with a warning: Hydra's own job settings (run dir, logging).
+HYDRA_IGNORED = {"hydra": "it configures Hydra's job runner, which verl-hpc does not use"}
+
+
+def _parse_override(parser, item: str):
+    from hydra.errors import HydraException
+
+    try:
+        return parser.parse_overrides([item])
+    except HydraException as err:
+        detail = [line.strip() for line in str(err).splitlines()
+                  if line.strip() and not line.startswith("See ") and line.strip() != "^"
+                  and not line.startswith("Error parsing")]
+        found = detail[0].split(": ", 1)[-1] if detail else "a parse error"
+        if found == item:
+            found = "no key=value"
+        raise ConfigError(f"override {item!r}: expected key=value in Hydra's override grammar (e.g. "
+                          f"trainer.total_training_steps=3, +new.key=1, ~key), found {found}") from None
+
+
+def override_value(overrides: Sequence[str], key: str) -> tuple[bool, Any]:
+    """(True, the value) of the last ``key=v`` / ``+key=v`` / ``++key=v`` in ``overrides``, else (False, None).
+    For a selector that decides what to compose before the overrides are applied."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = None
+    found: tuple[bool, Any] = (False, None)
+    for item in overrides:
+        if item.lstrip("+~").split("=", 1)[0].strip() != key:
+            continue
+        parser = parser or OverridesParser.create()
+        override = _parse_override(parser, item)[0]
+        if not override.is_delete():
+            found = (True, override.value())
+    return found
+
+
+def _renamed(dotted: str, aliases: Mapping[str, str]) -> str:
+    for alias, target in aliases.items():
+        if dotted == alias or dotted.startswith(alias + "."):
+            return target + dotted[len(alias):]
+    return dotted
+
+
+def _warn_ignored(dropped: Mapping[str, list[str]], ignored: Mapping[str, str]) -> None:
+    for root, items in dropped.items():
+        logger.warning("config: %s ignored: %s", ", ".join(items), ignored[root])
+
+
+def _apply_overrides(cfg, overrides: Sequence[str], defaults: Mapping[str, Any],
+                     ignored: Mapping[str, str] = HYDRA_IGNORED, aliases: Mapping[str, str] | None = None) -> None:
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -180,29 +257,25 @@ def _apply_overrides(cfg, overrides: Sequence[str], defaults: Mapping[str, Any])
     from omegaconf.errors import OmegaConfBaseException
 
     parser = OverridesParser.create()
+    dropped: dict[str, list[str]] = {}
     for item in overrides:
-        try:
-            parsed = parser.parse_overrides([item])
-        except HydraException as err:
-            detail = [line.strip() for line in str(err).splitlines()
-                      if line.strip() and not line.startswith("See ") and line.strip() != "^"
-                      and not line.startswith("Error parsing")]
-            found = detail[0].split(": ", 1)[-1] if detail else "a parse error"
-            if found == item:
-                found = "no key=value"
-            raise ConfigError(f"override {item!r}: expected key=value in Hydra's override grammar (e.g. "
-                              f"trainer.total_training_steps=3, +new.key=1, ~key), found {found}") from None
+        parsed = _parse_override(parser, item)
         override = parsed[0]
-        key = override.key_or_group
-        if key == "hydra" or key.startswith("hydra."):
-            # Hydra's own job settings (run dir, logging): there is no Hydra job runner here.
-            logger.warning("config: %s ignored: it configures Hydra's job runner, which verl-hpc does not use", item)
+        root = override.key_or_group.split(".", 1)[0]
+        if root in ignored:
+            dropped.setdefault(root, []).append(item)
             continue
+        written = override.key_or_group
+        if aliases:
+            override.key_or_group = _renamed(written, aliases)
+        key = override.key_or_group
         if not (override.is_add() or override.is_force_add()) and OmegaConf.select(cfg, key, default=_MISSING) \
                 is _MISSING and not override.is_delete():
             parent = key.rpartition(".")[0]
             parent_default = OmegaConf.select(cfg, parent) if parent else None
             hint = f" (to add a key use +{item})" if parent and parent_default is not None else ""
+            if key != written:
+                hint += f" (written {written})"
             raise _unknown(key, defaults, hint)
         if override.is_delete() and override.value() is None and _delete_key(cfg, key):
             continue  # Hydra cannot delete a key whose value is null (it reads as absent)
@@ -210,6 +283,7 @@ def _apply_overrides(cfg, overrides: Sequence[str], defaults: Mapping[str, Any])
             ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
         except (HydraException, OmegaConfBaseException) as err:
             raise ConfigError(f"override {item!r}: {_first_line(err)}") from None
+    _warn_ignored(dropped, ignored)
 
 
 def _delete_key(cfg, key: str) -> bool:
@@ -244,9 +318,12 @@ def named_defaults(config_dir: str, config_name: str) -> dict[str, Any]:
 
 
 def compose(config_dir: str, config_name: str, user_file: str | None, overrides: Sequence[str],
-            rules: Mapping[str, Rule]) -> tuple[dict[str, Any], str]:
+            rules: Mapping[str, Rule], ignored: Mapping[str, str] = HYDRA_IGNORED,
+            aliases: Mapping[str, str] | None = None) -> tuple[dict[str, Any], str]:
     """Defaults <- user file <- overrides, interpolations resolved, every leaf checked (module docstring).
 
+    ``ignored``: top-level section -> why it is dropped (one warning line per section); ``aliases``: dotted
+    section -> the dotted section of this config it means.
     Returns the plain nested dict and the directory that relative paths in the user file resolve
     against (the repository root for a file in ``configs/``, else the file's directory; the working
     directory when there is no file).
@@ -259,7 +336,11 @@ def compose(config_dir: str, config_name: str, user_file: str | None, overrides:
     base_dir = os.getcwd()
     OmegaConf.set_struct(base, False)
     if user_file is not None:
-        user = _read_user_file(user_file)
+        user = read_user_file(user_file)
+        dropped = {root: [root] for root in ignored if user.pop(root, None) is not None}
+        _warn_ignored(dropped, ignored)
+        for alias, target in (aliases or {}).items():
+            _move_section(user, alias, target, user_file)
         _check_user_keys(user, defaults, "", user_file, defaults)
         try:
             base = OmegaConf.merge(base, user)
@@ -269,7 +350,7 @@ def compose(config_dir: str, config_name: str, user_file: str | None, overrides:
         base_dir = os.path.dirname(config_dir_of_file) if os.path.basename(config_dir_of_file) == "configs" \
             else config_dir_of_file
     _close_known_mappings(base, defaults)
-    _apply_overrides(base, overrides, defaults)
+    _apply_overrides(base, overrides, defaults, ignored, aliases)
     try:
         resolved = OmegaConf.to_container(base, resolve=True)
     except OmegaConfBaseException as err:

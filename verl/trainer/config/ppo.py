@@ -2,7 +2,12 @@
 
 ``load_config(path, overrides)`` composes the packaged defaults (``verl/trainer/config/ppo_megatron_trainer.yaml``,
 or ``config_dir``/``config_name`` as Hydra's ``--config-path``/``--config-name``), a user file over them
-(``verl train --config F``) and Hydra-grammar overrides (:mod:`verl.trainer.config.loader`), then checks:
+(``verl train --config F``) and Hydra-grammar overrides (:mod:`verl.trainer.config.loader`).
+
+verl 0.9's command line is read as verl reads it: ``model_engine=megatron|dp`` selects the backend (every
+role's strategy follows it) and, without ``--config-name``, the config (:func:`default_config_name`);
+``ray_kwargs.*`` is dropped with one warning (no Ray here); verl 0.9's ``critic.fsdp`` section is
+``critic.fsdp_config``; ``trainer.use_v1`` runs the one synchronous trainer. Then it checks:
 
 - every leaf's type, choices and range (:data:`RULES`);
 - the keys that have no meaning on this stack (:data:`REFUSED`): accepted by the parser, refused here with
@@ -23,12 +28,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from verl.trainer.config.loader import (
+    HYDRA_IGNORED,
     PACKAGED_CONFIG_DIR,
     ConfigError,
     Rule,
     compose,
     deep_get,
     named_defaults,
+    override_value,
+    read_user_file,
     resolve_path,
     rule,
 )
@@ -39,7 +47,22 @@ from verl.utils.tracking import check_backends
 
 logger = get_logger(__name__)
 
-CONFIG_NAME = "ppo_megatron_trainer"
+CONFIG_NAME = "ppo_megatron_trainer"  # what `verl train --config F` files are written against
+VERL_DEFAULT_CONFIG_NAME = "ppo_trainer"  # verl 0.9's main_ppo default (model_engine: dp)
+# verl 0.9's model_engine -> (the packaged config with its defaults, the roles' strategy).
+MODEL_ENGINES = {"megatron": ("ppo_megatron_trainer", "megatron"), "dp": ("ppo_trainer", "fsdp")}
+REFUSED_ENGINES = {  # verl 0.9's other engines -> why not here
+    "torchtitan": "TorchTitan is not part of verl-hpc",
+    "veomni": "VeOmni is not part of verl-hpc",
+    "mindspeed": "MindSpeed targets Ascend NPUs, which verl-hpc does not run on",
+}
+ENGINE_STRATEGY_RESOLVER = "verl_engine_strategy"  # ${verl_engine_strategy:${model_engine}} in the YAML
+# Sections verl scripts set for machinery this stack does not have: dropped with one warning line.
+IGNORED_SECTIONS = {**HYDRA_IGNORED, "ray_kwargs": "verl-hpc runs no Ray: its ranks start under Slurm, torchrun, "
+                    "mpirun or the local spawner (verl.launcher)"}
+# verl 0.9 names the critic's FSDP engine section `fsdp`; here (as the actor's) it is `fsdp_config`.
+SECTION_ALIASES = {"critic.fsdp": "critic.fsdp_config"}
+TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 ADV_ESTIMATORS = tuple(e.value for e in AdvantageEstimator)
 MEGATRON_DTYPES = ("float32", "bfloat16")
 STRATEGIES = ("megatron", "fsdp", "fsdp2")  # fsdp and fsdp2 both run on FSDP2 (verl: fsdp = FSDP1)
@@ -73,6 +96,7 @@ def _positive(*keys: str) -> dict[str, Rule]:
 ARR = "actor_rollout_ref"
 FSDP_ROLES = (f"{ARR}.actor", f"{ARR}.ref", "critic", "reward_model")
 RULES: dict[str, Rule] = {
+    "model_engine": rule(choices=tuple(MODEL_ENGINES)),
     "data.tokenizer": rule(str),
     "data.train_files": rule(str, list),
     "data.val_files": rule(str, list),
@@ -183,6 +207,10 @@ RULES: dict[str, Rule] = {
     "trainer.device": rule(choices=("auto", "cuda", "cpu", "npu")),
     "trainer.debug": rule(str, choices=("light", "full")),
     "trainer.log_val_generations": rule(ge=0),
+    "trainer.v1.trainer_mode": rule(choices=TRAINER_MODES),
+    "trainer.v1.colocate_async.num_warmup_batches": rule(ge=0),
+    "trainer.v1.separate_async.num_warmup_batches": rule(ge=0),
+    "trainer.v1.separate_async.parameter_sync_step": rule(ge=1),
 }
 
 
@@ -255,6 +283,10 @@ NO_EFFECT: dict[str, str] = {
     "data.filter_overlong_prompts_workers": "the over-long filter runs in one pass before step 1",
     f"{ARR}.model.trust_remote_code": "models are built from their config, no remote code is run",
     "data.trust_remote_code": "tokenizers load locally, no remote code is run",
+    "trainer.use_v1": "verl's V1 and legacy trainers are the same synchronous PPO loop here",
+    **{f"trainer.v1.{key}": "it configures an asynchronous trainer_mode, which verl-hpc does not implement yet"
+       for key in ("colocate_async.num_warmup_batches", "separate_async.num_warmup_batches",
+                   "separate_async.parameter_sync_step")},
 }
 
 
@@ -301,6 +333,64 @@ def _refuse_meaningless(cfg: dict[str, Any]) -> None:
         value = deep_get(cfg, key)
         if refused(value):
             raise ConfigError(f"{key}={value!r}: not supported by verl-hpc: {why}")
+    trainer = cfg["trainer"]
+    mode = trainer["v1"]["trainer_mode"]
+    if trainer["use_v1"] and mode != "sync":  # verl's legacy trainer (use_v1=false) never reads the mode
+        raise ConfigError(f"trainer.v1.trainer_mode={mode!r}: not supported by verl-hpc yet (the asynchronous "
+                          f"trainers are a separate issue): expected sync, found {mode!r}")
+
+
+# --------------------------------------------------------------------------- verl 0.9's backend selector
+def _engine_strategy(engine: Any) -> Any:
+    """``${verl_engine_strategy:${model_engine}}``: the strategy every role defaults to (an unknown engine is
+    passed through, so that the check of model_engine names it)."""
+    return MODEL_ENGINES[engine][1] if engine in MODEL_ENGINES else engine
+
+
+def _register_engine_resolver() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver(ENGINE_STRATEGY_RESOLVER):
+        OmegaConf.register_new_resolver(ENGINE_STRATEGY_RESOLVER, _engine_strategy)
+
+
+def chosen_engine(path: str | None, overrides: Sequence[str]) -> str | None:
+    """The ``model_engine`` the command line (last wins) or the ``--config`` file sets, checked; None when
+    neither sets it."""
+    given, engine = override_value(overrides, "model_engine")
+    if not given and path is not None:
+        user = read_user_file(path)
+        given, engine = "model_engine" in user, user.get("model_engine")
+    if not given:
+        return None
+    if engine in REFUSED_ENGINES:
+        raise ConfigError(f"model_engine={engine!r}: not supported by verl-hpc ({REFUSED_ENGINES[engine]}): "
+                          f"expected megatron (Megatron-core) or dp (FSDP2), found {engine!r}")
+    if engine not in MODEL_ENGINES:
+        raise ConfigError(f"model_engine: expected one of {list(MODEL_ENGINES)} (dp is verl's FSDP engine), "
+                          f"found {engine!r}")
+    return engine
+
+
+def default_config_name(path: str | None, engine: str | None) -> str:
+    """The config ``main_ppo`` composes when no ``--config-name`` is given: as verl 0.9, the one for
+    ``model_engine`` (megatron: ppo_megatron_trainer, dp: ppo_trainer) and, without it, verl's
+    ``ppo_trainer`` (FSDP); a verl-hpc ``--config`` file keeps the Megatron defaults it was written for."""
+    if engine is not None:
+        return MODEL_ENGINES[engine][0]
+    return CONFIG_NAME if path is not None else VERL_DEFAULT_CONFIG_NAME
+
+
+def _settle_engine(cfg: dict[str, Any], engine: str | None) -> None:
+    """``model_engine`` names the backend the roles run: an explicit one must agree with an explicitly set
+    ``actor.strategy``; otherwise it is the strategy's (a file with ``strategy: fsdp`` is model_engine dp)."""
+    strategy = cfg[ARR]["actor"]["strategy"]
+    backend = "dp" if is_fsdp(cfg) else "megatron"
+    if engine is not None and backend != engine:
+        expected = "fsdp or fsdp2" if engine == "dp" else "megatron"
+        raise ConfigError(f"{ARR}.actor.strategy: expected {expected} with model_engine={engine} (it picks the "
+                          f"backend), found {strategy!r}")
+    cfg["model_engine"] = backend
 
 
 # --------------------------------------------------------------------------- semantic checks
@@ -342,7 +432,7 @@ def _check_divides(what: str, divisor: int, total_what: str, total: int) -> None
                           f"found remainder {total % divisor}")
 
 
-def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
+def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending: bool = False) -> None:
     from verl.models.config import ModelConfig, ModelConfigError
     from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
 
@@ -365,13 +455,13 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
     for key in ("train_files", "tokenizer"):
         if data[key] is None:
             raise ConfigError(f"data.{key}: expected a path, found null")
-    for key in ("train_files", "val_files"):
+    for key in ("train_files", "val_files") if not data_pending else ():
         files = data[key]
         for path in ([files] if isinstance(files, str) else files or []):
             if not os.path.isfile(path):
                 raise ConfigError(f"data.{key}: expected an existing parquet file, found no file at {path} "
                                   f"(generate the quickstart data with `verl data arithmetic --out DIR`)")
-    if not os.path.isdir(data["tokenizer"]):
+    if not data_pending and not os.path.isdir(data["tokenizer"]):
         raise ConfigError(f"data.tokenizer: expected a tokenizer directory, found nothing at {data['tokenizer']}")
     if arr["model"]["path"] is None:
         raise ConfigError("actor_rollout_ref.model.path: expected an HF config.json or model directory, found null")
@@ -436,7 +526,8 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
         micro = arr[section.split(".")[1]][leaf]
         _check_divides(key, micro, "data.train_batch_size * rollout.n / dp", train_bs * n // dp)
     _check_token_budgets(cfg, roles, pp)
-    if algo["adv_estimator"] in ("grpo", "rloo", "reinforce_plus_plus_baseline") and n < 2:
+    if algo["adv_estimator"] in ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized",
+                                 "reinforce_plus_plus_baseline") and n < 2:
         raise ConfigError(f"actor_rollout_ref.rollout.n: expected >= 2 for {algo['adv_estimator']} "
                           f"(group baselines), found {n}")
     if model.max_position_embeddings < data["max_prompt_length"] + data["max_response_length"]:
@@ -580,21 +671,30 @@ def _derive(cfg: dict[str, Any], base_dir: str) -> None:
 
 
 def load_config(path: str | None = None, overrides: Sequence[str] = (), launcher_world_size: int | None = None,
-                config_dir: str = PACKAGED_CONFIG_DIR, config_name: str = CONFIG_NAME, resolve_only: bool = False):
+                config_dir: str = PACKAGED_CONFIG_DIR, config_name: str | None = CONFIG_NAME,
+                resolve_only: bool = False, data_pending: bool = False):
     """Packaged defaults (or ``config_dir/config_name``) <- YAML file ``path`` <- Hydra overrides, validated;
-    returns an OmegaConf DictConfig.
+    returns an OmegaConf DictConfig. ``config_name=None``: the one verl's command line would compose
+    (:func:`default_config_name`).
 
     Relative paths in the file (data files, tokenizer, model) resolve against the working directory
     first, then the repository root (the directory above ``configs/``). ``resolve_only`` stops after the
     types and ranges (what ``--cfg job`` prints), before the checks that read the model and data files.
+    ``data_pending``: every check but the existence of the data files and the tokenizer, which an earlier
+    stage of a pipeline writes (the quickstart checks its RL config before generating them).
     """
     from omegaconf import OmegaConf
 
-    cfg, base_dir = compose(config_dir, config_name, path, overrides, RULES)
+    engine = chosen_engine(path, overrides)
+    if config_name is None:
+        config_name = default_config_name(path, engine)
+    _register_engine_resolver()
+    cfg, base_dir = compose(config_dir, config_name, path, overrides, RULES, IGNORED_SECTIONS, SECTION_ALIASES)
+    _settle_engine(cfg, engine)
     defaults = named_defaults(PACKAGED_CONFIG_DIR, CONFIG_NAME)
     _warn_no_effect(cfg, defaults)
     _warn_other_backend(cfg, defaults)
     _derive(cfg, base_dir)
     if not resolve_only:
-        _validate(cfg, launcher_world_size)
+        _validate(cfg, launcher_world_size, data_pending)
     return OmegaConf.create(cfg)
