@@ -1,7 +1,8 @@
 """`verl train` end to end on 2 local ranks (gloo, CPU, fp32, tiny Qwen2 on the arithmetic task).
 
 - GRPO (TP=2, rollout TP=1: the hybrid engine all-gathers inside the micro-DP group) and PPO
-  (critic + GAE, DP=2) run from their quickstart configs and log every metric verl users expect;
+  (critic + GAE; actor, reference and critic at TP=2 with sequence parallelism, verl's default for TP > 1)
+  run from their quickstart configs and log every metric verl users expect;
 - a GRPO run killed with SIGKILL after its step-2 checkpoint and restarted with
   ``trainer.resume_mode=auto`` logs exactly the uninterrupted run's metrics for steps 3 and 4.
 """
@@ -98,8 +99,13 @@ def test_grpo_two_ranks_logs_verl_metrics_and_resumes_exactly_after_kill(tmp_pat
 
 
 def test_ppo_two_ranks_trains_critic_with_gae(tmp_path, arithmetic_data):
+    # TP=2 + sequence parallelism: the value head's output is split along the sequence until gathered (issue
+    # 27); the config's DP=2 PPO layout runs in test_trainer_verl_keys.
+    sequence_parallel = ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                         "actor_rollout_ref.actor.megatron.sequence_parallel=true",
+                         "critic.megatron.sequence_parallel=true"]
     run_train(train_cmd("ppo_arith_tiny.yaml", tmp_path, arithmetic_data, "trainer.total_training_steps=2",
-                        "trainer.test_freq=2", "trainer.val_before_train=false"))
+                        "trainer.test_freq=2", "trainer.val_before_train=false", *sequence_parallel))
     metrics = read_metrics(tmp_path)
     assert sorted(metrics) == [1, 2]
     for step in (1, 2):
