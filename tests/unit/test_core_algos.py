@@ -96,6 +96,79 @@ def test_rloo_subtracts_mean_of_other_responses():
     torch.testing.assert_close(adv, t([[0.75] * 2, [-0.75] * 2, [0, 0], [2, 2]]))
 
 
+def _grouped_rewards(seed, sizes, response_length=5):
+    """fp32 token rewards of responses in shuffled groups of the given sizes; labels as strings."""
+    g = torch.Generator().manual_seed(seed)
+    labels = np.array([f"uid-{k}" for k, n in enumerate(sizes) for _ in range(n)], dtype=object)
+    order = torch.randperm(len(labels), generator=g).numpy()
+    rewards = torch.randn(len(labels), response_length, generator=g)
+    mask = (torch.rand(len(labels), response_length, generator=g) > 0.2).long()
+    return rewards, mask, labels[order]
+
+
+def _fp32_bound(rewards, index, n):
+    """The two forms sum each group in a different order: each group sum of n fp32 terms is off by at most
+    (n - 1) * eps * sum|s|, which the division by the group std can magnify by max|s| / min std."""
+    scores = rewards.sum(-1)
+    groups = [scores[torch.as_tensor(index == gid)] for gid in set(index)]
+    smallest = min((g.std().item() for g in groups if g.numel() > 1), default=1.0)
+    return 4 * n * torch.finfo(torch.float32).eps * scores.abs().max().item() / min(smallest, 1.0)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_grpo_vectorized_matches_the_grouped_form(norm):
+    sizes = [2, 3, 8, 16, 1]  # group of one included: mean 0, std 1 in both forms
+    rewards, mask, index = _grouped_rewards(0, sizes)
+    expected, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=norm)
+    adv, ret = core_algos.compute_grpo_vectorized_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=norm)
+    bound = _fp32_bound(rewards, index, max(sizes))
+    torch.testing.assert_close(adv, expected, rtol=bound, atol=bound)
+    assert ret is adv and adv.dtype == torch.float32
+    # Group ids as integers or as a tensor give the same groups.
+    as_ints = np.array([int(u.split("-")[1]) for u in index])
+    for ids in (as_ints, torch.as_tensor(as_ints)):
+        again, _ = core_algos.compute_grpo_vectorized_outcome_advantage(
+            rewards, mask, ids, norm_adv_by_std_in_grpo=norm)
+        torch.testing.assert_close(again, adv, rtol=0, atol=0)
+
+
+def test_rloo_vectorized_matches_the_grouped_form_and_zeroes_a_group_of_one():
+    sizes = [2, 4, 7, 16]
+    rewards, mask, index = _grouped_rewards(1, sizes)
+    expected, _ = core_algos.compute_rloo_outcome_advantage(rewards, mask, index)
+    adv, _ = core_algos.compute_rloo_vectorized_outcome_advantage(rewards, mask, index)
+    # No std division here: n * s - sum is off by about n * eps * sum|s| / (n - 1).
+    bound = 4 * max(sizes) * torch.finfo(torch.float32).eps * rewards.sum(-1).abs().max().item()
+    torch.testing.assert_close(adv, expected, rtol=bound, atol=bound)
+    # verl's vectorized RLOO gives a response with no other in its group 0 (the grouped form keeps its score).
+    alone, _ = core_algos.compute_rloo_vectorized_outcome_advantage(t([[0, 2]]).float(), torch.ones(1, 2), ["x"])
+    assert alone.tolist() == [[0.0, 0.0]]
+    with pytest.raises(ValueError, match="expected 2 group ids"):
+        core_algos.compute_rloo_vectorized_outcome_advantage(t([[1.0]] * 2), torch.ones(2, 1), ["a"])
+
+
+def test_vectorized_estimators_are_registered_under_verls_names():
+    assert core_algos.AdvantageEstimator("grpo_vectorized") is core_algos.AdvantageEstimator.GRPO_VECTORIZED
+    assert core_algos.get_adv_estimator_fn("grpo_vectorized") is core_algos.compute_grpo_vectorized_outcome_advantage
+    assert core_algos.get_adv_estimator_fn("rloo_vectorized") is core_algos.compute_rloo_vectorized_outcome_advantage
+    rewards = t([[0, 1], [0, 0], [0, 0.5], [0, 1.5]])
+    mask = torch.ones(4, 2, dtype=torch.long)
+
+    def batch():
+        return DataProto.from_dict({"token_level_rewards": rewards, "response_mask": mask},
+                                   {"uid": np.array(["a", "a", "b", "b"], dtype=object)})
+
+    # Group a = {1, 0}: mean 0.5; group b = {0.5, 1.5}: mean 1 -> Dr.GRPO (no std): +-0.5 in each group.
+    data = compute_advantage(batch(), "grpo_vectorized", norm_adv_by_std_in_grpo=False)
+    torch.testing.assert_close(data.batch["advantages"], t([[0.5, 0.5], [-0.5, -0.5], [-0.5, -0.5], [0.5, 0.5]]))
+    # RLOO: s - mean(others) = +-1 in each group of two.
+    data = compute_advantage(batch(), "rloo_vectorized")
+    torch.testing.assert_close(data.batch["advantages"], t([[1, 1], [-1, -1], [-1, -1], [1, 1]]))
+    with pytest.raises(DataProtoError, match=r"compute_advantage\(rloo_vectorized\): expected non_tensor_batch field"):
+        compute_advantage(DataProto.from_dict({"token_level_rewards": rewards, "response_mask": mask}),
+                          "rloo_vectorized")
+
+
 def test_reinforce_plus_plus_discounts_and_stops_at_padding():
     # gamma = 0.5. Row 0 r=[0,0,1]: G = [0.25, 0.5, 1]. Row 1 r=[0,1,5], mask [1,1,0]: the padded
     # reward 5 is cut off by the mask, G = [0.5, 1, (5)]. Advantages = whiten over the 5 valid G, 0 on pad.

@@ -26,6 +26,7 @@ import resource
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from verl.protocol import DataProto
@@ -129,6 +130,17 @@ def reduce_memory_metrics(per_rank: list[Mapping[str, float]]) -> dict[str, floa
     """Each key of the ranks' :func:`local_memory_metrics`, the max over ranks, under the same key."""
     keys = dict.fromkeys(k for m in per_rank for k in m)
     return {key: max(m[key] for m in per_rank if key in m) for key in keys}
+
+
+def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """verl's ``reduce_metrics`` of a worker group's ``meta_info["metrics"]`` (one value per DP replica,
+    as ``DataProto.concat`` gathers them): the max for names containing "max", the min for "min", else
+    the mean. A scalar passes through."""
+    out = {}
+    for key, values in metrics.items():
+        values = np.asarray(values, dtype=np.float64)
+        out[key] = float(values.max() if "max" in key else values.min() if "min" in key else values.mean())
+    return out
 
 
 def compute_mfu_metrics(batch: DataProto, timing: Mapping[str, float], n_devices: int, peak_flops: float | None,

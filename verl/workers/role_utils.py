@@ -179,6 +179,6 @@ def mean_metrics(per_step: list[dict[str, float]]) -> dict[str, float]:
 def batch_fields(data: DataProto, keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
     missing = [k for k in keys if k not in data.batch]
     if missing:
-        raise KeyError(f"expected batch fields {missing}, found only {sorted(data.batch)}")
+        raise KeyError(f"expected batch fields {missing}, found only {sorted(data.batch.keys())}")
     return {k: data.batch[k] for k in keys}
 

@@ -26,7 +26,7 @@ def compute_response_mask(data: DataProto) -> torch.Tensor:
 def _require(data: DataProto, keys: list[str], step: str) -> None:
     missing = [k for k in keys if k not in data.batch]
     if missing:
-        raise DataProtoError(f"{step}: expected batch fields {missing}, found only {sorted(data.batch)}")
+        raise DataProtoError(f"{step}: expected batch fields {missing}, found only {sorted(data.batch.keys())}")
 
 
 def apply_kl_penalty(data: DataProto, kl_ctrl: Any, kl_penalty: str = "kl") -> tuple[DataProto, dict[str, float]]:
@@ -62,9 +62,10 @@ def compute_advantage(
 ) -> DataProto:
     """Write ``advantages`` and ``returns`` ([B, R]) into ``data`` using the named estimator.
 
-    gae needs ``values``; grpo/rloo/reinforce_plus_plus_baseline need ``uid`` in non_tensor_batch
-    (responses sampled ``num_repeat`` times per prompt share a uid; ``num_repeat`` itself is accepted
-    for verl compatibility, the groups come from uid); remax needs ``reward_baselines`` [B].
+    gae needs ``values``; grpo, rloo (and their ``_vectorized`` forms) and reinforce_plus_plus_baseline
+    need ``uid`` in non_tensor_batch (responses sampled ``num_repeat`` times per prompt share a uid;
+    ``num_repeat`` itself is accepted for verl compatibility, the groups come from uid); remax needs
+    ``reward_baselines`` [B].
     Estimators registered by users receive token_level_rewards, response_mask, config, and index /
     reward_baselines when present.
     """
@@ -81,8 +82,11 @@ def compute_advantage(
         advantages, returns = core_algos.compute_gae_advantage_return(
             token_level_rewards=rewards, values=data.batch["values"], response_mask=mask, gamma=gamma, lam=lam
         )
-    elif name == AdvantageEstimator.GRPO.value:
-        advantages, returns = core_algos.compute_grpo_outcome_advantage(
+    elif name in (AdvantageEstimator.GRPO.value, AdvantageEstimator.GRPO_VECTORIZED.value):
+        # verl hands grpo_vectorized only the generic arguments, so there it always divides by the std;
+        # here algorithm.norm_adv_by_std_in_grpo applies to both forms of GRPO.
+        estimator = core_algos.get_adv_estimator_fn(name)
+        advantages, returns = estimator(
             token_level_rewards=rewards,
             response_mask=mask,
             index=_uid(data, name),
@@ -95,7 +99,8 @@ def compute_advantage(
     else:
         estimator = core_algos.get_adv_estimator_fn(name)
         kwargs: dict[str, Any] = {"token_level_rewards": rewards, "response_mask": mask, "config": config}
-        if name in (AdvantageEstimator.RLOO.value, AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE.value):
+        if name in (AdvantageEstimator.RLOO.value, AdvantageEstimator.RLOO_VECTORIZED.value,
+                    AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE.value):
             kwargs["index"] = _uid(data, name)
         elif "uid" in data.non_tensor_batch:
             kwargs["index"] = data.non_tensor_batch["uid"]

@@ -30,6 +30,8 @@ class AdvantageEstimator(str, Enum):
     REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
     REMAX = "remax"
     RLOO = "rloo"
+    RLOO_VECTORIZED = "rloo_vectorized"
+    GRPO_VECTORIZED = "grpo_vectorized"
 
 
 ADV_ESTIMATOR_REGISTRY: dict[str, Callable] = {}
@@ -231,6 +233,75 @@ def compute_rloo_outcome_advantage(
         mean, _, size = _group_stats(scores, index)
         ratio = size / (size - 1).clamp(min=1)
         advantages = torch.where(size > 1, scores * ratio - mean * ratio, scores)
+        advantages = advantages.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+def _group_index(index: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Dense group numbers 0..G-1 [B] of any group labels, by sorting (np.unique), not by a Python loop."""
+    if isinstance(index, torch.Tensor):
+        return torch.unique(index.reshape(-1), return_inverse=True)[1].to(device)
+    labels = np.asarray(index).reshape(-1)
+    try:
+        inverse = np.unique(labels, return_inverse=True)[1]
+    except TypeError:  # labels of mixed types do not sort: group by their text
+        inverse = np.unique(np.array([str(v) for v in labels]), return_inverse=True)[1]
+    return torch.from_numpy(inverse.reshape(-1).astype(np.int64)).to(device)
+
+
+def _group_sums(values: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """Per response [B]: the sum of ``values`` over its group."""
+    size = int(group.max()) + 1 if group.numel() else 0
+    return torch.zeros(size, dtype=values.dtype, device=values.device).index_add_(0, group, values)[group]
+
+
+@register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)
+def compute_grpo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True, config: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO as :func:`compute_grpo_outcome_advantage` (same result), with the groups found by sorting the
+    labels and the group statistics in float32 tensor ops, so large batches need no per-row Python.
+
+    Args: token_level_rewards [B, R], response_mask [B, R], index [B] group ids.
+    Returns: (advantages, returns), both [B, R].
+    """
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        group = _group_index(index, scores.device)
+        if group.numel() != scores.shape[0]:
+            raise ValueError(f"index: expected {scores.shape[0]} group ids (one per response), found {group.numel()}")
+        values = scores.float()
+        size = _group_sums(torch.ones_like(values), group)
+        mean = _group_sums(values, group) / size
+        var = _group_sums((values - mean) ** 2, group) / (size - 1).clamp(min=1)
+        alone = size == 1  # a group of one: mean 0, std 1 (as verl)
+        mean = torch.where(alone, torch.zeros_like(mean), mean)
+        std = torch.where(alone, torch.ones_like(var), var.sqrt())
+        centered = values - mean
+        advantages = centered / (std + epsilon) if norm_adv_by_std_in_grpo else centered
+        advantages = advantages.to(scores.dtype).unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+@register_adv_est(AdvantageEstimator.RLOO_VECTORIZED)
+def compute_rloo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, epsilon: float = 1e-6,
+    config: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO as :func:`compute_rloo_outcome_advantage` (same result), from group counts and sums:
+    A = (n * s - sum_group) / (n - 1) = s - mean(others); a group of one gets 0 (verl's vectorized form).
+
+    Args: token_level_rewards [B, R], response_mask [B, R], index [B].
+    Returns: (advantages, returns), both [B, R].
+    """
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        group = _group_index(index, scores.device)
+        if group.numel() != scores.shape[0]:
+            raise ValueError(f"index: expected {scores.shape[0]} group ids (one per response), found {group.numel()}")
+        size = _group_sums(torch.ones_like(scores), group)
+        advantages = (size * scores - _group_sums(scores, group)) / (size - 1).clamp(min=1) * (size > 1)
         advantages = advantages.unsqueeze(-1) * response_mask
     return advantages, advantages
 

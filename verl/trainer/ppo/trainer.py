@@ -386,7 +386,7 @@ class PPOTrainer:
                 metrics.update(self.actor_rollout_wg.update_weights())
             with self._timer("gen"):
                 batch = self.actor_rollout_wg.generate_sequences(gen)
-            metrics.update(batch.meta_info.pop("metrics"))
+            metrics.update(metric_utils.reduce_metrics(batch.meta_info.pop("metrics")))
             batch.meta_info = {"seed": step}
             if cfg.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX.value:
                 with self._timer("update_weights"):  # generation released the rollout weights
@@ -433,11 +433,13 @@ class PPOTrainer:
             if not self.dry_run:
                 if self.use_critic:
                     with self._timer("update_critic"):
-                        metrics.update(self.critic_wg.update_critic(batch).meta_info["metrics"])
+                        metrics.update(metric_utils.reduce_metrics(
+                            self.critic_wg.update_critic(batch).meta_info["metrics"]))
                 # verl: the actor trains once critic_warmup <= the step (steps count from 1).
                 if cfg.trainer.critic_warmup <= step:
                     with self._timer("update_actor"):
-                        metrics.update(self.actor_rollout_wg.update_actor(batch).meta_info["metrics"])
+                        metrics.update(metric_utils.reduce_metrics(
+                            self.actor_rollout_wg.update_actor(batch).meta_info["metrics"]))
             if cfg.trainer.rollout_data_dir and self.rank == 0:
                 with self._timer("dump_rollout_generations"):
                     write_generations(cfg.trainer.rollout_data_dir, step, generation_records(

@@ -48,7 +48,7 @@ class NaiveRewardManager:
         if missing:
             raise DataProtoError(
                 f"NaiveRewardManager: expected fields {missing}, found only "
-                f"{sorted(data.batch) + sorted(data.non_tensor_batch)}"
+                f"{sorted(data.batch.keys()) + sorted(data.non_tensor_batch)}"
             )
 
         responses = data.batch["responses"]
