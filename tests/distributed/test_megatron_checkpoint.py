@@ -37,7 +37,8 @@ def _checkpoint_job(hf_dir, ckpt_root, batch):
     from verl.engine.megatron.engine import MegatronEngine, OptimConfig
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.engine.roles import Actor
-    from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
+    from verl.models.hf_io import HFCheckpoint
+    from verl.models.mcore.weights import load_hf_into_model
 
     config = model_config(hf_dir)
     optim = OptimConfig(lr=3e-3, weight_decay=0.01, lr_warmup_steps=2, total_training_steps=STEPS,

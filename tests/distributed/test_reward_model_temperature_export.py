@@ -86,7 +86,8 @@ def _job(lm_dir, rm_a, rm_b, export_dir, batch):
     from verl.engine.rollout.native.engine import NativeRollout
     from verl.models.config import ModelConfig
     from verl.models.hf_export import export_actor_hf
-    from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
+    from verl.models.hf_io import HFCheckpoint
+    from verl.models.mcore.weights import load_hf_into_model
     from verl.protocol import DataProto
     from verl.single_controller import WorkerGroup
     from verl.workers.reward_model_worker import RewardModelWorker

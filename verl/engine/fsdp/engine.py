@@ -33,7 +33,6 @@ import torch.distributed as dist
 from verl.engine.fsdp.model import (
     build_empty_hf_model,
     build_hf_model,
-    has_hf_weights,
     load_sharded_weights,
     reset_rotary_tables,
 )
@@ -42,6 +41,7 @@ from verl.engine.megatron.engine import Batch, LossFn, OptimConfig, OutputFn
 from verl.engine.megatron.padding import left_align
 from verl.engine.micro_batches import split_micro_batches, token_budget_groups
 from verl.models.config import ModelConfig
+from verl.models.hf_io import has_hf_weights
 from verl.utils.device import get_device, to_device
 
 

@@ -46,6 +46,7 @@ from verl.engine.rollout.sglang_rollout import (
 )
 from verl.hybrid_engine.rollout_layout import rollout_param_specs
 from verl.models.config import ModelConfig
+from verl.models.hf_io import read_config
 from verl.protocol import DataProto
 from verl.utils.shared_buffer import shared_name, unlink_if_unmapped
 
@@ -59,8 +60,7 @@ def engine_model_dir(model_path: str, into: str) -> str:
     if os.path.isdir(model_path):
         return model_path
     os.makedirs(into, exist_ok=True)
-    with open(model_path, encoding="utf-8") as src:
-        config = json.load(src)
+    config = read_config(model_path)
     with open(os.path.join(into, "config.json"), "w", encoding="utf-8") as dst:
         json.dump(config, dst)
     return into

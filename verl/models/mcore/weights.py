@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import torch
 
 from verl.models.config import ModelConfig
-from verl.models.hf_io import HFCheckpoint  # noqa: F401  (tests being edited elsewhere import it from here)
 from verl.models.mcore.model import check_parallel_layout, padded_vocab_size
 
 
