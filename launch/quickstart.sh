@@ -12,7 +12,8 @@
 # Rerunning resumes: finished stages (data, SFT) are skipped, GRPO resumes from its last checkpoint
 # (trainer.resume_mode=auto); Ctrl-C during GRPO checkpoints the current step first. Under Slurm,
 # `sbatch slurm/quickstart_cpu.sbatch` runs the RL stage alone (see slurm/README.md).
-# Stage logs: outputs/quickstart/logs/. Details: `python -m launch.quickstart --help`.
+# A bad override or --config is one line and exit 2 before any stage runs (launch/quickstart.py checks
+# both trainer configs first). Stage logs: outputs/quickstart/logs/. Details: `python -m launch.quickstart --help`.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
