@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks in one script, for a bare GPU machine (no network) that has a CUDA torch:
-#   1. megatron-core (+ omegaconf) from wheels carried in .whl/ (see below) into /tmp/verl-site;
+#   1. megatron-core (+ omegaconf, tensordict) from wheels carried in .whl/ (see below) into /tmp/verl-site;
 #   2. verl._C built with CUDA (TORCH_CUDA_ARCH_LIST, default: this GPU's arch + sm_80/sm_90);
 #   3. the GPU tier (tests/gpu: CUDA kernels incl. invalid programs, two ranks sharing the GPU over gloo:
 #      reshard bit-exact and greedy = Megatron greedy after a train step) and the kernels tier;
@@ -18,8 +18,10 @@
 #                                     #    CPU cores (CUDA hidden), actor TP1 and TP2, vs the one-process HF baseline
 # Wheels, made on a machine with network (Python of the GPU image: 3.12):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#       --platform manylinux_2_28_x86_64 --platform any -d .whl megatron-core==0.16.1 omegaconf hydra-core==1.3.2
+#       --platform manylinux_2_28_x86_64 --platform any -d .whl megatron-core==0.16.1 omegaconf hydra-core==1.3.2 \
+#       tensordict==0.15.3 cloudpickle pyvers
 #   pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3
+# (tensordict 0.15.3, DataProto's batch, is pure Python and needs torch >= 2.11: the GPU image has 2.11.)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
