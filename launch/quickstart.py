@@ -374,14 +374,21 @@ def check_configs(sft_config: str, sft_overrides: Sequence[str], rl_config: str,
     SFT: composed with its types, choices and ranges. RL: every ``verl train`` check except that the data
     files and tokenizer exist (the data stage writes them); the model is the architecture SFT trains
     (its ``model.path``), which the SFT export will have. Raises ConfigError naming the stage."""
+    from verl.models.config import ModelConfig, ModelConfigError
     from verl.trainer.config import load_config, resolve_path
     from verl.trainer.main_sft import read_sft_config_tree
 
     try:
         sft, base_dir = read_sft_config_tree(sft_config, sft_overrides)
+        architecture = resolve_path(sft["model"]["path"], base_dir)
+        if architecture is None:
+            raise ConfigError("model.path: expected an HF model directory or a config.json, found null")
+        try:
+            ModelConfig.from_pretrained(architecture)
+        except ModelConfigError as err:
+            raise ConfigError(f"model.path: {err}") from None
     except ConfigError as err:
         raise ConfigError(f"sft config: {err}") from None
-    architecture = resolve_path(sft["model"]["path"], base_dir)
     try:
         return load_config(rl_config, rl_overrides(data_dir, architecture, out, user_overrides), data_pending=True)
     except ConfigError as err:

@@ -25,7 +25,9 @@ def no_stages(monkeypatch):
     (["model_engine=torchtitan"], "model_engine='torchtitan': not supported"),
     (["--sft-override", "optim.lr=abc"], "sft config: optim.lr: expected float, found str 'abc'"),
     (["--config", "configs/no_such_file.yaml"], "rl config: --config: expected a YAML file"),
-], ids=["unknown key", "bad value", "batch sizes", "refused engine", "sft override", "missing --config"])
+    (["--sft-override", "model.path=/nonexistent/model"], "sft config: model.path"),
+], ids=["unknown key", "bad value", "batch sizes", "refused engine", "sft override", "missing --config",
+        "missing sft model"])
 def test_a_bad_config_is_one_line_and_exit_2_before_any_stage(tmp_path, capsys, no_stages, args, needle):
     out = tmp_path / "qs"
     assert quickstart.main(["--out", str(out), *args]) == 2
