@@ -13,6 +13,7 @@ import os
 import sys
 
 import verl
+from verl.errors import InputError
 
 # command -> (module with main(argv), one-line help). Nested groups map a sub-command name too.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -61,10 +62,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 FULL_ERROR_ENV = "VERL_FULL_ERROR"  # =1: let tracebacks through (as Hydra's HYDRA_FULL_ERROR)
-# Input errors: the project's own error classes are ValueErrors (ConfigError, DatasetError,
-# CheckpointError, WeightsError, ModelConfigError, ...); missing or unreadable paths are OSErrors.
-INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
-                PermissionError)
+# Input errors derive from verl.errors.InputError (ConfigError, DatasetError, CheckpointError, ...). Anything
+# else, a ValueError from inside torch included, is an internal error.
+INPUT_ERRORS = (InputError,)
 
 
 def _one_line(err: BaseException) -> str:

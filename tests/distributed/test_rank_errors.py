@@ -1,9 +1,10 @@
 """A rank that fails mid-run ends the job with one line naming it, not a wall of tracebacks.
 
-`verl train` on 2 local ranks whose custom reward function raises a ValueError at step 1 (input
-the pre-flight checks cannot see): the launcher exits 2 with exactly one stderr line
-``verl train: rank R: ValueError: ...``, no traceback on the console, and the rank's traceback is
-in ``<output_dir>/logs/train.rank<R>.traceback``. An internal error (a RuntimeError) exits 1.
+`verl train` on 2 local ranks whose custom reward function raises at step 1: the launcher exits with exactly
+one stderr line ``verl train: rank R: <Error>: ...``, no traceback on the console, and the rank's traceback is
+in ``<output_dir>/logs/train.rank<R>.traceback``. An input error (a verl.errors.InputError, here a DatasetError:
+input the pre-flight checks cannot see) exits 2; anything else, a plain ValueError included, is an internal
+error and exits 1.
 """
 
 import os
@@ -25,10 +26,11 @@ def data_args(tmp_path_factory):
     return arithmetic_data_args(tmp_path_factory.mktemp("arith"))
 
 
-@pytest.mark.parametrize("error, code", [("ValueError", 2), ("RuntimeError", 1)])
+@pytest.mark.parametrize("error, code", [("DatasetError", 2), ("ValueError", 1)])
 def test_a_failing_rank_is_one_line_with_its_traceback_in_the_log(tmp_path, data_args, error, code):
     reward = tmp_path / "reward.py"
-    reward.write_text(f"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+    reward.write_text(f"from verl.utils.dataset.errors import DatasetError\n\n\n"
+                      f"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       f"    raise {error}('reward server said no')\n")
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMIX_"))

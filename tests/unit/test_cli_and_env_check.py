@@ -131,3 +131,29 @@ def test_hf_grpo_baseline_masks_after_eos_and_matches_verls_grpo_advantages():
     expected, _ = compute_grpo_outcome_advantage(scores.unsqueeze(1) * torch.tensor([[0.0, 0.0, 1.0]]), mask,
                                                  np.repeat(np.arange(2), 4))
     torch.testing.assert_close(grpo_advantages(scores, n=4), expected[:, 0])
+
+
+def test_only_input_errors_are_one_line_exit_2(monkeypatch, tmp_path, capsys):
+    """verl.errors.InputError (and its subclasses) is bad input: one line, exit 2. A ValueError from inside
+    the program (torch, numpy, our own code) is an internal error: one line naming the exception and a file
+    with its traceback, exit 1."""
+    import sys
+    import types
+
+    from verl import cli
+    from verl.trainer.config.loader import ConfigError
+
+    def command(error):
+        module = types.ModuleType("verl_test_command")
+        module.main = lambda argv: (_ for _ in ()).throw(error)
+        monkeypatch.setitem(sys.modules, "verl_test_command", module)
+        return cli._run("verl_test_command", [], "verl test")
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert command(ConfigError("trainer.x: expected an integer, found 'a'")) == 2
+    assert capsys.readouterr().err == "verl test: trainer.x: expected an integer, found 'a'\n"
+    assert command(ValueError("math domain error")) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("verl test: internal error: ValueError: math domain error (traceback: ")
+    assert len(err.splitlines()) == 1
+    assert command(FileNotFoundError(2, "No such file or directory", "/internal/cache")) == 1

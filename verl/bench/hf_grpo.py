@@ -26,6 +26,8 @@ import time
 
 import torch
 
+from verl.errors import InputError
+
 
 def load_model(model_path: str, seed: int):
     """A causal LM from an HF model directory (its weights) or a config.json (seeded random init)."""
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.data, "tokenizer"), padding_side="left")
     problems = read_prompts(args.data, tokenizer)
     if len(problems) < args.prompts:
-        raise ValueError(f"--prompts: expected at most {len(problems)} (rows in {args.data}), found {args.prompts}")
+        raise InputError(f"--prompts: expected at most {len(problems)} (rows in {args.data}), found {args.prompts}")
     model = load_model(args.model, args.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     torch.manual_seed(args.seed)

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from verl.engine.rollout.sglang_rollout import kv_pool_tokens
+from verl.errors import InputError
 from verl.utils.sglang_env import REPO, sglang_importable, sglang_python
 from verl.utils.torch_dtypes import DTYPES
 
@@ -155,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       args.repeats, args.seed, args.tp)
                 result.update(batch=args.batch, prompt_len=args.prompt_len, tp=args.tp, dtype=args.dtype,
                               model=args.model or "tiny-qwen2(random)")
-    except (SGLangBenchError, ValueError) as exc:
+    except (SGLangBenchError, InputError) as exc:
         print(f"sglang bench: {exc}", file=sys.stderr)
         return 2
     if args.json:

@@ -38,6 +38,8 @@ import sys
 import tempfile
 import time
 
+from verl.errors import InputError
+
 NESTED_PHASES = ("generate_sequences",)  # timed inside another phase (gen): not part of the sum
 
 
@@ -167,12 +169,12 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     if args.warmup < 0:
-        raise ValueError(f"--warmup: expected >= 0, found {args.warmup}")
+        raise InputError(f"--warmup: expected >= 0, found {args.warmup}")
     if args.baseline == "trl" and importlib.util.find_spec("trl") is None:
-        raise ValueError("--baseline trl: expected TRL importable next to this torch (pip install --no-deps trl "
+        raise InputError("--baseline trl: expected TRL importable next to this torch (pip install --no-deps trl "
                          "accelerate datasets), found no module 'trl'")
     if not os.path.exists(args.model):
-        raise ValueError(f"--model: expected an HF config.json or model directory, found nothing at {args.model}")
+        raise InputError(f"--model: expected an HF config.json or model directory, found nothing at {args.model}")
     with tempfile.TemporaryDirectory(prefix="verl_bench_train_") as tmp:
         workdir = os.path.abspath(args.workdir or tmp)
         data_dir, output_dir = os.path.join(workdir, "data"), os.path.join(workdir, "out")

@@ -3,13 +3,11 @@ or verl's dynamic batch size (``use_dynamic_bsz``: rows grouped under a token bu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 
+from verl.engine.base import Batch
 from verl.engine.megatron.padding import restore
-
-Batch = Mapping[str, torch.Tensor]
+from verl.errors import InputError
 
 
 def split_micro_batches(batch: Batch, micro_batch_size: int) -> list[dict[str, torch.Tensor]]:
@@ -30,7 +28,7 @@ def token_budget_groups(attention_mask: torch.Tensor, max_token_len: int) -> lis
     lengths = attention_mask.sum(dim=-1).tolist()
     longest = max(lengths, default=0)
     if longest > max_token_len:
-        raise ValueError(f"max_token_len: expected at least the longest sequence in the batch ({longest} tokens), "
+        raise InputError(f"max_token_len: expected at least the longest sequence in the batch ({longest} tokens), "
                          f"found {max_token_len}")
     groups: list[list[int]] = []
     room: list[int] = []

@@ -30,6 +30,7 @@ import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from verl.errors import InputError
 from verl.hybrid_engine.groups import HYBRIDFLOW, ReshardGroups, derive_groups
 from verl.hybrid_engine.layouts import (
     AnyTrainingLayout,
@@ -426,7 +427,7 @@ def _global_plan(config: ModelConfig, training: AnyTrainingLayout, rollout: Roll
                 continue
             cap = bucket_elems // len(group)
             if cap <= 0:
-                raise ValueError(f"bucket_bytes: expected room for one element per micro-DP rank ({len(group)}), "
+                raise InputError(f"bucket_bytes: expected room for one element per micro-DP rank ({len(group)}), "
                                  "found too few")
             per_member = [_chunk(contributions[m], cap) for m in group]
             count = max(len(c) for c in per_member)
@@ -543,9 +544,9 @@ def plan_reshard(
 ) -> ReshardPlan:
     """The plan of global ``rank`` for moving the actor from ``training`` to ``rollout`` layout."""
     if dtype not in ELEMENT_SIZES:
-        raise ValueError(f"dtype: expected one of {sorted(ELEMENT_SIZES)}, found {dtype!r}")
+        raise InputError(f"dtype: expected one of {sorted(ELEMENT_SIZES)}, found {dtype!r}")
     if not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes: expected a positive integer, found {bucket_bytes!r}")
+        raise InputError(f"bucket_bytes: expected a positive integer, found {bucket_bytes!r}")
     element_size = ELEMENT_SIZES[dtype]
     g = _global_plan(config, training, rollout, bucket_bytes // element_size)
     groups = g.groups

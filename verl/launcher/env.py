@@ -23,12 +23,14 @@ import re
 import zlib
 from collections.abc import Mapping
 
+from verl.errors import InputError
+
 PORT_MIN = 20000
 PORT_MAX = 60000  # exclusive
 LOOPBACK = "127.0.0.1"
 
 
-class LaunchError(RuntimeError):
+class LaunchError(InputError):
     """The launch environment is malformed; the message is one line naming expected vs found."""
 
 

@@ -10,13 +10,14 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from verl.errors import InputError
 from verl.models.hf_io import read_config
 from verl.utils.checkpoint import CheckpointError
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(InputError):
     """An HF config.json the project cannot build a model from."""
 
 

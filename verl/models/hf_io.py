@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from verl.errors import OutputExistsError
 from verl.utils.checkpoint import CheckpointError
 
 CONFIG_FILE = "config.json"
@@ -322,7 +323,7 @@ def write_hf_dir(out_dir: str, tensors: Iterable[tuple[str, torch.Tensor]], hf_c
     a staging directory renamed to ``out_dir``; ``replace`` False refuses an existing ``out_dir``."""
     out_dir = os.path.abspath(out_dir)
     if not replace and os.path.exists(out_dir):
-        raise FileExistsError(f"--out: expected a path that does not exist yet, found {out_dir}")
+        raise OutputExistsError(f"--out: expected a path that does not exist yet, found {out_dir}")
     staging = f"{out_dir}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:

@@ -23,12 +23,14 @@ from typing import Any
 
 import torch
 
+from verl.errors import InputError
+
 USAGE_ERROR = 2
 GenerateFn = Callable[[list[str]], list[str]]
 ScoreFn = Callable[..., float]  # verl's compute_score(data_source, solution_str, ground_truth, extra_info)
 
 
-class EvaluationError(ValueError):
+class EvaluationError(InputError):
     """Data or a model the evaluation cannot run on; one line naming what was expected."""
 
 
@@ -149,11 +151,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """``verl eval``: prints ``val/accuracy <value> (n=<prompts>)``; bad input is one line, exit 2."""
-    from verl.engine.rollout.base import RolloutInputError
-    from verl.models.config import ModelConfigError
-    from verl.utils.checkpoint import CheckpointError
-    from verl.utils.dataset.errors import DatasetError
-
     try:
         args = _parser().parse_args(argv)
         for path, what in ((args.model, "--model"), (args.data, "--data")):
@@ -164,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                                   f"found no tokenizer_config.json")
         accuracy = evaluate_accuracy(args.model, args.data, args.n, args.max_new_tokens, args.batch_size,
                                      args.prompt_key)
-    except (EvaluationError, ModelConfigError, DatasetError, RolloutInputError, CheckpointError) as err:
+    except InputError as err:  # EvaluationError, ModelConfigError, DatasetError, CheckpointError, ...
         print(f"verl eval: {err}", file=sys.stderr)
         return USAGE_ERROR
     count = args.n if args.n is not None else "all"

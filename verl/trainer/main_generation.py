@@ -24,6 +24,7 @@ import tempfile
 
 import torch
 
+from verl.errors import InputError
 from verl.utils.torch_dtypes import DTYPES
 
 ENGINES = ("native", "sglang", "megatron")  # megatron is routed to verl.engine.megatron.generate
@@ -35,7 +36,7 @@ IN_SGLANG_ENV = "VERL_GENERATE_IN_SGLANG_ENV"
 RANK_TIMEOUT_S = 300
 
 
-class UsageError(Exception):
+class UsageError(InputError):
     """A bad command line or input: reported as one line, exit code 2."""
 
 
@@ -214,12 +215,6 @@ def _engine_of(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from verl.engine.rollout.base import RolloutInputError
-    from verl.engine.rollout.sglang_rollout import SGLangRolloutError
-    from verl.hybrid_engine.rollout_layout import RolloutLayoutError
-    from verl.models.config import ModelConfigError
-    from verl.utils.checkpoint import CheckpointError
-
     argv = list(sys.argv[1:] if argv is None else argv)
     engine = _engine_of(argv)
     if engine == "megatron":
@@ -239,8 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         prepare(args)  # fail here, once, before any rank starts
         return _spawn_ranks(args, argv)
-    except (UsageError, RolloutInputError, ModelConfigError, RolloutLayoutError, CheckpointError,
-            SGLangRolloutError) as exc:
+    except InputError as exc:  # UsageError, RolloutInputError, CheckpointError, SGLangConfigError, ...
         print(f"verl generate: error: {exc}", file=sys.stderr)
         return 2
 

@@ -26,7 +26,7 @@ Errors: bad input (config, data, model or checkpoint) is found before any rank s
 (``verl.trainer.preflight``) and printed as one line, exit 2. A rank that fails later writes its
 traceback to ``<trainer.output_dir>/logs/train.rank<r>.traceback`` and the job ends with one line on
 stderr naming the first failing rank (``verl train: rank 1: DatasetError: ...``): exit 2 for input
-errors (ValueError and its subclasses), 1 for internal ones.
+errors (:class:`verl.errors.InputError`), 1 for anything else (an internal error).
 """
 
 from __future__ import annotations
@@ -88,7 +88,9 @@ def _rank_failure(err: BaseException, config) -> int:
             fh.write(line + "\n")
     else:
         print(f"verl train: {line}", file=sys.stderr, flush=True)
-    return EXIT_CONFIG_ERROR if isinstance(err, ValueError) else EXIT_INTERNAL_ERROR
+    from verl.errors import InputError
+
+    return EXIT_CONFIG_ERROR if isinstance(err, InputError) else EXIT_INTERNAL_ERROR
 
 
 def _first_rank_error(error_dir: str) -> str | None:
@@ -203,11 +205,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print(OmegaConf.to_yaml(config), end="")
         return 0
+    from verl.errors import InputError
     from verl.trainer.preflight import preflight
 
     try:
         preflight(config)
-    except ValueError as err:  # PreflightError, DatasetError, CheckpointError, ModelConfigError, ...
+    except InputError as err:  # PreflightError, DatasetError, CheckpointError, ModelConfigError, ...
         print(f"verl train: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     world = world_size(config)

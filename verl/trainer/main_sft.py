@@ -34,9 +34,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from verl.errors import InputError
 from verl.trainer.config.loader import PACKAGED_CONFIG_DIR, ConfigError, Rule, compose, resolve_path, rule
 from verl.trainer.sft_trainer import run_rank, total_steps
-from verl.utils.dataset.errors import DatasetError
 from verl.utils.dataset.sft_dataset import prepare_data
 from verl.utils.tracking import check_backends
 
@@ -112,7 +112,7 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
         trainer["logger"] = [trainer["logger"]]
     try:
         check_backends(trainer["logger"])
-    except ValueError as err:
+    except ValueError as err:  # check_backends: an unknown logger name
         raise ConfigError(str(err)) from None
     for key in ("prompt_dict_keys", "response_dict_keys"):
         if data[key] is not None and not all(isinstance(k, str) for k in data[key]):
@@ -179,7 +179,7 @@ def _parse_args(argv: list[str]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from verl.launcher.env import LaunchError, discover
+    from verl.launcher.env import discover
     from verl.launcher.spawn import RankFailure, run_ranks
     from verl.launcher.threads import intra_op_threads
 
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _parse_args(argv)
         cfg = load_sft_config(args.config, args.overrides, env.world_size if launched else None)
         train, val, _ = load_data(cfg)
-    except (ConfigError, DatasetError, LaunchError) as err:
+    except InputError as err:  # ConfigError, DatasetError, LaunchError, ...
         print(f"verl sft: {err}", file=sys.stderr)
         return USAGE_ERROR
 

@@ -9,13 +9,14 @@ import json
 import os
 from typing import Any
 
+from verl.errors import InputError
 from verl.models.hf_io import model_dir_problem
 from verl.utils.checkpoint import CheckpointError, checkpoint_problem
 from verl.utils.dataset.errors import DatasetError
 from verl.utils.tracking import check_backends
 
 
-class PreflightError(ValueError):
+class PreflightError(InputError):
     """Input that would make a rank fail: one line naming what was expected and what was found."""
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from verl.errors import InputError
 from verl.utils.logging_utils import get_logger
 
 logger = get_logger(__name__)
@@ -40,7 +41,7 @@ MANIFEST_FILE = "verl_trainer_manifest.json"  # every file with its size, writte
 ENGINE_MANIFEST = "verl_checkpoint.json"  # an engine checkpoint's (actor/, critic/) file list and layout
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint (trainer resume target, Megatron checkpoint or HF model directory) that is missing,
     incomplete, corrupt, or for another model: the one error class for every checkpoint reader."""
 
@@ -183,7 +184,7 @@ def prune_checkpoints(root: str, current_step: int, max_to_keep: dict[str, int |
         if keep is None:
             continue
         if keep < 1:
-            raise ValueError(f"max_{part}_ckpt_to_keep: expected null or >= 1, found {keep}")
+            raise InputError(f"max_{part}_ckpt_to_keep: expected null or >= 1, found {keep}")
         kept = 0
         for s in steps:
             path = os.path.join(step_dir(root, s), part)

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 
 import torch
 
+from verl.errors import InputError
+
 DEVICE_ENV = "VERL_DEVICE"
 
 
@@ -20,12 +22,12 @@ def is_cuda_available() -> bool:
     """CUDA usable here and not switched off with VERL_DEVICE=cpu."""
     forced = os.environ.get(DEVICE_ENV, "").strip().lower()
     if forced not in ("", "cpu", "cuda"):
-        raise ValueError(f"{DEVICE_ENV}: expected 'cpu' or 'cuda', found {forced!r}")
+        raise InputError(f"{DEVICE_ENV}: expected 'cpu' or 'cuda', found {forced!r}")
     if forced == "cpu":
         return False
     available = torch.cuda.is_available()
     if forced == "cuda" and not available:
-        raise ValueError(f"{DEVICE_ENV}=cuda: expected a CUDA device, found none")
+        raise InputError(f"{DEVICE_ENV}=cuda: expected a CUDA device, found none")
     return available
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from verl.errors import InputError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ELEMENT_SIZES = {name: dtype.itemsize for name, dtype in DTYPES.items()}
 
@@ -13,4 +15,4 @@ def torch_dtype(name: str) -> torch.dtype:
     try:
         return DTYPES[name]
     except KeyError:
-        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, found {name!r}") from None
+        raise InputError(f"dtype: expected one of {sorted(DTYPES)}, found {name!r}") from None

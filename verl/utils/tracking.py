@@ -24,6 +24,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from verl.errors import InputError
 from verl.utils.logging_utils import get_logger
 
 logger = get_logger(__name__)
@@ -70,7 +71,7 @@ def import_wandb() -> Any:
     try:
         import wandb
     except ImportError:
-        raise ValueError("trainer.logger: wandb requested, expected the wandb package (pip install wandb), "
+        raise InputError("trainer.logger: wandb requested, expected the wandb package (pip install wandb), "
                          "found none") from None
     return wandb
 
@@ -80,7 +81,7 @@ def check_backends(backends: Sequence[str]) -> None:
     (what :class:`Tracking` would raise, checkable before any rank starts)."""
     for name in backends:
         if name not in SUPPORTED_BACKENDS:
-            raise ValueError(f"trainer.logger: expected entries among {list(SUPPORTED_BACKENDS)}, found {name!r}")
+            raise InputError(f"trainer.logger: expected entries among {list(SUPPORTED_BACKENDS)}, found {name!r}")
     if "wandb" in backends:
         import_wandb()
 
@@ -237,7 +238,7 @@ class Tracking:
             self._wandb.close()
 
 
-class MetricsError(ValueError):
+class MetricsError(InputError):
     """A metrics.jsonl line (not the last, which may be mid-write) that is not a JSON record with a step."""
 
 

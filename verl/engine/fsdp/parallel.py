@@ -13,6 +13,7 @@ import dataclasses
 
 import torch.distributed as dist
 
+from verl.errors import InputError
 from verl.launcher.bootstrap import on_teardown
 from verl.utils.device import get_device_name
 
@@ -38,7 +39,7 @@ def shard_size_for(fsdp_size: int | None, world_size: int) -> int:
     if fsdp_size is None or fsdp_size == -1 or fsdp_size >= world_size:
         return world_size
     if fsdp_size < 1 or world_size % fsdp_size:
-        raise ValueError(f"fsdp_config.fsdp_size: expected -1 or a divisor of the world size {world_size}, "
+        raise InputError(f"fsdp_config.fsdp_size: expected -1 or a divisor of the world size {world_size}, "
                          f"found {fsdp_size}")
     return fsdp_size
 
@@ -52,7 +53,7 @@ def fsdp_mesh(fsdp_size: int | None = -1) -> FSDPMesh:
     shard = shard_size_for(fsdp_size, world)
     if _MESH is not None:
         if _MESH.shard_size != shard:
-            raise ValueError(f"fsdp_config.fsdp_size: expected {_MESH.shard_size} for every colocated role (one "
+            raise InputError(f"fsdp_config.fsdp_size: expected {_MESH.shard_size} for every colocated role (one "
                              f"mesh per process), found {shard}")
         return _MESH
     if shard == world:

@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 
+from verl.errors import OutputExistsError
 from verl.models.config import ModelConfig, ModelConfigError
 from verl.models.hf_io import DEFAULT_MAX_SHARD_BYTES, HFCheckpoint, read_config
 from verl.models.mcore.model import HEADS, ModelLayoutError, check_parallel_layout
@@ -74,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_out(out: str) -> None:
     if os.path.exists(out):
-        raise FileExistsError(f"--out: expected a path that does not exist yet, found {out}")
+        raise OutputExistsError(f"--out: expected a path that does not exist yet, found {out}")
 
 
 def hf_to_mcore(args) -> None:

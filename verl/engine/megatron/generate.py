@@ -93,29 +93,29 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from verl.errors import InputError
     from verl.launcher.spawn import run_ranks
-    from verl.models.config import ModelConfig, ModelConfigError
+    from verl.models.config import ModelConfig
     from verl.models.hf_io import HFCheckpoint
-    from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
-    from verl.models.mcore.weights import WeightsError
+    from verl.models.mcore.model import check_parallel_layout
 
     args = _parser().parse_args(argv)
     try:
         if args.temperature != 0:
-            raise ValueError(f"--temperature: expected 0 (the megatron engine is greedy), found {args.temperature}")
+            raise InputError(f"--temperature: expected 0 (the megatron engine is greedy), found {args.temperature}")
         if args.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens: expected a positive integer, found {args.max_new_tokens}")
+            raise InputError(f"--max-new-tokens: expected a positive integer, found {args.max_new_tokens}")
         try:
             prompt = [int(x) for x in args.input_ids.split(",")]
         except ValueError:
-            raise ValueError(f"--input-ids: expected comma-separated integers, found {args.input_ids!r}") from None
+            raise InputError(f"--input-ids: expected comma-separated integers, found {args.input_ids!r}") from None
         config = ModelConfig.from_pretrained(args.model)
         check_parallel_layout(config, args.tp, args.pp)
         bad = [t for t in prompt if not 0 <= t < config.vocab_size]
         if bad:
-            raise ValueError(f"--input-ids: expected ids in [0, {config.vocab_size}), found {bad}")
+            raise InputError(f"--input-ids: expected ids in [0, {config.vocab_size}), found {bad}")
         HFCheckpoint(args.model)
-    except (ValueError, ModelConfigError, ModelLayoutError, WeightsError) as exc:
+    except InputError as exc:
         print(f"verl generate: {exc}", file=sys.stderr)
         return USAGE_ERROR
     result = run_ranks(_generate_rank, args.tp * args.pp, os.path.abspath(args.model), args.tp, args.pp,

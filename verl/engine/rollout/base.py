@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl.errors import InputError
 from verl.models.config import ModelConfig
 
 
-class RolloutInputError(ValueError):
+class RolloutInputError(InputError):
     """Prompts or sampling parameters an engine cannot generate from."""
 
 

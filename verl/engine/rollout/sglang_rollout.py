@@ -29,6 +29,7 @@ import torch
 
 from verl.engine.rollout.base import BaseRollout, SamplingParams
 from verl.engine.rollout.sglang_cpu.loader import LOADER_PATH, bucket_name, spec_offsets
+from verl.errors import InputError
 from verl.hybrid_engine.planner import DEFAULT_BUCKET_BYTES
 from verl.hybrid_engine.rollout_layout import rollout_param_specs
 from verl.models.config import ModelConfig
@@ -46,11 +47,15 @@ class SGLangRolloutError(RuntimeError):
     """SGLang refused a request (engine start, weight update) or returned something unexpected."""
 
 
+class SGLangConfigError(SGLangRolloutError, InputError):
+    """SGLang rollout settings the engine cannot run with (a dtype, a bucket size, a TP on CPU): bad input."""
+
+
 def bucket_elems(dtype: torch.dtype, bucket_bytes: int) -> int:
     """Elements of ``dtype`` in a bucket of at most ``bucket_bytes`` (at least one element)."""
     element = torch.empty((), dtype=dtype).element_size()
     if bucket_bytes < element:
-        raise SGLangRolloutError(f"bucket_bytes: expected >= one element ({element} bytes), found {bucket_bytes}")
+        raise SGLangConfigError(f"bucket_bytes: expected >= one element ({element} bytes), found {bucket_bytes}")
     return bucket_bytes // element
 
 
@@ -72,7 +77,7 @@ def check_cpu_tp(config: ModelConfig, tp_size: int) -> None:
     """SGLang's CPU path pads attention heads instead of replicating KV heads (see sglang_cpu.loader),
     so a rollout-layout weight push matches it only when tp divides both head counts."""
     if config.num_key_value_heads % tp_size or config.num_attention_heads % tp_size:
-        raise SGLangRolloutError(
+        raise SGLangConfigError(
             f"rollout tp={tp_size} on CPU: expected a tp dividing num_key_value_heads="
             f"{config.num_key_value_heads} (SGLang pads heads on CPU, so weight pushes cannot match), "
             f"found tp={tp_size}"
@@ -128,7 +133,7 @@ class SGLangRollout(BaseRollout):
         for rank in range(tp_size):  # fail here, with our message, on a tp the layout cannot split
             rollout_param_specs(config, tp_size, rank)
         if dtype not in DTYPE_NAMES:
-            raise SGLangRolloutError(f"dtype: expected one of {list(DTYPE_NAMES)}, found {dtype}")
+            raise SGLangConfigError(f"dtype: expected one of {list(DTYPE_NAMES)}, found {dtype}")
         self.tp_size = tp_size
         self.dtype = dtype
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -194,7 +199,7 @@ class SGLangRollout(BaseRollout):
     def _tags(self, tags: Sequence[str] | None) -> set:
         chosen = set(MEMORY_TAGS if tags is None else tags)
         if not chosen <= set(MEMORY_TAGS):
-            raise SGLangRolloutError(f"memory tags: expected among {MEMORY_TAGS}, found {sorted(chosen)}")
+            raise SGLangConfigError(f"memory tags: expected among {MEMORY_TAGS}, found {sorted(chosen)}")
         return chosen
 
     # ---------------------------------------------------------------- weights

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from verl.errors import InputError
 from verl.models.config import ModelConfig
 
 # Megatron's make_vocab_size_divisible_by default; the padded vocab is a multiple of this times tp.
@@ -22,7 +23,7 @@ MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
 HEADS = ("lm", "value", "score")
 
 
-class ModelLayoutError(ValueError):
+class ModelLayoutError(InputError):
     """A (tp, pp) the model cannot be split over."""
 
 

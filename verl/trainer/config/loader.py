@@ -30,6 +30,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from verl.errors import InputError
 from verl.utils.logging_utils import get_logger
 
 logger = get_logger(__name__)
@@ -37,7 +38,7 @@ logger = get_logger(__name__)
 PACKAGED_CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A config that cannot run; the message is one line naming the key."""
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 import verl.utils.torch_functional as verl_F
+from verl.errors import InputError
 
 
 class AdvantageEstimator(str, Enum):
@@ -60,7 +61,7 @@ def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Callable[[Callab
 def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> Callable:
     name = _registry_name(name_or_enum)
     if name not in ADV_ESTIMATOR_REGISTRY:
-        raise ValueError(f"unknown advantage estimator '{name}'; expected one of {sorted(ADV_ESTIMATOR_REGISTRY)}")
+        raise InputError(f"unknown advantage estimator '{name}'; expected one of {sorted(ADV_ESTIMATOR_REGISTRY)}")
     return ADV_ESTIMATOR_REGISTRY[name]
 
 
@@ -78,7 +79,7 @@ def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
 
 def get_policy_loss_fn(name: str) -> Callable:
     if name not in POLICY_LOSS_REGISTRY:
-        raise ValueError(f"unknown policy loss '{name}'; expected one of {sorted(POLICY_LOSS_REGISTRY)}")
+        raise InputError(f"unknown policy loss '{name}'; expected one of {sorted(POLICY_LOSS_REGISTRY)}")
     return POLICY_LOSS_REGISTRY[name]
 
 
@@ -137,11 +138,11 @@ def get_kl_controller(kl_ctrl: Any) -> FixedKLController | AdaptiveKLController:
     if ctrl_type == "adaptive":
         horizon = _cfg(kl_ctrl, "horizon", 10000)
         if horizon <= 0:
-            raise ValueError(f"algorithm.kl_ctrl.horizon: expected > 0, found {horizon}")
+            raise InputError(f"algorithm.kl_ctrl.horizon: expected > 0, found {horizon}")
         return AdaptiveKLController(
             init_kl_coef=_cfg(kl_ctrl, "kl_coef", 0.001), target_kl=_cfg(kl_ctrl, "target_kl", 0.1), horizon=horizon
         )
-    raise ValueError(f"algorithm.kl_ctrl.type: expected 'fixed' or 'adaptive', found {ctrl_type!r}")
+    raise InputError(f"algorithm.kl_ctrl.type: expected 'fixed' or 'adaptive', found {ctrl_type!r}")
 
 
 # --------------------------------------------------------------------------- advantage estimators
@@ -404,7 +405,7 @@ def agg_loss(
     mini-batch is split. ``dp_size > 1`` without the count the mode needs is an error.
     """
     if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"loss_agg_mode: expected one of {list(LOSS_AGG_MODES)}, found {loss_agg_mode!r}")
+        raise InputError(f"loss_agg_mode: expected one of {list(LOSS_AGG_MODES)}, found {loss_agg_mode!r}")
     if dp_size < 1:
         raise ValueError(f"agg_loss: expected dp_size >= 1, found {dp_size}")
     mask = loss_mask.to(loss_mat.dtype)
@@ -424,7 +425,7 @@ def agg_loss(
         if loss_scale_factor is None:
             loss_scale_factor = loss_mask.shape[-1]
         if not loss_scale_factor > 0:
-            raise ValueError(f"loss_scale_factor: expected > 0, found {loss_scale_factor}")
+            raise InputError(f"loss_scale_factor: expected > 0, found {loss_scale_factor}")
         loss = loss / loss_scale_factor
     return loss
 
@@ -452,13 +453,13 @@ def compute_policy_loss(
     the three fractions are means over this batch's tokens.
     """
     if clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c: expected > 1.0 for dual-clip PPO, found {clip_ratio_c}")
+        raise InputError(f"clip_ratio_c: expected > 1.0 for dual-clip PPO, found {clip_ratio_c}")
     if cliprange_low is None:
         cliprange_low = cliprange
     if cliprange_high is None:
         cliprange_high = cliprange
     if cliprange_low is None or cliprange_high is None:
-        raise ValueError("compute_policy_loss: expected cliprange or both cliprange_low and cliprange_high, found None")
+        raise InputError("compute_policy_loss: expected cliprange or both cliprange_low and cliprange_high, found None")
     # Clamp so exp() cannot overflow on a stale or diverged log-prob.
     negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(negative_approx_kl)
@@ -540,7 +541,7 @@ def compute_policy_loss_gspo(
     low = clip_ratio if low is None else low
     high = clip_ratio if high is None else high
     if low is None or high is None:
-        raise ValueError("compute_policy_loss_gspo: expected clip_ratio or both clip_ratio_low and clip_ratio_high, "
+        raise InputError("compute_policy_loss_gspo: expected clip_ratio or both clip_ratio_low and clip_ratio_high, "
                          "found None")
     global_batch_info = dict(_cfg(config, "global_batch_info", None) or {})
     global_batch_info.setdefault("loss_scale_factor", _cfg(config, "loss_scale_factor", None))
@@ -618,7 +619,7 @@ def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_pena
     if kl_penalty in ("low_var_kl", "k3"):
         kl = torch.clamp(ref_logprob - logprob, min=-20, max=20)
         return torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
-    raise ValueError(
+    raise InputError(
         f"kl_penalty: expected one of {list(KL_PENALTY_TYPES)} (optionally with a '+' suffix), found {kl_penalty!r}"
     )
 

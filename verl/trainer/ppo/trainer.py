@@ -63,6 +63,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from verl.errors import InputError
 from verl.protocol import DataProto
 from verl.single_controller import WorkerGroup, all_gather_objects, broadcast_object
 from verl.trainer import metrics as metric_utils
@@ -186,7 +187,7 @@ class PPOTrainer:
         self.train_dataset = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples)
         self.sampler = create_rl_sampler(data, self.train_dataset)
         if len(self.train_dataset) < data.train_batch_size:
-            raise ValueError(f"data.train_batch_size={data.train_batch_size}: expected at most the "
+            raise InputError(f"data.train_batch_size={data.train_batch_size}: expected at most the "
                              f"{len(self.train_dataset)} training prompts, found a larger batch")
         self.train_dataloader = rl_dataloader(self.train_dataset, data.train_batch_size, data.dataloader_num_workers,
                                               sampler=self.sampler, drop_last=True)

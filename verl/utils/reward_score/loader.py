@@ -10,8 +10,10 @@ import importlib.util
 import os
 from collections.abc import Callable
 
+from verl.errors import InputError
 
-class RewardFunctionError(ValueError):
+
+class RewardFunctionError(InputError):
     """A reward function that cannot be found or loaded."""
 
 

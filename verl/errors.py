@@ -1,0 +1,20 @@
+"""The one base of every error about the user's input.
+
+:class:`InputError` covers what the user gave us and can fix: a config key or value, a data file, a model or
+checkpoint directory, a command-line argument, a parallel layout the model cannot be split over. Entry points
+(``verl <command>``, ``verl train``'s ranks, the quickstart) print it as one line and exit 2. Any other
+exception is an internal error: its traceback goes to a log, the console gets one line naming the exception
+and that log, and the exit code is 1 — a ``ValueError`` from inside torch is the program's fault, not the
+user's.
+
+It derives from ``ValueError`` so that code catching ``ValueError`` around a validation (ours and verl
+users') keeps working.
+"""
+
+
+class InputError(ValueError):
+    """Bad input from the user: one line naming what was expected and what was found."""
+
+
+class OutputExistsError(InputError, FileExistsError):
+    """An output path that already exists where a command would write a new one (``--out`` of convert, export)."""
