@@ -11,8 +11,8 @@
 
 import pytest
 import torch
+from helpers.megatron_tiny_models import RESPONSE, VOCAB, hf_model, model_config, padded_batch, save_hf
 from helpers.tolerance import decoder_depth, forward_tolerance
-from test_megatron_tiny_models import RESPONSE, VOCAB, hf_model, model_config, padded_batch, save_hf
 
 from verl.launcher.spawn import run_ranks
 

@@ -9,7 +9,7 @@ weights (``full_tensor`` per parameter); the step must change at least one greed
 
 import pytest
 import torch
-from tiny_models import left_pad, save_tiny_model
+from helpers.tiny_models import left_pad, save_tiny_model
 from train_step_reshard import BUCKET_BYTES, LR, NEW_TOKENS, PROMPTS, _native_greedy, nll_loss, training_batch
 
 from verl.launcher.spawn import run_ranks

@@ -228,7 +228,7 @@ def test_run_ranks_ranks_die_with_a_killed_parent():
         parent.kill()
         parent.wait(timeout=10)
 
-        from tiny_models import alive_pids
+        from helpers.tiny_models import alive_pids
 
         def alive():
             return alive_pids(pids)

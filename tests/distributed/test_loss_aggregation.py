@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from test_megatron_tiny_models import RESPONSE, hf_model, padded_batch, save_hf  # noqa: E402
+from helpers.megatron_tiny_models import RESPONSE, hf_model, padded_batch, save_hf  # noqa: E402
 
 from verl.launcher.spawn import run_ranks  # noqa: E402
 from verl.trainer.ppo.core_algos import LOSS_AGG_MODES  # noqa: E402

@@ -10,9 +10,15 @@ import torch
 
 pytest.importorskip("megatron.core")
 
+from helpers.megatron_tiny_models import (  # noqa: E402
+    RESPONSE,
+    hf_model,
+    model_config,
+    padded_batch,
+    save_hf,
+    sft_loss,  # noqa: E402
+)
 from helpers.tolerance import decoder_depth, forward_tolerance  # noqa: E402
-from test_megatron_tiny_models import RESPONSE, hf_model, model_config, padded_batch, save_hf  # noqa: E402
-from test_megatron_train import sft_loss  # noqa: E402
 
 from verl.launcher.spawn import run_ranks  # noqa: E402
 

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from test_megatron_tiny_models import hf_model, save_hf  # noqa: E402
+from helpers.megatron_tiny_models import hf_model, save_hf  # noqa: E402
 
 from verl.engine.megatron.convert import main  # noqa: E402
 

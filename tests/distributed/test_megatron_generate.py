@@ -8,8 +8,8 @@ import torch
 
 pytest.importorskip("megatron.core")
 
+from helpers.megatron_tiny_models import VOCAB, hf_model, save_hf  # noqa: E402
 from helpers.tolerance import log_prob_tolerance  # noqa: E402
-from test_megatron_tiny_models import VOCAB, hf_model, save_hf  # noqa: E402
 
 from verl.engine.megatron.generate import main  # noqa: E402
 

@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from test_megatron_tiny_models import RESPONSE, hf_model, model_config, padded_batch, save_hf  # noqa: E402
+from helpers.megatron_tiny_models import RESPONSE, hf_model, model_config, padded_batch, save_hf  # noqa: E402
 
 from verl.launcher.spawn import run_ranks  # noqa: E402
 
@@ -33,7 +33,7 @@ LAYOUTS = {"tp1": (1, 1, False), "tp2_sp": (2, 1, True), "tp2_sp_pp2": (2, 2, Tr
 # path. Per decoder layer: two RMSNorms (hidden each), qkv (hidden), attention scores (head_dim), the
 # probability-weighted values (sequence), o_proj (hidden), gate/up (hidden), down (intermediate).
 U = torch.finfo(torch.float32).eps / 2
-HIDDEN, HEAD_DIM, INTERMEDIATE, LAYERS, VOCAB = 32, 8, 64, 4, 200  # test_megatron_tiny_models.hf_model
+HIDDEN, HEAD_DIM, INTERMEDIATE, LAYERS, VOCAB = 32, 8, 64, 4, 200  # helpers.megatron_tiny_models.hf_model
 PER_LAYER = 5 * HIDDEN + HEAD_DIM + WIDTH + INTERMEDIATE
 TRUNK = LAYERS * PER_LAYER + HIDDEN  # + the final norm
 VALUE_BOUND = (TRUNK + HIDDEN) * U  # + the value head's dot product

@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from test_megatron_tiny_models import RESPONSE, hf_model, model_config, padded_batch, save_hf  # noqa: E402
+from helpers.megatron_tiny_models import RESPONSE, hf_model, model_config, padded_batch, save_hf, sft_loss  # noqa: E402
 
 from verl.launcher.spawn import run_ranks  # noqa: E402
 
@@ -25,12 +25,6 @@ RUNS = {  # name -> (tp, pp, distributed optimizer)
 }
 
 
-def sft_loss(outputs, micro_batch):
-    """Negative mean log-likelihood of the response tokens (a stand-in for the PPO loss hook)."""
-    mask = micro_batch["response_mask"].float()
-    loss = -(outputs["log_probs"] * mask).sum() / mask.sum()
-    entropy = (outputs["entropy"] * mask).sum() / mask.sum()
-    return loss, {"entropy": entropy}
 
 
 def value_loss(outputs, micro_batch):

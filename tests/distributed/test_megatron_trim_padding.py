@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from test_megatron_tiny_models import RESPONSE, SEQ, hf_model, model_config, padded_batch, save_hf  # noqa: E402
+from helpers.megatron_tiny_models import RESPONSE, SEQ, hf_model, model_config, padded_batch, save_hf  # noqa: E402
 
 from verl.launcher.spawn import run_ranks  # noqa: E402
 

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from tiny_models import arithmetic_data_args  # noqa: E402
+from helpers.tiny_models import arithmetic_data_args  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -18,8 +18,8 @@ import torch
 
 pytest.importorskip("megatron.core")
 
+from helpers.megatron_tiny_models import VOCAB, hf_model  # noqa: E402
 from helpers.tolerance import log_prob_tolerance, logits_tolerance  # noqa: E402
-from test_megatron_tiny_models import VOCAB, hf_model  # noqa: E402
 
 from verl.launcher.spawn import run_ranks  # noqa: E402
 

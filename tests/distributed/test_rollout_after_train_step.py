@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from tiny_models import save_tiny_model  # noqa: E402
+from helpers.tiny_models import save_tiny_model  # noqa: E402
 from train_step_reshard import train_step_job  # noqa: E402
 
 from verl.launcher.spawn import run_ranks  # noqa: E402

@@ -8,34 +8,24 @@
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("megatron.core")
 
-from _train_helpers import REPO, RUN_TIMEOUT_S, read_metrics, run_until_step_then_kill, train_env  # noqa: E402
-from tiny_models import arithmetic_data_args  # noqa: E402
-
-COMMON_KEYS = [
-    "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "actor/pg_loss", "actor/entropy",
-    "actor/ppo_kl", "actor/pg_clipfrac", "response_length/mean", "timing_s/gen", "timing_s/ref", "timing_s/adv",
-    "timing_s/update_actor", "timing_s/update_weights", "timing_s/step", "perf/throughput", "perf/reshard_bytes",
-    "perf/cpu_memory_used_gb", "training/global_step", "training/epoch",
-]
-CRITIC_KEYS = ["critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "timing_s/values",
-               "timing_s/update_critic"]
-# What a CPU run must not log: the per-rank memory series and max/min pairs verl does not have, the
-# reshard nested in gen under its own name, and an MFU without a promised peak.
-GONE_KEYS = ("perf/rss_mb", "timing_s/reshard", "perf/cpu_memory_used_gb/", "perf/mfu/")
-# The phases of one step (trainer.train_step), each timed once, that make up timing_s/step.
-STEP_PHASES = ("swap_reward_model", "update_weights", "gen", "gen_max", "reward", "old_log_prob", "ref", "values",
-               "adv", "update_critic", "update_actor")
-VAL_KEYS = ["val/accuracy", "val-core/arithmetic/reward/mean@1"]
-# Wall-clock and memory readings differ between any two runs; everything else must match exactly.
-NONDETERMINISTIC_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time_per_step",
-                             "perf/cpu_memory_used_gb", "perf/max_memory", "perf/mfu/")
+from helpers.tiny_models import arithmetic_data_args  # noqa: E402
+from helpers.train_runs import (  # noqa: E402
+    COMMON_KEYS,
+    CRITIC_KEYS,
+    VAL_KEYS,
+    check_step_record,
+    deterministic,
+    read_metrics,
+    run_train,
+    run_until_step_then_kill,
+    save_arith_reward_model,
+    train_cmd,
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,34 +33,12 @@ def arithmetic_data(tmp_path_factory):
     return arithmetic_data_args(tmp_path_factory.mktemp("arith"))
 
 
-def train_cmd(config, output_dir, data_args, *overrides):
-    return [sys.executable, "-m", "verl.cli", "train", "--config", os.path.join(REPO, "configs", config),
-            *data_args, f"trainer.output_dir={output_dir}", "trainer.logger=[console,csv]", *overrides]
 
 
-def run_train(cmd):
-    proc = subprocess.run(cmd, cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    assert proc.returncode == 0, f"verl train exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    return proc
 
 
-def check_step_record(record, step, keys):
-    """``keys`` present, verl's step counters, no retired names, and the phases fitting inside the step."""
-    missing = [k for k in keys if k not in record]
-    assert not missing, f"step {step} lacks {missing}"
-    # 64 training prompts in batches of 64 (the configs' train_batch_size): one step per epoch.
-    assert (record["training/global_step"], record["training/epoch"]) == (step, step - 1)
-    gone = [k for k in record if k.startswith(GONE_KEYS)]
-    assert not gone, f"step {step} logs {gone}"
-    phases = sum(record.get(f"timing_s/{p}", 0.0) for p in STEP_PHASES)
-    # The phases are disjoint intervals inside the step; what lies outside them (building the prompt batch,
-    # reading the rollout's metrics) depends on the machine's load, so it is not bounded here.
-    assert 0 < phases <= record["timing_s/step"] + 1e-6, (
-        f"step {step}: phases {phases:.3f}s vs timing_s/step {record['timing_s/step']:.3f}s")
 
 
-def deterministic(record):
-    return {k: v for k, v in record.items() if not k.startswith(NONDETERMINISTIC_PREFIXES)}
 
 
 def test_grpo_two_ranks_logs_verl_metrics_and_resumes_exactly_after_kill(tmp_path, arithmetic_data):
@@ -114,20 +82,6 @@ def test_ppo_two_ranks_trains_critic_with_gae(tmp_path, arithmetic_data):
     assert all(k in metrics[2] for k in VAL_KEYS)
 
 
-def save_arith_reward_model(path, zero_head=False):
-    """A tiny random Qwen2 reward model over the arithmetic tokenizer's 32 ids (TP=2 divides it)."""
-    import torch
-    import transformers
-
-    config = transformers.Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                      num_labels=1, pad_token_id=0, initializer_range=0.5)
-    torch.manual_seed(0)
-    model = transformers.Qwen2ForSequenceClassification(config)
-    if zero_head:
-        with torch.no_grad():
-            model.score.weight.zero_()
-    model.save_pretrained(path)
 
 
 def test_remax_with_reward_model_hot_swap_temperature_and_hf_export(tmp_path, arithmetic_data):

@@ -10,18 +10,19 @@
 import os
 
 import pytest
-from _train_helpers import read_metrics, run_until_step_then_kill
-from test_train_e2e import (
+from helpers.tiny_models import arithmetic_data_args
+from helpers.train_runs import (
     COMMON_KEYS,
     CRITIC_KEYS,
     VAL_KEYS,
     check_step_record,
     deterministic,
+    read_metrics,
     run_train,
+    run_until_step_then_kill,
     save_arith_reward_model,
     train_cmd,
 )
-from tiny_models import arithmetic_data_args
 
 pytestmark = pytest.mark.distributed
 CONFIG = "grpo_arith_tiny_fsdp.yaml"

@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from test_train_e2e import read_metrics, run_train, train_cmd  # noqa: E402
-from tiny_models import arithmetic_data_args  # noqa: E402
+from helpers.tiny_models import arithmetic_data_args  # noqa: E402
+from helpers.train_runs import read_metrics, run_train, train_cmd  # noqa: E402
 
 
 @pytest.fixture(scope="module")

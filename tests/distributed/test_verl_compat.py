@@ -24,7 +24,7 @@ import yaml
 
 pytest.importorskip("megatron.core")
 
-from tiny_models import arithmetic_data_args  # noqa: E402
+from helpers.tiny_models import arithmetic_data_args  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verl_examples")

@@ -14,7 +14,7 @@ the :class:`HybridEngine` glue joining them, then:
 from __future__ import annotations
 
 import torch
-from tiny_models import left_pad
+from helpers.tiny_models import left_pad
 
 PROMPTS = [[5, 17, 42, 99, 7], [250, 3, 3, 18, 77, 120, 64, 9, 31], list(range(40, 52))]
 NEW_TOKENS = 8

@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from tiny_models import save_tiny_model  # noqa: E402
+from helpers.tiny_models import save_tiny_model  # noqa: E402
 
 from verl.launcher.spawn import run_ranks  # noqa: E402
 

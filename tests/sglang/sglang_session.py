@@ -20,7 +20,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tiny_models import left_pad  # noqa: E402  (tests/, not a package)
+from helpers.tiny_models import left_pad  # noqa: E402  (tests/, not a package)
 
 
 def rank_buffers(model_dir, config, tp, dtype):

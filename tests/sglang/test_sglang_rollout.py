@@ -10,7 +10,7 @@ import os
 
 import pytest
 import torch
-from tiny_models import save_tiny_model
+from helpers.tiny_models import save_tiny_model
 
 from verl.hybrid_engine.rollout_layout import rollout_param_specs
 from verl.models.config import ModelConfig

@@ -62,7 +62,7 @@ def install_check(out_path: str) -> None:
         tok = self.tokenizer
         gen = None
         if dist.get_rank() == 0:  # the owner of the first rollout group
-            from tiny_models import left_pad
+            from helpers.tiny_models import left_pad
 
             ids, mask = left_pad([tok.encode(p) for p in PROMPTS], tok.pad_token_id)
             greedy = SamplingParams(do_sample=False, n=1, response_length=self.train_sampling.response_length,
@@ -82,7 +82,7 @@ def install_check(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: tiny_models
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: helpers.tiny_models
     install_check(os.environ["VERL_PARITY_OUT"])
     from verl.trainer import main_ppo
 

@@ -63,7 +63,7 @@ def world(tmp_path_factory):
     (bad / "cut.parquet").write_bytes(raw[: len(raw) // 2])
 
     # An HF model directory, a cut copy and a garbled-config copy.
-    from tiny_models import save_tiny_model
+    from helpers.tiny_models import save_tiny_model
 
     model = save_tiny_model("qwen2", str(root / "model"))
     for name in os.listdir(data / "tokenizer"):  # eval/generate read the tokenizer from the model dir

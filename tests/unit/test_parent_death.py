@@ -10,7 +10,7 @@ import time
 
 import psutil
 import pytest
-from tiny_models import alive_pids
+from helpers.tiny_models import alive_pids
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]

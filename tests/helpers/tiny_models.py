@@ -1,6 +1,6 @@
 """Tiny random HF checkpoints and left padding, shared by the Megatron, native-rollout and SGLang tests.
 
-Imported by name: pyproject's pytest `pythonpath` puts tests/ on sys.path; sglang_session.py (run
+Imported as `helpers.tiny_models`: pyproject's pytest `pythonpath` puts tests/ on sys.path; sglang_session.py (run
 under .venv-sglang) adds it itself.
 """
 

@@ -1,4 +1,4 @@
-"""Helpers (no tests): tiny random Qwen2 / Llama checkpoints and batches for the megatron multi-rank tests."""
+"""Tiny random Qwen2 / Llama checkpoints, batches and an SFT loss hook for the Megatron and FSDP multi-rank tests."""
 
 from __future__ import annotations
 
@@ -62,3 +62,11 @@ def padded_batch(seed: int = 1, batch: int = 4):
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
             "responses": input_ids[:, -RESPONSE:]}
+
+
+def sft_loss(outputs, micro_batch):
+    """Negative mean log-likelihood of the response tokens (a stand-in for the PPO loss hook)."""
+    mask = micro_batch["response_mask"].float()
+    loss = -(outputs["log_probs"] * mask).sum() / mask.sum()
+    entropy = (outputs["entropy"] * mask).sum() / mask.sum()
+    return loss, {"entropy": entropy}
