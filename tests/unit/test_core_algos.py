@@ -566,3 +566,21 @@ def test_compute_advantage_uses_user_registered_estimator():
         torch.testing.assert_close(data.batch["advantages"], t([[1, 1], [-1, -1], [0, 0]]))
     finally:
         core_algos.ADV_ESTIMATOR_REGISTRY.pop("test_sign_only")
+
+
+def test_verls_public_path_is_the_module_the_workers_and_trainer_use():
+    """A recipe registering through verl's path (verl.trainer.ppo.core_algos) registers in the one registry
+    the roles and the trainer read (verl.algorithms.core_algos, a layer below the workers)."""
+    import verl.algorithms.core_algos as lower
+    from verl.trainer.ppo import core_algos as public
+
+    assert public is lower
+
+    @public.register_adv_est("test_public_path_estimator")
+    def estimator(**kwargs):
+        return kwargs
+
+    try:
+        assert lower.get_adv_estimator_fn("test_public_path_estimator") is estimator
+    finally:
+        del lower.ADV_ESTIMATOR_REGISTRY["test_public_path_estimator"]

@@ -27,6 +27,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from verl.algorithms.core_algos import KL_PENALTY_CHOICES, LOSS_AGG_MODES, POLICY_LOSS_REGISTRY, AdvantageEstimator
 from verl.trainer.config.loader import (
     HYDRA_IGNORED,
     PACKAGED_CONFIG_DIR,
@@ -40,7 +41,6 @@ from verl.trainer.config.loader import (
     resolve_path,
     rule,
 )
-from verl.trainer.ppo.core_algos import KL_PENALTY_CHOICES, LOSS_AGG_MODES, POLICY_LOSS_REGISTRY, AdvantageEstimator
 from verl.utils.dataset.rl_dataset import TRUNCATION_MODES
 from verl.utils.logging_utils import get_logger
 from verl.utils.tracking import check_backends

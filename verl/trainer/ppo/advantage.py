@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
+from verl.algorithms import core_algos
+from verl.algorithms.core_algos import AdvantageEstimator
 from verl.protocol import DataProto, DataProtoError, strict_data_check_enabled
-from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.core_algos import AdvantageEstimator
 from verl.utils.torch_functional import masked_mean
 
 

@@ -63,12 +63,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from verl.algorithms import core_algos
 from verl.errors import InputError
 from verl.protocol import DataProto
 from verl.single_controller import WorkerGroup, all_gather_objects, broadcast_object
 from verl.trainer import metrics as metric_utils
 from verl.trainer.config import use_critic, use_reference
-from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.advantage import apply_kl_penalty, compute_advantage
 from verl.utils import checkpoint as ckpt
 from verl.utils.flops_counter import device_peak_flops
