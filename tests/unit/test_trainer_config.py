@@ -213,7 +213,8 @@ def test_dtype_and_role_layouts_are_checked_against_the_actor(data_args, no_rank
 def test_engine_options_follow_verls_megatron_keys(data_args):
     import torch
 
-    from verl.workers.role_utils import engine_options, optim_config
+    from verl.engine.base import optim_config
+    from verl.engine.megatron.engine import engine_options
 
     config = load_config(GRPO, [*data_args, "actor_rollout_ref.actor.megatron.dtype=bfloat16",
                                 "actor_rollout_ref.rollout.dtype=bfloat16",
@@ -419,6 +420,8 @@ def test_verl_0_9_critic_sections_land_on_this_configs_keys(data_args, tmp_path)
 @pytest.mark.parametrize("strategy", ["fsdp", "megatron"])
 def test_the_critic_engine_reads_the_critic_model_keys(data_args, monkeypatch, strategy):
     """critic.model.enable_gradient_checkpointing / use_remove_padding reach the critic's engine (verl's keys)."""
+    from verl.engine.fsdp import engine as fsdp_engine
+    from verl.engine.megatron import engine as megatron_engine
     from verl.workers import critic_worker
 
     seen = {}
@@ -433,9 +436,9 @@ def test_the_critic_engine_reads_the_critic_model_keys(data_args, monkeypatch, s
 
         return build
 
-    monkeypatch.setattr(critic_worker, "fsdp_engine", capture("fsdp"))
-    monkeypatch.setattr(critic_worker, "engine_options", capture("megatron"))
-    monkeypatch.setattr(critic_worker, "ensure_megatron", lambda *args: None)
+    monkeypatch.setattr(fsdp_engine, "fsdp_engine", capture("fsdp"))
+    monkeypatch.setattr(megatron_engine, "engine_options", capture("megatron"))
+    monkeypatch.setattr(megatron_engine, "ensure_megatron", lambda *args: None)
     config = load_config(PPO, [*data_args, f"model_engine={'dp' if strategy == 'fsdp' else 'megatron'}",
                                "critic.model.enable_gradient_checkpointing=True"])
     with pytest.raises(Built):

@@ -1,7 +1,7 @@
 """verl's actor (and reference policy), critic and reward model over either training engine (Megatron or
 FSDP): each role is an engine plus the output function that turns the model's output into its results, and
-a loss hook for the update. The engines share one interface (``forward``, ``train_step``,
-``token_log_probs``; see :mod:`verl.engine.megatron.engine`), so these classes serve both.
+a loss hook for the update. The engines share one contract (``forward``, ``train_step``,
+``token_log_probs``; see :mod:`verl.engine.base`), so these classes serve both.
 
 Batch fields (B samples, S = prompt + response length, R = response length):
   input_ids [B, S], attention_mask [B, S], position_ids [B, S] (optional), responses [B, R];
@@ -18,13 +18,10 @@ log-softmax).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from verl.engine.micro_batches import Batch, response_outputs
-
-LossFn = Any  # loss_fn(outputs, micro_batch) -> (loss, {metric: scalar tensor}); see the engines
+from verl.engine.base import Batch, LossFn, TrainingEngine
+from verl.engine.micro_batches import response_outputs
 
 
 def response_values(output, aligned_ids, shifts, micro_batch) -> dict[str, torch.Tensor]:
@@ -36,7 +33,7 @@ def sequence_scores(output, aligned_ids, shifts, micro_batch) -> dict[str, torch
     return {"rm_scores": output.squeeze(-1).float().gather(1, last.clamp(min=0)[:, None]).squeeze(1)}
 
 
-def _expect_head(engine: Any, head: str, role: str) -> None:
+def _expect_head(engine: TrainingEngine, head: str, role: str) -> None:
     if engine.head != head:
         raise ValueError(f"{role}: expected an engine with the {head} head, found {engine.head!r}")
 
@@ -45,7 +42,7 @@ class Actor:
     """verl's actor (or, built on an engine without an optimizer, the reference policy).
     ``max_token_len``: token-budget micro-batches (verl's ``use_dynamic_bsz``), else ``micro_batch_size`` rows."""
 
-    def __init__(self, engine: Any, micro_batch_size: int = 1, max_token_len: int | None = None):
+    def __init__(self, engine: TrainingEngine, micro_batch_size: int = 1, max_token_len: int | None = None):
         _expect_head(engine, "lm", "actor")
         self.engine = engine
         self.micro_batch_size = micro_batch_size
@@ -70,7 +67,7 @@ class Critic:
     """``forward_max_token_len`` / ``max_token_len``: token-budget micro-batches for values / updates
     (verl's ``use_dynamic_bsz``), else ``micro_batch_size`` rows."""
 
-    def __init__(self, engine: Any, micro_batch_size: int = 1, max_token_len: int | None = None,
+    def __init__(self, engine: TrainingEngine, micro_batch_size: int = 1, max_token_len: int | None = None,
                  forward_max_token_len: int | None = None):
         _expect_head(engine, "value", "critic")
         self.engine = engine
@@ -89,7 +86,7 @@ class Critic:
 
 
 class RewardModel:
-    def __init__(self, engine: Any, micro_batch_size: int = 1):
+    def __init__(self, engine: TrainingEngine, micro_batch_size: int = 1):
         _expect_head(engine, "score", "reward model")
         self.engine = engine
         self.micro_batch_size = micro_batch_size

@@ -43,7 +43,8 @@ class SFTTrainer:
         import torch.distributed as dist
         from megatron.core import parallel_state as mpu
 
-        from verl.engine.megatron.engine import MegatronEngine, OptimConfig
+        from verl.engine.base import OptimConfig
+        from verl.engine.megatron.engine import MegatronEngine
         from verl.engine.megatron.parallel import initialize_megatron
         from verl.engine.roles import Actor
         from verl.models.config import ModelConfig

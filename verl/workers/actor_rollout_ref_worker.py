@@ -21,30 +21,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from verl.algorithms import core_algos
+from verl.engine.base import EngineSpec
+from verl.engine.registry import build_engine
 from verl.engine.roles import Actor
 from verl.hybrid_engine.groups import derive_groups
 from verl.hybrid_engine.hybrid_engine import HybridEngine, rollout_tp_process_group
-from verl.hybrid_engine.layouts import TrainingLayout
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, make_nd_compute_dataproto_dispatch_fn, register
-from verl.trainer.ppo import core_algos
 from verl.utils.logging_utils import get_logger
 from verl.utils.torch_dtypes import DTYPES
 from verl.workers.role_utils import (
     ACTOR_FIELDS,
     batch_fields,
-    dp_group_and_size,
-    engine_options,
-    ensure_megatron,
-    fsdp_dp_mesh,
-    fsdp_engine,
+    dp_mesh,
     global_batch_info,
-    is_fsdp,
-    load_initial_weights,
     mean_metrics,
-    megatron_mesh,
-    optim_config,
     ppo_mini_batches,
     token_budget,
 )
@@ -147,8 +140,14 @@ class ActorRolloutRefWorker(Worker):
         self.model_config = ModelConfig.from_pretrained(arr.model.path)
         self.log_prob_max_token_len = token_budget(arr.rollout, "log_prob_use_dynamic_bsz",
                                                    "log_prob_max_token_len_per_gpu")
-        build = self._fsdp_engines if is_fsdp(self.strategy) else self._megatron_engines
-        engine, ref_engine, training = build(arr, total_training_steps, with_ref=role == "actor_rollout_ref")
+        spec = EngineSpec(self.model_config, arr.model.path, "lm", arr.actor, arr.model, arr.actor.optim,
+                          total_training_steps, seed=int(config.trainer.seed))
+        engine = build_engine(self.strategy, spec)
+        ref_engine = None
+        if role == "actor_rollout_ref":  # built after the actor, whose layout it shares
+            ref_engine = build_engine(self.strategy, dataclasses.replace(spec, role=arr.ref, optim=None,
+                                                                         load_weights=False))
+        training = engine.training_layout()
         self.actor = Actor(engine, micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu,
                            max_token_len=self.log_prob_max_token_len)
         self.ref = None
@@ -157,7 +156,7 @@ class ActorRolloutRefWorker(Worker):
             self.ref = Actor(ref_engine, micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
                              max_token_len=token_budget(arr.ref, "log_prob_use_dynamic_bsz",
                                                         "log_prob_max_token_len_per_gpu"))
-        self.dp_size = dp_group_and_size(self.strategy)[1]
+        self.dp_size = engine.dp_size
 
         rollout_tp = arr.rollout.tensor_model_parallel_size
         groups = derive_groups(training, rollout_tp)
@@ -189,33 +188,6 @@ class ActorRolloutRefWorker(Worker):
         self.val_sampling = SamplingParams(temperature=val.temperature, top_p=val.top_p, top_k=val.top_k,
                                            do_sample=val.do_sample, n=val.n, **common)
 
-    def _megatron_engines(self, arr: Any, total_training_steps: int, with_ref: bool):
-        """(actor engine, reference engine or None, training layout) on Megatron."""
-        from megatron.core import parallel_state as mpu
-
-        from verl.engine.megatron.engine import MegatronEngine
-
-        mega = arr.actor.megatron
-        ensure_megatron(mega.tensor_model_parallel_size, mega.pipeline_model_parallel_size, mega.seed)
-        engine = MegatronEngine(self.model_config, optim=optim_config(arr.actor.optim, total_training_steps,
-                                                                      mega.use_distributed_optimizer),
-                                **engine_options(mega, arr.model))
-        load_initial_weights(engine, arr.model.path, self.model_config, "lm")
-        ref = MegatronEngine(self.model_config, optim=None, **engine_options(arr.ref.megatron)) if with_ref else None
-        training = TrainingLayout(tp=mega.tensor_model_parallel_size, pp=mega.pipeline_model_parallel_size,
-                                  dp=mpu.get_data_parallel_world_size())
-        return engine, ref, training
-
-    def _fsdp_engines(self, arr: Any, total_training_steps: int, with_ref: bool):
-        """(actor engine, reference engine or None, training layout) on FSDP2."""
-        from verl.hybrid_engine.layouts import FSDPLayout
-
-        seed = int(self.config.trainer.seed)
-        optim = optim_config(arr.actor.optim, total_training_steps, clip_grad=arr.actor.get("grad_clip"))
-        engine = fsdp_engine(self.model_config, arr.model.path, "lm", arr.actor, arr.model, optim, seed)
-        ref = fsdp_engine(self.model_config, arr.model.path, "lm", arr.ref, arr.model, None, seed) if with_ref else None
-        return engine, ref, FSDPLayout(shard=engine.mesh.shard_size, replicate=engine.mesh.replicate_size)
-
     def _sglang_rollout(self, config: Any, group_ranks: tuple[int, ...], tp_group: Any, pad_id: int):
         """One SGLang engine per rollout TP group, owned by the group's first rank (see sglang_group)."""
         from verl.engine.rollout.sglang_group import SGLangGroupRollout
@@ -241,7 +213,7 @@ class ActorRolloutRefWorker(Worker):
             stop()
 
     def dispatch_meshes(self) -> dict[str, MeshRank]:
-        return {"megatron": fsdp_dp_mesh() if is_fsdp(self.strategy) else megatron_mesh(),
+        return {"megatron": dp_mesh(self.actor.engine),
                 "rollout": MeshRank(self.rollout_dp_rank, self.rollout_dp_size, self.rollout_tp_rank == 0)}
 
     # ------------------------------------------------------------------ generation
@@ -328,7 +300,8 @@ class ActorRolloutRefWorker(Worker):
         try:
             seed = int(data.meta_info.get("seed", 0))
             for batch in ppo_mini_batches(fields, mini, cfg.ppo_epochs, cfg.shuffle, seed):
-                loss_fn = policy_loss_fn(cfg, global_batch_info(batch["response_mask"], self.strategy), on_policy)
+                counts = global_batch_info(batch["response_mask"], self.actor.engine.dp_group)
+                loss_fn = policy_loss_fn(cfg, counts, on_policy)
                 m = self.actor.update_policy(batch, loss_fn, calculate_entropy=cfg.entropy_coeff != 0,
                                              temperature=self.log_prob_temperature, global_loss=True,
                                              summed_metrics=POLICY_LOSS_SHARES)
@@ -345,37 +318,15 @@ class ActorRolloutRefWorker(Worker):
     def save_checkpoint(self, path: str) -> None:
         """Model + optimizer (Megatron dist_checkpointing or FSDP's DCP); the iteration recorded is the
         optimizer's step count (Adam's t). RNG states are the trainer's (rng/rank<r>.pt)."""
-        engine = self.actor.engine
-        if is_fsdp(self.strategy):
-            from verl.engine.fsdp.checkpoint import save_checkpoint as save_fsdp
-
-            save_fsdp(engine, path, engine.optimizer_steps)
-            return
-        from verl.engine.megatron.checkpoint import save_checkpoint
-
-        save_checkpoint(engine, path, int(engine.scheduler.num_steps), with_rng=False)
+        self.actor.engine.save_checkpoint(path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> int:
         if self._rollout_synced:
             self._release_rollout()
-        if is_fsdp(self.strategy):
-            from verl.engine.fsdp.checkpoint import load_checkpoint as load_fsdp
-
-            return load_fsdp(self.actor.engine, path)
-        from verl.engine.megatron.checkpoint import load_checkpoint
-
-        return load_checkpoint(self.actor.engine, path)
+        return self.actor.engine.load_checkpoint(path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
         """The actor as an HF model directory at ``path`` (replaced atomically; see ``models/hf_export.py``)."""
-        model_path = self.config.actor_rollout_ref.model.path
-        if is_fsdp(self.strategy):
-            from verl.engine.fsdp.hf_export import export_actor_hf as export_fsdp
-
-            export_fsdp(self.actor.engine, model_path, path, self.tokenizer)
-            return
-        from verl.models.hf_export import export_actor_hf
-
-        export_actor_hf(self.actor.engine, self.model_config, model_path, path, self.tokenizer)
+        self.actor.engine.export_hf(self.config.actor_rollout_ref.model.path, path, self.tokenizer)

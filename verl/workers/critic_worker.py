@@ -12,25 +12,19 @@ from typing import Any
 
 import torch
 
+from verl.algorithms import core_algos
+from verl.engine.base import EngineSpec
+from verl.engine.registry import build_engine
 from verl.engine.roles import Critic
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, register
-from verl.trainer.ppo import core_algos
 from verl.workers.role_utils import (
     ACTOR_FIELDS,
     batch_fields,
-    dp_group_and_size,
-    engine_options,
-    ensure_megatron,
-    fsdp_dp_mesh,
-    fsdp_engine,
+    dp_mesh,
     global_batch_info,
-    is_fsdp,
-    load_initial_weights,
     mean_metrics,
-    megatron_mesh,
-    optim_config,
     ppo_mini_batches,
     token_budget,
 )
@@ -63,26 +57,16 @@ class CriticWorker(Worker):
                        max_token_len=token_budget(self.config, "use_dynamic_bsz", "ppo_max_token_len_per_gpu"),
                        forward_max_token_len=token_budget(self.config, "use_dynamic_bsz",
                                                           "forward_max_token_len_per_gpu"))
-        if is_fsdp(self.strategy):
-            optim = optim_config(self.config.optim, total_training_steps, clip_grad=self.config.get("grad_clip"))
-            # critic.model's use_remove_padding / enable_gradient_checkpointing (default: the actor's).
-            engine = fsdp_engine(model_config, self.config.model.path, "value", self.config,
-                                 self.config.model, optim, int(config.trainer.seed))
-        else:
-            from verl.engine.megatron.engine import MegatronEngine
-
-            mega = self.config.megatron  # the actor's layout (checked at config time: one parallel state per process)
-            ensure_megatron(mega.tensor_model_parallel_size, mega.pipeline_model_parallel_size, mega.seed)
-            engine = MegatronEngine(model_config, head="value",
-                                    optim=optim_config(self.config.optim, total_training_steps,
-                                                       mega.use_distributed_optimizer),
-                                    **engine_options(mega, self.config.model))
-            load_initial_weights(engine, self.config.model.path, model_config, "value")
+        # critic.model's use_remove_padding / enable_gradient_checkpointing (default: the actor's); on Megatron
+        # the actor's layout (checked at config time: one parallel state per process).
+        engine = build_engine(self.strategy, EngineSpec(
+            model_config, self.config.model.path, "value", self.config, self.config.model, self.config.optim,
+            total_training_steps, seed=int(config.trainer.seed)))
         self.critic = Critic(engine, **options)
-        self.dp_size = dp_group_and_size(self.strategy)[1]
+        self.dp_size = engine.dp_size
 
     def dispatch_meshes(self) -> dict[str, MeshRank]:
-        return {"megatron": fsdp_dp_mesh() if is_fsdp(self.strategy) else megatron_mesh()}
+        return {"megatron": dp_mesh(self.critic.engine)}
 
     @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
@@ -98,7 +82,7 @@ class CriticWorker(Worker):
         mini = cfg.ppo_mini_batch_size * self.n // self.dp_size
         steps = []
         for batch in ppo_mini_batches(fields, mini, cfg.ppo_epochs, cfg.shuffle, int(data.meta_info.get("seed", 0))):
-            loss_fn = value_loss_fn(cfg, global_batch_info(batch["response_mask"], self.strategy))
+            loss_fn = value_loss_fn(cfg, global_batch_info(batch["response_mask"], self.critic.engine.dp_group))
             m = self.critic.update_critic(batch, loss_fn, global_loss=True, summed_metrics=("critic/vf_loss",))
             steps.append({k: v for k, v in m.items() if k.startswith("critic/")}
                          | {"critic/grad_norm": m["grad_norm"], "critic/lr": m["lr"]})
@@ -107,22 +91,8 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
         """Model + optimizer; the iteration recorded is the optimizer's step count (Adam's t)."""
-        engine = self.critic.engine
-        if is_fsdp(self.strategy):
-            from verl.engine.fsdp.checkpoint import save_checkpoint as save_fsdp
-
-            save_fsdp(engine, path, engine.optimizer_steps)
-            return
-        from verl.engine.megatron.checkpoint import save_checkpoint
-
-        save_checkpoint(engine, path, int(engine.scheduler.num_steps), with_rng=False)
+        self.critic.engine.save_checkpoint(path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> int:
-        if is_fsdp(self.strategy):
-            from verl.engine.fsdp.checkpoint import load_checkpoint as load_fsdp
-
-            return load_fsdp(self.critic.engine, path)
-        from verl.engine.megatron.checkpoint import load_checkpoint
-
-        return load_checkpoint(self.critic.engine, path)
+        return self.critic.engine.load_checkpoint(path)

@@ -13,8 +13,8 @@ checkpoint has the same architecture, otherwise by rebuilding the (forward-only)
 calls it when ``reward_model.hot_swap.watch`` sees ``reward_model.model.path`` change, or at
 ``reward_model.hot_swap.at_step`` with ``reward_model.hot_swap.path`` (see ``verl/trainer/ppo/trainer.py``).
 
-The reward model uses the actor's Megatron (t, p, d) layout (one parallel state per process); its
-batches are split over Megatron DP replicas (MEGATRON_COMPUTE_PROTO).
+The reward model uses the actor's layout (Megatron's (t, p, d): one parallel state per process; FSDP's mesh);
+its batches are split over its engine's DP replicas (MEGATRON_COMPUTE_PROTO).
 """
 
 from __future__ import annotations
@@ -23,23 +23,15 @@ import os
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
+from verl.engine.base import EngineSpec
+from verl.engine.registry import build_engine
 from verl.engine.roles import RewardModel
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, register
-from verl.workers.role_utils import (
-    ACTOR_FIELDS,
-    batch_fields,
-    dp_group_and_size,
-    engine_options,
-    ensure_megatron,
-    fsdp_dp_mesh,
-    fsdp_engine,
-    is_fsdp,
-    load_initial_weights,
-    megatron_mesh,
-)
+from verl.workers.role_utils import ACTOR_FIELDS, batch_fields, dp_mesh
 
 
 def token_level_rm_scores(scores: torch.Tensor, attention_mask: torch.Tensor, response_length: int) -> torch.Tensor:
@@ -68,11 +60,8 @@ class RewardModelWorker(Worker):
     def __init__(self, config: Any):
         self.config = config.reward_model
         self.strategy = self.config.get("strategy", "megatron")
-        self.seed = int(config.trainer.seed) if is_fsdp(self.strategy) else 0  # FSDP's random init only
-        if not is_fsdp(self.strategy):
-            mega = config.actor_rollout_ref.actor.megatron
-            ensure_megatron(mega.tensor_model_parallel_size, mega.pipeline_model_parallel_size, mega.seed)
-        self.dp_size = dp_group_and_size(self.strategy)[1]
+        self.seed = int(OmegaConf.select(config, "trainer.seed", default=0))  # a bare config's random init
+        self.layout_role = config.actor_rollout_ref.actor  # the process's parallel layout is the actor's
         self.rm = None
         self.model_path = None
         self._load(self.config.model.path)
@@ -80,26 +69,15 @@ class RewardModelWorker(Worker):
     def _load(self, path: str) -> None:
         if not os.path.isdir(path):
             raise FileNotFoundError(f"reward model: expected an HF checkpoint directory, found nothing at {path}")
-        model_config = ModelConfig.from_pretrained(path)
-        micro = self.config.micro_batch_size_per_gpu
-        if is_fsdp(self.strategy):
-            # Forward-only: a swap rebuilds the sharded model from the new directory (no optimizer to keep).
-            self.rm = RewardModel(fsdp_engine(model_config, path, "score", self.config, None, None, self.seed),
-                                  micro_batch_size=micro)
-            self.model_path = path
-            return
-        from verl.engine.megatron.engine import MegatronEngine
-
-        if self.rm is None or self.rm.engine.config != model_config:
-            # Forward-only: rebuilding costs one model's memory, no optimizer state is lost.
-            self.rm = RewardModel(MegatronEngine(model_config, head="score", optim=None,
-                                                 **engine_options(self.config.megatron)),
-                                  micro_batch_size=micro)
-        load_initial_weights(self.rm.engine, path, model_config, "score")
+        spec = EngineSpec(ModelConfig.from_pretrained(path), path, "score", self.config, seed=self.seed,
+                          layout_role=self.layout_role)
+        # Forward-only: a swap loads in place where the engine can, else rebuilds (no optimizer state is lost).
+        engine = build_engine(self.strategy, spec) if self.rm is None else self.rm.engine.swap_hf_weights(spec)
+        self.rm = RewardModel(engine, micro_batch_size=self.config.micro_batch_size_per_gpu)
         self.model_path = path
 
     def dispatch_meshes(self) -> dict[str, MeshRank]:
-        return {"megatron": fsdp_dp_mesh() if is_fsdp(self.strategy) else megatron_mesh()}
+        return {"megatron": dp_mesh(self.rm.engine)}
 
     @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:

@@ -1,7 +1,8 @@
 """One HF transformers model under FSDP2 (``fully_shard`` per decoder layer, then the root) on this
-process's mesh: forward(-backward) over micro-batches, AdamW, gradient clipping, LR schedule.
+process's mesh (the ``fsdp`` / ``fsdp2`` strategies' :class:`~verl.engine.base.TrainingEngine`): forward(-backward)
+over micro-batches, AdamW, gradient clipping, LR schedule, DCP checkpoints, HF export.
 
-The same interface as :class:`verl.engine.megatron.engine.MegatronEngine`, so the roles and the trainer do
+The same contract as :class:`verl.engine.megatron.engine.MegatronEngine`, so the roles and the trainer do
 not change with the backend: ``forward(batch, micro_batch_size, output_fn, max_token_len)`` and
 ``train_step(batch, micro_batch_size, output_fn, loss_fn, global_loss=..., summed_metrics=...,
 max_token_len=...)`` with ``output_fn(logits, aligned_ids, shifts, micro_batch)`` seeing rows left-aligned
@@ -30,19 +31,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from verl.engine.base import Batch, EngineSpec, LossFn, OptimConfig, OutputFn, TrainingEngine, optim_config
 from verl.engine.fsdp.model import (
     build_empty_hf_model,
     build_hf_model,
     load_sharded_weights,
     reset_rotary_tables,
 )
-from verl.engine.fsdp.parallel import FSDPMesh
-from verl.engine.megatron.engine import Batch, LossFn, OptimConfig, OutputFn
+from verl.engine.fsdp.parallel import FSDPMesh, fsdp_mesh
 from verl.engine.megatron.padding import left_align
 from verl.engine.micro_batches import split_micro_batches, token_budget_groups
 from verl.models.config import ModelConfig
 from verl.models.hf_io import has_hf_weights
-from verl.utils.device import get_device, to_device
+from verl.utils.device import get_device, is_cuda_available, to_device
+from verl.utils.torch_dtypes import torch_dtype
+
+VERL_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # the dtype table has the long names
 
 
 class LRSchedule:
@@ -93,7 +97,7 @@ def pack_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torc
     return ids[valid][None, :], positions[valid][None, :]
 
 
-class FSDPEngine:
+class FSDPEngine(TrainingEngine):
     """``head``: ``lm`` (actor, reference), ``value`` (critic) or ``score`` (reward model)."""
 
     def __init__(self, config: ModelConfig, model_path: str, mesh: FSDPMesh, head: str = "lm",
@@ -157,9 +161,50 @@ class FSDPEngine:
         """The fully_shard'ed root model (parameters are DTensors; names are the HF names)."""
         return self.model
 
+    @classmethod
+    def from_spec(cls, spec: EngineSpec) -> FSDPEngine:
+        """From the role's ``fsdp_config``, ``grad_clip`` and ``optim`` and ``spec.model``; the weights are always
+        read from ``spec.model_path`` (each rank loads its shards), whoever sets them afterwards."""
+        optim = None if spec.optim is None else optim_config(spec.optim, spec.total_training_steps,
+                                                              clip_grad=spec.role.get("grad_clip"))
+        return fsdp_engine(spec.model_config, spec.model_path, spec.head, spec.role, spec.model, optim, spec.seed)
+
     @property
     def optimizer_steps(self) -> int:
         return self.scheduler.num_steps if self.scheduler is not None else 0
+
+    # ------------------------------------------------------------------ data parallelism
+    @property
+    def dp_group(self):
+        """The world: every rank is a DP replica."""
+        return dist.group.WORLD
+
+    @property
+    def is_output_rank(self) -> bool:
+        return True
+
+    def training_layout(self):
+        from verl.hybrid_engine.layouts import FSDPLayout
+
+        return FSDPLayout(shard=self.mesh.shard_size, replicate=self.mesh.replicate_size)
+
+    # ------------------------------------------------------------------ weights on disk
+    def save_checkpoint(self, path: str) -> None:
+        """DCP (loadable at another world size); RNG states are the trainer's."""
+        from verl.engine.fsdp import checkpoint
+
+        checkpoint.save_checkpoint(self, path, self.optimizer_steps)
+
+    def load_checkpoint(self, path: str) -> int:
+        from verl.engine.fsdp import checkpoint
+
+        return checkpoint.load_checkpoint(self, path)
+
+    def export_hf(self, model_path: str, out_dir: str, tokenizer: Any | None) -> None:
+        """One full parameter at a time to rank 0 (:func:`verl.engine.fsdp.hf_export.export_actor_hf`)."""
+        from verl.engine.fsdp.hf_export import export_actor_hf
+
+        export_actor_hf(self, model_path, out_dir, tokenizer)
 
     # ------------------------------------------------------------------ micro-batches
     def _micro_batches(self, batch: Batch, micro_batch_size: int,
@@ -258,3 +303,28 @@ class FSDPEngine:
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         return float(norm)
+
+
+def fsdp_engine(model_config: ModelConfig, model_path: str, head: str, role: Any, model: Any = None,
+                optim: OptimConfig | None = None, seed: int = 0) -> FSDPEngine:
+    """An FSDPEngine from a role's verl keys: ``fsdp_config`` (``fsdp_size``, ``model_dtype``,
+    ``mixed_precision.{param,reduce}_dtype``, ``offload_policy``, ``reshard_after_forward``) and the
+    actor's ``model`` section (``enable_gradient_checkpointing``, ``use_remove_padding``)."""
+
+    def dtype(name: str | None):  # verl writes FSDP dtypes short (fp32, bf16)
+        return torch_dtype(VERL_DTYPE_NAMES.get(name, name)) if name else None
+
+    fsdp = role.get("fsdp_config") or {}
+    mixed = fsdp.get("mixed_precision") or {}
+    gpu = is_cuda_available()
+    # Unset: bf16 compute with fp32 gradient reductions on GPUs (verl's default), the master dtype on the CPU.
+    model = model or {}
+    return FSDPEngine(
+        model_config, model_path, fsdp_mesh(fsdp.get("fsdp_size", -1)), head, optim,
+        model_dtype=dtype(fsdp.get("model_dtype") or "fp32"),
+        param_dtype=dtype(mixed.get("param_dtype") or ("bfloat16" if gpu else None)),
+        reduce_dtype=dtype(mixed.get("reduce_dtype") or ("float32" if gpu else None)),
+        offload=bool(fsdp.get("offload_policy") or fsdp.get("param_offload")),
+        reshard_after_forward=bool(fsdp.get("reshard_after_forward", True)),
+        gradient_checkpointing=bool(model.get("enable_gradient_checkpointing", False)),
+        remove_padding=bool(model.get("use_remove_padding", False)), seed=seed)

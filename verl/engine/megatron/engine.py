@@ -1,5 +1,6 @@
-"""One megatron-core model on this rank's TP/PP/DP groups: forward(-backward) over micro-batches,
-DDP, optimizer, LR schedule. Roles (actor, critic, reward model) plug in two callables:
+"""One megatron-core model on this rank's TP/PP/DP groups (the ``megatron`` strategy's
+:class:`~verl.engine.base.TrainingEngine`): forward(-backward) over micro-batches, DDP, optimizer, LR schedule,
+dist_checkpointing checkpoints, HF export. Roles (actor, critic, reward model) plug in two callables:
 
   output_fn(output, aligned_ids, shifts, micro_batch) -> {name: tensor}
       turns the last stage's model output ([b, S, V/tp] logits or [b, S, 1] values, rows left-aligned
@@ -23,50 +24,23 @@ rank passes its own share. Results are returned on every rank of the pipeline.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Collection, Mapping
+import os
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from verl.engine.base import Batch, EngineSpec, LossFn, OptimConfig, OutputFn, TrainingEngine, optim_config
 from verl.engine.megatron.padding import attention_mask_4d, left_align
+from verl.engine.megatron.parallel import ensure_megatron
 from verl.engine.micro_batches import split_micro_batches, token_budget_groups
 from verl.models.config import ModelConfig
 from verl.models.mcore.model import build_gpt_model
 from verl.utils.device import get_device, to_device
 
-Batch = Mapping[str, torch.Tensor]
-OutputFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Batch], dict[str, torch.Tensor]]
-LossFn = Callable[[dict[str, torch.Tensor], Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
-
-@dataclasses.dataclass
-class OptimConfig:
-    """Adam + megatron's OptimizerParamScheduler (names follow verl's actor.optim config)."""
-
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    clip_grad: float = 1.0
-    lr_warmup_steps: int = 0
-    lr_warmup_init: float = 0.0
-    total_training_steps: int = 1
-    lr_decay_steps: int | None = None  # None: total_training_steps
-    lr_decay_style: str = "constant"  # constant | linear | cosine
-    use_distributed_optimizer: bool = False
-
-    def __post_init__(self):
-        if self.lr_decay_style not in ("constant", "linear", "cosine"):
-            raise ValueError(f"optim.lr_decay_style: expected constant, linear or cosine, "
-                             f"found {self.lr_decay_style!r}")
-        if self.total_training_steps < 1 or self.lr_warmup_steps < 0:
-            raise ValueError(f"optim: expected total_training_steps >= 1 and lr_warmup_steps >= 0, found "
-                             f"{self.total_training_steps} and {self.lr_warmup_steps}")
-
-
-class MegatronEngine:
+class MegatronEngine(TrainingEngine):
     def __init__(self, config: ModelConfig, head: str = "lm", optim: OptimConfig | None = None, *,
                  params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False,
                  transformer_overrides: Mapping[str, Any] | None = None):
@@ -86,6 +60,46 @@ class MegatronEngine:
         else:
             self.model, self.optimizer, self.scheduler = self._wrap_for_training(module, optim, params_dtype)
         self.is_last_stage = mpu.is_pipeline_last_stage()
+
+    @classmethod
+    def from_spec(cls, spec: EngineSpec) -> MegatronEngine:
+        """From the role's ``megatron`` section (its layout must be the process's: one parallel state, which
+        ``spec.layout_role``'s section sets up on first use) and ``optim``; the HF weights unless the caller
+        sets them. ``spec.model``'s activation recompute only for an engine that trains (it saves backward
+        memory)."""
+        layout = (spec.layout_role or spec.role).megatron
+        ensure_megatron(layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size, layout.seed)
+        mega = spec.role.megatron
+        optim = None if spec.optim is None else optim_config(spec.optim, spec.total_training_steps,
+                                                              mega.use_distributed_optimizer)
+        engine = cls(spec.model_config, spec.head, optim,
+                     **engine_options(mega, spec.model if optim is not None else None))
+        if spec.load_weights:
+            engine.load_hf_weights(spec.model_path)
+        return engine
+
+    def load_hf_weights(self, model_path: str) -> None:
+        """An HF directory's safetensors into the model; a bare config.json keeps Megatron's seeded init."""
+        from verl.models.hf_io import HFCheckpoint
+        from verl.models.mcore.weights import load_hf_into_model
+
+        if not os.path.isdir(model_path):
+            return
+        checkpoint = HFCheckpoint(model_path)
+
+        def get_hf(name: str) -> torch.Tensor:
+            if name == "score.weight" and self.head == "value" and name not in checkpoint:
+                return torch.zeros(1, self.config.hidden_size)  # an LM checkpoint: the value head starts at zero
+            return checkpoint.get(name)
+
+        load_hf_into_model(self.module, self.config, get_hf, self.head)
+
+    def swap_hf_weights(self, spec: EngineSpec) -> MegatronEngine:
+        """In place when the architecture is the same (no optimizer state to lose), else a new engine."""
+        if spec.model_config != self.config:
+            return super().swap_hf_weights(spec)
+        self.load_hf_weights(spec.model_path)
+        return self
 
     def _wrap_for_training(self, module, optim: OptimConfig, params_dtype: torch.dtype):
         from megatron.core.distributed import (
@@ -126,6 +140,50 @@ class MegatronEngine:
     def module(self):
         """The GPTModel (unwrapped from DDP)."""
         return self.model.module if self.optimizer is not None else self.model
+
+    @property
+    def optimizer_steps(self) -> int:
+        return int(self.scheduler.num_steps) if self.scheduler is not None else 0
+
+    # ------------------------------------------------------------------ data parallelism
+    @property
+    def dp_group(self):
+        from megatron.core import parallel_state as mpu
+
+        return mpu.get_data_parallel_group()
+
+    @property
+    def is_output_rank(self) -> bool:
+        """A DP replica's results are collected on its last stage's tp rank 0."""
+        from megatron.core import parallel_state as mpu
+
+        return self.is_last_stage and mpu.get_tensor_model_parallel_rank() == 0
+
+    def training_layout(self):
+        from megatron.core import parallel_state as mpu
+
+        from verl.hybrid_engine.layouts import TrainingLayout
+
+        return TrainingLayout(tp=mpu.get_tensor_model_parallel_world_size(),
+                              pp=mpu.get_pipeline_model_parallel_world_size(), dp=mpu.get_data_parallel_world_size())
+
+    # ------------------------------------------------------------------ weights on disk
+    def save_checkpoint(self, path: str) -> None:
+        """dist_checkpointing (loadable at another (tp, pp)); RNG states are the trainer's."""
+        from verl.engine.megatron import checkpoint
+
+        checkpoint.save_checkpoint(self, path, self.optimizer_steps, with_rng=False)
+
+    def load_checkpoint(self, path: str) -> int:
+        from verl.engine.megatron import checkpoint
+
+        return checkpoint.load_checkpoint(self, path)
+
+    def export_hf(self, model_path: str, out_dir: str, tokenizer: Any | None) -> None:
+        """Streamed by the first DP replica to rank 0 (:func:`verl.models.hf_export.export_actor_hf`)."""
+        from verl.models.hf_export import export_actor_hf
+
+        export_actor_hf(self, self.config, model_path, out_dir, tokenizer)
 
     # ------------------------------------------------------------------ micro-batch schedule
     def _micro_batches(self, batch: Batch, micro_batch_size: int,
@@ -275,6 +333,21 @@ class MegatronEngine:
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["update_successful"] = bool(updated)
         return metrics
+
+
+def engine_options(megatron: Any, model: Any = None) -> dict[str, Any]:
+    """MegatronEngine keyword arguments from a role's verl ``megatron`` section (and the actor's ``model``):
+    the params dtype, sequence parallelism and ``override_transformer_config`` (null entries dropped);
+    ``model.enable_gradient_checkpointing`` turns on full activation recompute of every layer, as verl's
+    Megatron workers do unless the overrides say otherwise."""
+    from verl.utils.torch_dtypes import DTYPES
+
+    overrides = {k: v for k, v in dict(megatron.get("override_transformer_config") or {}).items() if v is not None}
+    if model is not None and model.get("enable_gradient_checkpointing") and "recompute_granularity" not in overrides:
+        overrides.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    return {"params_dtype": DTYPES[megatron.get("dtype", "float32")],
+            "sequence_parallel": bool(megatron.get("sequence_parallel", False)),
+            "transformer_overrides": overrides}
 
 
 def _to_columns(tensor: torch.Tensor, columns: int) -> torch.Tensor:

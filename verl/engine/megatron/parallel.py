@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from verl.engine.megatron.cpu_patches import apply_cpu_patches
+from verl.errors import InputError
 
 
 def initialize_megatron(tp_size: int = 1, pp_size: int = 1, seed: int = 1234) -> None:
@@ -22,10 +23,22 @@ def initialize_megatron(tp_size: int = 1, pp_size: int = 1, seed: int = 1234) ->
         raise RuntimeError("initialize_megatron: expected torch.distributed to be initialised, found it is not")
     world = dist.get_world_size()
     if tp_size < 1 or pp_size < 1 or world % (tp_size * pp_size):
-        raise ValueError(f"tp*pp: expected a divisor of world size {world}, found tp={tp_size} pp={pp_size}")
+        raise InputError(f"tp*pp: expected a divisor of world size {world}, found tp={tp_size} pp={pp_size}")
     apply_cpu_patches()
     mpu.initialize_model_parallel(tensor_model_parallel_size=tp_size, pipeline_model_parallel_size=pp_size)
     set_random_seed(seed)
+
+
+def ensure_megatron(tp: int, pp: int, seed: int) -> None:
+    """Initialise Megatron's parallel state once per process (colocated roles share it)."""
+    from megatron.core import parallel_state as mpu
+
+    if mpu.model_parallel_is_initialized():
+        have = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size())
+        if have != (tp, pp):
+            raise InputError(f"megatron layout: expected (tp, pp) = {have} for every colocated role, found {(tp, pp)}")
+        return
+    initialize_megatron(tp, pp, seed=seed)
 
 
 def set_random_seed(seed: int) -> None:
