@@ -37,6 +37,8 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 
+from verl.errors import InputError
+
 __all__ = ["DataProto", "union_tensor_dict"]
 
 logger = logging.getLogger(__name__)
@@ -73,6 +75,10 @@ class DataProtoError(ValueError, AssertionError):
     Also an AssertionError: verl signals these conditions with ``assert``, so user code written
     against verl that catches AssertionError keeps working.
     """
+
+
+class DataProtoFileError(DataProtoError, InputError):
+    """A file ``load_from_disk`` refuses: not a pickled DataProto, or one naming code to run."""
 
 
 def strict_data_check_enabled() -> bool:
@@ -1006,8 +1012,9 @@ class DataProto:
         encoded_batch, non_tensor_batch, meta_info = state
         if isinstance(encoded_batch, (bytes, bytearray)):
             location = None if torch.cuda.is_available() else "cpu"
-            # A pickle is being loaded already; the batch inside it is one more pickle of a TensorDict.
-            self.batch = torch.load(io.BytesIO(encoded_batch), map_location=location, weights_only=False)
+            # The batch is torch.save of a TensorDict: tensors and TensorDict's own state, which torch's
+            # weights-only loader reads without running any code the bytes name.
+            self.batch = torch.load(io.BytesIO(encoded_batch), map_location=location, weights_only=True)
         elif encoded_batch is None:
             self.batch = None
         else:
@@ -1023,13 +1030,40 @@ class DataProto:
 
     @staticmethod
     def load_from_disk(filepath: str | os.PathLike) -> DataProto:
-        """Load a file written by ``save_to_disk``. It is a pickle: load only files you trust."""
+        """Load a file written by ``save_to_disk`` (here or by verl). The file is a pickle, so it is read with an
+        unpickler that constructs only what a DataProto holds (numpy arrays, builtin containers, tensors through
+        ``torch.load(weights_only=True)``): a file naming any other callable is refused, not run."""
         with open(filepath, "rb") as f:
-            data = pickle.load(f)
+            data = _DataProtoUnpickler(f, filepath).load()
         if not isinstance(data, DataProto):
-            raise DataProtoError(f"load_from_disk: expected a pickled DataProto in {filepath}, "
+            raise DataProtoFileError(f"load_from_disk: expected a pickled DataProto in {filepath}, "
                                  f"found {type(data).__name__}")
         return data
+
+
+class _DataProtoUnpickler(pickle.Unpickler):
+    """``pickle.Unpickler`` that resolves only the globals a pickled DataProto names (verl's format, and ours)."""
+
+    ALLOWED = frozenset({
+        ("verl.protocol", "DataProto"),
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "scalar"), ("numpy.core.multiarray", "scalar"),
+        ("torch", "Size"), ("collections", "OrderedDict"), ("codecs", "encode"),
+        ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "complex"), ("builtins", "slice"),
+        ("builtins", "bytearray"),
+    })
+
+    def __init__(self, file, filepath):
+        super().__init__(file)
+        self.filepath = filepath
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise DataProtoFileError(f"load_from_disk: {self.filepath}: expected a DataProto file (numpy arrays, "
+                                     f"tensors, builtin values), found a reference to {module}.{name}, which is not "
+                                     f"loaded")
+        return super().find_class(module, name)
 
 
 def _type_info(value: Any) -> str:

@@ -306,6 +306,26 @@ def test_save_to_disk_and_load_from_disk_round_trip_any_python_objects(tmp_path,
     assert len(pickle.loads(pickle.dumps(DataProto(meta_info={"m": 1})))) == 0
 
 
+def test_load_from_disk_refuses_a_pickle_that_names_code_to_run(tmp_path):
+    """A DataProto file is a pickle (verl's format); loading one must not run what a crafted file names."""
+    from verl.errors import InputError
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "ran"),))
+
+    crafted = tmp_path / "crafted.pkl"
+    crafted.write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(InputError, match=r"crafted.pkl: expected a DataProto file .* found a reference to "
+                                         r"(posix|os)\.system, which is not loaded"):
+        DataProto.load_from_disk(crafted)
+    assert not (tmp_path / "ran").exists()
+    not_a_dataproto = tmp_path / "list.pkl"
+    not_a_dataproto.write_bytes(pickle.dumps([1, 2]))
+    with pytest.raises(InputError, match="expected a pickled DataProto"):
+        DataProto.load_from_disk(not_a_dataproto)
+
+
 def test_serialize_helpers_round_trip_plain_and_nested_tensors():
     tensors = (torch.randn(3, 4), torch.arange(6, dtype=torch.int32).reshape(2, 3), torch.ones(2, dtype=torch.bfloat16))
     for tensor in tensors:
