@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 
 from verl.engine.base import EngineSpec, TrainingEngine
+from verl.errors import InputError
 
 # engine name -> its class ("module:Class"); the engine name is also what its checkpoints record.
 ENGINES = {"megatron": "verl.engine.megatron.engine:MegatronEngine",
@@ -19,7 +20,7 @@ STRATEGIES = {"megatron": "megatron", "fsdp": "fsdp", "fsdp2": "fsdp"}  # verl's
 def engine_name(strategy: str) -> str:
     """The engine (megatron | fsdp) that runs ``strategy``."""
     if strategy not in STRATEGIES:
-        raise ValueError(f"strategy: expected one of {', '.join(STRATEGIES)}, found {strategy!r}")
+        raise InputError(f"strategy: expected one of {', '.join(STRATEGIES)}, found {strategy!r}")
     return STRATEGIES[strategy]
 
 

@@ -9,6 +9,7 @@ import json
 import os
 from typing import Any
 
+from verl.engine.registry import engine_name
 from verl.errors import InputError
 from verl.models.hf_io import model_dir_problem
 from verl.utils.checkpoint import CheckpointError, checkpoint_problem
@@ -126,7 +127,7 @@ def check_resume_backend(config: Any) -> None:
         return
     with open(manifest, encoding="utf-8") as fh:
         saved = json.load(fh).get("strategy", "megatron")
-    wanted = "fsdp" if config.actor_rollout_ref.actor.strategy in ("fsdp", "fsdp2") else "megatron"
+    wanted = engine_name(config.actor_rollout_ref.actor.strategy)  # what its checkpoints record
     if saved != wanted:
         raise CheckpointError(f"trainer.resume_mode: expected a checkpoint of actor_rollout_ref.actor.strategy="
                               f"{config.actor_rollout_ref.actor.strategy} to resume from, found a {saved} checkpoint "

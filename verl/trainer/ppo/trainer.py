@@ -64,6 +64,7 @@ import torch
 from tqdm import tqdm
 
 from verl.algorithms import core_algos
+from verl.engine.registry import engine_name
 from verl.errors import InputError
 from verl.protocol import DataProto
 from verl.single_controller import WorkerGroup, all_gather_objects, broadcast_object
@@ -116,7 +117,7 @@ def balance_layout(config: Any, world_size: int) -> tuple[int, int]:
     divides both keeps every mini-batch's set of sequences, so the balanced step optimises the same thing.
     A role that shuffles its mini-batches (``shuffle``) draws them at random from the rank's share anyway."""
     arr = config.actor_rollout_ref
-    if arr.actor.strategy in ("fsdp", "fsdp2"):  # every rank is a DP rank
+    if engine_name(arr.actor.strategy) == "fsdp":  # every rank is a DP rank
         dp = world_size
     else:
         dp = world_size // (arr.actor.megatron.tensor_model_parallel_size
