@@ -48,6 +48,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from verl.errors import InputError
 from verl.launcher.spawn import child_preexec
 from verl.trainer.config import ConfigError
 from verl.utils.tracking import MetricsError
@@ -387,11 +388,11 @@ def check_configs(sft_config: str, sft_overrides: Sequence[str], rl_config: str,
             ModelConfig.from_pretrained(architecture)
         except ModelConfigError as err:
             raise ConfigError(f"model.path: {err}") from None
-    except ConfigError as err:
+    except InputError as err:
         raise ConfigError(f"sft config: {err}") from None
     try:
         return load_config(rl_config, rl_overrides(data_dir, architecture, out, user_overrides), data_pending=True)
-    except ConfigError as err:
+    except InputError as err:  # ConfigError, and what the config's checks read (a model config, a layout)
         raise ConfigError(f"rl config: {err}") from None
 
 
