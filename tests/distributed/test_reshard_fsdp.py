@@ -66,8 +66,9 @@ def _run_cases(rank, world, cases):
     import types
 
     import torch.distributed as dist
+    from helpers.reshard_oracle import fsdp_shard, random_hf_weights, sglang_shard
 
-    from verl.bench.reshard import build_fsdp_model, fsdp_shard, random_hf_weights, sglang_shard
+    from verl.bench.reshard import build_fsdp_model
     from verl.hybrid_engine.groups import derive_groups
     from verl.hybrid_engine.hybrid_engine import HybridEngine, fsdp_reshard_sources
     from verl.hybrid_engine.layouts import FSDPLayout

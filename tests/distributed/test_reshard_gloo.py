@@ -34,8 +34,9 @@ CASES = {  # name: (world, (tp, pp, dp), rollout tp, config)
 
 def _run_cases(rank, world, cases):
     import torch.distributed as dist
+    from helpers.reshard_oracle import megatron_shard, random_hf_weights, sglang_shard
 
-    from verl.bench.reshard import build_training_buffer, random_hf_weights, sglang_shard
+    from verl.bench.reshard import build_training_buffer
     from verl.hybrid_engine.executor import ReshardExecutor, ReshardProcessGroups
     from verl.hybrid_engine.groups import derive_groups
     from verl.hybrid_engine.layouts import TrainingLayout
@@ -47,7 +48,9 @@ def _run_cases(rank, world, cases):
     for name, (train, tg, cfg) in cases.items():
         config, training = ModelConfig.from_dict(cfg), TrainingLayout(*train)
         hf = random_hf_weights(config, seed=7, dtype=torch.float32)
-        flat, offsets, _ = build_training_buffer(config, training, rank, hf, torch.float32)
+        stage, _, tp_rank = training.coords(rank)
+        shard = megatron_shard(hf, config, training.tp, training.pp, tp_rank, stage)
+        flat, offsets, _ = build_training_buffer(config, training, rank, shard, torch.float32)
         before = flat.clone()
         plan = plan_reshard(config, training, RolloutLayout(tg), rank, bucket_bytes=8192, dtype="float32")
         j = plan.rollout_tp_rank

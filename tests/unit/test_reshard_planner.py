@@ -1,6 +1,6 @@
 """Reshard planner specification: layouts, groups and plans of every rank, in one process.
 
-Correctness is checked against the pure-torch reference (verl.bench.reshard): every rank's
+Correctness is checked against the pure-torch reference (helpers.reshard_oracle): every rank's
 training shard is built from element ids (1-based, so padding reads 0), the plans of all ranks are
 executed here with the compiled copy op and simulated collectives, and each rollout buffer must
 equal the reference SGLang shard of the same ids.
@@ -8,8 +8,8 @@ equal the reference SGLang shard of the same ids.
 
 import pytest
 import torch
+from helpers.reshard_oracle import fsdp_shard, megatron_shard, sglang_shard
 
-from verl.bench.reshard import fsdp_shard, megatron_shard, sglang_shard
 from verl.bench.reshard import main as bench_main
 from verl.hybrid_engine.executor import ReshardBindError, ReshardExecutor, flat_offsets
 from verl.hybrid_engine.groups import GENERAL, HYBRIDFLOW, derive_groups

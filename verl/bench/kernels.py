@@ -60,7 +60,7 @@ def reference_copy_program(src: torch.Tensor, dst: torch.Tensor, program: torch.
 # ---- case generators: each returns (src_numel, dst_numel, segments) for a given element budget ----
 
 def _qkv_regroup(elems: int, heads_per_group: int = 4, groups: int = 8, head_dim: int = 128):
-    """Megatron linear_qkv ([q of group; k; v] per query group) -> SGLang qkv_proj ([q; k; v])."""
+    """Megatron linear_qkv ([q of group; k; v] per query group) -> SGLang's fused QKV ([q; k; v])."""
     rows_per_group = (heads_per_group + 2) * head_dim
     hidden = max(16, elems // (groups * rows_per_group))
     segs = []
@@ -77,7 +77,7 @@ def _qkv_regroup(elems: int, heads_per_group: int = 4, groups: int = 8, head_dim
 
 
 def _gate_up_split(elems: int, tp: int = 4):
-    """All-gathered Megatron fc1 shards [g0; u0; g1; u1; ...] -> one rollout gate_up_proj [g; u]."""
+    """All-gathered Megatron fc1 shards [g0; u0; g1; u1; ...] -> one rollout fused gate/up [g; u]."""
     shard = max(16, elems // (2 * tp))
     segs = []
     for r in range(tp):
@@ -87,7 +87,7 @@ def _gate_up_split(elems: int, tp: int = 4):
 
 
 def _row_parallel_interleave(elems: int, tp: int = 4, hidden: int = 4096):
-    """Row-parallel linear_fc2 shards [H, I/t] (gathered back to back) -> rollout down_proj [H, I]."""
+    """Row-parallel linear_fc2 shards [H, I/t] (gathered back to back) -> the rollout's full [H, I]."""
     cols = max(4, elems // (hidden * tp))
     segs = [(r * hidden * cols, r * cols, hidden, cols, cols, tp * cols) for r in range(tp)]
     return tp * hidden * cols, tp * hidden * cols, segs

@@ -4,18 +4,21 @@
     verl bench reshard --model CONFIG.json --train fsdp=S[,replicate=R] --rollout tp=G --nproc S*R
 
 Spawns N local gloo ranks. Every rank builds the same seeded full HF weight set, takes its Megatron
-training shard from it, reshards into the SGLang rollout layout with the planner + executor, and
-checks the result bit-exactly against a pure-torch reference built from the full HF weights. The
-same run times the naive path (per-tensor TP all-gather + PP broadcast -> HF rename/split -> per-rank
-narrow/copy, what today's frameworks do) and a memcpy of the rollout shard's bytes.
+training shard from it (the HF -> Megatron converter), reshards into the SGLang rollout layout with
+the planner + executor, and checks the result bit-exactly against the rollout shard cut directly
+from the full HF weights. The same run times the naive path (per-tensor TP all-gather + PP broadcast
+-> HF tensors by the converter's merge -> per-rank narrow/copy, what today's frameworks do) and a
+memcpy of the rollout shard's bytes.
 
 With ``fsdp=``, the training side is a real FSDP2 model (a transformers CausalLM with those weights,
 ``fully_shard`` per decoder layer and at the root, HSDP with ``replicate``); the naive path is verl's
 per-parameter ``full_tensor()`` then narrow/copy, and each rank's bytes received are compared with
 its own bound (its rollout shard minus what its FSDP shard already holds of it).
 
-The reference functions here (``random_hf_weights``, ``megatron_shard``, ``fsdp_shard``, ``sglang_shard``)
-are plain narrow/cat/view code, written independently of the planner's layout tables: they are the oracle.
+Everything model-specific comes from the model spec: the weight names and shapes, the converter, and
+the run-time reference (each rollout parameter cut from the full weights by its rollout layout pieces,
+``layouts.fill_local``), which checks the plan's intersections, buckets, collectives and copy programs.
+The independent pure-torch oracle of the layouts themselves is in the tests (``tests/helpers/reshard_oracle``).
 """
 
 from __future__ import annotations
@@ -36,124 +39,28 @@ from verl.models.config import ModelConfig, ModelConfigError
 from verl.utils.torch_dtypes import DTYPES
 
 # ------------------------------------------------------------------------------------------------
-# Pure-torch reference (oracle)
+# Weights and the run-time reference, from the model spec
 # ------------------------------------------------------------------------------------------------
 
 def random_hf_weights(config: ModelConfig, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """A full HF-style (unfused) weight set, identical on every rank for the same seed."""
+    from verl.hybrid_engine.layouts import hf_tensor_shapes
+
     gen = torch.Generator().manual_seed(seed)
-    h, inter, hd = config.hidden_size, config.intermediate_size, config.head_dim
-    q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(dtype)
-
-    w = {"model.embed_tokens.weight": rand(config.vocab_size, h)}
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = rand(h)
-        w[p + "self_attn.q_proj.weight"] = rand(q, h)
-        w[p + "self_attn.k_proj.weight"] = rand(kv, h)
-        w[p + "self_attn.v_proj.weight"] = rand(kv, h)
-        if config.attention_bias:
-            w[p + "self_attn.q_proj.bias"] = rand(q)
-            w[p + "self_attn.k_proj.bias"] = rand(kv)
-            w[p + "self_attn.v_proj.bias"] = rand(kv)
-        w[p + "self_attn.o_proj.weight"] = rand(h, q)
-        w[p + "post_attention_layernorm.weight"] = rand(h)
-        w[p + "mlp.gate_proj.weight"] = rand(inter, h)
-        w[p + "mlp.up_proj.weight"] = rand(inter, h)
-        w[p + "mlp.down_proj.weight"] = rand(h, inter)
-    w["model.norm.weight"] = rand(h)
-    if not config.tie_word_embeddings:
-        w["lm_head.weight"] = rand(config.vocab_size, h)
-    return w
+    return {name: torch.randn(*shape, generator=gen).to(dtype) for name, shape in hf_tensor_shapes(config).items()}
 
 
-def _pad_rows(table: torch.Tensor, rows: int) -> torch.Tensor:
-    return torch.cat([table, table.new_zeros(rows - table.shape[0], *table.shape[1:])])
+def reference_rollout_shard(config: ModelConfig, hf: dict[str, torch.Tensor], tp: int, tp_rank: int,
+                            dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Rollout rank ``tp_rank``'s parameters cut straight from the full HF weights ``hf``."""
+    from verl.hybrid_engine.layouts import fill_local, hf_tensor_shapes
+    from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
 
-
-def megatron_shard(hf: dict[str, torch.Tensor], config: ModelConfig, tp: int, pp: int, tp_rank: int,
-                   pp_rank: int) -> dict[str, torch.Tensor]:
-    """Megatron GPTModel (local spec) state dict of (pp_rank, tp_rank), built from full HF weights."""
-    ng, hd = config.num_key_value_heads, config.head_dim
-    vm = -(-config.vocab_size // (128 * tp)) * 128 * tp
-    per_stage = config.num_hidden_layers // pp
-    out: dict[str, torch.Tensor] = {}
-
-    def vocab_shard(table):
-        return _pad_rows(table, vm).chunk(tp)[tp_rank].clone()
-
-    def qkv(layer, suffix):
-        q = layer[f"self_attn.q_proj.{suffix}"]
-        rest = q.shape[1:]
-        grouped = torch.cat([q.reshape(ng, -1, *rest), layer[f"self_attn.k_proj.{suffix}"].reshape(ng, hd, *rest),
-                             layer[f"self_attn.v_proj.{suffix}"].reshape(ng, hd, *rest)], dim=1)
-        return grouped.chunk(tp)[tp_rank].reshape(-1, *rest).clone()
-
-    if pp_rank == 0:
-        out["embedding.word_embeddings.weight"] = vocab_shard(hf["model.embed_tokens.weight"])
-    for k in range(per_stage):
-        i = pp_rank * per_stage + k
-        layer = {n[len(f"model.layers.{i}."):]: t for n, t in hf.items() if n.startswith(f"model.layers.{i}.")}
-        m = f"decoder.layers.{k}."
-        out[m + "input_layernorm.weight"] = layer["input_layernorm.weight"].clone()
-        proj = layer["self_attn.o_proj.weight"].chunk(tp, dim=1)[tp_rank]
-        out[m + "self_attention.linear_proj.weight"] = proj.clone()
-        out[m + "self_attention.linear_qkv.weight"] = qkv(layer, "weight")
-        if config.attention_bias:
-            out[m + "self_attention.linear_qkv.bias"] = qkv(layer, "bias")
-        out[m + "pre_mlp_layernorm.weight"] = layer["post_attention_layernorm.weight"].clone()
-        out[m + "mlp.linear_fc1.weight"] = torch.cat([layer["mlp.gate_proj.weight"].chunk(tp)[tp_rank],
-                                                      layer["mlp.up_proj.weight"].chunk(tp)[tp_rank]])
-        out[m + "mlp.linear_fc2.weight"] = layer["mlp.down_proj.weight"].chunk(tp, dim=1)[tp_rank].clone()
-    if pp_rank == pp - 1:
-        out["decoder.final_layernorm.weight"] = hf["model.norm.weight"].clone()
-        if not config.tie_word_embeddings:
-            out["output_layer.weight"] = vocab_shard(hf["lm_head.weight"])
-        elif pp > 1:
-            out["output_layer.weight"] = vocab_shard(hf["model.embed_tokens.weight"])
-    return out
-
-
-def fsdp_shard(hf: dict[str, torch.Tensor], shard: int, shard_rank: int) -> dict[str, torch.Tensor]:
-    """FSDP2's local shard of every HF tensor: torch.chunk on dim 0; ranks past the last chunk hold nothing."""
+    shapes = hf_tensor_shapes(config)
     out = {}
-    for name, t in hf.items():
-        chunks = torch.chunk(t, shard)
-        out[name] = (chunks[shard_rank] if shard_rank < len(chunks) else t[:0]).clone()
-    return out
-
-
-def sglang_shard(hf: dict[str, torch.Tensor], config: ModelConfig, tp: int, tp_rank: int) -> dict[str, torch.Tensor]:
-    """SGLang per-rank parameters of rollout rank ``tp_rank`` of ``tp``, built from full HF weights."""
-    ng, hd = config.num_key_value_heads, config.head_dim
-    vp = -(-config.vocab_size // 64) * 64
-
-    def kv_shard(t):
-        if tp <= ng:
-            return t.chunk(tp)[tp_rank]
-        return t.reshape(ng, hd, *t.shape[1:])[tp_rank // (tp // ng)]
-
-    out = {"model.embed_tokens.weight": _pad_rows(hf["model.embed_tokens.weight"], vp).chunk(tp)[tp_rank].clone()}
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        out[p + "input_layernorm.weight"] = hf[p + "input_layernorm.weight"].clone()
-        for suffix in ("weight", "bias") if config.attention_bias else ("weight",):
-            out[p + f"self_attn.qkv_proj.{suffix}"] = torch.cat([
-                hf[p + f"self_attn.q_proj.{suffix}"].chunk(tp)[tp_rank],
-                kv_shard(hf[p + f"self_attn.k_proj.{suffix}"]),
-                kv_shard(hf[p + f"self_attn.v_proj.{suffix}"]),
-            ])
-        out[p + "self_attn.o_proj.weight"] = hf[p + "self_attn.o_proj.weight"].chunk(tp, dim=1)[tp_rank].clone()
-        out[p + "post_attention_layernorm.weight"] = hf[p + "post_attention_layernorm.weight"].clone()
-        out[p + "mlp.gate_up_proj.weight"] = torch.cat([hf[p + "mlp.gate_proj.weight"].chunk(tp)[tp_rank],
-                                                        hf[p + "mlp.up_proj.weight"].chunk(tp)[tp_rank]])
-        out[p + "mlp.down_proj.weight"] = hf[p + "mlp.down_proj.weight"].chunk(tp, dim=1)[tp_rank].clone()
-    out["model.norm.weight"] = hf["model.norm.weight"].clone()
-    if not config.tie_word_embeddings:
-        out["lm_head.weight"] = _pad_rows(hf["lm_head.weight"], vp).chunk(tp)[tp_rank].clone()
+    for param, spec in zip(RolloutLayout(tp).params(config), rollout_param_specs(config, tp, tp_rank), strict=True):
+        out[spec.name] = torch.empty(spec.shape, dtype=dtype)
+        fill_local(param, shapes, tp, tp_rank, out[spec.name], hf.__getitem__)
     return out
 
 
@@ -173,104 +80,64 @@ def spawn_gloo_ranks(fn, nproc: int, args: tuple = (), timeout_s: float = 120.0)
 # The naive path (today's frameworks): gather every tensor to full size, rename, narrow
 # ------------------------------------------------------------------------------------------------
 
-def _naive_full_to_hf(name: str, full: torch.Tensor, config: ModelConfig, tp: int, pp_rank: int,
-                      per_stage: int) -> dict[str, torch.Tensor]:
-    """HF tensors from one all-gathered Megatron tensor (the rename/split table)."""
-    v, ng, hd = config.vocab_size, config.num_key_value_heads, config.head_dim
-    if name == "embedding.word_embeddings.weight":
-        return {"model.embed_tokens.weight": full[:v]}
-    if name == "output_layer.weight":
-        return {} if config.tie_word_embeddings else {"lm_head.weight": full[:v]}
-    if name == "decoder.final_layernorm.weight":
-        return {"model.norm.weight": full}
-    _, _, k, rest = name.split(".", 3)
-    p = f"model.layers.{pp_rank * per_stage + int(k)}."
-    if rest.startswith("self_attention.linear_qkv."):
-        suffix = rest.rsplit(".", 1)[1]
-        grouped = full.reshape(ng, -1, *full.shape[1:])
-        q_rows = grouped.shape[1] - 2 * hd
-        return {p + f"self_attn.q_proj.{suffix}": grouped[:, :q_rows].reshape(-1, *full.shape[1:]),
-                p + f"self_attn.k_proj.{suffix}": grouped[:, q_rows:q_rows + hd].reshape(-1, *full.shape[1:]),
-                p + f"self_attn.v_proj.{suffix}": grouped[:, q_rows + hd:].reshape(-1, *full.shape[1:])}
-    if rest == "mlp.linear_fc1.weight":
-        halves = full.reshape(tp, 2, -1, full.shape[1])
-        return {p + "mlp.gate_proj.weight": halves[:, 0].reshape(-1, full.shape[1]),
-                p + "mlp.up_proj.weight": halves[:, 1].reshape(-1, full.shape[1])}
-    rename = {"input_layernorm.weight": "input_layernorm.weight",
-              "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
-              "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
-              "mlp.linear_fc2.weight": "mlp.down_proj.weight"}
-    return {p + rename[rest]: full}
+def rollout_targets(config: ModelConfig, rollout_tp: int, tp_rank: int) -> dict[str, list]:
+    """HF tensor name -> the (rollout parameter, piece) rectangles rollout rank ``tp_rank`` holds of it."""
+    from verl.hybrid_engine.layouts import hf_tensor_shapes, local_pieces
+    from verl.hybrid_engine.rollout_layout import RolloutLayout
 
-
-def sglang_shard_partial(hf: dict[str, torch.Tensor], config: ModelConfig, tp: int,
-                         tp_rank: int) -> dict[str, torch.Tensor]:
-    """The rollout-rank slices of whichever HF tensors are given, keyed 'rollout name:row offset'."""
-    ng, hd = config.num_key_value_heads, config.head_dim
-    vp = -(-config.vocab_size // 64) * 64
-    q_rows = config.num_attention_heads // tp * hd
-    kv_rows = max(1, ng // tp) * hd
-    ffn = config.intermediate_size // tp
-    out = {}
-    for name, t in hf.items():
-        if name in ("model.embed_tokens.weight", "lm_head.weight"):
-            rows = vp // tp
-            lo, hi = tp_rank * rows, min((tp_rank + 1) * rows, config.vocab_size)
-            out[f"{name}:0"] = t[lo:hi] if hi > lo else t[:0]
-            continue
-        base, kind = name.rsplit(".", 2)[0], name.rsplit(".", 2)[1]
-        if kind in ("q_proj", "k_proj", "v_proj"):
-            suffix = name.rsplit(".", 1)[1]
-            target = f"{base}.qkv_proj.{suffix}"
-            if kind == "q_proj":
-                out[f"{target}:0"] = t.chunk(tp)[tp_rank]
-            else:
-                shard = t.chunk(tp)[tp_rank] if tp <= ng else t.reshape(ng, hd, *t.shape[1:])[tp_rank // (tp // ng)]
-                out[f"{target}:{q_rows + (kv_rows if kind == 'v_proj' else 0)}"] = shard
-        elif kind in ("gate_proj", "up_proj"):
-            out[f"{base}.gate_up_proj.weight:{ffn if kind == 'up_proj' else 0}"] = t.chunk(tp)[tp_rank]
-        elif kind in ("o_proj", "down_proj"):
-            out[f"{name}:0"] = t.chunk(tp, dim=1)[tp_rank]
-        else:
-            out[f"{name}:0"] = t
+    shapes = hf_tensor_shapes(config)
+    out: dict[str, list] = {}
+    for param in RolloutLayout(rollout_tp).params(config):
+        for piece in local_pieces(param, shapes, rollout_tp, tp_rank)[1]:
+            out.setdefault(piece.tensor, []).append((param.name, piece))
     return out
+
+
+def copy_into_rollout(name: str, full: torch.Tensor, targets: dict[str, list],
+                      rollout_params: dict[str, torch.Tensor]) -> None:
+    """Narrow/copy one full HF tensor into this rank's rollout parameters."""
+    rows = full.reshape(full.shape[0], -1)
+    for target, p in targets[name]:
+        dst = rollout_params[target]
+        dst.view(dst.shape[0], -1)[p.local_row:p.local_row + p.rows, p.local_col:p.local_col + p.cols].copy_(
+            rows[p.row:p.row + p.rows, p.col:p.col + p.cols])
 
 
 def naive_reshard(rank: int, config: ModelConfig, training, rollout_tp: int, train: dict[str, torch.Tensor],
                   rollout_params: dict[str, torch.Tensor], tp_groups: dict, pp_groups: dict) -> None:
-    """Per-tensor TP all-gather + PP broadcast to full size -> HF rename/split -> narrow/copy."""
+    """Per-tensor TP all-gather + PP broadcast to full size -> HF tensors (the converter's merge) -> narrow/copy."""
     import torch.distributed as dist
 
     from verl.hybrid_engine.groups import derive_groups
     from verl.hybrid_engine.layouts import training_param_specs
+    from verl.models.mcore.weights import REPLICATED, weight_rules
 
     tp, pp = training.tp, training.pp
     my_stage, dp, r = training.coords(rank)
-    j = derive_groups(training, rollout_tp).rollout_tp_rank[rank]
-    per_stage = config.num_hidden_layers // pp
+    targets = rollout_targets(config, rollout_tp, derive_groups(training, rollout_tp).rollout_tp_rank[rank])
+    copied: set[str] = set()  # a tied output layer on the last stage repeats the embedding
     for stage in range(pp):
-        for name, shape in training_param_specs(config, tp, pp, r, stage):
-            dim = None if name.endswith("layernorm.weight") else (
-                1 if name.endswith(("linear_proj.weight", "linear_fc2.weight")) else 0)
+        specs = training_param_specs(config, tp, pp, r, stage)
+        for rule, (name, shape) in zip(weight_rules(config, pp, stage), specs, strict=True):
+            split = tp > 1 and rule.layout is not REPLICATED
             if stage == my_stage:
                 local = train[name]
-                if dim is None or tp == 1:
-                    full = local
-                else:
+                if split:
                     parts = [torch.empty_like(local) for _ in range(tp)]
                     dist.all_gather(parts, local, group=tp_groups[(stage, dp)])
-                    full = torch.cat(parts, dim=dim)
+                    gathered = torch.cat(parts)
+                else:
+                    gathered = local
             else:
-                full_shape = list(shape)
-                if dim is not None:
-                    full_shape[dim] *= tp
-                full = torch.empty(full_shape, dtype=next(iter(train.values())).dtype)
+                rows = shape[0] * tp if split else shape[0]
+                gathered = torch.empty((rows, *shape[1:]), dtype=next(iter(train.values())).dtype)
             if pp > 1:
-                dist.broadcast(full, src=training.rank(stage, dp, r), group=pp_groups[(dp, r)])
-            for hf_name, t in _naive_full_to_hf(name, full, config, tp, stage, per_stage).items():
-                for key, piece in sglang_shard_partial({hf_name: t}, config, rollout_tp, j).items():
-                    target, row = key.rsplit(":", 1)
-                    rollout_params[target][int(row):int(row) + piece.shape[0]].copy_(piece)
+                dist.broadcast(gathered, src=training.rank(stage, dp, r), group=pp_groups[(dp, r)])
+            merged = rule.layout.merge(gathered.chunk(tp) if split else [gathered], config)
+            for hf_name, t in zip(rule.hf, merged, strict=True):
+                if hf_name not in copied:
+                    copied.add(hf_name)
+                    copy_into_rollout(hf_name, t, targets, rollout_params)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -302,13 +169,13 @@ def _time_naive(reshard, executor, got: dict, reference: dict, dtype: torch.dtyp
             "naive_verified": all(torch.equal(naive_params[n], t) for n, t in reference.items())}
 
 
-def build_training_buffer(config: ModelConfig, training, rank: int, hf: dict[str, torch.Tensor], dtype: torch.dtype):
-    """(flat buffer, offsets, views) of this rank's Megatron shard, in training_param_specs order."""
+def build_training_buffer(config: ModelConfig, training, rank: int, shard: dict[str, torch.Tensor],
+                          dtype: torch.dtype):
+    """(flat buffer, offsets, views) of this rank's Megatron state dict ``shard``, in training_param_specs order."""
     from verl.hybrid_engine.executor import flat_offsets
     from verl.hybrid_engine.layouts import training_param_specs
 
     stage, _, r = training.coords(rank)
-    shard = megatron_shard(hf, config, training.tp, training.pp, r, stage)
     specs = training_param_specs(config, training.tp, training.pp, r, stage)
     found = [(n, tuple(t.shape)) for n, t in shard.items()]
     if [(s.name, tuple(s.shape)) for s in specs] != found:
@@ -338,14 +205,19 @@ def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int
     dtype = DTYPES[dtype_name]
     groups = derive_groups(training, rollout_tp)
     j = groups.rollout_tp_rank[rank]
+    from verl.models.mcore.weights import to_mcore_shard
+
     hf = random_hf_weights(config, seed, dtype)
-    train_flat, offsets, train_views = build_training_buffer(config, training, rank, hf, dtype)
+    stage, _, r = training.coords(rank)
+    shard = to_mcore_shard(config, hf.__getitem__, training.tp, training.pp, r, stage)
+    train_flat, offsets, train_views = build_training_buffer(config, training, rank, shard, dtype)
+    del shard
     plan = plan_reshard(config, training, RolloutLayout(rollout_tp), rank, bucket_bytes, dtype_name)
     executor = ReshardExecutor(plan, train_flat, offsets,
                                [(s.name, s.shape) for s in rollout_param_specs(config, rollout_tp, j)],
                                ReshardProcessGroups(groups))
     stats = executor.to_rollout()
-    reference = sglang_shard(hf, config, rollout_tp, j)
+    reference = reference_rollout_shard(config, hf, rollout_tp, j, dtype)
     del hf
     got = executor.rollout_params()
     mismatched = [n for n, t in reference.items() if n not in got or not torch.equal(got[n], t)]
@@ -413,7 +285,7 @@ def build_fsdp_model(config: ModelConfig, shard: int, replicate: int, hf: dict[s
         mesh = init_device_mesh(device, (shard,), mesh_dim_names=("shard",))
     else:
         mesh = init_device_mesh(device, (replicate, shard), mesh_dim_names=("replicate", "shard"))
-    for layer in model.model.layers:
+    for layer in model.get_decoder().layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
@@ -423,12 +295,10 @@ def naive_fsdp_reshard(model: torch.nn.Module, config: ModelConfig, rollout_tp: 
                        rollout_params: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
     """What verl's FSDP sharding manager does: per parameter ``full_tensor()`` (an all-gather of the whole
     tensor over the shard group), cast, then narrow/copy the rollout shard."""
+    targets = rollout_targets(config, rollout_tp, j)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            full = param.full_tensor().to(dtype)
-            for key, piece in sglang_shard_partial({name: full}, config, rollout_tp, j).items():
-                target, row = key.rsplit(":", 1)
-                rollout_params[target][int(row):int(row) + piece.shape[0]].copy_(piece)
+            copy_into_rollout(name, param.full_tensor().to(dtype), targets, rollout_params)
 
 
 def fsdp_reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int, dtype_name: str,
@@ -449,7 +319,7 @@ def fsdp_reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp
     j = groups.rollout_tp_rank[rank]
     hf = random_hf_weights(config, seed, train_dtype)
     model = build_fsdp_model(config, training.shard, training.replicate, hf, train_dtype)
-    reference = sglang_shard({n: t.to(dtype) for n, t in hf.items()}, config, rollout_tp, j)
+    reference = reference_rollout_shard(config, hf, rollout_tp, j, dtype)
     del hf
     check_fsdp_module(model, config, training, rank)
     plan = plan_reshard(config, training, RolloutLayout(rollout_tp), rank, bucket_bytes, dtype_name)

@@ -13,7 +13,7 @@ overlaps it (local slices first) and the rest moves by an all-to-all among the h
 
 An :class:`FSDPLayout` numbers its ranks as (p, t, d) = (1, shard, replicate), so the same rule
 applies, but its shards are row blocks of every HF tensor, not parts of rollout TP shards (SGLang
-splits o_proj/down_proj on dim 1): only t_g = 1 is an all-gather (inside each replicate's shard
+splits the row-parallel weights on dim 1): only t_g = 1 is an all-gather (inside each replicate's shard
 group, whose shards together are the whole model); any t_g > 1 is the general case.
 """
 
@@ -95,7 +95,7 @@ def derive_groups(training: AnyTrainingLayout, rollout_tp: int) -> ReshardGroups
     elif fsdp:
         case, groups = GENERAL, ()
         reason = (f"t_g={rollout_tp} > 1 over FSDP shard={t}: FSDP shards are row blocks of every HF tensor, "
-                  f"not parts of rollout TP shards (o_proj/down_proj split on dim 1); each rank copies what it "
+                  f"not parts of rollout TP shards (row-parallel weights split on dim 1); each rank copies what it "
                   f"holds of its rollout shard locally, the rest moves by all-to-all from the least-loaded holder")
     else:
         relation = "is larger than" if rollout_tp > t else "does not divide"

@@ -1,7 +1,8 @@
 """Layouts as data: where every element of every weight lives, for training and for rollout.
 
-A model's *logical* tensors are its unfused HF weights (``model.layers.3.self_attn.q_proj.weight``
-...). An engine's *local* parameter is one or more logical tensors placed on a mesh and fused:
+A model's *logical* tensors are its unfused HF weights, as the architecture's model spec
+(``verl.models.spec``) names them. An engine's *local* parameter is one or more logical tensors
+placed on a mesh and fused:
 
 * ``tp`` placement, DTensor-style: :class:`Shard` (``dim``; ``replicas`` consecutive ranks may hold
   the same chunk, as SGLang does for KV heads), :class:`ChunkShard` (torch.chunk's uneven split, as
@@ -13,11 +14,12 @@ A model's *logical* tensors are its unfused HF weights (``model.layers.3.self_at
 
 :func:`local_pieces` turns one :class:`ParamLayout` on one tp rank into rectangles
 (:class:`Piece`): "local rows/cols here hold logical rows/cols there". The reshard planner works only
-on these rectangles, so every fused format is handled by the same code.
+on these rectangles, so every fused format is handled by the same code; :func:`fill_local` cuts a
+local parameter out of its full logical tensors with them (a checkpoint load, a reference).
 
-This module also holds the two training layouts: Megatron's (megatron-core GPTModel built with
-``get_gpt_layer_local_spec``) and FSDP2's (``fully_shard`` on a transformers model); the SGLang
-rollout layout is in :mod:`rollout_layout`.
+This module also holds the two training layouts, both derived from the model spec: Megatron's
+(megatron-core GPTModel built with ``get_gpt_layer_local_spec``) and FSDP2's (``fully_shard`` on a
+transformers model); the SGLang rollout layout is in :mod:`rollout_layout`.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+from verl.errors import InputError
 from verl.models.config import ModelConfig
 from verl.models.mcore.model import padded_vocab_size
+from verl.models.spec.base import TP, Fusion
+from verl.models.spec.registry import model_spec
 
 
-class LayoutError(ValueError):
+class LayoutError(InputError):
     """A parallel layout the model cannot be split over."""
 
 
@@ -112,27 +117,12 @@ def as_matrix(shape: tuple[int, ...]) -> tuple[int, int]:
 
 def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The logical (unfused, unpadded HF) tensors of the model, in HF order."""
-    h, inter = config.hidden_size, config.intermediate_size
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, h)}
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (h,)
-        shapes[p + "self_attn.q_proj.weight"] = (config.q_size, h)
-        shapes[p + "self_attn.k_proj.weight"] = (config.kv_size, h)
-        shapes[p + "self_attn.v_proj.weight"] = (config.kv_size, h)
-        if config.attention_bias:
-            shapes[p + "self_attn.q_proj.bias"] = (config.q_size,)
-            shapes[p + "self_attn.k_proj.bias"] = (config.kv_size,)
-            shapes[p + "self_attn.v_proj.bias"] = (config.kv_size,)
-        shapes[p + "self_attn.o_proj.weight"] = (h, config.q_size)
-        shapes[p + "post_attention_layernorm.weight"] = (h,)
-        shapes[p + "mlp.gate_proj.weight"] = (inter, h)
-        shapes[p + "mlp.up_proj.weight"] = (inter, h)
-        shapes[p + "mlp.down_proj.weight"] = (h, inter)
-    shapes["model.norm.weight"] = (h,)
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, h)
-    return shapes
+    return model_spec(config.model_type).hf_shapes(config)
+
+
+def placement(tp: TP) -> Placement:
+    """The mesh placement of a spec's TP split: column and vocab split rows, row splits columns."""
+    return {TP.REPLICATED: Replicate(), TP.COLUMN: Shard(0), TP.VOCAB: Shard(0), TP.ROW: Shard(1)}[tp]
 
 
 def _shard_range(length: int, placement: Placement, dim: int, tp_size: int, tp_rank: int) -> tuple[int, int]:
@@ -183,6 +173,24 @@ def local_shape(param: ParamLayout, shapes: dict[str, tuple[int, ...]], tp_size:
     """The local tensor's true shape (1-D params stay 1-D)."""
     (rows, cols), _ = local_pieces(param, shapes, tp_size, tp_rank)
     return (rows,) if len(shapes[param.parts[0]]) == 1 else (rows, cols)
+
+
+def fill_local(param: ParamLayout, shapes: dict[str, tuple[int, ...]], tp_size: int, tp_rank: int, dst,
+               source) -> None:
+    """Write ``param``'s local tensor on ``tp_rank`` into the contiguous tensor ``dst`` from its full logical
+    (1-D or 2-D) tensors: ``source(name)`` returns one indexable like the full tensor (a lazy safetensors slice
+    reads only the rows and columns indexed). Local rows no piece covers (vocab padding) are zeroed."""
+    (rows, cols), pieces = local_pieces(param, shapes, tp_size, tp_rank)
+    local = dst.view(rows, cols)
+    if sum(p.rows * p.cols for p in pieces) < rows * cols:
+        local.zero_()
+    for p in pieces:
+        full = source(p.tensor)
+        if len(shapes[p.tensor]) == 1:
+            block = full[p.row:p.row + p.rows]
+        else:
+            block = full[p.row:p.row + p.rows, p.col:p.col + p.cols]
+        local[p.local_row:p.local_row + p.rows, p.local_col:p.local_col + p.cols].copy_(block.reshape(p.rows, p.cols))
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,40 +246,12 @@ class TrainingLayout:
         self.check(config)
         if not 0 <= pp_rank < self.pp:
             raise LayoutError(f"pp rank: expected 0 <= rank < {self.pp}, found {pp_rank}")
-        last = self.pp - 1
         vocab = padded_vocab_size(config.vocab_size, self.tp)  # the model builder's padding rule
-        per_stage = config.num_hidden_layers // self.pp
-        out: list[ParamLayout] = []
-        if pp_rank == 0:
-            out.append(ParamLayout("embedding.word_embeddings.weight", ("model.embed_tokens.weight",),
-                                   Shard(0), (0,), padded_rows=vocab))
-        for k in range(per_stage):
-            i = pp_rank * per_stage + k
-            hf, mg, st = f"model.layers.{i}.", f"decoder.layers.{k}.", (pp_rank,)
-            qkv = tuple(hf + f"self_attn.{x}_proj" for x in "qkv")
-            out.append(ParamLayout(mg + "input_layernorm.weight", (hf + "input_layernorm.weight",), Replicate(), st))
-            out.append(ParamLayout(mg + "self_attention.linear_proj.weight", (hf + "self_attn.o_proj.weight",),
-                                   Shard(1), st))
-            out.append(ParamLayout(mg + "self_attention.linear_qkv.weight", tuple(x + ".weight" for x in qkv),
-                                   Shard(0), st, groups=config.num_query_groups))
-            if config.attention_bias:
-                out.append(ParamLayout(mg + "self_attention.linear_qkv.bias", tuple(x + ".bias" for x in qkv),
-                                       Shard(0), st, groups=config.num_query_groups))
-            out.append(ParamLayout(mg + "pre_mlp_layernorm.weight", (hf + "post_attention_layernorm.weight",),
-                                   Replicate(), st))
-            out.append(ParamLayout(mg + "mlp.linear_fc1.weight",
-                                   (hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"), Shard(0), st))
-            out.append(ParamLayout(mg + "mlp.linear_fc2.weight", (hf + "mlp.down_proj.weight",), Shard(1), st))
-        if pp_rank == last:
-            out.append(ParamLayout("decoder.final_layernorm.weight", ("model.norm.weight",), Replicate(), (last,)))
-            if not config.tie_word_embeddings:
-                out.append(ParamLayout("output_layer.weight", ("lm_head.weight",), Shard(0), (last,),
-                                       padded_rows=vocab))
-            elif self.pp > 1:
-                # Tied with pp > 1: the last stage keeps its own copy of the embedding as output_layer.
-                out.append(ParamLayout("output_layer.weight", ("model.embed_tokens.weight",), Shard(0), (last,),
-                                       padded_rows=vocab))
-        return out
+        # Megatron's linear_qkv interleaves q, k, v per query group; its fc1 stacks [gate shard; up shard].
+        return [ParamLayout(p.mcore, p.hf, placement(p.train_tp), (pp_rank,),
+                            groups=config.num_query_groups if p.fusion is Fusion.QKV else 1,
+                            padded_rows=vocab if p.train_tp is TP.VOCAB else None)
+                for p in model_spec(config.model_type).mcore_params(config, self.pp, pp_rank)]
 
 
 def training_param_specs(config: ModelConfig, tp: int, pp: int, tp_rank: int, pp_rank: int) -> list[ParamSpec]:
@@ -337,7 +317,7 @@ class FSDPLayout:
         """Nothing to divide: torch.chunk shards any size (ranks past the last row hold nothing)."""
 
     def params(self, config: ModelConfig, pp_rank: int = 0) -> list[ParamLayout]:
-        """One parameter per HF tensor, named as ``model.named_parameters()`` names it (tied: no lm_head)."""
+        """One parameter per HF tensor, named as ``model.named_parameters()`` names it (tied: no output table)."""
         if pp_rank != 0:
             raise LayoutError(f"pp rank: expected 0 (FSDP has one stage), found {pp_rank}")
         return [ParamLayout(name, (name,), ChunkShard(0)) for name in hf_tensor_shapes(config)]

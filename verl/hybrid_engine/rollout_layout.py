@@ -1,28 +1,31 @@
 """The SGLang rollout layout: which tensors a rollout TP rank holds, their shapes, and their order.
 
-This is the layout SGLang 0.5.x builds for Qwen2/Llama (stacked ``qkv_proj`` and ``gate_up_proj``,
-vocab padded to a multiple of 64 and split across TP ranks). The embedded native engine allocates
-exactly these tensors as views of one flat buffer, in this order, so a single reshard serves both
-engines.
+This is the layout SGLang 0.5.x builds, derived from the model spec (stacked QKV and gate/up,
+vocab padded to a multiple of 64 and split across TP ranks; names are the spec's rollout names).
+The embedded native engine allocates exactly these tensors as views of one flat buffer, in this
+order, so a single reshard serves both engines.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from verl.hybrid_engine.layouts import ParamLayout, Replicate, Shard, hf_tensor_shapes, local_shape
+from verl.errors import InputError
+from verl.hybrid_engine.layouts import ParamLayout, Replicate, Shard, hf_tensor_shapes, local_shape, placement
 from verl.models.config import ModelConfig
+from verl.models.spec.base import TP, Fusion
+from verl.models.spec.registry import model_spec
 
 SGLANG_VOCAB_PADDING = 64
 
 
-class RolloutLayoutError(ValueError):
+class RolloutLayoutError(InputError):
     """A rollout TP size the model cannot be split over."""
 
 
 @dataclasses.dataclass(frozen=True)
 class RolloutParamSpec:
-    name: str  # HF-style name as SGLang's model holds it, e.g. model.layers.0.self_attn.qkv_proj.weight
+    name: str  # the name SGLang's model holds it under (the spec's rollout name)
     shape: tuple[int, ...]
 
     @property
@@ -84,35 +87,20 @@ class RolloutLayout:
         check_rollout_tp(config, self.tp)
         vocab = padded_vocab_size(config.vocab_size)
         kv = kv_placement(config, self.tp)
-        out = [ParamLayout("model.embed_tokens.weight", ("model.embed_tokens.weight",), Shard(0), padded_rows=vocab)]
-        for i in range(config.num_hidden_layers):
-            p = f"model.layers.{i}."
-            qkv = tuple(p + f"self_attn.{x}_proj" for x in "qkv")
-            out.append(ParamLayout(p + "input_layernorm.weight", (p + "input_layernorm.weight",), Replicate()))
-            out.append(ParamLayout(p + "self_attn.qkv_proj.weight", tuple(x + ".weight" for x in qkv),
-                                   (Shard(0), kv, kv)))
-            if config.attention_bias:
-                out.append(ParamLayout(p + "self_attn.qkv_proj.bias", tuple(x + ".bias" for x in qkv),
-                                       (Shard(0), kv, kv)))
-            out.append(ParamLayout(p + "self_attn.o_proj.weight", (p + "self_attn.o_proj.weight",), Shard(1)))
-            out.append(ParamLayout(p + "post_attention_layernorm.weight", (p + "post_attention_layernorm.weight",),
-                                   Replicate()))
-            out.append(ParamLayout(p + "mlp.gate_up_proj.weight",
-                                   (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), Shard(0)))
-            out.append(ParamLayout(p + "mlp.down_proj.weight", (p + "mlp.down_proj.weight",), Shard(1)))
-        out.append(ParamLayout("model.norm.weight", ("model.norm.weight",), Replicate()))
-        if not config.tie_word_embeddings:
-            out.append(ParamLayout("lm_head.weight", ("lm_head.weight",), Shard(0), padded_rows=vocab))
+        out = []
+        for p in model_spec(config.model_type).rollout_params(config):
+            tp = (Shard(0), kv, kv) if p.fusion is Fusion.QKV else placement(p.rollout_tp)
+            out.append(ParamLayout(p.rollout, p.hf, tp, padded_rows=vocab if p.rollout_tp is TP.VOCAB else None))
         return out
 
 
 def rollout_param_specs(config: ModelConfig, tp_size: int, tp_rank: int) -> list[RolloutParamSpec]:
     """Every tensor rollout rank ``tp_rank`` of ``tp_size`` holds, in flat-buffer order.
 
-    Per rank (G = tp_size): ``qkv_proj`` rows are [q heads of the rank; its k heads; its v heads];
-    ``gate_up_proj`` rows are [gate shard; up shard]; ``o_proj``/``down_proj`` are split on the input
-    dim; ``embed_tokens``/``lm_head`` hold rows [r*Vp/G, (r+1)*Vp/G) of the table padded to Vp.
-    ``lm_head`` is absent when embeddings are tied (the engine reuses ``embed_tokens``).
+    Per rank (G = tp_size): fused QKV rows are [q heads of the rank; its k heads; its v heads];
+    fused gate/up rows are [gate shard; up shard]; row-parallel weights are split on the input dim;
+    vocab tables hold rows [r*Vp/G, (r+1)*Vp/G) of the table padded to Vp. A tied model has no
+    output table (the engine reuses the embedding).
     """
     params = RolloutLayout(tp_size).params(config)
     if not 0 <= tp_rank < tp_size:

@@ -1,7 +1,7 @@
 """The HF-style model config every component shares (Megatron builder, reshard planner, rollout).
 
-Only the decoder-only families the project supports (Qwen2, Llama) are accepted; the config is
-validated once, at load, with messages that name the key.
+Only the decoder-only families that have a model spec (``verl.models.spec``: Qwen2, Llama) are
+accepted; the config is validated once, at load, with messages that name the key.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from typing import Any
 
 from verl.errors import InputError
 from verl.models.hf_io import read_config
+from verl.models.spec.registry import model_types
 from verl.utils.checkpoint import CheckpointError
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = model_types()
 
 
 class ModelConfigError(InputError):

@@ -1,26 +1,16 @@
 """HF safetensors <-> per-rank megatron-core GPTModel shards, for any (tp, pp).
 
-The mapping is a table: each megatron parameter names the HF tensor(s) it is made of and a layout
-rule that says how one TP rank's shard is cut from them (and how the shards merge back).
+The mapping comes from the architecture's model spec (``verl.models.spec``): each megatron parameter
+names the HF tensor(s) it is made of, and its fusion + training TP placement pick a layout rule that
+says how one TP rank's shard is cut from them (and how the shards merge back):
 
-  megatron (per stage; layer k local)            HF (layer i = stage offset + k)          layout
-  embedding.word_embeddings.weight               model.embed_tokens.weight                vocab
-  decoder.layers.k.input_layernorm.weight        model.layers.i.input_layernorm.weight    replicated
-  decoder.layers.k.self_attention.linear_proj.weight   ...self_attn.o_proj.weight         row
-  decoder.layers.k.self_attention.linear_qkv.weight    ...self_attn.{q,k,v}_proj.weight   qkv
-  decoder.layers.k.self_attention.linear_qkv.bias      ...self_attn.{q,k,v}_proj.bias     qkv (qkv bias only)
-  decoder.layers.k.pre_mlp_layernorm.weight      ...post_attention_layernorm.weight       replicated
-  decoder.layers.k.mlp.linear_fc1.weight         ...mlp.{gate,up}_proj.weight             gate_up
-  decoder.layers.k.mlp.linear_fc2.weight         ...mlp.down_proj.weight                  row
-  decoder.final_layernorm.weight                 model.norm.weight                        replicated
-  output_layer.weight                            lm_head.weight (untied lm)               vocab
-                                                 model.embed_tokens.weight (tied, pp > 1) vocab
-                                                 score.weight (value / score heads)       replicated
+  replicated  every rank holds the HF tensor
+  vocab       rows padded with zeros to Megatron's padded vocab, split on dim 0
+  row         split on dim 1 (input dim of a row-parallel linear)
+  qkv         rows regrouped per query group [q heads of the group; k; v], groups split across TP
+  gate_up     [gate shard; up shard]
 
-Layouts: vocab = rows padded with zeros to Megatron's padded vocab, split on dim 0; row = split on
-dim 1 (input dim of a row-parallel linear); qkv = rows regrouped per query group
-[q heads of the group; k; v], groups split across TP; gate_up = [gate shard; up shard].
-Rows are listed in GPTModel state-dict order (linear_proj is created before linear_qkv).
+Rules are listed in GPTModel state-dict order (``ModelSpec.mcore_params``).
 """
 
 from __future__ import annotations
@@ -31,11 +21,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from verl.errors import InputError
 from verl.models.config import ModelConfig
 from verl.models.mcore.model import check_parallel_layout, padded_vocab_size
+from verl.models.spec.base import TP, Fusion
+from verl.models.spec.registry import model_spec
 
 
-class WeightsError(ValueError):
+class WeightsError(InputError):
     """An HF checkpoint or a set of shards that does not match the model config."""
 
 
@@ -126,44 +119,21 @@ class WeightRule:
     layout: Layout
 
 
-def _layer_rules(config: ModelConfig, k: int, i: int) -> list[WeightRule]:
-    mg, hf = f"decoder.layers.{k}.", f"model.layers.{i}."
-    qkv = tuple(f"{hf}self_attn.{x}_proj" for x in "qkv")
-    rules = [
-        WeightRule(mg + "input_layernorm.weight", (hf + "input_layernorm.weight",), REPLICATED),
-        WeightRule(mg + "self_attention.linear_proj.weight", (hf + "self_attn.o_proj.weight",), ROW),
-        WeightRule(mg + "self_attention.linear_qkv.weight", tuple(p + ".weight" for p in qkv), QKV),
-    ]
-    if config.attention_bias:
-        rules.append(WeightRule(mg + "self_attention.linear_qkv.bias", tuple(p + ".bias" for p in qkv), QKV))
-    rules += [
-        WeightRule(mg + "pre_mlp_layernorm.weight", (hf + "post_attention_layernorm.weight",), REPLICATED),
-        WeightRule(mg + "mlp.linear_fc1.weight", (hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"), GATE_UP),
-        WeightRule(mg + "mlp.linear_fc2.weight", (hf + "mlp.down_proj.weight",), ROW),
-    ]
-    return rules
+# The rule of each (fusion, training TP placement) a spec uses.
+_RULES = {
+    (Fusion.NONE, TP.REPLICATED): REPLICATED,
+    (Fusion.NONE, TP.VOCAB): VOCAB,
+    (Fusion.NONE, TP.ROW): ROW,
+    (Fusion.QKV, TP.COLUMN): QKV,
+    (Fusion.GATE_UP, TP.COLUMN): GATE_UP,
+}
 
 
 def weight_rules(config: ModelConfig, pp_size: int, pp_rank: int, head: str = "lm") -> list[WeightRule]:
     """The rules for every parameter of pipeline stage ``pp_rank``, in GPTModel state-dict order."""
     check_parallel_layout(config, 1, pp_size)
-    per_stage = config.num_hidden_layers // pp_size
-    first, last = pp_rank == 0, pp_rank == pp_size - 1
-    rules: list[WeightRule] = []
-    if first:
-        rules.append(WeightRule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), VOCAB))
-    for k in range(per_stage):
-        rules += _layer_rules(config, k, pp_rank * per_stage + k)
-    if last:
-        rules.append(WeightRule("decoder.final_layernorm.weight", ("model.norm.weight",), REPLICATED))
-        if head != "lm":
-            rules.append(WeightRule("output_layer.weight", ("score.weight",), REPLICATED))
-        elif not config.tie_word_embeddings:
-            rules.append(WeightRule("output_layer.weight", ("lm_head.weight",), VOCAB))
-        elif pp_size > 1:
-            # Tied across stages: the last stage holds its own copy of the embedding.
-            rules.append(WeightRule("output_layer.weight", ("model.embed_tokens.weight",), VOCAB))
-    return rules
+    return [WeightRule(p.mcore, p.hf, _RULES[p.fusion, p.train_tp])
+            for p in model_spec(config.model_type).mcore_params(config, pp_size, pp_rank, head)]
 
 
 def hf_names(config: ModelConfig, head: str = "lm") -> list[str]:

@@ -1,8 +1,9 @@
 """Qwen2/Llama decoder forward over one rank's rollout-layout weights, with rollout tensor parallelism.
 
-Per rank (G = rollout TP size): ``qkv_proj`` and ``gate_up_proj`` are column-parallel (this rank's
-heads / FFN slice, no communication); ``o_proj`` and ``down_proj`` are row-parallel (partial sums,
-all-reduced over the TP group); the embedding is vocab-parallel (rows outside this rank's vocab
+Weights are looked up by the model spec's roles (``verl.models.spec``), under its rollout names.
+Per rank (G = rollout TP size): the fused QKV and gate/up weights are column-parallel (this rank's
+heads / FFN slice, no communication); the attention and MLP output weights are row-parallel
+(partial sums, all-reduced over the TP group); the embedding is vocab-parallel (rows outside this rank's vocab
 slice contribute zeros, then all-reduce) and so are the logits (all-gathered to the full vocab for
 sampling). Numerics follow HF: RMSNorm in float32, RoPE tables computed in float32 and cast.
 
@@ -17,6 +18,10 @@ import torch.nn.functional as F
 
 from verl.hybrid_engine.rollout_layout import kv_heads_per_rank, padded_vocab_size
 from verl.models.config import ModelConfig
+from verl.models.spec.registry import model_spec
+
+# One decoder layer's weights, in the order forward() unpacks them (qkv_bias may be absent).
+LAYER_ROLES = ("attn_norm", "qkv", "qkv_bias", "attn_out", "mlp_norm", "gate_up", "mlp_out")
 
 
 class RolloutTransformer:
@@ -34,21 +39,15 @@ class RolloutTransformer:
         self.vocab_start = tp_rank * self.vocab_rows
         self.scale = self.head_dim ** -0.5
 
-        self.embed = weights["model.embed_tokens.weight"]
-        self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
-        self.final_norm = weights["model.norm.weight"]
+        spec = model_spec(config.model_type)
+        self.embed = weights[spec.rollout_name("embedding")]
+        self.output = self.embed if config.tie_word_embeddings else weights[spec.rollout_name("output")]
+        self.final_norm = weights[spec.rollout_name("final_norm")]
         self.layers: list[tuple] = []
         for i in range(config.num_hidden_layers):
-            p = f"model.layers.{i}."
-            self.layers.append((
-                weights[p + "input_layernorm.weight"],
-                weights[p + "self_attn.qkv_proj.weight"],
-                weights.get(p + "self_attn.qkv_proj.bias"),
-                weights[p + "self_attn.o_proj.weight"],
-                weights[p + "post_attention_layernorm.weight"],
-                weights[p + "mlp.gate_up_proj.weight"],
-                weights[p + "mlp.down_proj.weight"],
-            ))
+            names = [spec.rollout_name(role, i) for role in LAYER_ROLES]
+            self.layers.append(tuple(weights.get(n) if role == "qkv_bias" else weights[n]
+                                     for role, n in zip(LAYER_ROLES, names, strict=True)))
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         self.cos = self.sin = torch.empty(0, self.head_dim, dtype=self.dtype, device=self.device)  # see prepare()
@@ -82,7 +81,7 @@ class RolloutTransformer:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [B, H] -> float32 logits [B, vocab_size] over the whole (unpadded) vocabulary."""
-        local = F.linear(hidden, self.lm_head)
+        local = F.linear(hidden, self.output)
         if self.tp_size > 1:
             parts = [torch.empty_like(local) for _ in range(self.tp_size)]
             dist.all_gather(parts, local, group=self.tp_group)

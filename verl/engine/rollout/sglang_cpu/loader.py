@@ -5,8 +5,8 @@ SGLang calls :func:`load_rollout_bucket` inside each of its TP worker processes 
 Every entry it receives is one bucket of that rank's flat rollout buffer, laid out exactly as
 ``rollout_param_specs(config, tp_size, tp_rank)`` in order, named by :func:`bucket_name` with the
 element range it covers. SGLang 0.5.23 holds Qwen2/Llama parameters under the same names and
-per-rank shapes (stacked qkv_proj/gate_up_proj, vocab padded to 64, KV heads replicated when
-tp > kv heads), so each destination parameter gets one ``verl._C`` copy program: no HF renaming,
+per-rank shapes (the model spec's rollout names: stacked QKV and gate/up, vocab padded to 64, KV
+heads replicated when tp > kv heads), so each destination parameter gets one ``verl._C`` copy program: no HF renaming,
 no per-tensor update calls, no intermediate full tensors.
 """
 
@@ -140,7 +140,7 @@ def load_rollout_bucket(model: torch.nn.Module, named_tensors: Iterable[tuple[st
     config = ModelConfig.from_dict(model.config.to_dict())
     check_no_head_padding(model.config, tp_size)
     specs = rollout_param_specs(config, tp_size, tp_rank)
-    params = dict(model.named_parameters())  # tied lm_head is the embedding module: listed once
+    params = dict(model.named_parameters())  # a tied output layer is the embedding module: listed once
     check_model_matches_layout(params, specs)
     received = []
     with torch.no_grad():

@@ -1,0 +1,97 @@
+"""The model specs (verl.models.spec): each covers its architecture's HF checkpoint exactly once, and an
+unknown model_type is refused in one line."""
+
+import dataclasses
+
+import pytest
+import torch
+from helpers.tiny_models import MODELS, save_tiny_model
+
+from verl.models.config import ModelConfig, ModelConfigError
+from verl.models.hf_io import HFCheckpoint
+from verl.models.spec.base import TP, Fusion, ModelSpec, ParamSpec
+from verl.models.spec.registry import UnknownModelTypeError, model_spec, model_types
+
+# The tiny checkpoints of the other tests, plus Llama with a qkv bias (HF also biases o_proj then) and Qwen2 untied.
+CASES = {
+    "qwen2-tied": MODELS["qwen2"],
+    "qwen2-untied": dict(MODELS["qwen2"], tie_word_embeddings=False),
+    "llama-untied": MODELS["llama"],
+    "llama-bias-tied": dict(MODELS["llama"], attention_bias=True, tie_word_embeddings=True),
+}
+
+
+def hf_tensors(path):
+    ckpt = HFCheckpoint(str(path))
+    return {name: tuple(ckpt.slice(name).get_shape()) for name in ckpt.files}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_hf_tensor_of_a_tiny_checkpoint_is_covered_exactly_once(case, tmp_path):
+    cfg = CASES[case]
+    save_tiny_model_cfg(cfg, tmp_path)
+    config = ModelConfig.from_dict(cfg)
+    spec = model_spec(config.model_type)
+    found = hf_tensors(tmp_path)
+    unsupported = {n for n in found if n.endswith(spec.unsupported_hf)}
+    assert bool(unsupported) == (case == "llama-bias-tied")  # only HF Llama's o_proj bias is outside the spec
+    covered = {n: s for n, s in found.items() if n not in unsupported}
+
+    rollout = [(n, s) for p in spec.rollout_params(config) for n, s in zip(p.hf, p.shapes, strict=True)]
+    assert sorted(rollout) == sorted(covered.items()) and len(rollout) == len(covered)
+    assert spec.hf_shapes(config) == dict(rollout)
+    for pp in (1, 2):
+        stages = [spec.mcore_params(config, pp, s) for s in range(pp)]
+        names = [n for params in stages for p in params for n in p.hf]
+        mcore = [p.mcore for params in stages for p in params]
+        # With pp > 1 a tied model's last stage holds its own copy of the embedding: the only repeat.
+        repeats = ["model.embed_tokens.weight"] if pp > 1 and config.tie_word_embeddings else []
+        assert sorted(names) == sorted(list(covered) + repeats)
+        assert all(len(set(m)) == len(m) for m in ([p.mcore for p in params] for params in stages))
+        assert len(mcore) == sum(len(params) for params in stages)
+
+
+def save_tiny_model_cfg(cfg, path):
+    """save_tiny_model for a config dict that may differ from MODELS."""
+    kind = cfg["model_type"]
+    original = MODELS[kind]
+    MODELS[kind] = cfg
+    try:
+        save_tiny_model(kind, str(path))
+    finally:
+        MODELS[kind] = original
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "llama"])
+def test_value_and_score_heads_are_the_token_classification_models_tensors(model_type):
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    cfg = dict(MODELS[model_type])
+    config = ModelConfig.from_dict(cfg)
+    cfg.pop("model_type")
+    hf_config = AutoConfig.for_model(model_type, num_labels=1, token_classification_bias=False, **cfg)
+    hf = AutoModelForTokenClassification.from_config(hf_config, dtype=torch.float32)  # as verl.engine.fsdp builds it
+    found = {n: tuple(t.shape) for n, t in hf.state_dict().items()}
+    params = model_spec(model_type).mcore_params(config, 1, 0, head="value")
+    assert dict(kv for p in params for kv in zip(p.hf, p.shapes, strict=True)) == found
+    assert params[-1].mcore == "output_layer.weight" and params[-1].train_tp is TP.REPLICATED
+
+
+def test_unknown_model_type_is_refused_in_one_line():
+    with pytest.raises(UnknownModelTypeError) as err:
+        model_spec("mistral")
+    assert str(err.value) == f"model_type: expected one of {model_types()}, found 'mistral'"
+    assert model_types() == ("qwen2", "llama")
+    with pytest.raises(ModelConfigError, match="expected one of \\('qwen2', 'llama'\\), found 'mistral'"):
+        ModelConfig.from_dict(dict(MODELS["llama"], model_type="mistral"))
+
+
+def test_a_spec_must_order_every_layer_role_and_fuse_as_many_tensors_as_it_says():
+    spec = model_spec("qwen2")
+    with pytest.raises(ValueError, match="mcore_layer_order"):
+        dataclasses.replace(spec, mcore_layer_order=spec.mcore_layer_order[:-1])
+    with pytest.raises(ValueError, match="as many HF tensors"):
+        ParamSpec("qkv", "x", ("q", "k"), lambda c: ((1,), (1,)), TP.COLUMN, None, TP.COLUMN, Fusion.QKV)
+    assert isinstance(spec, ModelSpec) and spec.rollout_name("qkv", 3).endswith(".3.self_attn.qkv_proj.weight")
+    with pytest.raises(KeyError, match="score"):
+        spec.rollout_name("score")  # the rollout holds no value/score head
