@@ -34,8 +34,9 @@ from collections.abc import Sequence
 
 import torch
 
+from verl.errors import InputError
 from verl.hybrid_engine.planner import DEFAULT_BUCKET_BYTES
-from verl.models.config import ModelConfig, ModelConfigError
+from verl.models.config import ModelConfig
 from verl.utils.torch_dtypes import DTYPES
 
 # ------------------------------------------------------------------------------------------------
@@ -390,7 +391,7 @@ def _parse_sizes(text: str, keys: Sequence[str], what: str) -> dict[str, int]:
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
         if key not in keys or not value.isdigit() or int(value) <= 0:
-            raise ValueError(f"{what}: expected comma-separated {'/'.join(keys)}=<positive int>, found {item!r}")
+            raise InputError(f"{what}: expected comma-separated {'/'.join(keys)}=<positive int>, found {item!r}")
         sizes[key] = int(value)
     return sizes
 
@@ -419,9 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from verl.hybrid_engine.layouts import FSDPLayout, LayoutError, TrainingLayout, hf_tensor_shapes
+    from verl.hybrid_engine.layouts import FSDPLayout, TrainingLayout, hf_tensor_shapes
     from verl.hybrid_engine.planner import plan_reshard
-    from verl.hybrid_engine.rollout_layout import RolloutLayout, RolloutLayoutError
+    from verl.hybrid_engine.rollout_layout import RolloutLayout
 
     try:
         config = ModelConfig.from_pretrained(args.model)
@@ -431,18 +432,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             train = _parse_sizes(args.train, ("fsdp", "replicate"), "--train")
             training = FSDPLayout(train["fsdp"], train["replicate"])
             if args.push:
-                raise ValueError("--push: expected a Megatron --train layout (tp/pp/dp), found fsdp")
+                raise InputError("--push: expected a Megatron --train layout (tp/pp/dp), found fsdp")
         else:
             train = _parse_sizes(args.train, ("tp", "pp", "dp"), "--train")
             training = TrainingLayout(train["tp"], train["pp"], train["dp"])
             if args.train_dtype not in (None, args.dtype):
-                raise ValueError(f"--train-dtype: expected it only with --train fsdp=..., found {args.train_dtype} "
+                raise InputError(f"--train-dtype: expected it only with --train fsdp=..., found {args.train_dtype} "
                                  "with a Megatron layout (its bench trains in --dtype)")
         if args.nproc != training.world_size:
             sizes = "fsdp*replicate" if fsdp else "tp*pp*dp"
-            raise ValueError(f"--nproc: expected {sizes} = {training.world_size}, found {args.nproc}")
+            raise InputError(f"--nproc: expected {sizes} = {training.world_size}, found {args.nproc}")
         if args.bucket_bytes <= 0 or args.repeats <= 0:
-            raise ValueError(f"--bucket-bytes/--repeats: expected positive integers, found "
+            raise InputError(f"--bucket-bytes/--repeats: expected positive integers, found "
                              f"{args.bucket_bytes}/{args.repeats}")
         plan_reshard(config, training, RolloutLayout(rollout_tp), 0, args.bucket_bytes, args.dtype)
         if args.push == "sglang":
@@ -450,14 +451,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from verl.utils.sglang_env import sglang_importable
 
             if not sglang_importable():
-                raise ValueError(f"--push sglang: expected SGLang importable by {sys.executable}, found none "
+                raise InputError(f"--push sglang: expected SGLang importable by {sys.executable}, found none "
                                  "(bash launch/setup_sglang.sh, then .venv-sglang/bin/verl bench reshard ...)")
             if not torch.cuda.is_available():
                 try:
                     check_cpu_tp(config, rollout_tp)
                 except SGLangRolloutError as err:
-                    raise ValueError(f"--push sglang: {err}") from None
-    except (ModelConfigError, LayoutError, RolloutLayoutError, ValueError) as exc:
+                    raise InputError(f"--push sglang: {err}") from None
+    except InputError as exc:  # ModelConfigError, LayoutError, RolloutLayoutError, the flag checks above
         print(f"verl bench reshard: {exc}", file=sys.stderr)
         return 2
     cfg = dataclasses.asdict(config)

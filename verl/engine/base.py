@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from verl.errors import InputError
 from verl.models.config import ModelConfig
 
 Batch = Mapping[str, torch.Tensor]
@@ -52,10 +53,10 @@ class OptimConfig:
 
     def __post_init__(self):
         if self.lr_decay_style not in ("constant", "linear", "cosine"):
-            raise ValueError(f"optim.lr_decay_style: expected constant, linear or cosine, "
+            raise InputError(f"optim.lr_decay_style: expected constant, linear or cosine, "
                              f"found {self.lr_decay_style!r}")
         if self.total_training_steps < 1 or self.lr_warmup_steps < 0:
-            raise ValueError(f"optim: expected total_training_steps >= 1 and lr_warmup_steps >= 0, found "
+            raise InputError(f"optim: expected total_training_steps >= 1 and lr_warmup_steps >= 0, found "
                              f"{self.total_training_steps} and {self.lr_warmup_steps}")
 
 

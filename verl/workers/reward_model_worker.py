@@ -31,6 +31,7 @@ from verl.engine.roles import RewardModel
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, register
+from verl.utils.checkpoint import CheckpointError
 from verl.workers.role_utils import ACTOR_FIELDS, batch_fields, dp_mesh
 
 
@@ -68,7 +69,7 @@ class RewardModelWorker(Worker):
 
     def _load(self, path: str) -> None:
         if not os.path.isdir(path):
-            raise FileNotFoundError(f"reward model: expected an HF checkpoint directory, found nothing at {path}")
+            raise CheckpointError(f"reward model: expected an HF checkpoint directory, found nothing at {path}")
         spec = EngineSpec(ModelConfig.from_pretrained(path), path, "score", self.config, seed=self.seed,
                           layout_role=self.layout_role)
         # Forward-only: a swap loads in place where the engine can, else rebuilds (no optimizer state is lost).

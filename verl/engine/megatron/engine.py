@@ -35,6 +35,7 @@ from verl.engine.base import Batch, EngineSpec, LossFn, OptimConfig, OutputFn, T
 from verl.engine.megatron.padding import attention_mask_4d, left_align
 from verl.engine.megatron.parallel import ensure_megatron
 from verl.engine.micro_batches import split_micro_batches, token_budget_groups
+from verl.errors import InputError
 from verl.models.config import ModelConfig
 from verl.models.mcore.model import build_gpt_model
 from verl.utils.device import get_device, to_device
@@ -82,14 +83,17 @@ class MegatronEngine(TrainingEngine):
         """An HF directory's safetensors into the model; a bare config.json keeps Megatron's seeded init."""
         from verl.models.hf_io import HFCheckpoint
         from verl.models.mcore.weights import load_hf_into_model
+        from verl.models.spec.registry import model_spec
 
         if not os.path.isdir(model_path):
             return
         checkpoint = HFCheckpoint(model_path)
+        score_head = model_spec(self.config.model_type).score_head.bind(self.config)
 
         def get_hf(name: str) -> torch.Tensor:
-            if name == "score.weight" and self.head == "value" and name not in checkpoint:
-                return torch.zeros(1, self.config.hidden_size)  # an LM checkpoint: the value head starts at zero
+            if self.head == "value" and name in score_head.hf and name not in checkpoint:
+                # A critic built from an LM checkpoint: its value head starts at zero.
+                return torch.zeros(score_head.shapes[score_head.hf.index(name)])
             return checkpoint.get(name)
 
         load_hf_into_model(self.module, self.config, get_hf, self.head)
@@ -194,7 +198,7 @@ class MegatronEngine(TrainingEngine):
         from megatron.core import parallel_state as mpu
 
         if mpu.get_pipeline_model_parallel_world_size() > 1:
-            raise ValueError(f"max_token_len={max_token_len}: token-budget micro-batches vary in rows, which "
+            raise InputError(f"max_token_len={max_token_len}: token-budget micro-batches vary in rows, which "
                              f"pipeline stages cannot exchange: expected pipeline_model_parallel_size 1, found "
                              f"{mpu.get_pipeline_model_parallel_world_size()}")
         groups = token_budget_groups(batch["attention_mask"], max_token_len)
