@@ -32,7 +32,8 @@ def _config(mode: str):
 
     actor = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": None, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0,
                               "loss_agg_mode": mode, "entropy_coeff": 0.01, "use_kl_loss": True,
-                              "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl", "loss_scale_factor": None})
+                              "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl", "loss_scale_factor": None,
+                              "policy_loss": {"loss_mode": "vanilla"}})
     critic = OmegaConf.create({"cliprange_value": 0.5, "loss_agg_mode": mode, "loss_scale_factor": 3.0})
     return actor, critic
 

@@ -97,11 +97,12 @@ def _job(lm_dir, rm_a, rm_b, export_dir, batch):
 
     # Reward model: scores, then a hot swap.
     config = OmegaConf.create({
-        "reward_model": {"model": {"path": rm_a}, "micro_batch_size_per_gpu": 2,
+        "reward_model": {"strategy": "megatron", "model": {"path": rm_a}, "micro_batch_size_per_gpu": 2,
                          "megatron": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
                                       "seed": 1, "dtype": "float32"}},
         "actor_rollout_ref": {"actor": {"megatron": {"tensor_model_parallel_size": 2,
-                                                     "pipeline_model_parallel_size": 1, "seed": 1}}}})
+                                                     "pipeline_model_parallel_size": 1, "seed": 1}}},
+        "trainer": {"seed": 0}})
     rm_wg = WorkerGroup(RewardModelWorker, config, name="reward_model")
     result["rm_a"] = rm_wg.compute_rm_score(DataProto.from_dict(batch)).batch["rm_scores"]
     rm_wg.swap_reward_model(rm_b)

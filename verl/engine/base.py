@@ -66,13 +66,12 @@ def optim_config(optim: Any, total_training_steps: int, use_distributed_optimize
     ``lr_warmup_steps_ratio`` of the total steps; decay over ``lr_decay_steps`` (null: the total steps).
     ``clip_grad``: the FSDP roles' ``grad_clip`` (verl's dp actor/critic key) instead of ``optim.clip_grad``."""
     total = max(1, total_training_steps)
-    warmup = optim.lr_warmup_steps if optim.get("lr_warmup_steps", 0) >= 0 \
-        else int(optim.get("lr_warmup_steps_ratio", 0.0) * total)
+    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else int(optim.lr_warmup_steps_ratio * total)
     return OptimConfig(lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
                        betas=tuple(optim.betas),
                        clip_grad=optim.clip_grad if clip_grad is None else clip_grad, lr_warmup_steps=warmup,
-                       lr_warmup_init=optim.get("lr_warmup_init", 0.0), total_training_steps=total,
-                       lr_decay_steps=optim.get("lr_decay_steps"), lr_decay_style=optim.lr_decay_style,
+                       lr_warmup_init=optim.lr_warmup_init, total_training_steps=total,
+                       lr_decay_steps=optim.lr_decay_steps, lr_decay_style=optim.lr_decay_style,
                        use_distributed_optimizer=use_distributed_optimizer)
 
 

@@ -1,7 +1,6 @@
-"""verl's training ``strategy`` names -> the engine that runs them: the one place the choice is made.
+"""verl's training ``strategy`` -> the engine class that runs it (the names: :mod:`verl.engine.strategies`).
 
-verl's ``fsdp`` (FSDP1) and ``fsdp2`` both run on FSDP2 here. Engine classes are imported on first use, so
-an FSDP run never imports Megatron-core and a config check imports neither.
+Engine classes are imported on first use, so an FSDP run never imports Megatron-core.
 """
 
 from __future__ import annotations
@@ -9,19 +8,13 @@ from __future__ import annotations
 import importlib
 
 from verl.engine.base import EngineSpec, TrainingEngine
-from verl.errors import InputError
+from verl.engine.strategies import STRATEGIES, engine_name
+
+__all__ = ["ENGINES", "STRATEGIES", "build_engine", "engine_class", "engine_name"]
 
 # engine name -> its class ("module:Class"); the engine name is also what its checkpoints record.
 ENGINES = {"megatron": "verl.engine.megatron.engine:MegatronEngine",
            "fsdp": "verl.engine.fsdp.engine:FSDPEngine"}
-STRATEGIES = {"megatron": "megatron", "fsdp": "fsdp", "fsdp2": "fsdp"}  # verl's strategy -> engine name
-
-
-def engine_name(strategy: str) -> str:
-    """The engine (megatron | fsdp) that runs ``strategy``."""
-    if strategy not in STRATEGIES:
-        raise InputError(f"strategy: expected one of {', '.join(STRATEGIES)}, found {strategy!r}")
-    return STRATEGIES[strategy]
 
 
 def engine_class(strategy: str) -> type[TrainingEngine]:

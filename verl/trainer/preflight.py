@@ -9,7 +9,7 @@ import json
 import os
 from typing import Any
 
-from verl.engine.registry import engine_name
+from verl.engine.strategies import engine_name
 from verl.errors import InputError
 from verl.models.hf_io import model_dir_problem
 from verl.utils.checkpoint import CheckpointError, checkpoint_problem

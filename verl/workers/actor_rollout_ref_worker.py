@@ -66,11 +66,6 @@ class PolicyLossConfig:
         return self.global_batch_info if key == "global_batch_info" else self._actor_config.get(key, default)
 
 
-def loss_mode(cfg: Any) -> str:
-    """``actor.policy_loss.loss_mode`` (vanilla when the section is absent)."""
-    return (cfg.get("policy_loss") or {}).get("loss_mode", "vanilla")
-
-
 def policy_loss_fn(cfg: Any, counts: dict[str, int], on_policy: bool = False) -> Callable:
     """verl's PPO actor loss (pg_loss - entropy_coeff * entropy + kl_loss_coef * kl) for ``update_policy``
     with ``global_loss=True``: every term is aggregated with the mini-batch's global ``counts``
@@ -79,8 +74,8 @@ def policy_loss_fn(cfg: Any, counts: dict[str, int], on_policy: bool = False) ->
     (:func:`core_algos.get_policy_loss_fn`: vanilla, gspo, or one a user registered). ``on_policy`` (one
     PPO epoch over one mini-batch, as verl's actor decides it): the old log-probs are the current ones,
     detached, so the ratio is exactly 1 and the old-log-prob input is not read."""
-    info = dict(counts, loss_scale_factor=cfg.get("loss_scale_factor"))
-    policy_loss = core_algos.get_policy_loss_fn(loss_mode(cfg))
+    info = dict(counts, loss_scale_factor=cfg.loss_scale_factor)
+    policy_loss = core_algos.get_policy_loss_fn(cfg.policy_loss.loss_mode)
     loss_config = PolicyLossConfig(cfg, dict(counts))
 
     def loss_fn(outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
@@ -132,8 +127,8 @@ class ActorRolloutRefWorker(Worker):
         self.config = config
         arr = config.actor_rollout_ref
         self.actor_config, self.rollout_config = arr.actor, arr.rollout
-        self.strategy = arr.actor.get("strategy", "megatron")
-        if loss_mode(arr.actor) == "gspo" and arr.actor.loss_agg_mode != core_algos.GSPO_LOSS_AGG_MODE:
+        self.strategy = arr.actor.strategy
+        if arr.actor.policy_loss.loss_mode == "gspo" and arr.actor.loss_agg_mode != core_algos.GSPO_LOSS_AGG_MODE:
             logger.warning("actor.policy_loss.loss_mode=gspo aggregates the policy loss %s (GSPO's objective, as "
                            "verl) whatever actor.loss_agg_mode=%s says; the entropy and KL terms use %s",
                            core_algos.GSPO_LOSS_AGG_MODE, arr.actor.loss_agg_mode, arr.actor.loss_agg_mode)
@@ -204,7 +199,7 @@ class ActorRolloutRefWorker(Worker):
             seed=config.trainer.seed, group_index=self.rollout_dp_rank % local_groups, num_groups=local_groups,
             max_rows=rows, max_seq_len=data.max_prompt_length + data.max_response_length,
             mem_fraction_static=rollout.gpu_memory_utilization, free_cache_engine=rollout.free_cache_engine,
-            engine_kwargs=dict((rollout.get("engine_kwargs") or {}).get("sglang") or {}))
+            engine_kwargs=dict(rollout.engine_kwargs.sglang))
 
     def shutdown(self) -> None:
         """Stop what outlives a step: the SGLang engine this rank owns (nothing for the native engine)."""

@@ -39,7 +39,7 @@ def value_loss_fn(cfg: Any, counts: dict[str, int]) -> Callable:
         vf_loss, vf_clipfrac = core_algos.compute_value_loss(
             vpreds=vpreds, returns=mb["returns"], values=mb["values"], response_mask=mask,
             cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode,
-            loss_scale_factor=cfg.get("loss_scale_factor"), **counts)
+            loss_scale_factor=cfg.loss_scale_factor, **counts)
         vpred_mean = (vpreds * mask).sum() / mask.sum().clamp(min=1)
         return vf_loss, {"critic/vf_loss": vf_loss, "critic/vf_clipfrac": vf_clipfrac,
                          "critic/vpred_mean": vpred_mean}
@@ -50,7 +50,7 @@ def value_loss_fn(cfg: Any, counts: dict[str, int]) -> Callable:
 class CriticWorker(Worker):
     def __init__(self, config: Any, total_training_steps: int = 1):
         self.config = config.critic
-        self.strategy = self.config.get("strategy", "megatron")
+        self.strategy = self.config.strategy
         self.n = config.actor_rollout_ref.rollout.n
         model_config = ModelConfig.from_pretrained(self.config.model.path)
         options = dict(micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,

@@ -23,7 +23,6 @@ import os
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from verl.engine.base import EngineSpec
 from verl.engine.registry import build_engine
@@ -60,8 +59,8 @@ def checkpoint_fingerprint(path: str) -> tuple:
 class RewardModelWorker(Worker):
     def __init__(self, config: Any):
         self.config = config.reward_model
-        self.strategy = self.config.get("strategy", "megatron")
-        self.seed = int(OmegaConf.select(config, "trainer.seed", default=0))  # a bare config's random init
+        self.strategy = self.config.strategy
+        self.seed = int(config.trainer.seed)  # the random init of a model given by its config alone
         self.layout_role = config.actor_rollout_ref.actor  # the process's parallel layout is the actor's
         self.rm = None
         self.model_path = None

@@ -36,7 +36,7 @@ def ppo_mini_batches(data: dict[str, torch.Tensor], mini_batch_size: int, epochs
 def token_budget(section: Any, use_key: str, budget_key: str) -> int | None:
     """verl's dynamic batch size: ``section[budget_key]`` (valid tokens per micro-batch) when
     ``section[use_key]`` is on, else None (micro-batches of a fixed row count)."""
-    return int(section[budget_key]) if section.get(use_key) else None
+    return int(section[budget_key]) if section[use_key] else None
 
 
 def global_batch_info(response_mask: torch.Tensor, dp_group: Any = None) -> dict[str, int]:

@@ -46,8 +46,6 @@ from verl.models.hf_io import has_hf_weights
 from verl.utils.device import get_device, is_cuda_available, to_device
 from verl.utils.torch_dtypes import torch_dtype
 
-VERL_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # the dtype table has the long names
-
 
 class LRSchedule:
     """Megatron's OptimizerParamScheduler rule, so an FSDP run follows the same LR curve as a Megatron
@@ -166,7 +164,7 @@ class FSDPEngine(TrainingEngine):
         """From the role's ``fsdp_config``, ``grad_clip`` and ``optim`` and ``spec.model``; the weights are always
         read from ``spec.model_path`` (each rank loads its shards), whoever sets them afterwards."""
         optim = None if spec.optim is None else optim_config(spec.optim, spec.total_training_steps,
-                                                              clip_grad=spec.role.get("grad_clip"))
+                                                              clip_grad=spec.role.grad_clip)
         return fsdp_engine(spec.model_config, spec.model_path, spec.head, spec.role, spec.model, optim, spec.seed)
 
     @property
@@ -311,20 +309,20 @@ def fsdp_engine(model_config: ModelConfig, model_path: str, head: str, role: Any
     ``mixed_precision.{param,reduce}_dtype``, ``offload_policy``, ``reshard_after_forward``) and the
     actor's ``model`` section (``enable_gradient_checkpointing``, ``use_remove_padding``)."""
 
-    def dtype(name: str | None):  # verl writes FSDP dtypes short (fp32, bf16)
-        return torch_dtype(VERL_DTYPE_NAMES.get(name, name)) if name else None
+    def dtype(name: str | None):
+        return torch_dtype(name) if name else None
 
-    fsdp = role.get("fsdp_config") or {}
-    mixed = fsdp.get("mixed_precision") or {}
+    fsdp = role.fsdp_config
+    mixed = fsdp.mixed_precision
     gpu = is_cuda_available()
     # Unset: bf16 compute with fp32 gradient reductions on GPUs (verl's default), the master dtype on the CPU.
-    model = model or {}
     return FSDPEngine(
-        model_config, model_path, fsdp_mesh(fsdp.get("fsdp_size", -1)), head, optim,
-        model_dtype=dtype(fsdp.get("model_dtype") or "fp32"),
-        param_dtype=dtype(mixed.get("param_dtype") or ("bfloat16" if gpu else None)),
-        reduce_dtype=dtype(mixed.get("reduce_dtype") or ("float32" if gpu else None)),
-        offload=bool(fsdp.get("offload_policy") or fsdp.get("param_offload")),
-        reshard_after_forward=bool(fsdp.get("reshard_after_forward", True)),
-        gradient_checkpointing=bool(model.get("enable_gradient_checkpointing", False)),
-        remove_padding=bool(model.get("use_remove_padding", False)), seed=seed)
+        model_config, model_path, fsdp_mesh(fsdp.fsdp_size), head, optim,
+        model_dtype=dtype(fsdp.model_dtype),
+        param_dtype=dtype(mixed.param_dtype or ("bfloat16" if gpu else None)),
+        reduce_dtype=dtype(mixed.reduce_dtype or ("float32" if gpu else None)),
+        # reward_model.fsdp_config has no offload_policy key
+        offload=bool(fsdp.get("offload_policy") or fsdp.param_offload),
+        reshard_after_forward=bool(fsdp.reshard_after_forward),
+        gradient_checkpointing=model is not None and bool(model.enable_gradient_checkpointing),
+        remove_padding=model is not None and bool(model.use_remove_padding), seed=seed)

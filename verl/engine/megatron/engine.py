@@ -346,10 +346,12 @@ def engine_options(megatron: Any, model: Any = None) -> dict[str, Any]:
     Megatron workers do unless the overrides say otherwise."""
     from verl.utils.torch_dtypes import DTYPES
 
+    # The reference's and the reward model's sections have no override_transformer_config, the reward model's
+    # no sequence_parallel: they run without.
     overrides = {k: v for k, v in dict(megatron.get("override_transformer_config") or {}).items() if v is not None}
-    if model is not None and model.get("enable_gradient_checkpointing") and "recompute_granularity" not in overrides:
+    if model is not None and model.enable_gradient_checkpointing and "recompute_granularity" not in overrides:
         overrides.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    return {"params_dtype": DTYPES[megatron.get("dtype", "float32")],
+    return {"params_dtype": DTYPES[megatron.dtype],
             "sequence_parallel": bool(megatron.get("sequence_parallel", False)),
             "transformer_overrides": overrides}
 

@@ -28,6 +28,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from verl.algorithms.core_algos import KL_PENALTY_CHOICES, LOSS_AGG_MODES, POLICY_LOSS_REGISTRY, AdvantageEstimator
+from verl.engine.strategies import FSDP_STRATEGIES, STRATEGIES
+from verl.engine.strategies import is_fsdp as is_fsdp_strategy
+from verl.trainer.config.derived import (
+    ARR,
+    actor_dp_size,
+    is_fsdp,
+    model_parallel_sizes,
+    reshard_bucket_bytes,
+    use_critic,
+    use_reference,
+    world_size,
+)
 from verl.trainer.config.loader import (
     HYDRA_IGNORED,
     PACKAGED_CONFIG_DIR,
@@ -43,6 +55,7 @@ from verl.trainer.config.loader import (
 )
 from verl.utils.dataset.rl_dataset import TRUNCATION_MODES
 from verl.utils.logging_utils import get_logger
+from verl.utils.torch_dtypes import FSDP_DTYPE_NAMES, TRAINING_DTYPES
 from verl.utils.tracking import check_backends
 
 logger = get_logger(__name__)
@@ -64,13 +77,9 @@ IGNORED_SECTIONS = {**HYDRA_IGNORED, "ray_kwargs": "verl-hpc runs no Ray: its ra
 SECTION_ALIASES = {"critic.fsdp": "critic.fsdp_config"}
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 ADV_ESTIMATORS = tuple(e.value for e in AdvantageEstimator)
-MEGATRON_DTYPES = ("float32", "bfloat16")
-STRATEGIES = ("megatron", "fsdp", "fsdp2")  # fsdp and fsdp2 both run on FSDP2 (verl: fsdp = FSDP1)
-FSDP_DTYPES = ("fp32", "bf16", "float32", "bfloat16")  # verl writes the short names
 # The smallest bucket the planner is allowed: a 4 KiB page (a bucket holds one element per micro-DP
 # rank at least; smaller buckets only multiply collective calls).
 MIN_BUCKET_BYTES = 4096
-ROLES_WITH_MEGATRON = ("actor_rollout_ref.ref", "critic", "reward_model")
 
 
 def _optim_rules(prefix: str) -> dict[str, Rule]:
@@ -93,7 +102,6 @@ def _positive(*keys: str) -> dict[str, Rule]:
     return {key: rule(ge=1) for key in keys}
 
 
-ARR = "actor_rollout_ref"
 FSDP_ROLES = (f"{ARR}.actor", f"{ARR}.ref", "critic", "reward_model")
 RULES: dict[str, Rule] = {
     "model_engine": rule(choices=tuple(MODEL_ENGINES)),
@@ -134,8 +142,8 @@ RULES: dict[str, Rule] = {
     f"{ARR}.actor.kl_loss_coef": rule(ge=0),
     f"{ARR}.actor.kl_loss_type": rule(choices=KL_PENALTY_CHOICES),
     **_optim_rules(f"{ARR}.actor.optim"),
-    f"{ARR}.actor.megatron.dtype": rule(choices=MEGATRON_DTYPES),
-    **{f"{role}.fsdp_config.{key}": rule(choices=FSDP_DTYPES) for role in FSDP_ROLES
+    f"{ARR}.actor.megatron.dtype": rule(choices=TRAINING_DTYPES),
+    **{f"{role}.fsdp_config.{key}": rule(choices=FSDP_DTYPE_NAMES) for role in FSDP_ROLES
        for key in ("model_dtype", "mixed_precision.param_dtype", "mixed_precision.reduce_dtype")},
     **{f"{role}.fsdp_config.fsdp_size": rule(int, ge=-1) for role in FSDP_ROLES},
     **{f"{role}.grad_clip": rule(ge=0) for role in (f"{ARR}.actor", "critic")},
@@ -150,7 +158,7 @@ RULES: dict[str, Rule] = {
     f"{ARR}.ref.megatron.virtual_pipeline_model_parallel_size": rule(int, ge=1),
     f"{ARR}.rollout.name": rule(choices=("native", "sglang", "vllm", "hf", "trtllm")),
     f"{ARR}.rollout.mode": rule(choices=("sync", "async")),
-    f"{ARR}.rollout.dtype": rule(choices=MEGATRON_DTYPES),
+    f"{ARR}.rollout.dtype": rule(choices=TRAINING_DTYPES),
     f"{ARR}.rollout.temperature": rule(ge=0),
     f"{ARR}.rollout.top_k": rule(ge=-1),
     f"{ARR}.rollout.top_p": rule(gt=0, le=1),
@@ -387,45 +395,13 @@ def _settle_engine(cfg: dict[str, Any], engine: str | None) -> None:
     strategy = cfg[ARR]["actor"]["strategy"]
     backend = "dp" if is_fsdp(cfg) else "megatron"
     if engine is not None and backend != engine:
-        expected = "fsdp or fsdp2" if engine == "dp" else "megatron"
+        expected = " or ".join(FSDP_STRATEGIES) if engine == "dp" else "megatron"
         raise ConfigError(f"{ARR}.actor.strategy: expected {expected} with model_engine={engine} (it picks the "
                           f"backend), found {strategy!r}")
     cfg["model_engine"] = backend
 
 
 # --------------------------------------------------------------------------- semantic checks
-def world_size(cfg: dict[str, Any]) -> int:
-    return cfg["trainer"]["nnodes"] * cfg["trainer"]["n_gpus_per_node"]
-
-
-def is_fsdp(cfg: dict[str, Any]) -> bool:
-    return cfg[ARR]["actor"]["strategy"] in ("fsdp", "fsdp2")
-
-
-def model_parallel_sizes(cfg: dict[str, Any]) -> tuple[int, int]:
-    """The actor's (tp, pp): Megatron's, or (1, 1) under FSDP (every rank is a DP rank)."""
-    if is_fsdp(cfg):
-        return 1, 1
-    mega = cfg[ARR]["actor"]["megatron"]
-    return mega["tensor_model_parallel_size"], mega["pipeline_model_parallel_size"]
-
-
-def actor_dp_size(cfg: dict[str, Any]) -> int:
-    """How many ranks the actor's (and every colocated role's) batches are split over."""
-    tp, pp = model_parallel_sizes(cfg)
-    return world_size(cfg) // (tp * pp)
-
-
-def use_critic(cfg: dict[str, Any]) -> bool:
-    """verl: ``critic.enable``, or when that is null, a critic exactly when advantages come from GAE."""
-    enable = cfg["critic"].get("enable")
-    return cfg["algorithm"]["adv_estimator"] == "gae" if enable is None else bool(enable)
-
-
-def use_reference(cfg: dict[str, Any]) -> bool:
-    return cfg["algorithm"]["use_kl_in_reward"] or cfg["actor_rollout_ref"]["actor"]["use_kl_loss"]
-
-
 def _check_divides(what: str, divisor: int, total_what: str, total: int) -> None:
     if total % divisor:
         raise ConfigError(f"{what}={divisor}: expected a divisor of {total_what}={total}, "
@@ -584,13 +560,13 @@ def _check_role_layouts(cfg: dict[str, Any]) -> None:
     sections = {f"{ARR}.ref": cfg[ARR]["ref"], "critic": cfg["critic"], "reward_model": cfg["reward_model"]}
     strategy = cfg[ARR]["actor"]["strategy"]
     for name, section in sections.items():
-        if used[name] and (section["strategy"] in STRATEGIES[1:]) != is_fsdp(cfg):
+        if used[name] and is_fsdp_strategy(section["strategy"]) != is_fsdp(cfg):
             raise ConfigError(f"{name}.strategy: expected the actor's backend ({ARR}.actor.strategy={strategy}: "
                               f"colocated roles share one process), found {section['strategy']!r}")
     if is_fsdp(cfg):
         size = cfg[ARR]["actor"]["fsdp_config"]["fsdp_size"]
         for name, section in sections.items():
-            if used[name] and section["fsdp_config"].get("fsdp_size", size) != size:
+            if used[name] and section["fsdp_config"]["fsdp_size"] != size:
                 raise ConfigError(f"{name}.fsdp_config.fsdp_size: expected the actor's {size} (one device mesh per "
                                   f"process), found {section['fsdp_config']['fsdp_size']}")
         return
@@ -598,7 +574,7 @@ def _check_role_layouts(cfg: dict[str, Any]) -> None:
     for name, section in sections.items():
         mega = section["megatron"]
         for key in LAYOUT_KEYS:
-            if used[name] and mega.get(key, actor[key]) != actor[key]:
+            if used[name] and mega[key] != actor[key]:
                 raise ConfigError(f"{name}.megatron.{key}: expected the actor's {actor[key]!r} (colocated roles share "
                                   f"one Megatron parallel state per process), found {mega[key]!r}")
     rollout_dtype = cfg[ARR]["rollout"]["dtype"]
@@ -658,9 +634,7 @@ def _derive(cfg: dict[str, Any], base_dir: str) -> None:
     cfg["critic"]["model"]["path"] = resolve_path(cfg["critic"]["model"]["path"], base_dir) or arr["model"]["path"]
     for key in ("rollout_data_dir", "validation_data_dir", "resume_from_path"):
         trainer[key] = resolve_path(trainer[key], base_dir) if trainer[key] else trainer[key]
-    if cfg["hybrid_engine"]["bucket_bytes"] is None:
-        cfg["hybrid_engine"]["bucket_bytes"] = \
-            arr["rollout"]["checkpoint_engine"]["update_weights_bucket_megabytes"] * 2**20
+    cfg["hybrid_engine"]["bucket_bytes"] = reshard_bucket_bytes(cfg)
     # verl's deprecated global micro-batch sizes, when given, become per-GPU ones (as verl's workers do).
     dp = actor_dp_size(cfg)
     for section, key in ((arr["actor"], "ppo_micro_batch_size"), (arr["ref"], "log_prob_micro_batch_size"),

@@ -64,12 +64,11 @@ import torch
 from tqdm import tqdm
 
 from verl.algorithms import core_algos
-from verl.engine.registry import engine_name
 from verl.errors import InputError
 from verl.protocol import DataProto
 from verl.single_controller import WorkerGroup, all_gather_objects, broadcast_object
 from verl.trainer import metrics as metric_utils
-from verl.trainer.config import use_critic, use_reference
+from verl.trainer.config import actor_dp_size, use_critic, use_reference
 from verl.trainer.ppo.advantage import apply_kl_penalty, compute_advantage
 from verl.utils import checkpoint as ckpt
 from verl.utils.flops_counter import device_peak_flops
@@ -117,11 +116,7 @@ def balance_layout(config: Any, world_size: int) -> tuple[int, int]:
     divides both keeps every mini-batch's set of sequences, so the balanced step optimises the same thing.
     A role that shuffles its mini-batches (``shuffle``) draws them at random from the rank's share anyway."""
     arr = config.actor_rollout_ref
-    if engine_name(arr.actor.strategy) == "fsdp":  # every rank is a DP rank
-        dp = world_size
-    else:
-        dp = world_size // (arr.actor.megatron.tensor_model_parallel_size
-                            * arr.actor.megatron.pipeline_model_parallel_size)
+    dp = actor_dp_size(config, world_size)
     n = arr.rollout.n
     roles = [arr.actor] + ([config.critic] if use_critic(config) else [])
     sizes = [role.ppo_mini_batch_size * n // dp for role in roles if not role.shuffle]

@@ -1,0 +1,28 @@
+"""verl's training ``strategy`` names and the engine each one runs on: the one table the config check and the
+engine registry (:mod:`verl.engine.registry`) both read.
+
+verl's ``fsdp`` (FSDP1) and ``fsdp2`` both run on FSDP2 here. Torch-free, so that checking a config imports no
+engine.
+"""
+
+from __future__ import annotations
+
+from verl.errors import InputError
+
+STRATEGIES = {"megatron": "megatron", "fsdp": "fsdp", "fsdp2": "fsdp"}  # verl's strategy -> engine name
+FSDP_ENGINE = "fsdp"
+
+
+def engine_name(strategy: str) -> str:
+    """The engine (megatron | fsdp) that runs ``strategy``."""
+    if strategy not in STRATEGIES:
+        raise InputError(f"strategy: expected one of {', '.join(STRATEGIES)}, found {strategy!r}")
+    return STRATEGIES[strategy]
+
+
+def is_fsdp(strategy: str) -> bool:
+    """Whether ``strategy`` runs on the FSDP engine (every rank a DP rank) rather than Megatron's (t, p, d)."""
+    return engine_name(strategy) == FSDP_ENGINE
+
+
+FSDP_STRATEGIES = tuple(name for name in STRATEGIES if is_fsdp(name))
