@@ -56,7 +56,8 @@ def _job(hf_dir, value_weight, score_weight, batch):
     from verl.engine.megatron.engine import MegatronEngine, OptimConfig
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.engine.roles import Actor, Critic, RewardModel
-    from verl.models.mcore.weights import HFCheckpoint, load_hf_into_model
+    from verl.models.hf_io import HFCheckpoint
+    from verl.models.mcore.weights import load_hf_into_model
 
     config = model_config(hf_dir)
     checkpoint = HFCheckpoint(hf_dir)
