@@ -39,7 +39,7 @@ def value_loss_fn(cfg: Any, counts: dict[str, int]) -> Callable:
         vf_loss, vf_clipfrac = core_algos.compute_value_loss(
             vpreds=vpreds, returns=mb["returns"], values=mb["values"], response_mask=mask,
             cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode,
-            loss_scale_factor=cfg.loss_scale_factor, **counts)
+            loss_scale_factor=cfg.get("loss_scale_factor"), **counts)  # not a key of the packaged critic section
         vpred_mean = (vpreds * mask).sum() / mask.sum().clamp(min=1)
         return vf_loss, {"critic/vf_loss": vf_loss, "critic/vf_clipfrac": vf_clipfrac,
                          "critic/vpred_mean": vpred_mean}
