@@ -76,8 +76,6 @@ def reference_rm_scores(model, batch):
 
 
 def _job(lm_dir, rm_a, rm_b, export_dir, batch):
-    from omegaconf import OmegaConf
-
     from verl.engine.megatron.engine import MegatronEngine
     from verl.engine.megatron.padding import restore
     from verl.engine.megatron.parallel import initialize_megatron
@@ -90,20 +88,22 @@ def _job(lm_dir, rm_a, rm_b, export_dir, batch):
     from verl.models.mcore.weights import load_hf_into_model
     from verl.protocol import DataProto
     from verl.single_controller import WorkerGroup
+    from verl.trainer.config import load_config
+    from verl.workers.config import ActorConfig, RewardModelConfig
     from verl.workers.reward_model_worker import RewardModelWorker
 
     initialize_megatron(2, 1, seed=1)
     result = {}
 
-    # Reward model: scores, then a hot swap.
-    config = OmegaConf.create({
-        "reward_model": {"strategy": "megatron", "model": {"path": rm_a}, "micro_batch_size_per_gpu": 2,
-                         "megatron": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
-                                      "seed": 1, "dtype": "float32"}},
-        "actor_rollout_ref": {"actor": {"megatron": {"tensor_model_parallel_size": 2,
-                                                     "pipeline_model_parallel_size": 1, "seed": 1}}},
-        "trainer": {"seed": 0}})
-    rm_wg = WorkerGroup(RewardModelWorker, config, name="reward_model")
+    # Reward model: scores, then a hot swap. Its section and the actor's (whose layout it follows) as the
+    # trainer builds them from the packaged defaults.
+    config = load_config(None, [f"reward_model.model.path={rm_a}", "reward_model.micro_batch_size_per_gpu=2",
+                                "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                                "actor_rollout_ref.actor.megatron.seed=1", "trainer.n_gpus_per_node=2",
+                                "trainer.seed=0"], resolve_only=True)
+    rm_wg = WorkerGroup(RewardModelWorker, RewardModelConfig.from_tree(config.reward_model, "reward_model"),
+                        layout_role=ActorConfig.from_tree(config.actor_rollout_ref.actor, "actor_rollout_ref.actor"),
+                        seed=config.trainer.seed, name="reward_model")
     result["rm_a"] = rm_wg.compute_rm_score(DataProto.from_dict(batch)).batch["rm_scores"]
     rm_wg.swap_reward_model(rm_b)
     result["rm_b"] = rm_wg.compute_rm_score(DataProto.from_dict(batch)).batch["rm_scores"]

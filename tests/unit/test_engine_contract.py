@@ -7,7 +7,9 @@ import pytest
 
 from verl.engine.base import TrainingEngine
 from verl.engine.registry import STRATEGIES, build_engine, engine_class, engine_name
-from verl.trainer.config.ppo import STRATEGIES as CONFIG_STRATEGIES
+from verl.trainer.config.ppo import RULES
+
+CONFIG_STRATEGIES = RULES["actor_rollout_ref.actor.strategy"].choices  # what the config accepts
 
 
 def test_every_verl_strategy_maps_to_its_engine():

@@ -423,6 +423,7 @@ def test_the_critic_engine_reads_the_critic_model_keys(data_args, monkeypatch, s
     from verl.engine.fsdp import engine as fsdp_engine
     from verl.engine.megatron import engine as megatron_engine
     from verl.workers import critic_worker
+    from verl.workers.config import CriticConfig
 
     seen = {}
 
@@ -442,6 +443,6 @@ def test_the_critic_engine_reads_the_critic_model_keys(data_args, monkeypatch, s
     config = load_config(PPO, [*data_args, f"model_engine={'dp' if strategy == 'fsdp' else 'megatron'}",
                                "critic.model.enable_gradient_checkpointing=True"])
     with pytest.raises(Built):
-        critic_worker.CriticWorker(config)
+        critic_worker.CriticWorker(CriticConfig.from_tree(config.critic, "critic"), rollout_n=1, seed=1)
     model = seen["fsdp"][4] if strategy == "fsdp" else seen["megatron"][1]
     assert model.enable_gradient_checkpointing is True and model.use_remove_padding is False

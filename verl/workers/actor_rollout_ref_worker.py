@@ -32,6 +32,7 @@ from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils.logging_utils import get_logger
 from verl.utils.torch_dtypes import DTYPES
+from verl.workers.config import ActorRolloutRefConfig
 from verl.workers.role_utils import (
     ACTOR_FIELDS,
     batch_fields,
@@ -115,17 +116,20 @@ def _copy_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
 
 # --------------------------------------------------------------------------- the worker
 class ActorRolloutRefWorker(Worker):
-    """``role``: "actor_rollout_ref" (with reference policy) or "actor_rollout"."""
+    """``role``: "actor_rollout_ref" (with reference policy) or "actor_rollout". Besides its section, from the
+    rest of the config: ``seed`` (trainer.seed), ``bucket_bytes`` (the reshard's bucket), ``response_length``
+    (data.max_response_length), ``max_seq_len`` (prompt + response) and ``max_batch_rows`` (the most responses
+    one generation call makes: a training or a validation batch's)."""
 
-    def __init__(self, config: Any, role: str = "actor_rollout_ref", total_training_steps: int = 1,
-                 tokenizer: Any = None):
+    def __init__(self, config: ActorRolloutRefConfig, role: str = "actor_rollout_ref", total_training_steps: int = 1,
+                 tokenizer: Any = None, *, seed: int, bucket_bytes: int, response_length: int, max_seq_len: int,
+                 max_batch_rows: int):
         from verl.engine.rollout.base import SamplingParams
         from verl.engine.rollout.native.engine import NativeRollout
 
         if role not in ("actor_rollout_ref", "actor_rollout"):
             raise ValueError(f"role: expected 'actor_rollout_ref' or 'actor_rollout', found {role!r}")
-        self.config = config
-        arr = config.actor_rollout_ref
+        self.config = arr = config  # the actor_rollout_ref section
         self.actor_config, self.rollout_config = arr.actor, arr.rollout
         self.strategy = arr.actor.strategy
         if arr.actor.policy_loss.loss_mode == "gspo" and arr.actor.loss_agg_mode != core_algos.GSPO_LOSS_AGG_MODE:
@@ -136,7 +140,7 @@ class ActorRolloutRefWorker(Worker):
         self.log_prob_max_token_len = token_budget(arr.rollout, "log_prob_use_dynamic_bsz",
                                                    "log_prob_max_token_len_per_gpu")
         spec = EngineSpec(self.model_config, arr.model.path, "lm", arr.actor, arr.model, arr.actor.optim,
-                          total_training_steps, seed=int(config.trainer.seed))
+                          total_training_steps, seed=seed)
         engine = build_engine(self.strategy, spec)
         ref_engine = None
         if role == "actor_rollout_ref":  # built after the actor, whose layout it shares
@@ -166,15 +170,16 @@ class ActorRolloutRefWorker(Worker):
         pad_id = tokenizer.pad_token_id if tokenizer is not None else 0
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
         if use_sglang:
-            self.rollout = self._sglang_rollout(config, my_group_ranks, tp_group, pad_id)
+            self.rollout = self._sglang_rollout(my_group_ranks, tp_group, pad_id, seed, bucket_bytes, max_seq_len,
+                                                max_batch_rows)
         else:
             self.rollout = NativeRollout(self.model_config, tp_group=tp_group, dtype=DTYPES[arr.rollout.dtype],
                                          pad_token_id=pad_id)
         self.hybrid_engine = HybridEngine(engine, self.rollout, self.model_config, training, rollout_tp,
-                                          config.hybrid_engine.bucket_bytes, arr.rollout.dtype)
+                                          bucket_bytes, arr.rollout.dtype)
         self.hybrid_engine.to_training()  # start with the rollout memory released
         self._rollout_synced = False  # the rollout engine holds the actor's current weights
-        common = dict(response_length=config.data.max_response_length, ignore_eos=arr.rollout.ignore_eos,
+        common = dict(response_length=response_length, ignore_eos=arr.rollout.ignore_eos,
                       eos_token_id=() if self.eos_token_id is None else (self.eos_token_id,))
         self.train_sampling = SamplingParams(temperature=arr.rollout.temperature, top_p=arr.rollout.top_p,
                                              top_k=arr.rollout.top_k, do_sample=arr.rollout.do_sample,
@@ -183,21 +188,21 @@ class ActorRolloutRefWorker(Worker):
         self.val_sampling = SamplingParams(temperature=val.temperature, top_p=val.top_p, top_k=val.top_k,
                                            do_sample=val.do_sample, n=val.n, **common)
 
-    def _sglang_rollout(self, config: Any, group_ranks: tuple[int, ...], tp_group: Any, pad_id: int):
+    def _sglang_rollout(self, group_ranks: tuple[int, ...], tp_group: Any, pad_id: int, seed: int, bucket_bytes: int,
+                        max_seq_len: int, max_batch_rows: int):
         """One SGLang engine per rollout TP group, owned by the group's first rank (see sglang_group)."""
         from verl.engine.rollout.sglang_group import SGLangGroupRollout
         from verl.launcher.env import discover
 
-        rollout, data = config.actor_rollout_ref.rollout, config.data
+        rollout = self.config.rollout
         # Rows one engine generates at once: its replica's share of a training or a validation batch.
-        val_rows = (data.val_batch_size or data.train_batch_size) * rollout.val_kwargs.n
-        rows = -(-max(data.train_batch_size * rollout.n, val_rows) // self.rollout_dp_size)
+        rows = -(-max_batch_rows // self.rollout_dp_size)
         local_groups = max(1, discover().local_world_size // len(group_ranks))
         return SGLangGroupRollout(
-            self.model_config, config.actor_rollout_ref.model.path, group_ranks, tp_group,
-            dtype=DTYPES[rollout.dtype], bucket_bytes=config.hybrid_engine.bucket_bytes, pad_token_id=pad_id,
-            seed=config.trainer.seed, group_index=self.rollout_dp_rank % local_groups, num_groups=local_groups,
-            max_rows=rows, max_seq_len=data.max_prompt_length + data.max_response_length,
+            self.model_config, self.config.model.path, group_ranks, tp_group,
+            dtype=DTYPES[rollout.dtype], bucket_bytes=bucket_bytes, pad_token_id=pad_id,
+            seed=seed, group_index=self.rollout_dp_rank % local_groups, num_groups=local_groups,
+            max_rows=rows, max_seq_len=max_seq_len,
             mem_fraction_static=rollout.gpu_memory_utilization, free_cache_engine=rollout.free_cache_engine,
             engine_kwargs=dict(rollout.engine_kwargs.sglang))
 
@@ -324,4 +329,4 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
         """The actor as an HF model directory at ``path`` (replaced atomically; see ``models/hf_export.py``)."""
-        self.actor.engine.export_hf(self.config.actor_rollout_ref.model.path, path, self.tokenizer)
+        self.actor.engine.export_hf(self.config.model.path, path, self.tokenizer)

@@ -19,6 +19,7 @@ from verl.engine.roles import Critic
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, register
+from verl.workers.config import CriticConfig
 from verl.workers.role_utils import (
     ACTOR_FIELDS,
     batch_fields,
@@ -48,10 +49,12 @@ def value_loss_fn(cfg: Any, counts: dict[str, int]) -> Callable:
 
 
 class CriticWorker(Worker):
-    def __init__(self, config: Any, total_training_steps: int = 1):
-        self.config = config.critic
+    """``rollout_n``: responses per prompt (a mini-batch's rows); ``seed``: trainer.seed."""
+
+    def __init__(self, config: CriticConfig, total_training_steps: int = 1, *, rollout_n: int, seed: int):
+        self.config = config
         self.strategy = self.config.strategy
-        self.n = config.actor_rollout_ref.rollout.n
+        self.n = rollout_n
         model_config = ModelConfig.from_pretrained(self.config.model.path)
         options = dict(micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,
                        max_token_len=token_budget(self.config, "use_dynamic_bsz", "ppo_max_token_len_per_gpu"),
@@ -61,7 +64,7 @@ class CriticWorker(Worker):
         # the actor's layout (checked at config time: one parallel state per process).
         engine = build_engine(self.strategy, EngineSpec(
             model_config, self.config.model.path, "value", self.config, self.config.model, self.config.optim,
-            total_training_steps, seed=int(config.trainer.seed)))
+            total_training_steps, seed=seed))
         self.critic = Critic(engine, **options)
         self.dp_size = engine.dp_size
 

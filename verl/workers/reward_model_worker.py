@@ -20,7 +20,6 @@ its batches are split over its engine's DP replicas (MEGATRON_COMPUTE_PROTO).
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 
@@ -31,6 +30,7 @@ from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, register
 from verl.utils.checkpoint import CheckpointError
+from verl.workers.config import ActorConfig, RewardModelConfig
 from verl.workers.role_utils import ACTOR_FIELDS, batch_fields, dp_mesh
 
 
@@ -57,11 +57,14 @@ def checkpoint_fingerprint(path: str) -> tuple:
 
 
 class RewardModelWorker(Worker):
-    def __init__(self, config: Any):
-        self.config = config.reward_model
+    """``layout_role``: the actor's section, whose parallel layout this process follows; ``seed``: trainer.seed
+    (the random init of a model given by its config alone)."""
+
+    def __init__(self, config: RewardModelConfig, *, layout_role: ActorConfig, seed: int):
+        self.config = config
         self.strategy = self.config.strategy
-        self.seed = int(config.trainer.seed)  # the random init of a model given by its config alone
-        self.layout_role = config.actor_rollout_ref.actor  # the process's parallel layout is the actor's
+        self.seed = seed
+        self.layout_role = layout_role
         self.rm = None
         self.model_path = None
         self._load(self.config.model.path)

@@ -9,7 +9,8 @@ role's strategy follows it) and, without ``--config-name``, the config (:func:`d
 ``ray_kwargs.*`` is dropped with one warning (no Ray here); verl 0.9's ``critic.fsdp`` section is
 ``critic.fsdp_config``; ``trainer.use_v1`` runs the one synchronous trainer. Then it checks:
 
-- every leaf's type, choices and range (:data:`RULES`);
+- every leaf's type, choices and range (:data:`RULES`; the rules of the roles' sections, ``actor_rollout_ref``,
+  ``critic`` and ``reward_model``, are those of their typed sections' fields, :mod:`verl.workers.config`);
 - the keys that have no meaning on this stack (:data:`REFUSED`): accepted by the parser, refused here with
   one line saying why and what to use instead;
 - parallel sizes against the model (tp | heads, kv heads, ffn; pp | layers) and the world size
@@ -27,8 +28,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from verl.algorithms.core_algos import KL_PENALTY_CHOICES, LOSS_AGG_MODES, POLICY_LOSS_REGISTRY, AdvantageEstimator
-from verl.engine.strategies import FSDP_STRATEGIES, STRATEGIES
+from verl.algorithms.core_algos import KL_PENALTY_CHOICES, AdvantageEstimator
+from verl.engine.strategies import FSDP_STRATEGIES
 from verl.engine.strategies import is_fsdp as is_fsdp_strategy
 from verl.trainer.config.derived import (
     ARR,
@@ -55,8 +56,8 @@ from verl.trainer.config.loader import (
 )
 from verl.utils.dataset.rl_dataset import TRUNCATION_MODES
 from verl.utils.logging_utils import get_logger
-from verl.utils.torch_dtypes import FSDP_DTYPE_NAMES, TRAINING_DTYPES
 from verl.utils.tracking import check_backends
+from verl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
 
 logger = get_logger(__name__)
 
@@ -82,27 +83,13 @@ ADV_ESTIMATORS = tuple(e.value for e in AdvantageEstimator)
 MIN_BUCKET_BYTES = 4096
 
 
-def _optim_rules(prefix: str) -> dict[str, Rule]:
-    return {
-        f"{prefix}.optimizer": rule(choices=("adam",)),
-        f"{prefix}.lr": rule(ge=0),
-        f"{prefix}.min_lr": rule(ge=0),
-        f"{prefix}.lr_warmup_steps": rule(ge=-1),
-        f"{prefix}.lr_warmup_steps_ratio": rule(ge=0, le=1),
-        f"{prefix}.lr_warmup_init": rule(ge=0),
-        f"{prefix}.lr_decay_steps": rule(int, ge=1),
-        f"{prefix}.lr_decay_style": rule(choices=("constant", "linear", "cosine")),
-        f"{prefix}.weight_decay": rule(ge=0),
-        f"{prefix}.clip_grad": rule(ge=0),
-        f"{prefix}.total_training_steps": rule(ge=-1),
-    }
-
-
 def _positive(*keys: str) -> dict[str, Rule]:
     return {key: rule(ge=1) for key in keys}
 
 
 FSDP_ROLES = (f"{ARR}.actor", f"{ARR}.ref", "critic", "reward_model")
+# What a key's default cannot say (choices, ranges, other types). The roles' sections carry their own, on the
+# fields of their typed sections (verl.workers.config).
 RULES: dict[str, Rule] = {
     "model_engine": rule(choices=tuple(MODEL_ENGINES)),
     "data.tokenizer": rule(str),
@@ -115,79 +102,11 @@ RULES: dict[str, Rule] = {
     "data.truncation": rule(choices=TRUNCATION_MODES),
     "data.dataloader_num_workers": rule(ge=0),
     "data.filter_overlong_prompts_workers": rule(ge=1),
-    **_positive("data.max_prompt_length", "data.max_response_length", "data.train_batch_size",
-                f"{ARR}.actor.ppo_mini_batch_size", f"{ARR}.actor.ppo_micro_batch_size_per_gpu",
-                f"{ARR}.actor.ppo_epochs", f"{ARR}.actor.ppo_max_token_len_per_gpu",
-                f"{ARR}.ref.log_prob_micro_batch_size_per_gpu", f"{ARR}.rollout.n",
-                f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu", f"{ARR}.rollout.tensor_model_parallel_size",
-                f"{ARR}.actor.megatron.tensor_model_parallel_size",
-                f"{ARR}.actor.megatron.pipeline_model_parallel_size",
-                f"{ARR}.rollout.checkpoint_engine.update_weights_bucket_megabytes",
-                "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.ppo_epochs",
-                "reward_model.micro_batch_size_per_gpu", "trainer.nnodes", "trainer.n_gpus_per_node",
-                "trainer.total_epochs"),
-    f"{ARR}.model.path": rule(str),
-    f"{ARR}.model.tokenizer_path": rule(str),
-    f"{ARR}.model.external_lib": rule(str),
-    f"{ARR}.actor.strategy": rule(choices=STRATEGIES),
-    f"{ARR}.actor.ppo_micro_batch_size": rule(int, ge=1),
-    f"{ARR}.actor.clip_ratio": rule(gt=0),
-    f"{ARR}.actor.clip_ratio_low": rule(float, gt=0),
-    f"{ARR}.actor.clip_ratio_high": rule(float, gt=0),
-    f"{ARR}.actor.clip_ratio_c": rule(gt=1),
-    f"{ARR}.actor.policy_loss.loss_mode": rule(choices=tuple(sorted(POLICY_LOSS_REGISTRY))),
-    f"{ARR}.actor.loss_agg_mode": rule(choices=LOSS_AGG_MODES),
-    f"{ARR}.actor.loss_scale_factor": rule(float, gt=0),
-    f"{ARR}.actor.entropy_coeff": rule(ge=0),
-    f"{ARR}.actor.kl_loss_coef": rule(ge=0),
-    f"{ARR}.actor.kl_loss_type": rule(choices=KL_PENALTY_CHOICES),
-    **_optim_rules(f"{ARR}.actor.optim"),
-    f"{ARR}.actor.megatron.dtype": rule(choices=TRAINING_DTYPES),
-    **{f"{role}.fsdp_config.{key}": rule(choices=FSDP_DTYPE_NAMES) for role in FSDP_ROLES
-       for key in ("model_dtype", "mixed_precision.param_dtype", "mixed_precision.reduce_dtype")},
-    **{f"{role}.fsdp_config.fsdp_size": rule(int, ge=-1) for role in FSDP_ROLES},
-    **{f"{role}.grad_clip": rule(ge=0) for role in (f"{ARR}.actor", "critic")},
-    f"{ARR}.actor.megatron.virtual_pipeline_model_parallel_size": rule(int, ge=1),
-    f"{ARR}.actor.megatron.expert_tensor_parallel_size": rule(int, ge=1),
-    f"{ARR}.actor.megatron.dist_checkpointing_path": rule(str),
-    f"{ARR}.actor.megatron.override_transformer_config.recompute_granularity": rule(str, choices=("full", "selective")),
-    f"{ARR}.actor.megatron.override_transformer_config.recompute_method": rule(str, choices=("uniform", "block")),
-    f"{ARR}.actor.megatron.override_transformer_config.recompute_num_layers": rule(int, ge=1),
-    f"{ARR}.ref.strategy": rule(choices=STRATEGIES),
-    f"{ARR}.ref.log_prob_micro_batch_size": rule(int, ge=1),
-    f"{ARR}.ref.megatron.virtual_pipeline_model_parallel_size": rule(int, ge=1),
-    f"{ARR}.rollout.name": rule(choices=("native", "sglang", "vllm", "hf", "trtllm")),
-    f"{ARR}.rollout.mode": rule(choices=("sync", "async")),
-    f"{ARR}.rollout.dtype": rule(choices=TRAINING_DTYPES),
-    f"{ARR}.rollout.temperature": rule(ge=0),
-    f"{ARR}.rollout.top_k": rule(ge=-1),
-    f"{ARR}.rollout.top_p": rule(gt=0, le=1),
-    f"{ARR}.rollout.gpu_memory_utilization": rule(gt=0, le=1),
-    f"{ARR}.rollout.load_format": rule(choices=("dummy", "auto", "safetensors", "hf", "megatron")),
-    f"{ARR}.rollout.log_prob_micro_batch_size": rule(int, ge=1),
-    f"{ARR}.rollout.max_model_len": rule(int, ge=1),
-    f"{ARR}.rollout.val_kwargs.temperature": rule(ge=0),
-    f"{ARR}.rollout.val_kwargs.top_k": rule(ge=-1),
-    f"{ARR}.rollout.val_kwargs.top_p": rule(gt=0, le=1),
-    f"{ARR}.rollout.val_kwargs.n": rule(ge=1),
-    f"{ARR}.rollout.checkpoint_engine.backend": rule(choices=("naive",)),
-    "critic.strategy": rule(choices=STRATEGIES),
-    "critic.enable": rule(bool),
-    "critic.model.path": rule(str),
-    "critic.model.tokenizer_path": rule(str),
-    "critic.ppo_micro_batch_size": rule(int, ge=1),
-    "critic.cliprange_value": rule(gt=0),
-    "critic.loss_agg_mode": rule(choices=LOSS_AGG_MODES),
-    **_optim_rules("critic.optim"),
-    "critic.megatron.virtual_pipeline_model_parallel_size": rule(int, ge=1),
-    "reward_model.strategy": rule(choices=STRATEGIES),
-    "reward_model.model.path": rule(str),
-    "reward_model.model.input_tokenizer": rule(str),
-    "reward_model.micro_batch_size": rule(int, ge=1),
-    "reward_model.max_length": rule(int, ge=1),
-    "reward_model.reward_manager": rule(choices=("naive",)),
-    "reward_model.hot_swap.path": rule(str),
-    "reward_model.hot_swap.at_step": rule(int, ge=1),
+    **_positive("data.max_prompt_length", "data.max_response_length", "data.train_batch_size", "trainer.nnodes",
+                "trainer.n_gpus_per_node", "trainer.total_epochs"),
+    **ActorRolloutRefConfig.rules(ARR),
+    **CriticConfig.rules("critic"),
+    **RewardModelConfig.rules("reward_model"),
     "custom_reward_function.path": rule(str),
     "algorithm.adv_estimator": rule(choices=ADV_ESTIMATORS),
     "algorithm.rollout_correction.loss_type": rule(choices=("ppo_clip",)),

@@ -208,21 +208,31 @@ class PPOTrainer:
         self.dp_size, self.balance_block = balance_layout(config, self.world_size)
 
         from verl.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+        from verl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
 
+        # Each worker receives its own typed section (built once here) and the few facts it needs from the rest.
+        arr = ActorRolloutRefConfig.from_tree(config.actor_rollout_ref, "actor_rollout_ref")
+        seed = config.trainer.seed
         role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
-        self.actor_rollout_wg = WorkerGroup(ActorRolloutRefWorker, config, role, self.total_training_steps,
-                                            tokenizer, name="actor_rollout_ref")
+        val_rows = (data.val_batch_size or data.train_batch_size) * arr.rollout.val_kwargs.n
+        self.actor_rollout_wg = WorkerGroup(
+            ActorRolloutRefWorker, arr, role, self.total_training_steps, tokenizer, seed=seed,
+            bucket_bytes=config.hybrid_engine.bucket_bytes, response_length=data.max_response_length,
+            max_seq_len=data.max_prompt_length + data.max_response_length,
+            max_batch_rows=max(data.train_batch_size * arr.rollout.n, val_rows), name="actor_rollout_ref")
         self.critic_wg = None
         if self.use_critic:
             from verl.workers.critic_worker import CriticWorker
 
-            self.critic_wg = WorkerGroup(CriticWorker, config, self.total_training_steps, name="critic")
+            self.critic_wg = WorkerGroup(CriticWorker, CriticConfig.from_tree(config.critic, "critic"),
+                                         self.total_training_steps, rollout_n=arr.rollout.n, seed=seed, name="critic")
         self.use_rm = config.reward_model.enable
         self.rm_wg = None
         if self.use_rm:
             from verl.workers.reward_model_worker import RewardModelWorker
 
-            self.rm_wg = WorkerGroup(RewardModelWorker, config, name="reward_model")
+            rm = RewardModelConfig.from_tree(config.reward_model, "reward_model")
+            self.rm_wg = WorkerGroup(RewardModelWorker, rm, layout_role=arr.actor, seed=seed, name="reward_model")
             self.rm_path = config.reward_model.model.path
             self._rm_fingerprint = self._watched_rm_fingerprint()
         self.global_step = 0

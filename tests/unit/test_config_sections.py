@@ -1,0 +1,113 @@
+"""The roles' typed config sections (verl.workers.config): each covers its YAML section key for key, carries
+the rules the loader checks, validates itself with the loader's one-line messages, is read-only, and is what
+each worker receives (not the root config)."""
+
+import dataclasses
+import os
+
+import pytest
+
+from verl.trainer.config import ConfigError, load_config
+from verl.trainer.config.ppo import RULES
+from verl.trainer.ppo import trainer as trainer_module
+from verl.workers.config import ActorConfig, ActorRolloutRefConfig, CriticConfig, RewardModelConfig
+from verl.workers.config.section import Nested
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PPO = os.path.join(REPO, "configs", "ppo_arith_tiny.yaml")
+SECTIONS = [(ActorRolloutRefConfig, "actor_rollout_ref"), (CriticConfig, "critic"), (RewardModelConfig, "reward_model")]
+
+
+@pytest.fixture(scope="module")
+def data_args(tmp_path_factory):
+    from verl.utils.dataset.arithmetic import build_char_tokenizer, generate_problems, make_row, write_parquet
+
+    out = tmp_path_factory.mktemp("arith")
+    train, test = generate_problems(80, 8, seed=0)
+    write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], str(out / "train.parquet"))
+    write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], str(out / "test.parquet"))
+    build_char_tokenizer(str(out / "tokenizer"))
+    return [f"data.train_files={out / 'train.parquet'}", f"data.val_files={out / 'test.parquet'}",
+            f"data.tokenizer={out / 'tokenizer'}"]
+
+
+def _missing_and_extra(section_cls, tree):
+    """The section's keys against a YAML section's, level by level (an open mapping is one key)."""
+    kinds = section_cls._kinds()
+    out = {(name, "not a field") for name in tree if name not in kinds}
+    out |= {(name, "not in the YAML") for name in kinds if name not in tree}
+    for name, kind in kinds.items():
+        if isinstance(kind, Nested) and name in tree:
+            out |= {(f"{name}.{inner}", why) for inner, why in _missing_and_extra(kind.type, tree[name])}
+    return out
+
+
+@pytest.mark.parametrize("section_cls, key", SECTIONS)
+def test_each_section_declares_exactly_its_yaml_keys_and_the_loader_checks_its_rules(section_cls, key):
+    from omegaconf import OmegaConf
+
+    defaults = OmegaConf.to_container(load_config(None, [], resolve_only=True))
+    assert _missing_and_extra(section_cls, defaults[key]) == set()
+    for dotted, rule in section_cls.rules(key).items():
+        assert RULES[dotted] is rule
+
+
+@pytest.mark.parametrize("dotted, value, section_cls", [
+    ("actor_rollout_ref.actor.ppo_epochs", 0, ActorRolloutRefConfig),
+    ("actor_rollout_ref.rollout.top_p", 1.5, ActorRolloutRefConfig),
+    ("actor_rollout_ref.actor.megatron.dtype", "float16", ActorRolloutRefConfig),
+    ("actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method", "diagonal",
+     ActorRolloutRefConfig),
+    ("critic.cliprange_value", "abc", CriticConfig),
+    ("reward_model.hot_swap.at_step", 0, RewardModelConfig),
+])
+def test_a_section_validates_itself_with_the_loaders_one_line_message(data_args, dotted, value, section_cls):
+    """Built outside the loader from a tree holding a value the loader refuses, a section raises the very line
+    the loader raises."""
+    from omegaconf import OmegaConf
+
+    with pytest.raises(ConfigError) as from_loader:
+        load_config(PPO, [*data_args, f"{dotted}={value}"], resolve_only=True)
+    tree = OmegaConf.to_container(load_config(PPO, data_args, resolve_only=True))
+    key, *parents, leaf = dotted.split(".")
+    node = tree[key]
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    with pytest.raises(ConfigError) as from_section:
+        section_cls.from_tree(tree[key], key)
+    assert str(from_section.value) == str(from_loader.value)
+    assert "\n" not in str(from_section.value) and str(from_section.value).startswith(dotted)
+
+
+def test_a_section_is_read_only_and_reads_like_verls_dict_config(data_args):
+    config = load_config(PPO, data_args, resolve_only=True)
+    actor = ActorConfig.from_tree(config.actor_rollout_ref.actor, "actor_rollout_ref.actor")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        actor.ppo_epochs = 2
+    assert actor["ppo_epochs"] == actor.ppo_epochs == config.actor_rollout_ref.actor.ppo_epochs
+    assert actor.megatron.get("tensor_model_parallel_size") == 1 and actor.get("no_such_key") is None
+    assert actor.optim.betas == list(config.actor_rollout_ref.actor.optim.betas)
+    assert set(actor) == set(config.actor_rollout_ref.actor)
+
+
+def test_each_worker_receives_its_own_section(data_args, monkeypatch):
+    from transformers import AutoTokenizer
+
+    config = load_config(PPO, [*data_args, "reward_model.enable=true"], resolve_only=True)
+    built = {}
+
+    class Recorded:
+        def __init__(self, cls, *args, name, **kwargs):
+            built[name] = (args, kwargs)
+
+    monkeypatch.setattr(trainer_module, "WorkerGroup", Recorded)
+    trainer_module.PPOTrainer(config, AutoTokenizer.from_pretrained(config.data.tokenizer))
+    (arr, role, *_), arr_kwargs = built["actor_rollout_ref"]
+    assert isinstance(arr, ActorRolloutRefConfig) and role == "actor_rollout_ref"
+    assert arr_kwargs["bucket_bytes"] == config.hybrid_engine.bucket_bytes
+    assert arr_kwargs["seed"] == config.trainer.seed
+    (critic, *_), critic_kwargs = built["critic"]
+    assert isinstance(critic, CriticConfig) and critic_kwargs["rollout_n"] == config.actor_rollout_ref.rollout.n
+    (rm,), rm_kwargs = built["reward_model"]
+    assert isinstance(rm, RewardModelConfig) and rm_kwargs["layout_role"] == arr.actor

@@ -1,0 +1,49 @@
+"""``critic``: the value model and its PPO updates (verl's ``CriticConfig``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from verl.algorithms.core_algos import LOSS_AGG_MODES
+from verl.engine.strategies import STRATEGIES
+from verl.workers.config.engine import CheckpointConfig, CriticFSDPConfig, CriticMcoreConfig, OptimizerConfig
+from verl.workers.config.section import Section, checked
+
+frozen = dataclasses.dataclass(frozen=True)
+
+
+@frozen
+class CriticModelConfig(Section):
+    """``critic.model`` (path null: the actor's model)."""
+
+    path: str | None
+    tokenizer_path: str | None
+    override_config: Mapping[str, Any]
+    trust_remote_code: bool
+    use_remove_padding: bool
+    enable_gradient_checkpointing: bool
+
+
+@frozen
+class CriticConfig(Section):
+    strategy: str = checked(choices=STRATEGIES)
+    enable: bool | None
+    model: CriticModelConfig
+    ppo_mini_batch_size: int = checked(ge=1)
+    ppo_micro_batch_size: int | None = checked(ge=1)
+    ppo_micro_batch_size_per_gpu: int = checked(ge=1)
+    use_dynamic_bsz: bool
+    ppo_max_token_len_per_gpu: int
+    forward_max_token_len_per_gpu: int
+    ppo_epochs: int = checked(ge=1)
+    shuffle: bool
+    data_loader_seed: int
+    cliprange_value: float = checked(gt=0)
+    loss_agg_mode: str = checked(choices=LOSS_AGG_MODES)
+    optim: OptimizerConfig
+    megatron: CriticMcoreConfig
+    grad_clip: float = checked(ge=0)
+    fsdp_config: CriticFSDPConfig
+    checkpoint: CheckpointConfig

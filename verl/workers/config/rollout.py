@@ -1,0 +1,80 @@
+"""``actor_rollout_ref.rollout``: the rollout engine (native or SGLang), its sampling and its share of the reshard."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from verl.utils.torch_dtypes import TRAINING_DTYPES
+from verl.workers.config.section import Section, checked
+
+frozen = dataclasses.dataclass(frozen=True)
+
+
+@frozen
+class ValKwargsConfig(Section):
+    """``rollout.val_kwargs``: sampling for validation."""
+
+    do_sample: bool
+    temperature: float = checked(ge=0)
+    top_k: int = checked(ge=-1)
+    top_p: float = checked(gt=0, le=1)
+    n: int = checked(ge=1)
+
+
+@frozen
+class EngineKwargsConfig(Section):
+    """``rollout.engine_kwargs``: settings passed to the engine as they are."""
+
+    sglang: Mapping[str, Any]
+
+
+@frozen
+class MultiTurnConfig(Section):
+    enable: bool
+
+
+@frozen
+class CheckpointEngineConfig(Section):
+    """``rollout.checkpoint_engine``: verl's weight-sync bucket (the 3D-HybridEngine's, here)."""
+
+    backend: str = checked(choices=("naive",))
+    update_weights_bucket_megabytes: int = checked(ge=1)
+
+
+@frozen
+class RolloutConfig(Section):
+    name: str = checked(choices=("native", "sglang", "vllm", "hf", "trtllm"))
+    mode: str = checked(choices=("sync", "async"))
+    temperature: float = checked(ge=0)
+    top_k: int = checked(ge=-1)
+    top_p: float = checked(gt=0, le=1)
+    do_sample: bool
+    n: int = checked(ge=1)
+    prompt_length: int
+    response_length: int
+    dtype: str = checked(choices=TRAINING_DTYPES)
+    gpu_memory_utilization: float = checked(gt=0, le=1)
+    ignore_eos: bool
+    enforce_eager: bool
+    free_cache_engine: bool
+    load_format: str = checked(choices=("dummy", "auto", "safetensors", "hf", "megatron"))
+    tensor_model_parallel_size: int = checked(ge=1)
+    data_parallel_size: int
+    pipeline_model_parallel_size: int
+    max_num_batched_tokens: int
+    max_model_len: int | None = checked(ge=1)
+    max_num_seqs: int
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+    log_prob_micro_batch_size: int | None = checked(ge=1)
+    log_prob_micro_batch_size_per_gpu: int = checked(ge=1)
+    log_prob_use_dynamic_bsz: bool
+    log_prob_max_token_len_per_gpu: int
+    disable_log_stats: bool
+    calculate_log_probs: bool
+    engine_kwargs: EngineKwargsConfig
+    val_kwargs: ValKwargsConfig
+    multi_turn: MultiTurnConfig
+    checkpoint_engine: CheckpointEngineConfig
