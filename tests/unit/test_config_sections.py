@@ -1,6 +1,7 @@
-"""The roles' typed config sections (verl.workers.config): each covers its YAML section key for key, carries
-the rules the loader checks, validates itself with the loader's one-line messages, is read-only, and is what
-each worker receives (not the root config)."""
+"""The typed config sections (the roles' in verl.workers.config, the trainer's own in
+verl.trainer.config.sections): each covers its YAML section key for key, carries the rules the loader checks,
+validates itself with the loader's one-line messages, is read-only; the trainer reads the config through them and
+each worker receives its own section (not the root config)."""
 
 import dataclasses
 import os
@@ -9,13 +10,14 @@ import pytest
 
 from verl.trainer.config import ConfigError, load_config
 from verl.trainer.config.ppo import RULES
+from verl.trainer.config.sections import PPOSections
 from verl.trainer.ppo import trainer as trainer_module
 from verl.workers.config import ActorConfig, ActorRolloutRefConfig, CriticConfig, RewardModelConfig
 from verl.workers.config.section import Nested
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PPO = os.path.join(REPO, "configs", "ppo_arith_tiny.yaml")
-SECTIONS = [(ActorRolloutRefConfig, "actor_rollout_ref"), (CriticConfig, "critic"), (RewardModelConfig, "reward_model")]
+SECTIONS = [(kind.type, name) for name, kind in PPOSections._kinds().items()]
 
 
 @pytest.fixture(scope="module")
@@ -48,34 +50,38 @@ def test_each_section_declares_exactly_its_yaml_keys_and_the_loader_checks_its_r
 
     defaults = OmegaConf.to_container(load_config(None, [], resolve_only=True))
     assert _missing_and_extra(section_cls, defaults[key]) == set()
+    assert set(defaults) - set(PPOSections._kinds()) == {"model_engine"}  # the loader's backend selector
     for dotted, rule in section_cls.rules(key).items():
         assert RULES[dotted] is rule
 
 
-@pytest.mark.parametrize("dotted, value, section_cls", [
-    ("actor_rollout_ref.actor.ppo_epochs", 0, ActorRolloutRefConfig),
-    ("actor_rollout_ref.rollout.top_p", 1.5, ActorRolloutRefConfig),
-    ("actor_rollout_ref.actor.megatron.dtype", "float16", ActorRolloutRefConfig),
-    ("actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method", "diagonal",
-     ActorRolloutRefConfig),
-    ("critic.cliprange_value", "abc", CriticConfig),
-    ("reward_model.hot_swap.at_step", 0, RewardModelConfig),
+@pytest.mark.parametrize("dotted, value", [
+    ("actor_rollout_ref.actor.ppo_epochs", 0),
+    ("actor_rollout_ref.rollout.top_p", 1.5),
+    ("actor_rollout_ref.actor.megatron.dtype", "float16"),
+    ("actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method", "diagonal"),
+    ("critic.cliprange_value", "abc"),
+    ("reward_model.hot_swap.at_step", 0),
+    ("data.train_batch_size", 0),
+    ("algorithm.gamma", 1.5),
+    ("trainer.device", "tpu"),
+    ("hybrid_engine.bucket_bytes", 1024),
 ])
-def test_a_section_validates_itself_with_the_loaders_one_line_message(data_args, dotted, value, section_cls):
-    """Built outside the loader from a tree holding a value the loader refuses, a section raises the very line
-    the loader raises."""
+def test_a_section_validates_itself_with_the_loaders_one_line_message(data_args, dotted, value):
+    """Built outside the loader from a tree holding a value the loader refuses, the sections raise the very
+    line the loader raises."""
     from omegaconf import OmegaConf
 
     with pytest.raises(ConfigError) as from_loader:
         load_config(PPO, [*data_args, f"{dotted}={value}"], resolve_only=True)
     tree = OmegaConf.to_container(load_config(PPO, data_args, resolve_only=True))
-    key, *parents, leaf = dotted.split(".")
-    node = tree[key]
+    *parents, leaf = dotted.split(".")
+    node = tree
     for part in parents:
         node = node[part]
     node[leaf] = value
     with pytest.raises(ConfigError) as from_section:
-        section_cls.from_tree(tree[key], key)
+        PPOSections.from_tree(tree, "")
     assert str(from_section.value) == str(from_loader.value)
     assert "\n" not in str(from_section.value) and str(from_section.value).startswith(dotted)
 
@@ -105,6 +111,7 @@ def test_each_worker_receives_its_own_section(data_args, monkeypatch):
     trainer_module.PPOTrainer(config, AutoTokenizer.from_pretrained(config.data.tokenizer))
     (arr, role, *_), arr_kwargs = built["actor_rollout_ref"]
     assert isinstance(arr, ActorRolloutRefConfig) and role == "actor_rollout_ref"
+    assert arr.actor.ppo_mini_batch_size == config.actor_rollout_ref.actor.ppo_mini_batch_size
     assert arr_kwargs["bucket_bytes"] == config.hybrid_engine.bucket_bytes
     assert arr_kwargs["seed"] == config.trainer.seed
     (critic, *_), critic_kwargs = built["critic"]

@@ -5,8 +5,9 @@ import os
 import time
 
 import torch
-from omegaconf import OmegaConf
 
+from verl.trainer.config import load_config
+from verl.trainer.config.sections import PPOSections
 from verl.trainer.ppo.trainer import PPOTrainer
 from verl.workers.reward_model_worker import checkpoint_fingerprint, token_level_rm_scores
 
@@ -44,9 +45,10 @@ class RecordingRewardModelGroup:
 
 def trainer_with(tmp_path, **hot_swap):
     trainer = PPOTrainer.__new__(PPOTrainer)
-    trainer.config = OmegaConf.create({"reward_model": {"model": {"path": str(tmp_path / "rm")},
-                                                        "hot_swap": {"watch": False, "path": None, "at_step": None,
-                                                                     **hot_swap}}})
+    trainer.config = load_config(None, [f"reward_model.model.path={tmp_path / 'rm'}",
+                                        *(f"reward_model.hot_swap.{k}={v}" for k, v in hot_swap.items())],
+                                 resolve_only=True)
+    trainer.sections = PPOSections.from_tree(trainer.config, "")
     trainer.rank, trainer._timing, trainer.rm_wg = 0, {}, RecordingRewardModelGroup()
     trainer.rm_path = trainer.config.reward_model.model.path
     trainer._rm_fingerprint = trainer._watched_rm_fingerprint()

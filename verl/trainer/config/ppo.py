@@ -9,8 +9,8 @@ role's strategy follows it) and, without ``--config-name``, the config (:func:`d
 ``ray_kwargs.*`` is dropped with one warning (no Ray here); verl 0.9's ``critic.fsdp`` section is
 ``critic.fsdp_config``; ``trainer.use_v1`` runs the one synchronous trainer. Then it checks:
 
-- every leaf's type, choices and range (:data:`RULES`; the rules of the roles' sections, ``actor_rollout_ref``,
-  ``critic`` and ``reward_model``, are those of their typed sections' fields, :mod:`verl.workers.config`);
+- every leaf's type, choices and range (:data:`RULES`: the rules on the fields of the typed sections,
+  :mod:`verl.trainer.config.sections` and the roles' :mod:`verl.workers.config`);
 - the keys that have no meaning on this stack (:data:`REFUSED`): accepted by the parser, refused here with
   one line saying why and what to use instead;
 - parallel sizes against the model (tp | heads, kv heads, ffn; pp | layers) and the world size
@@ -28,7 +28,6 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from verl.algorithms.core_algos import KL_PENALTY_CHOICES, AdvantageEstimator
 from verl.engine.strategies import FSDP_STRATEGIES
 from verl.engine.strategies import is_fsdp as is_fsdp_strategy
 from verl.trainer.config.derived import (
@@ -54,10 +53,9 @@ from verl.trainer.config.loader import (
     resolve_path,
     rule,
 )
-from verl.utils.dataset.rl_dataset import TRUNCATION_MODES
+from verl.trainer.config.sections import PPOSections
 from verl.utils.logging_utils import get_logger
 from verl.utils.tracking import check_backends
-from verl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
 
 logger = get_logger(__name__)
 
@@ -76,68 +74,12 @@ IGNORED_SECTIONS = {**HYDRA_IGNORED, "ray_kwargs": "verl-hpc runs no Ray: its ra
                     "mpirun or the local spawner (verl.launcher)"}
 # verl 0.9 names the critic's FSDP engine section `fsdp`; here (as the actor's) it is `fsdp_config`.
 SECTION_ALIASES = {"critic.fsdp": "critic.fsdp_config"}
-TRAINER_MODES = ("sync", "colocate_async", "separate_async")
-ADV_ESTIMATORS = tuple(e.value for e in AdvantageEstimator)
-# The smallest bucket the planner is allowed: a 4 KiB page (a bucket holds one element per micro-DP
-# rank at least; smaller buckets only multiply collective calls).
-MIN_BUCKET_BYTES = 4096
-
-
-def _positive(*keys: str) -> dict[str, Rule]:
-    return {key: rule(ge=1) for key in keys}
-
-
 FSDP_ROLES = (f"{ARR}.actor", f"{ARR}.ref", "critic", "reward_model")
-# What a key's default cannot say (choices, ranges, other types). The roles' sections carry their own, on the
-# fields of their typed sections (verl.workers.config).
+# Each key's rule beyond its default's type (choices, ranges, other types): the one on its typed section's field
+# (verl.trainer.config.sections, verl.workers.config).
 RULES: dict[str, Rule] = {
     "model_engine": rule(choices=tuple(MODEL_ENGINES)),
-    "data.tokenizer": rule(str),
-    "data.train_files": rule(str, list),
-    "data.val_files": rule(str, list),
-    "data.train_max_samples": rule(ge=-1),
-    "data.val_max_samples": rule(ge=-1),
-    "data.val_batch_size": rule(int, ge=1),
-    "data.seed": rule(int),
-    "data.truncation": rule(choices=TRUNCATION_MODES),
-    "data.dataloader_num_workers": rule(ge=0),
-    "data.filter_overlong_prompts_workers": rule(ge=1),
-    **_positive("data.max_prompt_length", "data.max_response_length", "data.train_batch_size", "trainer.nnodes",
-                "trainer.n_gpus_per_node", "trainer.total_epochs"),
-    **ActorRolloutRefConfig.rules(ARR),
-    **CriticConfig.rules("critic"),
-    **RewardModelConfig.rules("reward_model"),
-    "custom_reward_function.path": rule(str),
-    "algorithm.adv_estimator": rule(choices=ADV_ESTIMATORS),
-    "algorithm.rollout_correction.loss_type": rule(choices=("ppo_clip",)),
-    "algorithm.rollout_correction.rollout_is": rule(str),
-    "algorithm.rollout_correction.rollout_rs": rule(str),
-    "algorithm.gamma": rule(ge=0, le=1),
-    "algorithm.lam": rule(ge=0, le=1),
-    "algorithm.kl_penalty": rule(choices=KL_PENALTY_CHOICES),
-    "algorithm.kl_ctrl.type": rule(choices=("fixed", "adaptive")),
-    "algorithm.kl_ctrl.kl_coef": rule(ge=0),
-    "algorithm.kl_ctrl.horizon": rule(ge=1),
-    "algorithm.kl_ctrl.target_kl": rule(gt=0),
-    "hybrid_engine.bucket_bytes": rule(int, ge=MIN_BUCKET_BYTES),
-    "trainer.total_training_steps": rule(int, ge=1),
-    "trainer.logger": rule(list, str),  # verl accepts `logger=console` and a list
-    "trainer.rollout_data_dir": rule(str),
-    "trainer.validation_data_dir": rule(str),
-    "trainer.save_freq": rule(ge=-1),
-    "trainer.test_freq": rule(ge=-1),
-    "trainer.resume_from_path": rule(str),
-    "trainer.default_hdfs_dir": rule(str),
-    "trainer.critic_warmup": rule(ge=0),
-    "trainer.max_actor_ckpt_to_keep": rule(int, ge=1),
-    "trainer.max_critic_ckpt_to_keep": rule(int, ge=1),
-    "trainer.device": rule(choices=("auto", "cuda", "cpu", "npu")),
-    "trainer.debug": rule(str, choices=("light", "full")),
-    "trainer.log_val_generations": rule(ge=0),
-    "trainer.v1.trainer_mode": rule(choices=TRAINER_MODES),
-    "trainer.v1.colocate_async.num_warmup_batches": rule(ge=0),
-    "trainer.v1.separate_async.num_warmup_batches": rule(ge=0),
-    "trainer.v1.separate_async.parameter_sync_step": rule(ge=1),
+    **PPOSections.rules(""),
 }
 
 

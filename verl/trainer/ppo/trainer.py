@@ -69,6 +69,7 @@ from verl.protocol import DataProto
 from verl.single_controller import WorkerGroup, all_gather_objects, broadcast_object
 from verl.trainer import metrics as metric_utils
 from verl.trainer.config import actor_dp_size, use_critic, use_reference
+from verl.trainer.config.sections import PPOSections
 from verl.trainer.ppo.advantage import apply_kl_penalty, compute_advantage
 from verl.utils import checkpoint as ckpt
 from verl.utils.flops_counter import device_peak_flops
@@ -165,6 +166,8 @@ def write_generations(directory: str, step: int, records: list[dict[str, Any]]) 
 
 class PPOTrainer:
     def __init__(self, config: Any, tokenizer: Any, dry_run: bool = False):
+        """``config``: the loaded config (verl's DictConfig, kept as ``self.config``); the loop reads it through
+        its typed sections, ``self.sections``, built once here; each worker receives its own section."""
         import torch.distributed as dist
 
         from verl.utils.dataset.rl_dataset import RLHFDataset, create_rl_sampler
@@ -172,14 +175,15 @@ class PPOTrainer:
         from verl.workers.reward_manager import get_reward_manager_cls
 
         self.config, self.tokenizer, self.dry_run = config, tokenizer, dry_run
+        self.sections = sections = PPOSections.from_tree(config, "")
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
-        self.use_critic = use_critic(config)
-        self.use_reference = use_reference(config)
-        self.debug = config.trainer.debug
-        self.bypass_old_log_prob = bool(config.algorithm.rollout_correction.bypass_mode)
+        self.use_critic = use_critic(sections)
+        self.use_reference = use_reference(sections)
+        self.debug = sections.trainer.debug
+        self.bypass_old_log_prob = sections.algorithm.rollout_correction.bypass_mode
 
-        data = config.data
+        data = sections.data
         self.train_dataset = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples)
         self.sampler = create_rl_sampler(data, self.train_dataset)
         if len(self.train_dataset) < data.train_batch_size:
@@ -194,46 +198,44 @@ class PPOTrainer:
             val_dataset = RLHFDataset(data.val_files, tokenizer, data, max_samples=data.val_max_samples)
             self.val_dataloader = rl_dataloader(val_dataset, data.val_batch_size or len(val_dataset),
                                                 data.dataloader_num_workers)
-        steps = len(self.train_dataloader) * config.trainer.total_epochs
-        if config.trainer.total_training_steps is not None:
-            steps = config.trainer.total_training_steps
+        steps = len(self.train_dataloader) * sections.trainer.total_epochs
+        if sections.trainer.total_training_steps is not None:
+            steps = sections.trainer.total_training_steps
         self.total_training_steps = 1 if dry_run else steps
 
-        custom = config.custom_reward_function
+        custom = sections.custom_reward_function
         compute_score = load_reward_fn(custom.path, custom.name) if custom.path else None
-        manager = get_reward_manager_cls(config.reward_model.reward_manager)
+        manager = get_reward_manager_cls(sections.reward_model.reward_manager)
         self.reward_fn = manager(tokenizer, num_examine=0, compute_score=compute_score,
                                  reward_fn_key=data.reward_fn_key)
-        self.kl_ctrl = core_algos.get_kl_controller(config.algorithm.kl_ctrl)
-        self.dp_size, self.balance_block = balance_layout(config, self.world_size)
+        self.kl_ctrl = core_algos.get_kl_controller(sections.algorithm.kl_ctrl)
+        self.dp_size, self.balance_block = balance_layout(sections, self.world_size)
 
         from verl.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
-        from verl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
 
-        # Each worker receives its own typed section (built once here) and the few facts it needs from the rest.
-        arr = ActorRolloutRefConfig.from_tree(config.actor_rollout_ref, "actor_rollout_ref")
-        seed = config.trainer.seed
+        # Each worker receives its own section and the few facts it needs from the rest.
+        arr, seed = sections.actor_rollout_ref, sections.trainer.seed
         role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
         val_rows = (data.val_batch_size or data.train_batch_size) * arr.rollout.val_kwargs.n
         self.actor_rollout_wg = WorkerGroup(
             ActorRolloutRefWorker, arr, role, self.total_training_steps, tokenizer, seed=seed,
-            bucket_bytes=config.hybrid_engine.bucket_bytes, response_length=data.max_response_length,
+            bucket_bytes=sections.hybrid_engine.bucket_bytes, response_length=data.max_response_length,
             max_seq_len=data.max_prompt_length + data.max_response_length,
             max_batch_rows=max(data.train_batch_size * arr.rollout.n, val_rows), name="actor_rollout_ref")
         self.critic_wg = None
         if self.use_critic:
             from verl.workers.critic_worker import CriticWorker
 
-            self.critic_wg = WorkerGroup(CriticWorker, CriticConfig.from_tree(config.critic, "critic"),
-                                         self.total_training_steps, rollout_n=arr.rollout.n, seed=seed, name="critic")
-        self.use_rm = config.reward_model.enable
+            self.critic_wg = WorkerGroup(CriticWorker, sections.critic, self.total_training_steps,
+                                         rollout_n=arr.rollout.n, seed=seed, name="critic")
+        self.use_rm = sections.reward_model.enable
         self.rm_wg = None
         if self.use_rm:
             from verl.workers.reward_model_worker import RewardModelWorker
 
-            rm = RewardModelConfig.from_tree(config.reward_model, "reward_model")
-            self.rm_wg = WorkerGroup(RewardModelWorker, rm, layout_role=arr.actor, seed=seed, name="reward_model")
-            self.rm_path = config.reward_model.model.path
+            self.rm_wg = WorkerGroup(RewardModelWorker, sections.reward_model, layout_role=arr.actor, seed=seed,
+                                     name="reward_model")
+            self.rm_path = sections.reward_model.model.path
             self._rm_fingerprint = self._watched_rm_fingerprint()
         self.global_step = 0
         self._exported_step = None
@@ -243,8 +245,9 @@ class PPOTrainer:
         from verl.models.config import ModelConfig
 
         self.peak_flops = device_peak_flops()
-        self.actor_model_config = ModelConfig.from_pretrained(config.actor_rollout_ref.model.path)
-        self.critic_model_config = ModelConfig.from_pretrained(config.critic.model.path) if self.use_critic else None
+        self.actor_model_config = ModelConfig.from_pretrained(arr.model.path)
+        self.critic_model_config = ModelConfig.from_pretrained(sections.critic.model.path) if self.use_critic \
+            else None
 
     # ------------------------------------------------------------------ helpers
     def _print(self, text: str) -> None:
@@ -266,7 +269,7 @@ class PPOTrainer:
         batch = DataProto.from_single_dict(batch_dict)
         batch.non_tensor_batch["uid"] = np.array([f"{step}-{i}" for i in range(len(batch))], dtype=object)
         gen = DataProto.from_dict({k: batch.batch[k] for k in PROMPT_FIELDS}, dict(batch.non_tensor_batch))
-        gen.meta_info = {"seed": self.config.trainer.seed * 100003 + step, "validate": validate,
+        gen.meta_info = {"seed": self.sections.trainer.seed * 100003 + step, "validate": validate,
                          "eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id}
         return gen
 
@@ -275,9 +278,9 @@ class PPOTrainer:
         """Rank 0's view of ``reward_model.model.path``, the same on every rank (None when not watched)."""
         from verl.workers.reward_model_worker import checkpoint_fingerprint
 
-        if not self.config.reward_model.hot_swap.watch:
+        if not self.sections.reward_model.hot_swap.watch:
             return None
-        local = checkpoint_fingerprint(self.config.reward_model.model.path) if self.rank == 0 else None
+        local = checkpoint_fingerprint(self.sections.reward_model.model.path) if self.rank == 0 else None
         return broadcast_object(local)
 
     def swap_reward_model(self, path: str) -> None:
@@ -287,13 +290,13 @@ class PPOTrainer:
         self._print(f"[reward_model] swapped to {path}")
 
     def _maybe_swap_reward_model(self, step: int) -> dict[str, float]:
-        swap = self.config.reward_model.hot_swap
+        swap = self.sections.reward_model.hot_swap
         path = None
         if swap.at_step is not None and step == swap.at_step:
             path = swap.path
         fingerprint = self._watched_rm_fingerprint()
         if fingerprint != self._rm_fingerprint:
-            path = self.config.reward_model.model.path
+            path = self.sections.reward_model.model.path
             self._rm_fingerprint = fingerprint
         if path is not None:
             self.swap_reward_model(path)
@@ -301,7 +304,7 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ HF export
     def export_hf(self) -> None:
-        path = os.path.join(self.config.trainer.output_dir, "actor_hf")
+        path = os.path.join(self.sections.trainer.output_dir, "actor_hf")
         with self._timer("export_hf"):
             self.actor_rollout_wg.export_hf(path)
         self._exported_step = self.global_step
@@ -322,7 +325,7 @@ class PPOTrainer:
             if self.critic_wg is not None:
                 self.critic_wg.save_checkpoint(os.path.join(staging, "critic"))
 
-        trainer = self.config.trainer
+        trainer = self.sections.trainer
         with self._timer("save_checkpoint"):
             path = ckpt.save_trainer_checkpoint(trainer.default_local_dir, self.global_step,
                                                 self._trainer_state(), save_models)
@@ -335,12 +338,12 @@ class PPOTrainer:
                                 f"{trainer.max_actor_ckpt_to_keep}, max_critic_ckpt_to_keep="
                                 f"{trainer.max_critic_ckpt_to_keep})")
         self._print(f"checkpoint: step {self.global_step} -> {path}")
-        if self.config.trainer.export_hf_every_save:
+        if self.sections.trainer.export_hf_every_save:
             self.export_hf()
 
     def load_checkpoint(self) -> None:
-        path = ckpt.find_resume_dir(self.config.trainer.default_local_dir, self.config.trainer.resume_mode,
-                                     self.config.trainer.resume_from_path)
+        path = ckpt.find_resume_dir(self.sections.trainer.default_local_dir, self.sections.trainer.resume_mode,
+                                     self.sections.trainer.resume_from_path)
         if path is None:
             return
         state = ckpt.load_trainer_state(path)
@@ -359,14 +362,14 @@ class PPOTrainer:
     def validate(self) -> dict[str, float]:
         """Greedy decoding (rollout.val_kwargs) on the validation set: val/accuracy and val-core names."""
         scores, sources, generations = [], [], []
-        dump_dir = self.config.trainer.validation_data_dir
+        dump_dir = self.sections.trainer.validation_data_dir
         for batch_dict in self.val_dataloader:
             gen = self._prompt_batch(batch_dict, step=0, validate=True)
             out = self.actor_rollout_wg.generate_sequences(gen)
             out.meta_info.pop("metrics", None)
             reward = self.reward_fn(out, return_dict=True)
             scores.append(reward["reward_tensor"].sum(-1))
-            sources.extend(out.non_tensor_batch[self.config.data.reward_fn_key].tolist())
+            sources.extend(out.non_tensor_batch[self.sections.data.reward_fn_key].tolist())
             if dump_dir and self.rank == 0:
                 generations.extend(generation_records(out, reward["reward_tensor"], reward["reward_extra_info"],
                                                       self.tokenizer, self.global_step))
@@ -382,7 +385,7 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ one step
     def train_step(self, batch_dict: dict[str, Any], step: int) -> dict[str, float]:
-        cfg = self.config
+        cfg = self.sections
         metrics: dict[str, float] = {}
         self._timing = {}
         with self._timer("step"):
@@ -507,7 +510,7 @@ class PPOTrainer:
         """Train to ``total_training_steps`` (or until preempted); returns the process exit code."""
         from verl.launcher.preemption import PreemptionHandler
 
-        trainer = self.config.trainer
+        trainer = self.sections.trainer
         if not self.dry_run:
             self.load_checkpoint()
         self.tracking = rank_zero_tracking(self.config, self.rank)

@@ -23,6 +23,11 @@ from typing import Any
 from verl.utils.config_checks import ConfigError, Rule, check_value
 
 
+def dotted(key: str, name: str) -> str:
+    """``name`` under the section at dotted ``key`` ("" for the config's root)."""
+    return f"{key}.{name}" if key else name
+
+
 def checked(**bounds: Any) -> Any:
     """A field's rule beyond its type: ``choices=...``, ``ge=``, ``gt=``, ``le=`` (as
     :func:`~verl.utils.config_checks.rule`)."""
@@ -49,23 +54,23 @@ class OpenMapping:
 
 @dataclasses.dataclass(frozen=True)
 class Section(Mapping):
-    """One YAML section; ``key`` (not a field) is its dotted key, which every message names."""
+    """One YAML section; ``key`` (not a field) is its dotted key ("" for the root), which every message names."""
 
     key: dataclasses.InitVar[str]
 
     def __post_init__(self, key: str) -> None:
         object.__setattr__(self, "_key", key)
         for name, kind in self._kinds().items():
-            value, dotted = getattr(self, name), f"{key}.{name}"
+            value, where = getattr(self, name), dotted(key, name)
             if isinstance(kind, Rule):
-                object.__setattr__(self, name, check_value(dotted, value, None, kind))
+                object.__setattr__(self, name, check_value(where, value, None, kind))
                 continue
             if not isinstance(value, kind.type):
-                raise ConfigError(f"{dotted}: expected a mapping, found {type(value).__name__} {value!r}")
+                raise ConfigError(f"{where}: expected a mapping, found {type(value).__name__} {value!r}")
             if isinstance(kind, OpenMapping):
                 for inner, inner_rule in kind.rules.items():
                     if inner in value:
-                        value[inner] = check_value(f"{dotted}.{inner}", value[inner], None, inner_rule)
+                        value[inner] = check_value(f"{where}.{inner}", value[inner], None, inner_rule)
 
     @classmethod
     @functools.cache
@@ -93,25 +98,25 @@ class Section(Mapping):
         out: dict[str, Rule] = {}
         for name, kind in cls._kinds().items():
             if isinstance(kind, Rule):
-                out[f"{key}.{name}"] = kind
+                out[dotted(key, name)] = kind
             elif isinstance(kind, OpenMapping):
-                out.update({f"{key}.{name}.{inner}": inner_rule for inner, inner_rule in kind.rules.items()})
+                out.update({f"{dotted(key, name)}.{inner}": inner_rule for inner, inner_rule in kind.rules.items()})
             else:
-                out.update(kind.type.rules(f"{key}.{name}"))
+                out.update(kind.type.rules(dotted(key, name)))
         return out
 
     @classmethod
     def from_tree(cls, tree: Mapping[str, Any], key: str):
         """The section at dotted ``key`` of a composed config, ``tree`` being that section's mapping."""
         if not isinstance(tree, Mapping):
-            raise ConfigError(f"{key}: expected a mapping, found {type(tree).__name__} {tree!r}")
+            raise ConfigError(f"{key or 'config'}: expected a mapping, found {type(tree).__name__} {tree!r}")
         values = {}
         for name, kind in cls._kinds().items():
             if name not in tree:
-                raise ConfigError(f"{key}.{name}: expected a value, found none")
+                raise ConfigError(f"{dotted(key, name)}: expected a value, found none")
             value = tree[name]
             if isinstance(kind, Nested):
-                value = kind.type.from_tree(value, f"{key}.{name}")
+                value = kind.type.from_tree(value, dotted(key, name))
             elif isinstance(kind, OpenMapping) and isinstance(value, Mapping):
                 value = dict(value)
             elif isinstance(value, Sequence) and not isinstance(value, str):  # a list, or OmegaConf's ListConfig
@@ -122,7 +127,7 @@ class Section(Mapping):
     # ------------------------------------------------------------------ read-only mapping (verl's BaseConfig)
     def __getitem__(self, name: str) -> Any:
         if name not in self._kinds():
-            raise KeyError(f"{self._key}.{name}")
+            raise KeyError(dotted(self._key, name))
         return getattr(self, name)
 
     def __iter__(self) -> Iterator[str]:
