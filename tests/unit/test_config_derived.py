@@ -41,6 +41,7 @@ def test_the_dtype_names_are_one_table():
         assert RULES[f"{role}.fsdp_config.model_dtype"].choices == torch_dtypes.FSDP_DTYPE_NAMES
     for name in torch_dtypes.FSDP_DTYPE_NAMES:  # either spelling reaches the same torch dtype
         assert torch_dtypes.torch_dtype(name) is torch_dtypes.DTYPES[torch_dtypes.SHORT_NAMES.get(name, name)]
+    assert {torch_dtypes.NAME_OF_DTYPE[dtype]: dtype for dtype in torch_dtypes.NAME_OF_DTYPE} == torch_dtypes.DTYPES
 
 
 @pytest.mark.parametrize("text, owner", [('"fsdp2"', "verl/engine/strategies.py"),

@@ -13,6 +13,7 @@ from verl.errors import InputError
 SHORT_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # verl's FSDP spelling -> the long name
 DTYPES = {name: getattr(torch, name) for name in SHORT_NAMES.values()}
 ELEMENT_SIZES = {name: dtype.itemsize for name, dtype in DTYPES.items()}
+NAME_OF_DTYPE = {dtype: name for name, dtype in DTYPES.items()}  # torch dtype -> its name (e.g. SGLang's dtype)
 # The dtypes a role's config may name for training and rollout (megatron.dtype, rollout.dtype); the FSDP
 # sections name the same ones in either spelling.
 TRAINING_DTYPES = ("float32", "bfloat16")

@@ -33,8 +33,8 @@ from verl.errors import InputError
 from verl.hybrid_engine.planner import DEFAULT_BUCKET_BYTES
 from verl.hybrid_engine.rollout_layout import rollout_param_specs
 from verl.models.config import ModelConfig
+from verl.utils.torch_dtypes import NAME_OF_DTYPE
 
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_TYPES
 
 
@@ -132,8 +132,8 @@ class SGLangRollout(BaseRollout):
         super().__init__(config, pad_token_id)
         for rank in range(tp_size):  # fail here, with our message, on a tp the layout cannot split
             rollout_param_specs(config, tp_size, rank)
-        if dtype not in DTYPE_NAMES:
-            raise SGLangConfigError(f"dtype: expected one of {list(DTYPE_NAMES)}, found {dtype}")
+        if dtype not in NAME_OF_DTYPE:
+            raise SGLangConfigError(f"dtype: expected one of {list(NAME_OF_DTYPE)}, found {dtype}")
         self.tp_size = tp_size
         self.dtype = dtype
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -144,7 +144,7 @@ class SGLangRollout(BaseRollout):
         import sglang  # only the SGLang environment has it
 
         args: dict[str, Any] = dict(
-            model_path=model_path, tp_size=tp_size, dtype=DTYPE_NAMES[dtype], device=self.device,
+            model_path=model_path, tp_size=tp_size, dtype=NAME_OF_DTYPE[dtype], device=self.device,
             random_seed=seed, skip_tokenizer_init=True, skip_server_warmup=True, log_level="error",
             mem_fraction_static=mem_fraction_static, custom_weight_loader=[LOADER_PATH],
         )
