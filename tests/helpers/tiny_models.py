@@ -65,3 +65,16 @@ def arithmetic_data_args(out, num_train: int = 64, num_test: int = 16) -> list:
                     str(num_train), "--num-test", str(num_test)], check=True, capture_output=True)
     return [f"data.train_files={out}/train.parquet", f"data.val_files={out}/test.parquet",
             f"data.tokenizer={out}/tokenizer"]
+
+
+def write_arithmetic_data(out, num_train: int, num_test: int) -> list:
+    """The arithmetic task written to ``out`` in this process (no CLI start: the unit tests' fixtures) as verl
+    train's data overrides."""
+    from verl.utils.dataset.arithmetic import build_char_tokenizer, generate_problems, make_row, write_parquet
+
+    train, test = generate_problems(num_train, num_test, seed=0)
+    write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], str(out / "train.parquet"))
+    write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], str(out / "test.parquet"))
+    build_char_tokenizer(str(out / "tokenizer"))
+    return [f"data.train_files={out / 'train.parquet'}", f"data.val_files={out / 'test.parquet'}",
+            f"data.tokenizer={out / 'tokenizer'}"]

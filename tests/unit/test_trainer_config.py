@@ -3,6 +3,7 @@
 import os
 
 import pytest
+from helpers.tiny_models import write_arithmetic_data
 
 from verl.trainer import main_ppo
 from verl.trainer.config import ConfigError, load_config
@@ -14,15 +15,8 @@ PPO = os.path.join(REPO, "configs", "ppo_arith_tiny.yaml")
 
 @pytest.fixture(scope="module")
 def data_args(tmp_path_factory):
-    from verl.utils.dataset.arithmetic import build_char_tokenizer, generate_problems, make_row, write_parquet
-
-    out = tmp_path_factory.mktemp("arith")
-    train, test = generate_problems(80, 8, seed=0)  # at least one batch of the quickstart configs (64)
-    write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], str(out / "train.parquet"))
-    write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], str(out / "test.parquet"))
-    build_char_tokenizer(str(out / "tokenizer"))
-    return [f"data.train_files={out / 'train.parquet'}", f"data.val_files={out / 'test.parquet'}",
-            f"data.tokenizer={out / 'tokenizer'}"]
+    # At least one batch of the quickstart configs (64 prompts).
+    return write_arithmetic_data(tmp_path_factory.mktemp("arith"), 80, 8)
 
 
 @pytest.fixture

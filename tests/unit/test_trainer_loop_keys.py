@@ -12,6 +12,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from helpers.tiny_models import write_arithmetic_data
 
 from verl.engine.rollout.base import assemble_rollout_batch
 from verl.protocol import DataProto
@@ -28,15 +29,7 @@ DP = 2  # the fake DP size the trainer balances for (its process sees world size
 
 @pytest.fixture(scope="module")
 def data_args(tmp_path_factory):
-    from verl.utils.dataset.arithmetic import build_char_tokenizer, generate_problems, make_row, write_parquet
-
-    out = tmp_path_factory.mktemp("arith")
-    train, test = generate_problems(40, 6, seed=0)
-    write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], str(out / "train.parquet"))
-    write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], str(out / "test.parquet"))
-    build_char_tokenizer(str(out / "tokenizer"))
-    return [f"data.train_files={out / 'train.parquet'}", f"data.val_files={out / 'test.parquet'}",
-            f"data.tokenizer={out / 'tokenizer'}"]
+    return write_arithmetic_data(tmp_path_factory.mktemp("arith"), 40, 6)
 
 
 def small(kind):
