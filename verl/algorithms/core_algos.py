@@ -179,17 +179,50 @@ def compute_gae_advantage_return(
     return advantages, returns
 
 
-def _group_stats(scores: torch.Tensor, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per response [B]: its group's mean score, unbiased std (0 for a group of one) and size."""
+def _group_ids(index: np.ndarray, scores: torch.Tensor) -> torch.Tensor:
+    """Dense group numbers 0..G-1 [B] in order of first appearance (any hashable labels)."""
     if len(index) != scores.shape[0]:
         raise ValueError(f"index: expected {scores.shape[0]} group ids (one per response), found {len(index)}")
     ids: dict[Any, int] = {}
-    group = torch.tensor([ids.setdefault(gid, len(ids)) for gid in index], dtype=torch.long, device=scores.device)
-    size = torch.bincount(group, minlength=len(ids)).to(scores.dtype)
-    mean = torch.zeros(len(ids), dtype=scores.dtype, device=scores.device).index_add_(0, group, scores) / size
+    return torch.tensor([ids.setdefault(gid, len(ids)) for gid in index], dtype=torch.long, device=scores.device)
+
+
+def _sorted_group_ids(index: np.ndarray | torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """Dense group numbers 0..G-1 [B] of any group labels, by sorting (np.unique), not by a Python loop."""
+    if isinstance(index, torch.Tensor):
+        group = torch.unique(index.reshape(-1), return_inverse=True)[1].to(scores.device)
+    else:
+        labels = np.asarray(index).reshape(-1)
+        try:
+            inverse = np.unique(labels, return_inverse=True)[1]
+        except TypeError:  # labels of mixed types do not sort: group by their text
+            inverse = np.unique(np.array([str(v) for v in labels]), return_inverse=True)[1]
+        group = torch.from_numpy(inverse.reshape(-1).astype(np.int64)).to(scores.device)
+    if group.numel() != scores.shape[0]:
+        raise ValueError(f"index: expected {scores.shape[0]} group ids (one per response), found {group.numel()}")
+    return group
+
+
+def _group_stats(scores: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per response [B]: its group's mean score, unbiased std (0 for a group of one) and size, for dense group
+    numbers ``group`` [B]."""
+    groups = int(group.max()) + 1 if group.numel() else 0
+    size = torch.bincount(group, minlength=groups).to(scores.dtype)
+    mean = torch.zeros(groups, dtype=scores.dtype, device=scores.device).index_add_(0, group, scores) / size
     squares = torch.zeros_like(mean).index_add_(0, group, (scores - mean[group]) ** 2)
     std = (squares / (size - 1).clamp(min=1)).sqrt()
     return mean[group], std[group], size[group]
+
+
+def _grpo_advantages(scores: torch.Tensor, group: torch.Tensor, epsilon: float,
+                     norm_adv_by_std_in_grpo: bool) -> torch.Tensor:
+    """Per response [B]: (s - mean_group) / (std_group + epsilon), or s - mean_group; a group of one has mean 0
+    and std 1."""
+    mean, std, size = _group_stats(scores, group)
+    alone = size == 1
+    centered = scores - torch.where(alone, torch.zeros_like(mean), mean)
+    return centered / (torch.where(alone, torch.ones_like(std), std) + epsilon) if norm_adv_by_std_in_grpo \
+        else centered
 
 
 @register_adv_est(AdvantageEstimator.GRPO)
@@ -207,11 +240,7 @@ def compute_grpo_outcome_advantage(
     """
     scores = token_level_rewards.sum(dim=-1)
     with torch.no_grad():
-        mean, std, size = _group_stats(scores, index)
-        alone = size == 1
-        centered = scores - torch.where(alone, torch.zeros_like(mean), mean)
-        advantages = centered / (torch.where(alone, torch.ones_like(std), std) + epsilon) \
-            if norm_adv_by_std_in_grpo else centered
+        advantages = _grpo_advantages(scores, _group_ids(index, scores), epsilon, norm_adv_by_std_in_grpo)
         advantages = advantages.unsqueeze(-1) * response_mask
     return advantages, advantages
 
@@ -231,29 +260,11 @@ def compute_rloo_outcome_advantage(
     """
     scores = token_level_rewards.sum(dim=-1)
     with torch.no_grad():
-        mean, _, size = _group_stats(scores, index)
+        mean, _, size = _group_stats(scores, _group_ids(index, scores))
         ratio = size / (size - 1).clamp(min=1)
         advantages = torch.where(size > 1, scores * ratio - mean * ratio, scores)
         advantages = advantages.unsqueeze(-1) * response_mask
     return advantages, advantages
-
-
-def _group_index(index: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Dense group numbers 0..G-1 [B] of any group labels, by sorting (np.unique), not by a Python loop."""
-    if isinstance(index, torch.Tensor):
-        return torch.unique(index.reshape(-1), return_inverse=True)[1].to(device)
-    labels = np.asarray(index).reshape(-1)
-    try:
-        inverse = np.unique(labels, return_inverse=True)[1]
-    except TypeError:  # labels of mixed types do not sort: group by their text
-        inverse = np.unique(np.array([str(v) for v in labels]), return_inverse=True)[1]
-    return torch.from_numpy(inverse.reshape(-1).astype(np.int64)).to(device)
-
-
-def _group_sums(values: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
-    """Per response [B]: the sum of ``values`` over its group."""
-    size = int(group.max()) + 1 if group.numel() else 0
-    return torch.zeros(size, dtype=values.dtype, device=values.device).index_add_(0, group, values)[group]
 
 
 @register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)
@@ -269,18 +280,8 @@ def compute_grpo_vectorized_outcome_advantage(
     """
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
-        group = _group_index(index, scores.device)
-        if group.numel() != scores.shape[0]:
-            raise ValueError(f"index: expected {scores.shape[0]} group ids (one per response), found {group.numel()}")
         values = scores.float()
-        size = _group_sums(torch.ones_like(values), group)
-        mean = _group_sums(values, group) / size
-        var = _group_sums((values - mean) ** 2, group) / (size - 1).clamp(min=1)
-        alone = size == 1  # a group of one: mean 0, std 1 (as verl)
-        mean = torch.where(alone, torch.zeros_like(mean), mean)
-        std = torch.where(alone, torch.ones_like(var), var.sqrt())
-        centered = values - mean
-        advantages = centered / (std + epsilon) if norm_adv_by_std_in_grpo else centered
+        advantages = _grpo_advantages(values, _sorted_group_ids(index, values), epsilon, norm_adv_by_std_in_grpo)
         advantages = advantages.to(scores.dtype).unsqueeze(-1) * response_mask
     return advantages, advantages
 
@@ -298,11 +299,8 @@ def compute_rloo_vectorized_outcome_advantage(
     """
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
-        group = _group_index(index, scores.device)
-        if group.numel() != scores.shape[0]:
-            raise ValueError(f"index: expected {scores.shape[0]} group ids (one per response), found {group.numel()}")
-        size = _group_sums(torch.ones_like(scores), group)
-        advantages = (size * scores - _group_sums(scores, group)) / (size - 1).clamp(min=1) * (size > 1)
+        mean, _, size = _group_stats(scores, _sorted_group_ids(index, scores))
+        advantages = (scores - mean) * size / (size - 1).clamp(min=1) * (size > 1)
         advantages = advantages.unsqueeze(-1) * response_mask
     return advantages, advantages
 
@@ -344,7 +342,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     """
     scores = token_level_rewards.sum(dim=-1)
     with torch.no_grad():
-        mean, _, size = _group_stats(scores, index)
+        mean, _, size = _group_stats(scores, _group_ids(index, scores))
         centered = scores - torch.where(size > 1, mean, torch.zeros_like(mean))
         advantages = centered.unsqueeze(-1) * response_mask
         advantages = verl_F.masked_whiten(advantages, response_mask) * response_mask
