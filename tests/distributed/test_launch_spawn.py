@@ -214,7 +214,7 @@ def test_run_ranks_ranks_die_with_a_killed_parent():
 
     def ranks():
         procs = [p for p in psutil.Process(parent.pid).children(recursive=True)
-                 if "spawn_main" in " ".join(p.cmdline())]
+                 if "verl.launcher.function_rank" in p.cmdline()]
         # Connected to each other (gloo is up): each rank is past its first line, die_with_parent.
         return procs if len(procs) == 2 and all(p.net_connections(kind="tcp") for p in procs) else None
 
@@ -245,3 +245,50 @@ def test_run_ranks_ranks_die_with_a_killed_parent():
                 pass
         if parent.poll() is None:
             parent.kill()
+
+
+def _rank_fn(rank, world_size, mode):
+    """run_ranks' test function: each rank's value, or rank 1 failing the way ``mode`` says."""
+    import torch
+    import torch.distributed as dist
+
+    if rank == 1 and mode == "raise":
+        raise ValueError("rank 1 was told to fail")
+    if rank == 1 and mode == "exit":
+        os._exit(7)
+    if mode == "hang":
+        time.sleep(600)
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    return {"rank": rank, "world": world_size, "sum": total}
+
+
+def test_run_ranks_returns_each_ranks_value_over_one_gloo_group():
+    from verl.launcher.spawn import run_ranks_with_rank
+
+    values = run_ranks_with_rank(_rank_fn, 2, "ok", timeout_s=120)
+    assert [v["rank"] for v in values] == [0, 1] and {v["world"] for v in values} == {2}
+    assert [v["sum"].item() for v in values] == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("mode, needle", [("raise", "rank 1 failed:"), ("exit", "rank 1 died with exit code 7")])
+def test_run_ranks_names_the_failing_rank_and_ends_the_others(mode, needle):
+    from verl.launcher.spawn import RankFailure, run_ranks_with_rank
+
+    tick = time.monotonic()
+    with pytest.raises(RankFailure) as err:
+        run_ranks_with_rank(_rank_fn, 2, mode, timeout_s=300)
+    assert needle in str(err.value)
+    if mode == "raise":
+        assert "ValueError: rank 1 was told to fail" in str(err.value)  # the rank's own traceback
+    # Rank 0 is blocked in all_reduce (or sleeping) when rank 1 fails: fail-fast ends it, the 300 s limit does not.
+    assert time.monotonic() - tick < 120
+
+
+def test_run_ranks_time_limit_ends_every_rank():
+    from verl.launcher.spawn import RankFailure, run_ranks_with_rank
+
+    tick = time.monotonic()
+    with pytest.raises(RankFailure, match=r"expected 2 results within 20s, found 0"):
+        run_ranks_with_rank(_rank_fn, 2, "hang", timeout_s=20)
+    assert time.monotonic() - tick < 20 + 30  # the limit, then SIGTERM and at most the kill grace

@@ -1,26 +1,27 @@
-"""Local ranks, the one spawner of verl-hpc. Two front doors:
+"""Local ranks: the one spawner of verl-hpc.
 
-``spawn_local(nproc, argv)`` runs a command as N rank subprocesses (what ``verl train --nproc N`` uses;
-torchrun's env convention):
+Every local rank is an OS process started by :class:`LocalRanks` with torchrun's environment convention
+(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT) and the same rules:
 
-- each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT;
-- output is streamed line by line with a ``[rank N]`` prefix;
-- fail-fast: as soon as one rank exits non-zero the others are terminated (SIGTERM, then SIGKILL
-  after a grace period) and that rank's exit code is returned;
+- fail-fast: as soon as one rank exits non-zero the others are terminated (SIGTERM to each rank's process
+  group, SIGKILL after a grace period); a deadline ends them all the same way;
 - SIGINT/SIGTERM/SIGUSR1 sent to the launcher are forwarded to every rank. Ranks run in their own
-  sessions, so a terminal's Ctrl-C reaches them once (through the launcher), not twice.
+  sessions, so a terminal's Ctrl-C reaches them once (through the launcher), not twice;
 - children die with their parent: every rank (and every child started through :func:`child_preexec`)
-  asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``, Linux), so a launcher
-  killed with SIGKILL, or crashing, leaves no orphan rank; the launcher's own exit paths (return,
-  exception, forwarded signal) end each rank's process group.
+  asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``, Linux), so a launcher killed
+  with SIGKILL, or crashing, leaves no orphan rank;
+- one thread policy (:mod:`verl.launcher.threads`): the ranks split this host's cores.
 
-``run_ranks(fn, nproc, *args)`` runs an importable function on N gloo ranks over a ``file://``
-rendezvous in a fresh temp dir (no TCP listener) and returns each rank's value; used by convert,
-generate, sft, bench reshard and the multi-rank tests. The first rank to fail, or the timeout, ends
-every rank.
+Two front doors over it:
 
-spawn_local's exit code: 0 when every rank exits 0; else the first failing rank's code, ``128 + signal`` for a
-rank killed by a signal (the shell's convention).
+``spawn_local(nproc, argv)`` runs a command as N ranks (what ``verl train`` and ``verl generate`` use), its
+output streamed line by line with a ``[rank N]`` prefix. Exit code: 0 when every rank exits 0; else the
+first failing rank's code, ``128 + signal`` for a rank killed by a signal (the shell's convention).
+
+``run_ranks(fn, nproc, *args)`` runs an importable function on N gloo ranks (``verl.launcher.function_rank``
+is the rank's side: a ``file://`` rendezvous in a private temp dir, no TCP listener) and returns each rank's
+value; used by ``verl sft``, convert, generate, bench reshard and the multi-rank tests. The first rank to
+fail, or the time limit, ends every rank and raises :class:`RankFailure` naming it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 import ctypes
 import io
 import os
-import queue
+import pickle
 import signal
 import socket
 import subprocess
@@ -36,11 +37,9 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
-from verl.launcher.bootstrap import DEFAULT_TIMEOUT_S, destroy_distributed, use_shm_collectives
 from verl.launcher.env import LOOPBACK, LaunchError
 from verl.launcher.threads import intra_op_threads
 
@@ -116,6 +115,86 @@ def rank_env(rank: int, nproc: int, port: int, base: dict[str, str]) -> dict[str
     return env
 
 
+class LocalRanks:
+    """N rank processes of one command on this host, run to the end by :meth:`wait`.
+
+    prefix_output: stream each rank's stdout+stderr to ``out`` line by line with a ``[rank N]`` prefix
+    (a job log); False: the ranks write to this process's own stdout/stderr (a terminal's progress bars
+    stay intact). After :meth:`wait`, ``failed_rank`` is the first rank that failed (None: none, or the
+    deadline passed first: ``timed_out``).
+    """
+
+    def __init__(self, nproc: int, argv: list[str], env: dict[str, str] | None = None,
+                 master_port: int | None = None, out=None, prefix_output: bool = True):
+        if not isinstance(nproc, int) or nproc < 1:
+            raise LaunchError(f"local ranks: expected nproc >= 1, found {nproc!r}")
+        if not argv:
+            raise LaunchError("local ranks: expected a command to run, found an empty argv")
+        self.nproc, self.argv, self.prefix_output = nproc, list(argv), prefix_output
+        self.out = out or sys.stdout
+        self.port = master_port or free_loopback_port()
+        self.base = dict(os.environ if env is None else env)
+        self.procs: list[subprocess.Popen] = []
+        self.failed_rank: int | None = None
+        self.timed_out = False
+        self._write_lock = threading.Lock()
+
+    def _pump(self, rank: int, stream) -> None:
+        for line in iter(stream.readline, ""):
+            with self._write_lock:
+                self.out.write(f"[rank {rank}] {line}" if line.endswith("\n") else f"[rank {rank}] {line}\n")
+                self.out.flush()
+        stream.close()
+
+    def _forward(self, signum, frame) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                _signal_group(p, signum)
+
+    def wait(self, timeout_s: float = float("inf")) -> int:
+        """Start the ranks and wait for them: 0, or the first failing rank's exit code (124 when the
+        deadline ends them, as coreutils' ``timeout``). Every rank is gone when this returns."""
+        installed = {}
+        if threading.current_thread() is threading.main_thread():
+            installed = {s: signal.signal(s, self._forward) for s in FORWARDED_SIGNALS}
+        pumps = []
+        try:
+            for rank in range(self.nproc):
+                piped = subprocess.PIPE if self.prefix_output else None
+                p = subprocess.Popen(self.argv, env=rank_env(rank, self.nproc, self.port, self.base),
+                                     stdout=piped, stderr=subprocess.STDOUT if self.prefix_output else None,
+                                     text=True, bufsize=1, start_new_session=True, preexec_fn=child_preexec())
+                self.procs.append(p)
+                if self.prefix_output:
+                    t = threading.Thread(target=self._pump, args=(rank, p.stdout), daemon=True)
+                    t.start()
+                    pumps.append(t)
+            return self._wait_fail_fast(time.monotonic() + timeout_s)
+        finally:
+            _terminate(self.procs)
+            for s, previous in installed.items():
+                signal.signal(s, previous)
+            for t in pumps:
+                t.join(timeout=5)
+
+    def _wait_fail_fast(self, deadline: float) -> int:
+        while True:
+            running = False
+            for rank, p in enumerate(self.procs):
+                rc = p.poll()
+                if rc is None:
+                    running = True
+                elif rc != 0:
+                    self.failed_rank = rank
+                    return 128 - rc if rc < 0 else rc
+            if not running:
+                return 0
+            if time.monotonic() >= deadline:
+                self.timed_out = True
+                return 124
+            time.sleep(0.05)
+
+
 def spawn_local(nproc: int, argv: list[str], env: dict[str, str] | None = None,
                 master_port: int | None = None, out=None) -> int:
     """Run ``argv`` as ``nproc`` local ranks; return 0 or the first failing rank's exit code.
@@ -123,63 +202,7 @@ def spawn_local(nproc: int, argv: list[str], env: dict[str, str] | None = None,
     env: base environment of the ranks (default: this process's); master_port: default a free one;
     out: text stream for the prefixed output (default sys.stdout).
     """
-    if not isinstance(nproc, int) or nproc < 1:
-        raise LaunchError(f"spawn_local: expected nproc >= 1, found {nproc!r}")
-    if not argv:
-        raise LaunchError("spawn_local: expected a command to run, found an empty argv")
-    out = out or sys.stdout
-    port = master_port or free_loopback_port()
-    base = dict(os.environ if env is None else env)
-    procs: list[subprocess.Popen] = []
-    write_lock = threading.Lock()
-
-    def pump(rank: int, stream) -> None:
-        for line in iter(stream.readline, ""):
-            with write_lock:
-                out.write(f"[rank {rank}] {line}" if line.endswith("\n") else f"[rank {rank}] {line}\n")
-                out.flush()
-        stream.close()
-
-    def forward(signum, frame) -> None:
-        for p in procs:
-            if p.poll() is None:
-                _signal_group(p, signum)
-
-    installed = {}
-    if threading.current_thread() is threading.main_thread():
-        installed = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
-    pumps = []
-    try:
-        for rank in range(nproc):
-            p = subprocess.Popen(argv, env=rank_env(rank, nproc, port, base), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                 start_new_session=True, preexec_fn=child_preexec())
-            procs.append(p)
-            t = threading.Thread(target=pump, args=(rank, p.stdout), daemon=True)
-            t.start()
-            pumps.append(t)
-        code = _wait_fail_fast(procs)
-    finally:
-        _terminate(procs)
-        for s, previous in installed.items():
-            signal.signal(s, previous)
-        for t in pumps:
-            t.join(timeout=5)
-    return code
-
-
-def _wait_fail_fast(procs: list[subprocess.Popen]) -> int:
-    while True:
-        running = False
-        for p in procs:
-            rc = p.poll()
-            if rc is None:
-                running = True
-            elif rc != 0:
-                return 128 - rc if rc < 0 else rc
-        if not running:
-            return 0
-        time.sleep(0.05)
+    return LocalRanks(nproc, argv, env=env, master_port=master_port, out=out).wait()
 
 
 def _signal_group(p: subprocess.Popen, signum: int) -> None:
@@ -211,87 +234,81 @@ class RankFailure(RuntimeError):
     """A spawned rank raised, died, or the ranks ran past their time limit."""
 
 
-def _rank_main(fn, rank, world_size, init_file, threads, results, args, parent_pid=None):
-    if parent_pid is not None:
-        die_with_parent(parent_pid)  # first: a parent killed while this rank imports torch takes it along
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    import torch
-    import torch.distributed as dist
+# The files a function rank reads and writes in the job's private directory (verl.launcher.function_rank).
+JOB_FILE = "job.pkl"
+RENDEZVOUS_FILE = "rendezvous"
 
-    torch.set_num_threads(threads)
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-        use_shm_collectives(DEFAULT_TIMEOUT_S)  # as verl train's ranks do
-        # Bytes, not tensors: torch's shared-memory handles die with a rank that already exited.
-        buffer = io.BytesIO()
-        torch.save(fn(*args), buffer)
-        results.put((rank, True, buffer.getvalue()))
-    except BaseException:  # noqa: BLE001 - reported to the parent, which ends every rank
-        results.put((rank, False, traceback.format_exc()))
-    finally:
-        destroy_distributed()
+
+def result_file(job_dir: str, rank: int) -> str:
+    return os.path.join(job_dir, f"result.{rank}.pt")
+
+
+def error_file(job_dir: str, rank: int) -> str:
+    return os.path.join(job_dir, f"error.{rank}.txt")
+
+
+def _importable(fn: Callable[..., Any]) -> tuple[str, str]:
+    """(module, qualname) a fresh interpreter imports ``fn`` by; a function of a script run as
+    ``python -m pkg.mod`` is found under its module's real name."""
+    module = fn.__module__
+    if module == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        if spec is None:
+            raise LaunchError(f"run_ranks: expected a function importable by module name, found "
+                              f"{fn.__qualname__} in a script run by path")
+        module = spec.name
+    if "<locals>" in fn.__qualname__ or "<lambda>" in fn.__qualname__:
+        raise LaunchError(f"run_ranks: expected a module-level function, found {fn.__qualname__}")
+    return module, fn.__qualname__
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args, timeout_s: float = 120.0,
-              threads_per_rank: int = 1) -> list[Any]:
+              threads_per_rank: int = 1, with_rank: bool = False) -> list[Any]:
     """``fn(*args)`` on ``world_size`` ranks with torch.distributed initialised; returns per-rank values.
 
     ``fn`` must be importable (module level); it returns tensors, numbers, strings, lists and dicts
-    (what ``torch.load(weights_only=True)`` accepts).
+    (what ``torch.load(weights_only=True)`` accepts). with_rank: call ``fn(rank, world_size, *args)``.
     """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size: expected a positive integer, found {world_size!r}")
     import torch  # here, not at module level: spawn_local's launchers need no torch
-    import torch.multiprocessing as mp
 
-    if world_size < 1:
-        raise ValueError(f"world_size: expected a positive integer, found {world_size}")
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="verl_ranks_") as tmp:
-        init_file = os.path.join(tmp, "rendezvous")
-        # Not daemonic: dist_checkpointing's saver starts a child process of its own.
-        procs = [ctx.Process(target=_rank_main,
-                             args=(fn, rank, world_size, init_file, threads_per_rank, results, args,
-                                   os.getpid()))
-                 for rank in range(world_size)]
-        for proc in procs:
-            proc.start()
-        values: dict = {}
-        deadline = time.monotonic() + timeout_s
-        try:
-            while len(values) < world_size:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise RankFailure(f"ranks: expected {world_size} results within {timeout_s:.0f}s, "
-                                      f"found {len(values)} (ranks {sorted(values)})")
-                try:
-                    rank, ok, value = results.get(timeout=min(remaining, 1.0))
-                except queue.Empty:
-                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in values]
-                    if dead:
-                        raise RankFailure(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}") from None
-                    continue
-                if not ok:
-                    raise RankFailure(f"rank {rank} failed:\n{value}")
-                values[rank] = torch.load(io.BytesIO(value), map_location="cpu", weights_only=True)
-        finally:
-            for proc in procs:
-                proc.join(timeout=5 if len(values) == world_size else 0)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
-    return [values[r] for r in range(world_size)]
-
-
-def _call_with_rank(fn, *args):
-    import torch.distributed as dist
-
-    return fn(dist.get_rank(), dist.get_world_size(), *args)
+    with tempfile.TemporaryDirectory(prefix="verl_ranks_") as job_dir:  # mode 0700: this user's only
+        with open(os.path.join(job_dir, JOB_FILE), "wb") as f:
+            # The same trust as multiprocessing's spawn: this process pickles, its own children unpickle.
+            pickle.dump({"fn": _importable(fn), "args": args, "threads": threads_per_rank,
+                         "with_rank": with_rank}, f)
+        env = dict(os.environ)
+        # The rank imports fn the way this process does (test modules, a checkout not installed).
+        env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+        env["OMP_NUM_THREADS"] = str(threads_per_rank)
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        ranks = LocalRanks(world_size, [sys.executable, "-m", "verl.launcher.function_rank", job_dir],
+                           env=env, prefix_output=False)
+        code = ranks.wait(timeout_s)
+        if ranks.timed_out:
+            done = [r for r in range(world_size) if os.path.exists(result_file(job_dir, r))]
+            raise RankFailure(f"ranks: expected {world_size} results within {timeout_s:.0f}s, "
+                              f"found {len(done)} (ranks {done})")
+        if code != 0:
+            rank = ranks.failed_rank
+            path = error_file(job_dir, rank)
+            if os.path.exists(path):
+                with open(path) as f:
+                    raise RankFailure(f"rank {rank} failed:\n{f.read()}")
+            raise RankFailure(f"rank {rank} died with exit code {code}")
+        values = []
+        for rank in range(world_size):
+            with open(result_file(job_dir, rank), "rb") as f:
+                values.append(torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True))
+    return values
 
 
 def run_ranks_with_rank(fn: Callable[..., Any], world_size: int, *args, timeout_s: float = 120.0,
                         threads_per_rank: int = 1) -> list[Any]:
     """Like :func:`run_ranks`, calling ``fn(rank, world_size, *args)``."""
-    return run_ranks(_call_with_rank, world_size, fn, *args, timeout_s=timeout_s, threads_per_rank=threads_per_rank)
+    return run_ranks(fn, world_size, *args, timeout_s=timeout_s, threads_per_rank=threads_per_rank,
+                     with_rank=True)
 
 
 def main(argv=None) -> int:
