@@ -4,7 +4,8 @@
   (critic + GAE; actor, reference and critic at TP=2 with sequence parallelism, verl's default for TP > 1)
   run from their quickstart configs and log every metric verl users expect;
 - a GRPO run killed with SIGKILL after its step-2 checkpoint and restarted with
-  ``trainer.resume_mode=auto`` logs exactly the uninterrupted run's metrics for steps 3 and 4.
+  ``trainer.resume_mode=auto`` (and verl's Megatron offload keys on) logs exactly the uninterrupted run's
+  metrics for steps 3 and 4.
 """
 
 import os
@@ -59,10 +60,17 @@ def test_grpo_two_ranks_logs_verl_metrics_and_resumes_exactly_after_kill(tmp_pat
     assert 4 not in read_metrics(killed_dir)
     assert (killed_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
 
-    proc = run_train(train_cmd("grpo_arith_tiny.yaml", killed_dir, arithmetic_data, *steps, "trainer.resume_mode=auto"))
+    # Resumed with verl's offload keys on: the actor's parameters, gradients and Adam state and the reference's
+    # parameters wait in host memory while the rollout generates (engine.offload), and nothing else changes.
+    offload = [f"actor_rollout_ref.actor.megatron.{key}=true" for key in ("param_offload", "grad_offload",
+                                                                          "optimizer_offload")]
+    offload.append("actor_rollout_ref.ref.megatron.param_offload=true")
+    proc = run_train(train_cmd("grpo_arith_tiny.yaml", killed_dir, arithmetic_data, *steps, "trainer.resume_mode=auto",
+                               *offload))
     assert "resumed from" in proc.stdout
     resumed = read_metrics(killed_dir)
     for step in (3, 4):
+        assert resumed[step].pop("perf/offloaded_mb") > 0 and "perf/offloaded_mb" not in full[step]
         assert deterministic(resumed[step]) == deterministic(full[step]), f"step {step} differs after resume"
 
 

@@ -15,6 +15,9 @@ passes the same batch; each DP replica passes its own share. Two callables plug 
 An engine is built from an :class:`EngineSpec` (the role's verl config sections) by
 :func:`verl.engine.registry.build_engine`, which picks the backend from the role's ``strategy``.
 Checkpoints (model + optimizer; RNG states stay the trainer's) and HF export belong to each engine.
+Between phases an engine's parameters, gradients and optimizer state can leave device memory
+(:meth:`TrainingEngine.offload`, verl's ``param_offload`` / ``grad_offload`` / ``optimizer_offload``) and come
+back bit for bit (:meth:`TrainingEngine.onload`); an offloaded engine refuses to compute.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from verl.engine.offload import StateOffload, local_tensor, optimizer_tensors
 from verl.errors import InputError
 from verl.models.config import ModelConfig
 
@@ -100,6 +104,9 @@ class TrainingEngine(abc.ABC):
     head: str
     optimizer: Any
     scheduler: Any
+    # What the role's config asks to leave device memory while the engine is idle (verl's ``*_offload`` keys;
+    # set by ``from_spec``): keyword arguments of :meth:`offload`.
+    idle_offload: Mapping[str, bool] = {"params": False, "grads": False, "optimizer": False}
 
     @classmethod
     @abc.abstractmethod
@@ -172,6 +179,45 @@ class TrainingEngine(abc.ABC):
     def export_hf(self, model_path: str, out_dir: str, tokenizer: Any | None) -> None:
         """The model as an HF directory at ``out_dir`` (replaced atomically), with the config and generation
         settings of ``model_path``. Collective; rank 0 writes."""
+
+    # ------------------------------------------------------------------ device memory between phases
+    def offload(self, params: bool = True, grads: bool = True, optimizer: bool = True) -> int:
+        """Move the named state to host memory (each storage once; see :mod:`verl.engine.offload`); returns
+        the bytes moved. Nothing may compute until :meth:`onload`. Not collective."""
+        if not hasattr(self, "_offload"):
+            self._offload = StateOffload()
+        tensors: list[torch.Tensor] = []
+        model_params = list(self.module.parameters())
+        if params:
+            tensors += model_params
+        if grads:
+            tensors += [g for p in model_params for g in (p.grad, getattr(p, "main_grad", None)) if g is not None]
+        if optimizer:
+            model_storages = {local_tensor(p).untyped_storage()._cdata for p in model_params}
+            for torch_optimizer in self.torch_optimizers():
+                tensors += optimizer_tensors(torch_optimizer, model_storages)
+        return self._offload.offload(tensors)
+
+    def offload_idle_state(self) -> int:
+        """:meth:`offload` what the role's config names (``idle_offload``); 0 when it names nothing."""
+        return self.offload(**self.idle_offload) if any(self.idle_offload.values()) else 0
+
+    def onload(self) -> int:
+        """Everything :meth:`offload` moved back in device memory, bit for bit; returns the bytes moved."""
+        return self._offload.onload() if hasattr(self, "_offload") else 0
+
+    @property
+    def offloaded_bytes(self) -> int:
+        return self._offload.offloaded_bytes if hasattr(self, "_offload") else 0
+
+    def require_onloaded(self, what: str) -> None:
+        if self.offloaded_bytes:
+            raise RuntimeError(f"{what}: the engine's state is offloaded ({self.offloaded_bytes} bytes in host "
+                               f"memory); call onload() first")
+
+    def torch_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The torch optimizers whose state this engine's optimizer holds (none on a forward-only engine)."""
+        return [self.optimizer] if isinstance(self.optimizer, torch.optim.Optimizer) else []
 
     def swap_hf_weights(self, spec: EngineSpec) -> TrainingEngine:
         """This role's engine holding the HF checkpoint of ``spec`` (a forward-only engine's hot swap): a

@@ -245,9 +245,16 @@ class ActorRolloutRefWorker(Worker):
             params = dataclasses.replace(params, seed=int(meta["seed"]) * 1009 + self.rollout_dp_rank)
         metrics = {} if self._rollout_synced else self.hybrid_engine.to_rollout()
         start = time.perf_counter()
+        engines = [self.actor.engine] + ([self.ref.engine] if self.ref is not None else [])
         try:
+            # While the rollout generates, the state the config's *_offload keys name waits in host memory.
+            offloaded = sum(engine.offload_idle_state() for engine in engines)
+            if offloaded:
+                metrics = {**metrics, "perf/offloaded_mb": offloaded / 2**20}
             out = self.rollout.generate_sequences(prompts, params)
         finally:
+            for engine in engines:
+                engine.onload()
             self._release_rollout()
         if out is None:  # an SGLang group's other ranks: the owner returns the group's rollout
             return None

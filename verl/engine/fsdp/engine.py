@@ -165,7 +165,11 @@ class FSDPEngine(TrainingEngine):
         read from ``spec.model_path`` (each rank loads its shards), whoever sets them afterwards."""
         optim = None if spec.optim is None else optim_config(spec.optim, spec.total_training_steps,
                                                               clip_grad=spec.role.grad_clip)
-        return fsdp_engine(spec.model_config, spec.model_path, spec.head, spec.role, spec.model, optim, spec.seed)
+        engine = fsdp_engine(spec.model_config, spec.model_path, spec.head, spec.role, spec.model, optim, spec.seed)
+        # param_offload is FSDP2's CPUOffloadPolicy here (shards and gradients live in host memory throughout)
+        engine.idle_offload = {"params": False, "grads": False,
+                               "optimizer": bool(spec.role.fsdp_config.get("optimizer_offload"))}
+        return engine
 
     @property
     def optimizer_steps(self) -> int:
@@ -189,17 +193,20 @@ class FSDPEngine(TrainingEngine):
     # ------------------------------------------------------------------ weights on disk
     def save_checkpoint(self, path: str) -> None:
         """DCP (loadable at another world size); RNG states are the trainer's."""
+        self.require_onloaded("save_checkpoint")
         from verl.engine.fsdp import checkpoint
 
         checkpoint.save_checkpoint(self, path, self.optimizer_steps)
 
     def load_checkpoint(self, path: str) -> int:
+        self.require_onloaded("load_checkpoint")
         from verl.engine.fsdp import checkpoint
 
         return checkpoint.load_checkpoint(self, path)
 
     def export_hf(self, model_path: str, out_dir: str, tokenizer: Any | None) -> None:
         """One full parameter at a time to rank 0 (:func:`verl.engine.fsdp.hf_export.export_actor_hf`)."""
+        self.require_onloaded("export_hf")
         from verl.engine.fsdp.hf_export import export_actor_hf
 
         export_actor_hf(self, model_path, out_dir, tokenizer)
@@ -237,6 +244,7 @@ class FSDPEngine(TrainingEngine):
     def forward(self, batch: Batch, micro_batch_size: int, output_fn: OutputFn,
                 max_token_len: int | None = None) -> dict[str, torch.Tensor]:
         """output_fn's results for the whole batch, in the batch's row order, on the CPU."""
+        self.require_onloaded("forward")
         micro_batches, rows = self._micro_batches(batch, micro_batch_size, max_token_len)
         self.model.eval()
         results = []
@@ -257,6 +265,7 @@ class FSDPEngine(TrainingEngine):
         """One optimizer step over ``batch``; metrics as :meth:`MegatronEngine.train_step` reports them
         (averaged over micro-batches and every rank; with ``global_loss`` the loss shares and
         ``summed_metrics`` are added over micro-batches first)."""
+        self.require_onloaded("train_step")
         if self.optimizer is None:
             raise RuntimeError("train_step: expected an engine built with an OptimConfig, found a forward-only engine")
         micro_batches, _ = self._micro_batches(batch, micro_batch_size, max_token_len)

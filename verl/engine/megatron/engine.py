@@ -77,6 +77,8 @@ class MegatronEngine(TrainingEngine):
                      **engine_options(mega, spec.model if optim is not None else None))
         if spec.load_weights:
             engine.load_hf_weights(spec.model_path)
+        engine.idle_offload = {"params": mega.param_offload, "grads": bool(mega.get("grad_offload")),
+                               "optimizer": bool(mega.get("optimizer_offload"))}
         return engine
 
     def load_hf_weights(self, model_path: str) -> None:
@@ -145,6 +147,13 @@ class MegatronEngine(TrainingEngine):
         """The GPTModel (unwrapped from DDP)."""
         return self.model.module if self.optimizer is not None else self.model
 
+    def torch_optimizers(self) -> list[torch.optim.Optimizer]:
+        """Megatron's optimizer (chained per parameter kind) wraps torch's: their state and fp32 main params."""
+        if self.optimizer is None:
+            return []
+        return [inner.optimizer for inner in getattr(self.optimizer, "chained_optimizers", [self.optimizer])
+                if isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer)]
+
     @property
     def optimizer_steps(self) -> int:
         return int(self.scheduler.num_steps) if self.scheduler is not None else 0
@@ -174,17 +183,20 @@ class MegatronEngine(TrainingEngine):
     # ------------------------------------------------------------------ weights on disk
     def save_checkpoint(self, path: str) -> None:
         """dist_checkpointing (loadable at another (tp, pp)); RNG states are the trainer's."""
+        self.require_onloaded("save_checkpoint")
         from verl.engine.megatron import checkpoint
 
         checkpoint.save_checkpoint(self, path, self.optimizer_steps, with_rng=False)
 
     def load_checkpoint(self, path: str) -> int:
+        self.require_onloaded("load_checkpoint")
         from verl.engine.megatron import checkpoint
 
         return checkpoint.load_checkpoint(self, path)
 
     def export_hf(self, model_path: str, out_dir: str, tokenizer: Any | None) -> None:
         """Streamed by the first DP replica to rank 0 (:func:`verl.models.hf_export.export_actor_hf`)."""
+        self.require_onloaded("export_hf")
         from verl.models.hf_export import export_actor_hf
 
         export_actor_hf(self, self.config, model_path, out_dir, tokenizer)
@@ -289,6 +301,7 @@ class MegatronEngine(TrainingEngine):
         order), on every stage, on the CPU (where the controller's DataProto lives), whatever device the
         model computes on. ``max_token_len``: micro-batches by token budget (:func:`token_budget_groups`)
         instead of ``micro_batch_size`` rows."""
+        self.require_onloaded("forward")
         micro_batches, rows = self._micro_batches(batch, micro_batch_size, max_token_len)
         per_micro_batch = self._schedule(batch, micro_batch_size, output_fn, None, micro_batches=micro_batches)
         result = None
@@ -311,6 +324,7 @@ class MegatronEngine(TrainingEngine):
         ``summed_metrics`` (other shares) are added over micro-batches before the DP average, which
         makes them the mini-batch's loss; the rest (fractions, means) are averaged as before.
         """
+        self.require_onloaded("train_step")
         from megatron.core import parallel_state as mpu
 
         if self.optimizer is None:

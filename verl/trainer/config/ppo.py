@@ -112,10 +112,12 @@ REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
        "verl-hpc's models are dense (no experts): set 1") for role in (f"{ARR}.actor", f"{ARR}.ref", "critic")),
     (f"{ARR}.actor.megatron.expert_tensor_parallel_size", lambda v: v not in (None, 1),
      "verl-hpc's models are dense (no experts): set null"),
-    *((f"{role}.megatron.{key}", lambda v: v and _cuda(),
-       "offloading Megatron state to host memory between phases is not implemented on GPUs yet (on CPU the "
-       "state already lives in host memory): set false")
-      for role in (f"{ARR}.actor", "critic") for key in ("param_offload", "grad_offload", "optimizer_offload")),
+    # The actor's and the reference's offload while the rollout generates (verl.engine.offload); the critic
+    # has no idle phase of its own in this loop yet.
+    *((f"critic.megatron.{key}", lambda v: v and _cuda(),
+       "offloading the critic's Megatron state between phases is not implemented on GPUs yet (the actor's is; "
+       "on CPU the state already lives in host memory): set false")
+      for key in ("param_offload", "grad_offload", "optimizer_offload")),
     (f"{ARR}.actor.megatron.use_dist_checkpointing", bool,
      "initial weights come from model.path (an HF directory); turn a Megatron checkpoint into one with "
      "`verl convert mcore-to-hf --ckpt DIR --out HF_DIR`, then set use_dist_checkpointing=false"),
