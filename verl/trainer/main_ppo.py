@@ -114,7 +114,8 @@ def run_rank(config, dry_run: bool) -> int:
 def _run_rank(config, dry_run: bool) -> int:
     from verl.launcher.bootstrap import destroy_distributed, init_distributed
 
-    init_distributed(seed=config.trainer.seed)
+    # verl's key for the process groups' timeout: a collective stuck on a lost peer raises after it.
+    init_distributed(seed=config.trainer.seed, timeout_s=float(config.actor_rollout_ref.nccl_timeout))
     try:
         from transformers import AutoTokenizer
 
@@ -206,10 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         print(OmegaConf.to_yaml(config), end="")
         return 0
     from verl.errors import InputError
+    from verl.trainer.config.sections import PPOSections
     from verl.trainer.preflight import preflight
 
     try:
-        preflight(config)
+        preflight(PPOSections.from_tree(config, ""))
     except InputError as err:  # PreflightError, DatasetError, CheckpointError, ModelConfigError, ...
         print(f"verl train: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR

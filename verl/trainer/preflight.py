@@ -12,6 +12,7 @@ from typing import Any
 from verl.engine.strategies import engine_name
 from verl.errors import InputError
 from verl.models.hf_io import model_dir_problem
+from verl.trainer.config.sections import PPOSections
 from verl.utils.checkpoint import CheckpointError, checkpoint_problem
 from verl.utils.dataset.errors import DatasetError
 from verl.utils.tracking import check_backends
@@ -47,7 +48,7 @@ def check_model_dir(key: str, path: str | None) -> None:
             raise PreflightError(f"{key}: {problem}")
 
 
-def check_datasets(config: Any, tokenizer: Any) -> None:
+def check_datasets(config: PPOSections, tokenizer: Any) -> None:
     """One pass over the train and val files with the trainer's own dataset (verl's train/val_max_samples,
     filter_overlong_prompts and truncation semantics): a bad row fails here, not at step N; the rows left
     after the limit and the filter must make one batch."""
@@ -62,7 +63,7 @@ def check_datasets(config: Any, tokenizer: Any) -> None:
             min_rows=1, need_ground_truth=need_ground_truth)
 
 
-def check_rollout_engine(config: Any) -> None:
+def check_rollout_engine(config: PPOSections) -> None:
     """``rollout.name=sglang`` needs SGLang in this Python, and on CPU a rollout tp SGLang can take the
     rollout layout with (it pads attention heads there instead of replicating KV heads)."""
     rollout = config.actor_rollout_ref.rollout
@@ -90,8 +91,8 @@ def check_rollout_engine(config: Any) -> None:
             raise PreflightError(f"actor_rollout_ref.rollout.tensor_model_parallel_size: {err}") from None
 
 
-def preflight(config: Any) -> None:
-    """Raises PreflightError, DatasetError or CheckpointError (all ValueErrors: exit 2)."""
+def preflight(config: PPOSections) -> None:
+    """Raises PreflightError, DatasetError or CheckpointError (all InputErrors: exit 2)."""
     try:
         check_backends(list(config.trainer.logger))  # e.g. `wandb` asked for but not installed
     except ValueError as err:
@@ -113,7 +114,7 @@ def preflight(config: Any) -> None:
     check_resume_backend(config)
 
 
-def check_resume_backend(config: Any) -> None:
+def check_resume_backend(config: PPOSections) -> None:
     """The checkpoint a run would resume from holds the configured backend's actor (a Megatron checkpoint
     cannot be read by FSDP and the other way round: their sharded formats differ)."""
     from verl.utils.checkpoint import find_resume_dir

@@ -32,7 +32,7 @@ from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils.logging_utils import get_logger
 from verl.utils.torch_dtypes import DTYPES
-from verl.workers.config import ActorRolloutRefConfig
+from verl.workers.config import ActorConfig, ActorRolloutRefConfig
 from verl.workers.role_utils import (
     ACTOR_FIELDS,
     batch_fields,
@@ -54,7 +54,7 @@ class PolicyLossConfig:
     """What a registered policy loss reads as ``config``: the actor's keys (attribute or ``get`` access, as
     verl's ActorConfig) plus ``global_batch_info``, the mini-batch's global counts for :func:`agg_loss`."""
 
-    def __init__(self, actor_config: Any, global_batch_info: dict[str, Any]):
+    def __init__(self, actor_config: ActorConfig, global_batch_info: dict[str, Any]):
         self._actor_config = actor_config
         self.global_batch_info = global_batch_info
 
@@ -67,7 +67,7 @@ class PolicyLossConfig:
         return self.global_batch_info if key == "global_batch_info" else self._actor_config.get(key, default)
 
 
-def policy_loss_fn(cfg: Any, counts: dict[str, int], on_policy: bool = False) -> Callable:
+def policy_loss_fn(cfg: ActorConfig, counts: dict[str, int], on_policy: bool = False) -> Callable:
     """verl's PPO actor loss (pg_loss - entropy_coeff * entropy + kl_loss_coef * kl) for ``update_policy``
     with ``global_loss=True``: every term is aggregated with the mini-batch's global ``counts``
     (:func:`role_utils.global_batch_info`) and ``actor.loss_scale_factor``, as verl's ``global_batch_info``.

@@ -8,7 +8,6 @@ actor's mesh and every rank is a DP replica.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -31,7 +30,7 @@ from verl.workers.role_utils import (
 )
 
 
-def value_loss_fn(cfg: Any, counts: dict[str, int]) -> Callable:
+def value_loss_fn(cfg: CriticConfig, counts: dict[str, int]) -> Callable:
     """verl's clipped value loss for ``update_critic`` with ``global_loss=True``, aggregated with the
     mini-batch's global ``counts`` (:func:`role_utils.global_batch_info`) and ``critic.loss_scale_factor``."""
 
