@@ -82,6 +82,7 @@ class DispatchSpec:
     collect: Callable[[DispatchInfo, list[Any], Any], Any]
     prepare: Callable[[DispatchInfo, tuple, dict], tuple[tuple, dict, Any]]  # driver side, before dispatch
     collect_ranks: Callable[[DispatchInfo], list[bool]]
+    mesh: str | None = None  # the DP mesh a DataProto is split over (None: not a DP-split mode)
 
 
 # --------------------------------------------------------------------------- simple modes
@@ -194,7 +195,7 @@ def _collect_proto(mesh: str):
 def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> DispatchSpec:
     """DataProto split over the DP replicas of the worker's mesh ``mesh_name``; collect per replica."""
     return DispatchSpec(f"nd_compute_proto[{mesh_name}]", _dispatch_proto(mesh_name), _collect_proto(mesh_name),
-                        _prepare_proto(mesh_name), _collect_ranks(mesh_name))
+                        _prepare_proto(mesh_name), _collect_ranks(mesh_name), mesh_name)
 
 
 PREDEFINED: dict[Dispatch, DispatchSpec] = {

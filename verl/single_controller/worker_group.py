@@ -24,6 +24,7 @@ from typing import Any
 import torch.distributed as dist
 
 from verl.protocol import DataProto, strict_data_check_enabled
+from verl.single_controller.data_plane import ShardedBatch, batch_from_outputs, dispatch_positions
 from verl.single_controller.decorator import DispatchInfo, DispatchSpec, MeshRank, registered_methods
 from verl.single_controller.worker import Worker
 
@@ -124,6 +125,8 @@ class WorkerGroup:
         return call
 
     def execute(self, method_name: str, spec: DispatchSpec, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        if any(isinstance(v, ShardedBatch) for v in (*args, *kwargs.values())):
+            return self._execute_sharded(method_name, spec, tuple(args), dict(kwargs))
         args, kwargs, state = spec.prepare(self.info, tuple(args), dict(kwargs))
         output = None
         if self.worker is not None:
@@ -136,3 +139,38 @@ class WorkerGroup:
                 output = None
         gathered = all_gather_objects(output)
         return spec.collect(self.info, [gathered[r] for r in self.pool_ranks], state)
+
+    def _execute_sharded(self, method_name: str, spec: DispatchSpec, args: tuple, kwargs: dict) -> ShardedBatch:
+        """The data plane's call: each rank of DP replica d receives replica d's rows (each field from the rank
+        holding it); the outputs stay on their collect ranks, and the result is a :class:`ShardedBatch`."""
+        if spec.mesh is None:
+            raise ValueError(f"{self.name}.{method_name}: a ShardedBatch argument needs a DP-split dispatch mode, "
+                             f"found {spec.name}")
+        batches = [v for v in (*args, *kwargs.values()) if isinstance(v, ShardedBatch)]
+        if len(batches) != 1:
+            raise ValueError(f"{self.name}.{method_name}: expected one ShardedBatch argument, found {len(batches)}")
+        batch = batches[0]
+        mesh = self.info.mesh(spec.mesh)
+        dp = mesh[0].dp_size
+        shares, pad = dispatch_positions(len(batch), dp)
+        _, world = _world()
+        needs = [shares[0][:0]] * world
+        for pool_rank, place in enumerate(mesh):
+            needs[self.pool_ranks[pool_rank]] = shares[place.dp_rank]
+        local = batch.gather(needs, group=_object_group() if world > 1 else None)
+        output = None
+        if self.worker is not None:
+            pool_rank = self.pool_ranks.index(self.rank)
+            rank_args = tuple(local if isinstance(a, ShardedBatch) else a for a in args)
+            rank_kwargs = {k: local if isinstance(v, ShardedBatch) else v for k, v in kwargs.items()}
+            output = getattr(self.worker, method_name)(*rank_args, **rank_kwargs)
+            if not mesh[pool_rank].is_collect:
+                output = None
+            elif not isinstance(output, DataProto):
+                raise ValueError(f"{self.name}.{method_name}: expected a DataProto from a data-plane call, found "
+                                 f"{type(output).__name__}")
+        holders = [None] * dp
+        for pool_rank, place in enumerate(mesh):
+            if place.is_collect:
+                holders[place.dp_rank] = self.pool_ranks[pool_rank]
+        return batch_from_outputs(holders, output, pad, len(batch), group=_object_group() if world > 1 else None)

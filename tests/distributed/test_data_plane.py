@@ -1,0 +1,137 @@
+"""The distributed data plane (verl.single_controller.data_plane) against the legacy all-gather path.
+
+4 gloo ranks, two worker layouts over the same ranks as the trainer has them: a "rollout" mesh of 2 replicas
+x TP 2 (replica 0 = ranks 0,1, collected from rank 0; replica 1 = ranks 2,3, from rank 2) and a "megatron"
+mesh whose replicas are (0,2) and (1,3), collected from the second rank (the last pipeline stage). A batch
+generated on the rollout mesh (n=2 rows per prompt), reordered as balance_batch reorders it, then consumed
+on the megatron mesh must equal the legacy path's DataProto bit for bit, for batch sizes that need padding;
+each rank must receive no more than its own replica's share of the fields it consumes.
+"""
+
+import pytest
+
+from verl.launcher.spawn import run_ranks
+
+pytestmark = pytest.mark.distributed
+
+N = 2  # responses per prompt
+WIDTH = 6
+
+
+def _job(prompt_counts):
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from verl.protocol import DataProto
+    from verl.single_controller import MeshRank, Worker, WorkerGroup, make_nd_compute_dataproto_dispatch_fn, register
+    from verl.single_controller.data_plane import STATS, ColumnGroup, ShardedBatch
+
+    rank = dist.get_rank()
+
+    class Roles(Worker):
+        def dispatch_meshes(self):
+            return {"rollout": MeshRank(rank // 2, 2, rank % 2 == 0),
+                    "megatron": MeshRank(rank % 2, 2, rank // 2 == 1)}
+
+        @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("rollout"))
+        def generate(self, prompts):
+            ids = prompts.batch["prompt"].repeat_interleave(N, dim=0)
+            responses = ids * 3 + torch.arange(ids.size(0))[:, None] % N
+            out = DataProto.from_dict({"responses": responses, "mask": (responses % 2).float()},
+                                      {"uid": np.repeat(prompts.non_tensor_batch["uid"], N)},
+                                      {"metrics": {"gen/rows": float(len(ids))}})
+            return out
+
+        @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("megatron"))
+        def log_prob(self, data):
+            log_probs = data.batch["responses"].double().sin() * data.batch["mask"].double()
+            return DataProto.from_dict({"log_probs": log_probs})
+
+    group = WorkerGroup(Roles)
+    out = {}
+    for prompts in prompt_counts:
+        base = torch.arange(prompts * WIDTH).view(prompts, WIDTH) + 100 * prompts
+        gen = DataProto.from_dict({"prompt": base}, {"uid": np.array([f"p{i}" for i in range(prompts)],
+                                                                     dtype=object)})
+        order = torch.randperm(prompts * N, generator=torch.Generator().manual_seed(prompts))
+
+        legacy = group.generate(gen)
+        legacy.reorder(order)
+        legacy.union(group.log_prob(legacy))
+
+        # The prompts enter held by rank 0 alone, then replicated as every rank's dataloader reads them.
+        start = ShardedBatch(prompts, [], dict(gen.non_tensor_batch))
+        start = start.union(_sharded_from_rank0(gen, ShardedBatch)) if prompts != 3 else \
+            ShardedBatch(prompts, [ColumnGroup.replicate(dict(gen.batch.items()), prompts, rank)],
+                         dict(gen.non_tensor_batch))
+        STATS.reset()
+        sharded = group.generate(start)
+        sharded.reorder(order)
+        generate_bytes = STATS.bytes_received
+        STATS.reset()
+        sharded.union(group.log_prob(sharded))
+        consume_bytes = STATS.bytes_received
+        whole = sharded.to_dataproto()
+        out[prompts] = {
+            "legacy": {k: v.clone() for k, v in legacy.batch.items()},
+            "legacy_uid": legacy.non_tensor_batch["uid"].tolist(),
+            "sharded": {k: v.clone() for k, v in whole.batch.items()},
+            "sharded_uid": whole.non_tensor_batch["uid"].tolist(),
+            "metrics": sharded.meta_info.get("metrics"), "legacy_metrics": legacy.meta_info.get("metrics"),
+            "generate_bytes": generate_bytes, "consume_bytes": consume_bytes,
+            "responses_holders": sorted(set(sharded.holder("responses").owner.tolist())),
+            "log_probs_holders": sorted(set(sharded.holder("log_probs").owner.tolist())),
+            "row_bytes": {k: int(v[0].numel() * v.element_size()) for k, v in legacy.batch.items()},
+        }
+    return out
+
+
+def _sharded_from_rank0(data, sharded_cls):
+    """``data`` held by rank 0 only (as the trainer's dataloader batch enters the data plane)."""
+    import numpy as np
+    import torch.distributed as dist
+
+    from verl.single_controller.data_plane import ColumnGroup, FieldSpec
+
+    rank = dist.get_rank()
+    owner = np.zeros(len(data), dtype=np.int64)
+    fields = {k: FieldSpec.of(v) for k, v in data.batch.items()}
+    local = dict(data.batch.items()) if rank == 0 else {}
+    return sharded_cls(len(data), [ColumnGroup(fields, owner, local, rank)])
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return run_ranks(_job, 4, [4, 5, 3], timeout_s=240)
+
+
+@pytest.mark.parametrize("prompts", [4, 5, 3])
+def test_sharded_batch_equals_the_legacy_path(ranks, prompts):
+    import torch
+
+    for rank, results in enumerate(ranks):
+        r = results[prompts]
+        assert r["legacy"].keys() == r["sharded"].keys() == {"responses", "mask", "log_probs"}
+        for key in r["legacy"]:
+            assert torch.equal(r["legacy"][key], r["sharded"][key]), (rank, key)
+        assert r["legacy_uid"] == r["sharded_uid"], rank
+        assert r["metrics"] == r["legacy_metrics"], rank
+        # Rows stay where they were produced: responses on the rollout collect ranks, log-probs on the
+        # megatron collect ranks.
+        assert r["responses_holders"] == [0, 2] and r["log_probs_holders"] == [2, 3], rank
+
+
+@pytest.mark.parametrize("prompts", [4, 5, 3])
+def test_each_rank_receives_at_most_its_replicas_share(ranks, prompts):
+    for rank, results in enumerate(ranks):
+        r = results[prompts]
+        rows = prompts * N
+        share = -(-rows // 2)  # a megatron replica's rows, padding included
+        consumed = r["row_bytes"]["responses"] + r["row_bytes"]["mask"]
+        # log_prob reads responses and mask: at most a replica's share of them (the ones not held here).
+        assert r["consume_bytes"] <= share * consumed, (rank, r["consume_bytes"], share * consumed)
+        prompt_share = -(-prompts // 2)
+        assert r["generate_bytes"] <= prompt_share * WIDTH * 8, (rank, r["generate_bytes"])
+        if prompts == 3:  # replicated prompts: every rank reads its share where it is
+            assert r["generate_bytes"] == 0, (rank, r["generate_bytes"])
