@@ -77,7 +77,7 @@ class MegatronEngine(TrainingEngine):
                      **engine_options(mega, spec.model if optim is not None else None))
         if spec.load_weights:
             engine.load_hf_weights(spec.model_path)
-        engine.idle_offload = {"params": mega.param_offload, "grads": bool(mega.get("grad_offload")),
+        engine.idle_offload = {"params": bool(mega.get("param_offload")), "grads": bool(mega.get("grad_offload")),
                                "optimizer": bool(mega.get("optimizer_offload"))}
         return engine
 
