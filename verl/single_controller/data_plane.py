@@ -63,10 +63,21 @@ class TransferStats:
 STATS = TransferStats()
 
 
-def _world(group=None) -> tuple[int, int]:
+def _world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+_OBJECT_GROUP: list[Any] = []
+
+
+def object_group():
+    """The gloo group the controller's data moves over: its tensors are on the CPU (NCCL would need them on
+    a GPU, and cannot carry pickled objects). The default group when that is gloo already."""
+    if not _OBJECT_GROUP:
+        _OBJECT_GROUP.append(None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
+    return _OBJECT_GROUP[0]
 
 
 REPLICATED = -1  # an owner meaning "every rank holds this row" (the prompts every rank's dataloader reads)
@@ -230,7 +241,7 @@ class ShardedBatch:
             send = torch.cat(send_parts) if send_parts else torch.empty(0, dtype=torch.uint8)
             recv = torch.empty(sum(sizes[src][rank] for src in range(world)), dtype=torch.uint8)
             dist.all_to_all_single(recv, send, output_split_sizes=[sizes[src][rank] for src in range(world)],
-                                   input_split_sizes=sizes[rank], group=group)
+                                   input_split_sizes=sizes[rank], group=group or object_group())
             STATS.collectives += 1
             STATS.bytes_sent += send.numel()
             STATS.bytes_received += recv.numel()
@@ -343,7 +354,7 @@ def all_gather_small(obj: Any, group=None) -> list[Any]:
     if world == 1:
         return [obj]
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, obj, group=group)
+    dist.all_gather_object(gathered, obj, group=group or object_group())
     STATS.object_bytes += sum(len(pickle.dumps(g)) for i, g in enumerate(gathered) if i != rank)
     return gathered
 

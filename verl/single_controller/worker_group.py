@@ -24,7 +24,7 @@ from typing import Any
 import torch.distributed as dist
 
 from verl.protocol import DataProto, strict_data_check_enabled
-from verl.single_controller.data_plane import ShardedBatch, batch_from_outputs, dispatch_positions
+from verl.single_controller.data_plane import ShardedBatch, batch_from_outputs, dispatch_positions, object_group
 from verl.single_controller.decorator import DispatchInfo, DispatchSpec, MeshRank, registered_methods
 from verl.single_controller.worker import Worker
 
@@ -52,16 +52,6 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
-_OBJECT_GROUP: list[Any] = []
-
-
-def _object_group():
-    """A gloo group for object collectives (NCCL cannot carry pickled objects on CPU)."""
-    if not _OBJECT_GROUP:
-        _OBJECT_GROUP.append(None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
-    return _OBJECT_GROUP[0]
-
-
 def all_gather_objects(obj: Any) -> list[Any]:
     """Every rank's ``obj``, in rank order, on every rank; DataProto travels as bytes."""
     rank, world = _world()
@@ -69,7 +59,7 @@ def all_gather_objects(obj: Any) -> list[Any]:
         return [obj]
     payload = (_PROTO_TAG, obj.to_bytes()) if isinstance(obj, DataProto) else obj
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, payload, group=_object_group())
+    dist.all_gather_object(gathered, payload, group=object_group())
     return [DataProto.from_bytes(p[1]) if isinstance(p, tuple) and len(p) == 2 and p[0] == _PROTO_TAG else p
             for p in gathered]
 
@@ -80,7 +70,7 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     if world == 1:
         return obj
     box = [obj if rank == src else None]
-    dist.broadcast_object_list(box, src=src, group=_object_group())
+    dist.broadcast_object_list(box, src=src, group=object_group())
     return box[0]
 
 
@@ -157,7 +147,7 @@ class WorkerGroup:
         needs = [shares[0][:0]] * world
         for pool_rank, place in enumerate(mesh):
             needs[self.pool_ranks[pool_rank]] = shares[place.dp_rank]
-        local = batch.gather(needs, group=_object_group() if world > 1 else None)
+        local = batch.gather(needs)
         output = None
         if self.worker is not None:
             pool_rank = self.pool_ranks.index(self.rank)
@@ -173,4 +163,4 @@ class WorkerGroup:
         for pool_rank, place in enumerate(mesh):
             if place.is_collect:
                 holders[place.dp_rank] = self.pool_ranks[pool_rank]
-        return batch_from_outputs(holders, output, pad, len(batch), group=_object_group() if world > 1 else None)
+        return batch_from_outputs(holders, output, pad, len(batch))

@@ -143,15 +143,16 @@ def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def compute_mfu_metrics(batch: DataProto, timing: Mapping[str, float], n_devices: int, peak_flops: float | None,
-                        actor_config: Any, actor_epochs: int, critic_config: Any = None,
+def compute_mfu_metrics(batch: DataProto | list[int], timing: Mapping[str, float], n_devices: int,
+                        peak_flops: float | None, actor_config: Any, actor_epochs: int, critic_config: Any = None,
                         critic_epochs: int = 1) -> dict[str, float]:
     """``perf/mfu/actor`` (and ``perf/mfu/critic``) of the step's updates: the FLOPs of ``epochs``
     passes over the batch's valid tokens (verl's formula) / the update phase's seconds / the promised
     FLOP/s of ``n_devices`` devices. Empty without a peak (CPU, or a GPU not in the table)."""
     if peak_flops is None:
         return {}
-    seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+    # ``batch``: the step's DataProto, or its rows' valid-token counts (the data plane's per-row summary)
+    seqlens = list(batch) if isinstance(batch, list) else batch.batch["attention_mask"].sum(-1).tolist()
     out = {}
     for role, config, epochs in (("actor", actor_config, actor_epochs), ("critic", critic_config, critic_epochs)):
         seconds = timing.get(f"update_{role}")

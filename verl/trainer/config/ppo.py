@@ -132,6 +132,8 @@ REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("trainer.device", lambda v: v == "npu", "verl-hpc runs on cuda or cpu"),
     ("trainer.device", lambda v: v == "cuda" and not _cuda(), "no CUDA device is visible here: use auto or cpu"),
     ("reward_model.launch_reward_fn_async", bool, "rewards are computed in the step here: set false"),
+    ("transfer_queue.metrics.enabled", bool, "verl-hpc opens no HTTP endpoint: the data plane's figures are "
+     "logged as metrics (perf/data_plane_*); set false"),
 )
 
 
@@ -155,6 +157,9 @@ NO_EFFECT: dict[str, str] = {
     f"{ARR}.model.trust_remote_code": "models are built from their config, no remote code is run",
     "data.trust_remote_code": "tokenizers load locally, no remote code is run",
     "trainer.use_v1": "verl's V1 and legacy trainers are the same synchronous PPO loop here",
+    **{f"transfer_queue.{key}": "rows stay in the memory of the rank that produced them (no storage units)"
+       for key in ("backend.SimpleStorage.total_storage_size", "backend.SimpleStorage.num_data_storage_units",
+                   "metrics.port")},
     **{f"trainer.v1.{key}": "it configures an asynchronous trainer_mode, which verl-hpc does not implement yet"
        for key in ("colocate_async.num_warmup_batches", "separate_async.num_warmup_batches",
                    "separate_async.parameter_sync_step")},

@@ -96,6 +96,34 @@ class HybridEngineConfig(Section):
 
 
 @frozen
+class TransferQueueMetricsConfig(Section):
+    enabled: bool
+    port: int = checked(ge=0)
+
+
+@frozen
+class SimpleStorageConfig(Section):
+    total_storage_size: int = checked(ge=1)
+    num_data_storage_units: int = checked(ge=1)
+
+
+@frozen
+class TransferQueueBackendConfig(Section):
+    storage_backend: str = checked(choices=("SimpleStorage",))
+    SimpleStorage: SimpleStorageConfig
+
+
+@frozen
+class TransferQueueConfig(Section):
+    """``transfer_queue``: ``enable`` puts the step on the distributed data plane (rows stay where they are
+    produced); verl's storage settings have no counterpart (rows stay in the producing rank's memory)."""
+
+    enable: bool
+    metrics: TransferQueueMetricsConfig
+    backend: TransferQueueBackendConfig
+
+
+@frozen
 class CustomRewardFunctionConfig(Section):
     """``custom_reward_function``: a user's ``compute_score`` (function ``name`` in the file at ``path``)."""
 
@@ -172,4 +200,5 @@ class PPOSections(Section):
     custom_reward_function: CustomRewardFunctionConfig
     algorithm: AlgoConfig
     hybrid_engine: HybridEngineConfig
+    transfer_queue: TransferQueueConfig
     trainer: TrainerConfig

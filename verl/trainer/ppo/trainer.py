@@ -66,14 +66,17 @@ from tqdm import tqdm
 from verl.algorithms import core_algos
 from verl.errors import InputError
 from verl.protocol import DataProto
-from verl.single_controller import WorkerGroup, all_gather_objects, broadcast_object
+from verl.single_controller import WorkerGroup, all_gather_objects, broadcast_object, data_plane
+from verl.single_controller.data_plane import ShardedBatch
 from verl.trainer import metrics as metric_utils
 from verl.trainer.config import actor_dp_size, use_critic, use_reference
 from verl.trainer.config.sections import PPOSections
-from verl.trainer.ppo.advantage import apply_kl_penalty, compute_advantage
+from verl.trainer.ppo import batch_ops
+from verl.trainer.ppo.advantage import apply_kl_penalty, compute_response_mask
 from verl.utils import checkpoint as ckpt
 from verl.utils.flops_counter import device_peak_flops
 from verl.utils.seqlen_balancing import balanced_dp_order, seqlen_balance_metrics
+from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import rank_zero_tracking
 
 PROMPT_FIELDS = ("input_ids", "attention_mask", "position_ids")
@@ -365,13 +368,14 @@ class PPOTrainer:
         dump_dir = self.sections.trainer.validation_data_dir
         for batch_dict in self.val_dataloader:
             gen = self._prompt_batch(batch_dict, step=0, validate=True)
-            out = self.actor_rollout_wg.generate_sequences(gen)
+            out = self.actor_rollout_wg.generate_sequences(self._on_data_plane(gen))
             out.meta_info.pop("metrics", None)
-            reward = self.reward_fn(out, return_dict=True)
-            scores.append(reward["reward_tensor"].sum(-1))
+            scores.append(self._sequence_rewards(out))
             sources.extend(out.non_tensor_batch[self.sections.data.reward_fn_key].tolist())
-            if dump_dir and self.rank == 0:
-                generations.extend(generation_records(out, reward["reward_tensor"], reward["reward_extra_info"],
+            rows = batch_ops.gather_to_rank0(out) if dump_dir else None
+            if rows is not None and self.rank == 0:
+                reward = self.reward_fn(rows, return_dict=True)
+                generations.extend(generation_records(rows, reward["reward_tensor"], reward["reward_extra_info"],
                                                       self.tokenizer, self.global_step))
         if dump_dir and self.rank == 0:
             write_generations(dump_dir, self.global_step, generations)
@@ -385,9 +389,12 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ one step
     def train_step(self, batch_dict: dict[str, Any], step: int) -> dict[str, float]:
+        """One PPO step, HybridFlow's script. With ``transfer_queue.enable`` the batch is a ShardedBatch whose
+        rows stay on the ranks that produced them; ``batch_ops`` reads the same on both data paths."""
         cfg = self.sections
         metrics: dict[str, float] = {}
         self._timing = {}
+        data_plane.STATS.reset()
         with self._timer("step"):
             if self.use_rm:
                 metrics.update(self._maybe_swap_reward_model(step))
@@ -395,15 +402,15 @@ class PPOTrainer:
             with self._timer("update_weights"):
                 metrics.update(self.actor_rollout_wg.update_weights())
             with self._timer("gen"):
-                batch = self.actor_rollout_wg.generate_sequences(gen)
+                batch = self.actor_rollout_wg.generate_sequences(self._on_data_plane(gen))
             metrics.update(metric_utils.reduce_metrics(batch.meta_info.pop("metrics")))
             batch.meta_info = {"seed": step}
             if cfg.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX.value:
                 with self._timer("update_weights"):  # generation released the rollout weights
                     self.actor_rollout_wg.update_weights()
                 with self._timer("gen_max"):
-                    batch.batch["reward_baselines"] = self._greedy_baseline_rewards(gen).repeat_interleave(
-                        cfg.actor_rollout_ref.rollout.n)
+                    baselines = self._greedy_baseline_rewards(gen).repeat_interleave(cfg.actor_rollout_ref.rollout.n)
+                    batch_ops.add_replicated(batch, {"reward_baselines": baselines})
             if cfg.trainer.balance_batch:
                 # Rows move between DP ranks only within the mini-batches' slices (see balance_layout), and
                 # the group estimators find groups by uid, not by position: the same step, reordered.
@@ -412,19 +419,20 @@ class PPOTrainer:
             with self._timer("reward"):
                 if self.use_rm:
                     batch.union(self.rm_wg.compute_rm_score(batch))
-                reward = self.reward_fn(batch, return_dict=True)
-                batch.batch["token_level_scores"] = reward["reward_tensor"]
+                batch_ops.add_fields(batch, lambda rows: {"token_level_scores": self.reward_fn(rows)},
+                                     batch.keys() if isinstance(batch, ShardedBatch) else ())
             if self.bypass_old_log_prob:
                 # verl's rollout_correction.bypass_mode: the rollout's log-probs (same weights, same
                 # temperature) are the old policy's; no separate forward, and no actor/entropy metric.
-                batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+                batch_ops.add_fields(batch, lambda rows: {"old_log_probs": rows.batch["rollout_log_probs"]},
+                                     ["rollout_log_probs"], anchor="rollout_log_probs")
             else:
                 with self._timer("old_log_prob"):
                     old = self.actor_rollout_wg.compute_log_prob(batch)
-                    entropys = old.batch.pop("entropys")
-                    metrics["actor/entropy"] = core_algos.agg_loss(
-                        entropys, batch.batch["response_mask"], cfg.actor_rollout_ref.actor.loss_agg_mode).item()
                     batch.union(old)
+                    metrics["actor/entropy"] = batch_ops.aggregate_rows(batch, "entropys",
+                                                                        cfg.actor_rollout_ref.actor.loss_agg_mode)
+                    batch_ops.pop_fields(batch, ["entropys"])
             if self.use_reference:
                 with self._timer("ref"):
                     batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
@@ -433,13 +441,14 @@ class PPOTrainer:
                     batch.union(self.critic_wg.compute_values(batch))
             with self._timer("adv"):
                 if cfg.algorithm.use_kl_in_reward:
-                    batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty)
-                    metrics.update(kl_metrics)
+                    metrics.update(self._apply_kl_penalty(batch))
                 else:
-                    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-                batch = compute_advantage(batch, cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma,
-                                          lam=cfg.algorithm.lam, num_repeat=cfg.actor_rollout_ref.rollout.n,
-                                          norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
+                    batch_ops.add_fields(batch, lambda rows: {"token_level_rewards": rows.batch["token_level_scores"]},
+                                         ["token_level_scores"], anchor="token_level_scores")
+                batch = batch_ops.compute_advantages(
+                    batch, cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
+                    num_repeat=cfg.actor_rollout_ref.rollout.n,
+                    norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
             if not self.dry_run:
                 if self.use_critic:
                     with self._timer("update_critic"):
@@ -450,28 +459,81 @@ class PPOTrainer:
                     with self._timer("update_actor"):
                         metrics.update(metric_utils.reduce_metrics(
                             self.actor_rollout_wg.update_actor(batch).meta_info["metrics"]))
-            if cfg.trainer.rollout_data_dir and self.rank == 0:
+            if cfg.trainer.rollout_data_dir:
                 with self._timer("dump_rollout_generations"):
-                    write_generations(cfg.trainer.rollout_data_dir, step, generation_records(
-                        batch, batch.batch["token_level_scores"], reward["reward_extra_info"], self.tokenizer, step))
-        metrics.update(metric_utils.compute_data_metrics(batch, self.use_critic))
-        if not self.bypass_old_log_prob:  # in bypass mode the two are the same tensor
-            metrics.update(metric_utils.compute_rollout_probs_diff_metrics(batch))
-        metrics.update(metric_utils.compute_timing_metrics(batch, self._timing))
-        metrics.update(metric_utils.compute_throughput_metrics(batch, self._timing["step"], self.world_size))
+                    self._dump_generations(batch, step)
+        metrics.update(batch_ops.step_metrics(batch, self.use_critic, self._timing, self.world_size, self._mfu,
+                                              self.bypass_old_log_prob))
         metrics.update(metric_utils.reduce_memory_metrics(all_gather_objects(metric_utils.local_memory_metrics())))
-        metrics.update(metric_utils.compute_mfu_metrics(
-            batch, self._timing, self.world_size, self.peak_flops, self.actor_model_config,
-            cfg.actor_rollout_ref.actor.ppo_epochs, self.critic_model_config,
-            cfg.critic.ppo_epochs if self.use_critic else 1))
+        if isinstance(batch, ShardedBatch):
+            metrics.update(self._data_plane_metrics())
         if self.debug:
-            self._debug_print(batch, metrics)
+            rows = batch_ops.gather_to_rank0(batch)
+            if rows is not None:
+                self._debug_print(rows, metrics)
         return metrics
 
-    def _balance_batch(self, batch: DataProto) -> dict[str, float]:
+    # ------------------------------------------------------------------ step helpers
+    def _on_data_plane(self, gen: DataProto) -> DataProto | ShardedBatch:
+        """The prompts as the step's first batch: on the data plane replicated (every rank's dataloader read
+        the same prompts, so no row moves to reach the rollout)."""
+        if not self.sections.transfer_queue.enable:
+            return gen
+        return ShardedBatch(len(gen), [data_plane.ColumnGroup.replicate(dict(gen.batch.items()), len(gen), self.rank)],
+                            dict(gen.non_tensor_batch), dict(gen.meta_info))
+
+    def _apply_kl_penalty(self, batch) -> dict[str, float]:
+        """verl's apply_kl_penalty on both data paths: token_level_rewards with this step's beta; the KL
+        controller updated with the batch's mean per-sequence KL."""
+        if not isinstance(batch, ShardedBatch):
+            _, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, self.sections.algorithm.kl_penalty)
+            return kl_metrics
+        penalty, beta = self.sections.algorithm.kl_penalty, self.kl_ctrl.value
+        inputs = ["token_level_scores", "old_log_probs", "ref_log_prob", "responses", "attention_mask"]
+
+        def rewards(rows: DataProto) -> dict[str, torch.Tensor]:
+            mask = compute_response_mask(rows)
+            kld = core_algos.kl_penalty(rows.batch["old_log_probs"], rows.batch["ref_log_prob"],
+                                        kl_penalty=penalty) * mask
+            return {"token_level_rewards": rows.batch["token_level_scores"] - beta * kld,
+                    "sequence_kl": masked_mean(kld, mask=mask, axis=-1)}
+
+        batch_ops.add_fields(batch, rewards, inputs)
+        current_kl = batch_ops.per_row(batch, lambda rows: rows.batch["sequence_kl"], ["sequence_kl"]).mean().item()
+        batch_ops.pop_fields(batch, ["sequence_kl"])
+        self.kl_ctrl.update(current_kl=current_kl, n_steps=len(batch))
+        return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+    def _mfu(self, seqlens: list[int]) -> dict[str, float]:
+        cfg = self.sections
+        return metric_utils.compute_mfu_metrics(
+            seqlens, self._timing, self.world_size, self.peak_flops, self.actor_model_config,
+            cfg.actor_rollout_ref.actor.ppo_epochs, self.critic_model_config,
+            cfg.critic.ppo_epochs if self.use_critic else 1)
+
+    def _data_plane_metrics(self) -> dict[str, float]:
+        """What the data plane moved this step: the most any rank received, and the metadata's share."""
+        stats = all_gather_objects((data_plane.STATS.bytes_received, data_plane.STATS.object_bytes,
+                                    data_plane.STATS.seconds))
+        return {"perf/data_plane_received_mb": max(s[0] for s in stats) / 2**20,
+                "perf/data_plane_object_mb": max(s[1] for s in stats) / 2**20,
+                "perf/data_plane_seconds": max(s[2] for s in stats)}
+
+    def _dump_generations(self, batch, step: int) -> None:
+        """trainer.rollout_data_dir: the step's generations on rank 0 (rewards recomputed there for their
+        extra info on the data plane, where no rank holds the whole batch)."""
+        rows = batch_ops.gather_to_rank0(batch)
+        if self.rank != 0 or rows is None:
+            return
+        reward = self.reward_fn(rows, return_dict=True)
+        write_generations(self.sections.trainer.rollout_data_dir, step, generation_records(
+            rows, rows.batch["token_level_scores"], reward["reward_extra_info"], self.tokenizer, step))
+
+    def _balance_batch(self, batch) -> dict[str, float]:
         """verl's ``_balance_batch``: reorder ``batch`` in place so that each actor DP rank's share holds a
         near-equal number of valid tokens (``attention_mask.sum(-1)``); returns ``global_seqlen/*``."""
-        lengths = batch.batch["attention_mask"].sum(-1).tolist()
+        lengths = batch_ops.per_row(batch, lambda rows: rows.batch["attention_mask"].sum(-1),
+                                    ["attention_mask"]).tolist()
         order = balanced_dp_order(lengths, self.dp_size, self.balance_block)
         if order != list(range(len(order))):
             batch.reorder(torch.tensor(order))
@@ -481,11 +543,16 @@ class PPOTrainer:
         """ReMax: the sequence reward [B] of one greedy (do_sample=False) response per prompt."""
         baseline_gen = DataProto.from_dict({k: gen.batch[k] for k in PROMPT_FIELDS}, dict(gen.non_tensor_batch),
                                            {**gen.meta_info, "do_sample": False})
-        baseline = self.actor_rollout_wg.generate_sequences(baseline_gen)
+        baseline = self.actor_rollout_wg.generate_sequences(self._on_data_plane(baseline_gen))
         baseline.meta_info.pop("metrics", None)
         if self.use_rm:
             baseline.union(self.rm_wg.compute_rm_score(baseline))
-        return self.reward_fn(baseline).sum(-1)
+        return self._sequence_rewards(baseline)
+
+    def _sequence_rewards(self, batch) -> torch.Tensor:
+        """[B] sequence rewards of generated rows, on every rank (computed where the rows are)."""
+        inputs = batch.keys() if isinstance(batch, ShardedBatch) else ()
+        return batch_ops.per_row(batch, lambda rows: self.reward_fn(rows).sum(-1), inputs)
 
     def _debug_print(self, batch: DataProto, metrics: dict[str, float]) -> None:
         count = 1 if self.debug == "light" else min(4, len(batch))
