@@ -28,8 +28,9 @@ REDUCED = {"actor/entropy": None, "critic/advantages/mean": "critic/advantages",
            "critic/rewards/mean": "critic/rewards", "critic/score/mean": "critic/score",
            "training/rollout_probs_diff_mean": "training/rollout_probs_diff",
            "training/rollout_probs_diff_std": "training/rollout_probs_diff",
-           "critic/vf_explained_var": None}
-DATA_PLANE_KEYS = ("perf/data_plane_received_mb", "perf/data_plane_object_mb", "perf/data_plane_seconds")
+           "critic/vf_explained_var": None, "actor/reward_kl_penalty": None}
+DATA_PLANE_KEYS = ("perf/data_plane_received_mb", "perf/data_plane_object_mb", "perf/data_plane_shard_mb",
+                   "perf/data_plane_seconds", "perf/data_plane_peak_rss_mb")
 
 
 @pytest.fixture(scope="module")

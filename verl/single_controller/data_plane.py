@@ -2,22 +2,24 @@
 
 Without it (the legacy path) every worker-group call ends in an object all-gather, so every rank of the
 job holds the whole batch after every call. With it (verl's ``transfer_queue.enable=true``) a call's result
-is a :class:`ShardedBatch`: every rank holds the same *metadata* (row count, field names, dtypes and shapes,
-which rank holds each row's values, the small per-row ``non_tensor_batch`` and ``meta_info``), and only the
-ranks that produced the rows hold their tensors. The next call's dispatch moves each row it needs from the
-rank holding it straight to the ranks that consume it (one ``all_to_all`` of packed bytes), and only where
-the two differ. Every rank computes every send and receive size from the shared metadata, so no sizes are
-exchanged and a step where nothing has to move runs no collective at all.
+is a :class:`ShardedBatch`: every rank holds the same *metadata* (the row count, the field names, dtypes and
+shapes, which rank holds each row's values) and only the ranks that produced the rows hold their values,
+tensors and per-row objects alike (``uid``, ``data_source``, ground truths). The next call's dispatch moves
+each row it needs from the rank holding it straight to the ranks that consume it, point to point, and only
+where the two differ; ranks that exchange nothing do not communicate. The holders of a call's output are
+known from the dispatch itself, so the metadata that travels per call is one small summary from one rank.
 
 A batch is a list of column groups: the fields one call produced, with one holder rank per row
-(``owner``). Fields of the same row may sit on different ranks (the rollout's responses on a rollout
-replica's first rank, the actor's log-probs on a Megatron replica's last stage); a consumer receives each
-field from wherever it is.
+(``owner``), or a group every rank holds whole (:data:`REPLICATED`: the prompts every rank's dataloader
+read). Fields of one row may sit on different ranks (the rollout's responses on a rollout replica's first
+rank, the actor's log-probs on a Megatron replica's last stage); a consumer receives each from its holder.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import pickle
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -27,33 +29,43 @@ import torch.distributed as dist
 
 from verl.protocol import DataProto
 
+REPLICATED = -1  # an owner meaning "every rank holds this row"
+
 
 @dataclasses.dataclass(frozen=True)
 class FieldSpec:
-    """One field's per-row dtype and shape (the batch dimension left out)."""
+    """One field's per-row dtype and shape (the batch dimension left out); ``dtype`` None: a column of
+    Python objects (verl's ``non_tensor_batch``)."""
 
-    dtype: torch.dtype
-    shape: tuple[int, ...]
+    dtype: torch.dtype | None
+    shape: tuple[int, ...] = ()
+
+    @property
+    def is_object(self) -> bool:
+        return self.dtype is None
 
     @property
     def row_bytes(self) -> int:
+        if self.is_object:
+            return 0
         return int(np.prod(self.shape, dtype=np.int64)) * torch.empty(0, dtype=self.dtype).element_size()
 
     @classmethod
-    def of(cls, tensor: torch.Tensor) -> FieldSpec:
-        return cls(tensor.dtype, tuple(tensor.shape[1:]))
+    def of(cls, value: torch.Tensor | np.ndarray) -> FieldSpec:
+        if isinstance(value, torch.Tensor):
+            return cls(value.dtype, tuple(value.shape[1:]))
+        return cls(None)
 
 
 @dataclasses.dataclass
 class TransferStats:
-    """What this rank's data plane moved since the last :meth:`reset` (the bench's per-rank figures)."""
+    """What this rank's controller moved since the last :meth:`reset` (the bench's per-rank figures)."""
 
-    bytes_received: int = 0  # tensor bytes that arrived from other ranks
+    bytes_received: int = 0  # row values (tensors and objects) that arrived from other ranks
     bytes_sent: int = 0
-    bytes_kept: int = 0  # tensor bytes a consumer found on its own rank
-    collectives: int = 0
-    object_bytes: int = 0  # metadata moved by object collectives
-    seconds: float = 0.0
+    object_bytes: int = 0  # metadata and legacy batches received through object collectives
+    shard_bytes: int = 0  # what this rank's workers consumed: the tensors of their DataProto arguments
+    seconds: float = 0.0  # time spent moving rows and metadata
 
     def reset(self) -> None:
         for field in dataclasses.fields(self):
@@ -80,7 +92,10 @@ def object_group():
     return _OBJECT_GROUP[0]
 
 
-REPLICATED = -1  # an owner meaning "every rank holds this row" (the prompts every rank's dataloader reads)
+def _index(values: torch.Tensor | np.ndarray, slots: np.ndarray) -> torch.Tensor | np.ndarray:
+    if isinstance(values, torch.Tensor):
+        return values.index_select(0, torch.as_tensor(slots, dtype=torch.long))
+    return values[slots]
 
 
 class ColumnGroup:
@@ -88,11 +103,12 @@ class ColumnGroup:
     rank when the whole group is :data:`REPLICATED`.
 
     ``local[name]`` holds this rank's rows (the positions ``i`` with ``owner[i] == rank``, or every row of a
-    replicated group, in batch order); ``fields`` and ``owner`` are the same on every rank.
+    replicated group, in batch order): a tensor, or an object array; ``fields`` and ``owner`` are the same on
+    every rank.
     """
 
-    def __init__(self, fields: Mapping[str, FieldSpec], owner: np.ndarray, local: Mapping[str, torch.Tensor],
-                 rank: int):
+    def __init__(self, fields: Mapping[str, FieldSpec], owner: np.ndarray,
+                 local: Mapping[str, torch.Tensor | np.ndarray], rank: int):
         self.fields = dict(fields)
         self.owner = np.asarray(owner, dtype=np.int64)
         self.rank = rank
@@ -100,35 +116,33 @@ class ColumnGroup:
         self.replicated = bool(self.owner.size) and bool((self.owner == REPLICATED).all())
         if (self.owner == REPLICATED).any() and not self.replicated:
             raise ValueError("data plane: a column group is replicated on every rank or held row by row, not both")
-        # batch position of each local row
-        self._positions = np.arange(self.owner.size) if self.replicated else np.flatnonzero(self.owner == rank)
+        # the batch position of each local row
+        self.positions = np.arange(self.owner.size) if self.replicated else np.flatnonzero(self.owner == rank)
         for name, spec in self.fields.items():
-            tensor = self.local.get(name)
-            if tensor is None and self._positions.size:
-                raise ValueError(f"data plane: rank {rank} holds {self._positions.size} rows of field {name!r}, "
-                                 f"found no tensor")
-            if tensor is not None and (tensor.size(0) != self._positions.size or FieldSpec.of(tensor) != spec):
-                raise ValueError(f"data plane: field {name!r} on rank {rank}: expected {self._positions.size} rows "
-                                 f"of {spec}, found {tuple(tensor.shape)} {tensor.dtype}")
-
-    def local_index(self) -> dict[int, int]:
-        """Batch position -> row of this rank's ``local`` tensors."""
-        return {int(p): i for i, p in enumerate(self._positions)}
+            value = self.local.get(name)
+            if value is None and self.positions.size:
+                raise ValueError(f"data plane: rank {rank} holds {self.positions.size} rows of field {name!r}, "
+                                 f"found no values")
+            if value is not None and (len(value) != self.positions.size or FieldSpec.of(value) != spec):
+                raise ValueError(f"data plane: field {name!r} on rank {rank}: expected {self.positions.size} rows "
+                                 f"of {spec}, found {len(value)} of {FieldSpec.of(value)}")
 
     @classmethod
-    def replicate(cls, tensors: Mapping[str, torch.Tensor], rows: int, rank: int) -> ColumnGroup:
-        """Tensors every rank holds in full (the same values everywhere)."""
-        return cls({k: FieldSpec.of(v) for k, v in tensors.items()}, np.full(rows, REPLICATED), tensors, rank)
+    def replicate(cls, values: Mapping[str, torch.Tensor | np.ndarray], rows: int, rank: int) -> ColumnGroup:
+        """Values every rank holds in full (the same everywhere)."""
+        return cls({k: FieldSpec.of(v) for k, v in values.items()}, np.full(rows, REPLICATED), values, rank)
+
+    def slots(self, positions: np.ndarray) -> np.ndarray:
+        """Local rows of the batch ``positions`` (all held here)."""
+        return positions if self.replicated else np.searchsorted(self.positions, positions)
 
     def reordered(self, order: np.ndarray) -> ColumnGroup:
         """The same rows in batch order ``order`` (position j holds old position order[j]); local rows move
         between local slots only, never between ranks."""
         owner = self.owner[order]
         mine = order if self.replicated else order[owner == self.rank]  # old positions of my rows, new order
-        index = self.local_index()
-        slots = torch.as_tensor([index[int(p)] for p in mine], dtype=torch.long)
-        local = {name: t.index_select(0, slots) for name, t in self.local.items()}
-        return ColumnGroup(self.fields, owner, local, self.rank)
+        slots = self.slots(mine)
+        return ColumnGroup(self.fields, owner, {n: _index(v, slots) for n, v in self.local.items()}, self.rank)
 
     def without(self, names: Iterable[str]) -> ColumnGroup:
         names = set(names)
@@ -137,20 +151,22 @@ class ColumnGroup:
 
 
 class ShardedBatch:
-    """A batch of ``len(self)`` rows whose tensors stay where they were produced (see the module doc)."""
+    """A batch of ``len(self)`` rows whose values stay where they were produced (see the module doc)."""
 
-    def __init__(self, rows: int, groups: Sequence[ColumnGroup] = (), non_tensor_batch: Mapping | None = None,
-                 meta_info: Mapping | None = None):
+    def __init__(self, rows: int, groups: Sequence[ColumnGroup] = (), meta_info: Mapping | None = None):
         self.rows = rows
         self.groups = [g for g in groups if g.fields]
-        self.non_tensor_batch = dict(non_tensor_batch or {})
         self.meta_info = dict(meta_info or {})
         for g in self.groups:
             if g.owner.shape != (rows,):
                 raise ValueError(f"data plane: expected an owner per row ({rows}), found {g.owner.shape}")
-        for key, value in self.non_tensor_batch.items():
-            if len(value) != rows:
-                raise ValueError(f"data plane: non_tensor_batch[{key!r}]: expected {rows} rows, found {len(value)}")
+
+    @classmethod
+    def replicated(cls, data: DataProto) -> ShardedBatch:
+        """A DataProto every rank holds whole (the prompts of a step) as the data plane's first batch."""
+        rank, _ = _world()
+        values = {**(dict(data.batch.items()) if data.batch is not None else {}), **data.non_tensor_batch}
+        return cls(len(data), [ColumnGroup.replicate(values, len(data), rank)], data.meta_info)
 
     def __len__(self) -> int:
         return self.rows
@@ -168,6 +184,10 @@ class ShardedBatch:
                 return g
         raise KeyError(f"data plane: expected field {name!r} among {sorted(self.fields)}, found none")
 
+    def held_here(self, anchor: str) -> np.ndarray:
+        """The batch positions this rank holds of field ``anchor`` (every position for a replicated one)."""
+        return self.holder(anchor).positions
+
     # ------------------------------------------------------------------ metadata-only operations
     def union(self, other: ShardedBatch) -> ShardedBatch:
         """Add ``other``'s fields (in place, returns self); a field both hold is now ``other``'s."""
@@ -176,7 +196,6 @@ class ShardedBatch:
         replaced = set(other.fields)
         self.groups = [g.without(replaced) for g in self.groups]
         self.groups = [g for g in self.groups if g.fields] + list(other.groups)
-        self.non_tensor_batch.update(other.non_tensor_batch)
         self.meta_info.update(other.meta_info)
         return self
 
@@ -186,7 +205,6 @@ class ShardedBatch:
         if sorted(order.tolist()) != list(range(self.rows)):
             raise ValueError(f"data plane reorder: expected a permutation of {self.rows} rows")
         self.groups = [g.reordered(order) for g in self.groups]
-        self.non_tensor_batch = {k: v[order] for k, v in self.non_tensor_batch.items()}
 
     def pop(self, names: Iterable[str]) -> None:
         names = list(names)
@@ -196,167 +214,226 @@ class ShardedBatch:
         self.groups = [g for g in self.groups if g.fields]
 
     # ------------------------------------------------------------------ moving rows
-    def gather(self, needs: Sequence[np.ndarray], fields: Iterable[str] | None = None,
-               non_tensor: bool = True, group=None) -> DataProto:
-        """This rank's rows ``needs[rank]`` (batch positions, repeats allowed) as a DataProto, each field's
-        values brought from the rank holding them. Collective over every rank of the job (``needs`` has one
-        entry per rank, the same on every rank)."""
-        import time
-
+    def gather(self, needs: Callable[[int], np.ndarray], fields: Iterable[str] | None = None) -> DataProto:
+        """This rank's rows ``needs(rank)`` (batch positions, repeats allowed) as a DataProto, each field's
+        values brought from the rank holding them. ``needs(r)`` gives any rank's positions (the same function on
+        every rank). Collective over the ranks that exchange rows with this one: point to point, a byte count
+        first, then the rows; ranks with nothing to exchange skip it."""
         start = time.perf_counter()
         rank, world = _world()
-        if len(needs) != world:
-            raise ValueError(f"data plane gather: expected the needs of {world} ranks, found {len(needs)}")
         wanted = list(self.fields) if fields is None else list(fields)
         for name in wanted:
             self.holder(name)
         by_group = [(g, [n for n in wanted if n in g.fields]) for g in self.groups]
         by_group = [(g, names) for g, names in by_group if names]
-        needs = [np.asarray(n, dtype=np.int64) for n in needs]
+        mine = np.asarray(needs(rank), dtype=np.int64)
+        moving = [(g, names) for g, names in by_group if not g.replicated]
 
-        # send[src][dst]: the positions src sends to dst, per group, in the order dst needs them
-        def sent(g: ColumnGroup, src: int, dst: int) -> np.ndarray:
-            positions = needs[dst]
-            return positions[g.owner[positions] == src] if src != dst and not g.replicated else positions[:0]
+        # What this rank sends to each other rank: the rows it holds of their needs, in their order.
+        sends: dict[int, bytes] = {}
+        if any(g.positions.size for g, _ in moving):
+            for dst in range(world):
+                if dst == rank:
+                    continue
+                theirs = np.asarray(needs(dst), dtype=np.int64)
+                values = []
+                for g, names in moving:
+                    held = theirs[g.owner[theirs] == rank]
+                    if held.size:
+                        slots = g.slots(held)
+                        values += [_index(g.local[n], slots) for n in names]
+                if values:
+                    sends[dst] = _pack(values)
+        # What this rank receives, from whom: the holders of its needs.
+        sources = sorted({int(o) for g, _ in moving for o in g.owner[mine]} - {rank}) if mine.size else []
+        received = _exchange(sends, sources)
 
-        def pair_bytes(src: int, dst: int) -> int:
-            return sum(len(sent(g, src, dst)) * sum(g.fields[n].row_bytes for n in names) for g, names in by_group)
-
-        sizes = [[pair_bytes(src, dst) for dst in range(world)] for src in range(world)]
-        out: dict[str, torch.Tensor] = {}
-        own_rows = len(needs[rank])
+        out: dict[str, torch.Tensor | np.ndarray] = {}
         for g, names in by_group:
             for name in names:
                 spec = g.fields[name]
-                out[name] = torch.empty((own_rows, *spec.shape), dtype=spec.dtype)
-        if any(any(row) for row in sizes):
-            send_parts = []
-            for dst in range(world):
-                for g, names in by_group:
-                    index = g.local_index()
-                    slots = torch.as_tensor([index[int(p)] for p in sent(g, rank, dst)], dtype=torch.long)
-                    for name in names:
-                        if slots.numel():
-                            send_parts.append(_as_bytes(g.local[name].index_select(0, slots)))
-            send = torch.cat(send_parts) if send_parts else torch.empty(0, dtype=torch.uint8)
-            recv = torch.empty(sum(sizes[src][rank] for src in range(world)), dtype=torch.uint8)
-            dist.all_to_all_single(recv, send, output_split_sizes=[sizes[src][rank] for src in range(world)],
-                                   input_split_sizes=sizes[rank], group=group or object_group())
-            STATS.collectives += 1
-            STATS.bytes_sent += send.numel()
-            STATS.bytes_received += recv.numel()
-            offset = 0
-            for src in range(world):
-                for g, names in by_group:
-                    mask = g.owner[needs[rank]] == src if src != rank and not g.replicated \
-                        else np.zeros(own_rows, dtype=bool)
-                    count = int(mask.sum())
-                    if not count:
-                        continue
-                    rows = torch.as_tensor(np.flatnonzero(mask), dtype=torch.long)
-                    for name in names:
-                        spec = g.fields[name]
-                        nbytes = count * spec.row_bytes
-                        values = _from_bytes(recv[offset:offset + nbytes], spec, count)
-                        out[name].index_copy_(0, rows, values)
-                        offset += nbytes
-        for g, names in by_group:  # rows this rank holds itself
-            mask = np.ones(own_rows, dtype=bool) if g.replicated else g.owner[needs[rank]] == rank
-            if mask.any():
-                index = g.local_index()
-                slots = torch.as_tensor([index[int(p)] for p in needs[rank][mask]], dtype=torch.long)
-                rows = torch.as_tensor(np.flatnonzero(mask), dtype=torch.long)
+                out[name] = np.empty(len(mine), dtype=object) if spec.is_object else \
+                    torch.empty((len(mine), *spec.shape), dtype=spec.dtype)
+        for src in sources:
+            # The message holds, group by group, the rows src holds of this rank's needs, in need order.
+            layout = [(g, names, np.flatnonzero(g.owner[mine] == src)) for g, names in moving]
+            layout = [(g, names, rows) for g, names, rows in layout if rows.size]
+            specs = [(g.fields[n], len(rows)) for g, names, rows in layout for n in names]
+            values = iter(_unpack(received[src], specs))
+            for g, names, rows in layout:
                 for name in names:
-                    values = g.local[name].index_select(0, slots)
-                    out[name].index_copy_(0, rows, values)
-                    STATS.bytes_kept += values.numel() * values.element_size()
+                    _assign(out[name], rows, next(values))
+        for g, names in by_group:  # rows this rank holds itself
+            rows = np.arange(len(mine)) if g.replicated else np.flatnonzero(g.owner[mine] == rank)
+            if rows.size:
+                slots = g.slots(mine[rows])
+                for name in names:
+                    _assign(out[name], rows, _index(g.local[name], slots))
         STATS.seconds += time.perf_counter() - start
-        non_tensor_batch = ({k: v[needs[rank]] for k, v in self.non_tensor_batch.items()} if non_tensor else {})
-        return DataProto.from_dict(out, non_tensor_batch, dict(self.meta_info)) if out else \
-            DataProto(non_tensor_batch=non_tensor_batch, meta_info=dict(self.meta_info))
+        tensors = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+        objects = {k: v for k, v in out.items() if isinstance(v, np.ndarray)}
+        if tensors:
+            return DataProto.from_dict(tensors, objects, dict(self.meta_info))
+        return DataProto(non_tensor_batch=objects, meta_info=dict(self.meta_info))
 
-    def to_dataproto(self, fields: Iterable[str] | None = None, group=None) -> DataProto:
-        """Every row on every rank (the legacy path's state; for dumps, debugging and tests)."""
-        _, world = _world()
+    def to_dataproto(self, fields: Iterable[str] | None = None) -> DataProto:
+        """Every row on every rank (the legacy path's state; for debugging and tests)."""
         everything = np.arange(self.rows)
-        return self.gather([everything] * world, fields, group=group)
+        return self.gather(lambda r: everything, fields)
 
-    def map_rows(self, fn: Callable[[DataProto], Mapping[str, torch.Tensor]], inputs: Iterable[str],
-                 anchor: str, group=None) -> ShardedBatch:
-        """``fn`` on the rows each rank holds of field ``anchor`` (their ``inputs`` brought to it); its
-        result fields stay there: a :class:`ShardedBatch` of new fields with ``anchor``'s holders. Row-local
-        controller math (rewards, KL penalty, GAE, group advantages when whole groups share a holder)."""
-        rank, world = _world()
-        holder = self.holder(anchor)
-        if holder.replicated:  # every rank computes every row
-            local = self.gather([np.arange(self.rows)] * world, inputs, group=group)
-            result = dict(fn(local))
-            return ShardedBatch(self.rows, [ColumnGroup.replicate(result, self.rows, rank)],
-                                meta_info=dict(self.meta_info))
-        needs = [np.flatnonzero(holder.owner == r) for r in range(world)]
-        local = self.gather(needs, inputs, group=group)
-        result = dict(fn(local)) if len(needs[rank]) else {}
-        return self.from_local_results(holder.owner, result, group=group)
-
-    def from_local_results(self, owner: np.ndarray, result: Mapping[str, torch.Tensor],
-                           group=None) -> ShardedBatch:
-        """A batch of this one's rows whose fields ``result`` each rank computed for the rows it holds
-        (``owner``); field specs are agreed by one small object all-gather."""
-        rank, world = _world()
-        specs = {name: FieldSpec.of(t) for name, t in result.items()}
-        every = all_gather_small(specs, group=group)
-        agreed: dict[str, FieldSpec] = {}
-        for r, theirs in enumerate(every):
-            if not (owner == r).any():
-                continue
-            for name, spec in theirs.items():
-                if agreed.setdefault(name, spec) != spec:
-                    raise ValueError(f"data plane: field {name!r}: ranks disagree on its shape ({agreed[name]} vs "
-                                     f"{spec})")
-        local = {name: result[name] for name in agreed if name in result}
-        return ShardedBatch(self.rows, [ColumnGroup(agreed, owner, local, rank)], meta_info=dict(self.meta_info))
-
-    def row_values(self, fn: Callable[[DataProto], torch.Tensor], inputs: Iterable[str], anchor: str,
-                   group=None) -> torch.Tensor:
-        """A small per-row result (``fn`` -> [rows_here, k]) computed where ``anchor`` is held, on every rank
-        in batch order: what the controller reads (lengths for balancing, scores, metric summaries)."""
-        rank, world = _world()
+    def local_rows(self, anchor: str, inputs: Iterable[str]) -> tuple[np.ndarray, DataProto]:
+        """The rows this rank holds of ``anchor`` (positions, and those rows with their ``inputs`` brought here)."""
         holder = self.holder(anchor)
         if holder.replicated:
-            return fn(self.gather([np.arange(self.rows)] * world, inputs, group=group))
-        needs = [np.flatnonzero(holder.owner == r) for r in range(world)]
-        local = self.gather(needs, inputs, group=group)
-        values = fn(local) if len(needs[rank]) else None
-        every = all_gather_small((needs[rank], values), group=group)
+            everything = np.arange(self.rows)
+            return everything, self.gather(lambda r: everything, inputs)
+        owner = holder.owner
+        return holder.positions, self.gather(lambda r: np.flatnonzero(owner == r), inputs)
+
+    def map_rows(self, fn: Callable[[DataProto], Mapping[str, torch.Tensor | np.ndarray]], inputs: Iterable[str],
+                 anchor: str) -> ShardedBatch:
+        """``fn`` on the rows each rank holds of field ``anchor`` (their ``inputs`` brought to it); its
+        result fields stay there: a :class:`ShardedBatch` of new fields with ``anchor``'s holders. Row-local
+        controller math (rewards, the KL penalty, advantages when whole groups share a holder)."""
+        positions, rows = self.local_rows(anchor, inputs)
+        result = dict(fn(rows)) if len(positions) else {}
+        return self.from_local_results(self.holder(anchor).owner, result)
+
+    def from_local_results(self, owner: np.ndarray, result: Mapping[str, torch.Tensor | np.ndarray]) -> ShardedBatch:
+        """A batch of this one's rows whose fields ``result`` each rank computed for the rows it holds
+        (``owner``); the field specs come from the first row's holder (one small broadcast)."""
+        rank, world = _world()
+        if (owner == REPLICATED).all():
+            return ShardedBatch(self.rows, [ColumnGroup.replicate(result, self.rows, rank)], self.meta_info)
+        specs = broadcast_small({n: FieldSpec.of(v) for n, v in result.items()}, src=int(owner[0])) \
+            if world > 1 else {n: FieldSpec.of(v) for n, v in result.items()}
+        if (owner == rank).any() and set(specs) != set(result):
+            raise ValueError(f"data plane: rank {rank} computed fields {sorted(result)}, rank {owner[0]} "
+                             f"{sorted(specs)}")
+        return ShardedBatch(self.rows, [ColumnGroup(specs, owner, result, rank)], meta_info=self.meta_info)
+
+    def row_values(self, fn: Callable[[DataProto], torch.Tensor], inputs: Iterable[str], anchor: str) -> torch.Tensor:
+        """A small per-row result (``fn`` -> [rows_here, ...]) computed where ``anchor`` is held, on every rank
+        in batch order (a global decision needs it: balance_batch's lengths, validation scores)."""
+        positions, rows = self.local_rows(anchor, inputs)
+        if self.holder(anchor).replicated:
+            return fn(rows)
+        values = fn(rows) if len(positions) else None
         out = None
-        for positions, part in every:
+        for part_positions, part in all_gather_small((positions, values)):
             if part is None:
                 continue
             if out is None:
                 out = torch.empty((self.rows, *part.shape[1:]), dtype=part.dtype)
-            out[torch.as_tensor(positions, dtype=torch.long)] = part
+            out[torch.as_tensor(part_positions, dtype=torch.long)] = part
+        return out
+
+    def reduce_rows(self, fn: Callable[[DataProto], Mapping[str, torch.Tensor]], inputs: Iterable[str],
+                    anchor: str, ops: Mapping[str, str]) -> dict[str, float]:
+        """Batch-wide reductions of per-rank partials: ``fn(rows here) -> {name: scalar}``, reduced by
+        ``ops[name]`` (``sum``, ``max`` or ``min``) over the ranks; ranks without rows add the identity. One
+        all-reduce per op of a few numbers, whatever the batch size."""
+        positions, rows = self.local_rows(anchor, inputs)
+        part = {k: float(v) for k, v in fn(rows).items()} if len(positions) else {}
+        identity = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
+        out = {}
+        for op, reduce_op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN)):
+            names = [n for n, o in ops.items() if o == op]
+            if not names:
+                continue
+            values = torch.tensor([part.get(n, identity[op]) for n in names], dtype=torch.float64)
+            if not self.holder(anchor).replicated and dist.is_initialized() and dist.get_world_size() > 1:
+                start = time.perf_counter()
+                dist.all_reduce(values, op=reduce_op, group=object_group())
+                STATS.seconds += time.perf_counter() - start
+            out.update(zip(names, values.tolist(), strict=True))
         return out
 
 
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+def _pack(values: list) -> bytes:
+    """Rows for one rank: the tensors' raw bytes back to back (the receiver knows their dtypes, shapes and
+    row counts from the metadata), then the object columns pickled together."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    objects = [v for v in values if not isinstance(v, torch.Tensor)]
+    raw = b"".join(v.contiguous().view(-1).view(torch.uint8).numpy().tobytes() for v in tensors if v.numel())
+    return raw + (pickle.dumps(objects, protocol=pickle.HIGHEST_PROTOCOL) if objects else b"")
 
 
-def _from_bytes(raw: torch.Tensor, spec: FieldSpec, rows: int) -> torch.Tensor:
-    return raw.clone().view(spec.dtype).view(rows, *spec.shape)
+def _unpack(data: bytes, specs: list[tuple[FieldSpec, int]]) -> list:
+    """:func:`_pack`'s values, in order, given each one's spec and row count."""
+    out, offset, objects = [], 0, None
+    for spec, rows in specs:
+        if spec.is_object:
+            if objects is None:
+                tensor_bytes = sum(s.row_bytes * n for s, n in specs)
+                objects = iter(pickle.loads(data[tensor_bytes:]))
+            out.append(next(objects))
+            continue
+        nbytes = spec.row_bytes * rows
+        raw = torch.frombuffer(bytearray(data[offset:offset + nbytes]), dtype=torch.uint8) if nbytes else \
+            torch.empty(0, dtype=torch.uint8)
+        out.append(raw.view(spec.dtype).view(rows, *spec.shape))
+        offset += nbytes
+    return out
 
 
-def all_gather_small(obj: Any, group=None) -> list[Any]:
-    """Every rank's small ``obj`` (metadata, per-row scalars) on every rank; counted in ``STATS.object_bytes``."""
-    import pickle
+def _assign(out: torch.Tensor | np.ndarray, rows: np.ndarray, values: torch.Tensor | np.ndarray) -> None:
+    if isinstance(out, torch.Tensor):
+        out.index_copy_(0, torch.as_tensor(rows, dtype=torch.long), values)
+    else:
+        out[rows] = values
 
+
+def _exchange(sends: Mapping[int, bytes], sources: Sequence[int]) -> dict[int, bytes]:
+    """Point-to-point: ``sends[dst]`` to each destination, one message from each of ``sources``; a byte count
+    first, then the bytes (gloo, over the controller's group)."""
+    if not sends and not sources:
+        return {}
+    start = time.perf_counter()
+    group = object_group()
+    sizes = {src: torch.zeros(1, dtype=torch.int64) for src in sources}
+    work = [dist.irecv(sizes[src], src=src, group=group) for src in sources]
+    payloads = {dst: torch.frombuffer(bytearray(data), dtype=torch.uint8) for dst, data in sends.items()}
+    work += [dist.isend(torch.tensor([p.numel()], dtype=torch.int64), dst=dst, group=group)
+             for dst, p in payloads.items()]
+    for w in work:
+        w.wait()
+    buffers = {src: torch.empty(int(sizes[src]), dtype=torch.uint8) for src in sources}
+    work = [dist.irecv(buffers[src], src=src, group=group) for src in sources]
+    work += [dist.isend(p, dst=dst, group=group) for dst, p in payloads.items()]
+    for w in work:
+        w.wait()
+    STATS.bytes_sent += sum(p.numel() for p in payloads.values())
+    STATS.bytes_received += sum(b.numel() for b in buffers.values())
+    STATS.seconds += time.perf_counter() - start
+    return {src: buffers[src].numpy().tobytes() for src in sources}
+
+
+def all_gather_small(obj: Any) -> list[Any]:
+    """Every rank's small ``obj`` on every rank; counted in ``STATS.object_bytes``."""
     rank, world = _world()
     if world == 1:
         return [obj]
+    start = time.perf_counter()
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, obj, group=group or object_group())
+    dist.all_gather_object(gathered, obj, group=object_group())
     STATS.object_bytes += sum(len(pickle.dumps(g)) for i, g in enumerate(gathered) if i != rank)
+    STATS.seconds += time.perf_counter() - start
     return gathered
+
+
+def broadcast_small(obj: Any, src: int) -> Any:
+    """Rank ``src``'s small ``obj`` on every rank; counted in ``STATS.object_bytes``."""
+    rank, world = _world()
+    if world == 1:
+        return obj
+    start = time.perf_counter()
+    box = [obj if rank == src else None]
+    dist.broadcast_object_list(box, src=src, group=object_group())
+    if rank != src:
+        STATS.object_bytes += len(pickle.dumps(box[0]))
+    STATS.seconds += time.perf_counter() - start
+    return box[0]
 
 
 def dispatch_positions(rows: int, dp: int) -> tuple[list[np.ndarray], int]:
@@ -368,53 +445,77 @@ def dispatch_positions(rows: int, dp: int) -> tuple[list[np.ndarray], int]:
     return [positions[d * share:(d + 1) * share] for d in range(dp)], pad
 
 
-def batch_from_outputs(holders: Sequence[int], local: DataProto | None, pad_inputs: int, inputs: int,
-                       group=None) -> ShardedBatch:
+def batch_from_outputs(holders: Sequence[int], local: DataProto | None, share: int, pad_inputs: int,
+                       inputs: int) -> ShardedBatch:
     """The batch a dispatch's outputs form. ``holders``: the global rank holding each DP replica's output, in
-    replica order (the same on every rank); ``local``: this rank's output (None where it holds none). The
-    outputs have ``r`` rows per input row (generation: n); the rows made from the ``pad_inputs`` padding
-    inputs (the last ones) are dropped. Field specs, row counts, ``non_tensor_batch`` and ``meta_info``
-    travel by one small object all-gather."""
-    rank, _ = _world()
+    replica order (the same on every rank); ``local``: this rank's output (None where it holds none); each
+    replica had ``share`` input rows and made ``r`` rows of each (generation: n); the rows made from the
+    ``pad_inputs`` padding inputs (the last ones) are dropped. The first holder broadcasts the field specs and
+    ``r``; the outputs' ``meta_info["metrics"]`` are reduced by one all-reduce per op (see
+    :func:`reduce_output_metrics`); any other meta_info is the first holder's."""
+    rank, world = _world()
     tensors = dict(local.batch.items()) if local is not None and local.batch is not None else {}
+    values = {**tensors, **(dict(local.non_tensor_batch) if local is not None else {})}
     summary = None
     if local is not None:
-        summary = (len(local), {k: FieldSpec.of(v) for k, v in tensors.items()}, dict(local.non_tensor_batch),
-                   dict(local.meta_info))
-    every = all_gather_small(summary, group=group)
-    specs, non_tensor, metas, counts = None, {}, [], []
-    for holder in holders:
-        theirs = every[holder]
-        if theirs is None:
-            raise ValueError(f"data plane: rank {holder} was to hold a replica's output, found none")
-        rows, their_specs, their_non_tensor, their_meta = theirs
-        if specs is None:
-            specs = their_specs
-        elif their_specs != specs:
-            raise ValueError(f"data plane: outputs disagree on their fields: {specs} vs {their_specs}")
-        for key, value in their_non_tensor.items():
-            non_tensor.setdefault(key, []).append(value)
-        metas.append(their_meta)
-        counts.append(rows)
-    total = sum(counts)
-    per_input = total // (inputs + pad_inputs) if inputs + pad_inputs else 0
-    keep = total - pad_inputs * per_input
-    owner = np.concatenate([np.full(rows, holder, dtype=np.int64) for holder, rows in zip(holders, counts,
-                                                                                          strict=True)])
+        meta = {k: v for k, v in local.meta_info.items() if k != "metrics"}
+        summary = ({k: FieldSpec.of(v) for k, v in values.items()}, len(local), meta,
+                   sorted(_metric_entries(local.meta_info.get("metrics"))))
+    first = holders[0]
+    specs, first_rows, meta, metric_names = broadcast_small(summary, src=first) if world > 1 else summary
+    per_input = first_rows // share if share else 0
+    if local is not None and (len(local) != share * per_input or
+                              {k: FieldSpec.of(v) for k, v in values.items()} != specs):
+        raise ValueError(f"data plane: rank {rank}'s output ({len(local)} rows, fields {sorted(values)}) differs "
+                         f"from replica 0's ({first_rows} rows, fields {sorted(specs)})")
+    owner = np.concatenate([np.full(share * per_input, holder, dtype=np.int64) for holder in holders])
+    keep = len(owner) - pad_inputs * per_input
     kept = owner[:keep]
     # Padding rows are the last of the batch: on their holder they are its last local rows.
     mine_kept = int((kept == rank).sum())
-    tensors = {k: v[:mine_kept] for k, v in tensors.items()} if (owner == rank).any() else {}
-    non_tensor_batch = {k: np.concatenate(v)[:keep] for k, v in non_tensor.items()}
-    return ShardedBatch(keep, [ColumnGroup(specs or {}, kept, tensors, rank)], non_tensor_batch,
-                        _merge_meta(metas))
+    values = {k: v[:mine_kept] for k, v in values.items()} if (owner == rank).any() else {}
+    metrics = reduce_output_metrics(local.meta_info.get("metrics") if local is not None else None, metric_names,
+                                    holders)
+    if metrics:
+        meta = {**meta, "metrics": metrics}
+    return ShardedBatch(keep, [ColumnGroup(specs, kept, values, rank)], meta)
 
 
-def _merge_meta(metas: Sequence[dict]) -> dict:
-    """meta_info of several outputs merged as DataProto.concat merges it (metrics into lists)."""
-    parts = [DataProto(meta_info=m) for m in metas]
-    return DataProto.concat(parts).meta_info if parts else {}
+def _metric_entries(metrics: Any) -> dict[str, list[float]]:
+    """A worker's ``meta_info["metrics"]`` (a dict, or a list of dicts) as name -> values."""
+    out: dict[str, list[float]] = {}
+    for entry in metrics if isinstance(metrics, list) else ([] if metrics is None else [metrics]):
+        for name, value in entry.items():
+            out.setdefault(name, []).extend(value if isinstance(value, list) else [value])
+    return out
+
+
+def reduce_output_metrics(metrics: Any, names: Sequence[str], holders: Sequence[int]) -> dict[str, list[float]]:
+    """The replicas' metrics as the legacy merge + ``reduce_metrics`` would read them: for each name the
+    mean over every replica's values (max/min for names that say so), as a one-element list."""
+    if not names:
+        return {}
+    rank, world = _world()
+    entries = _metric_entries(metrics)
+    held = rank in holders
+    sums = torch.tensor([[sum(entries.get(n, [])), len(entries.get(n, []))] for n in names] if held else
+                        [[0.0, 0.0] for _ in names], dtype=torch.float64)
+    highs = torch.tensor([max(entries.get(n, [float("-inf")])) if held else float("-inf") for n in names],
+                         dtype=torch.float64)
+    lows = torch.tensor([min(entries.get(n, [float("inf")])) if held else float("inf") for n in names],
+                        dtype=torch.float64)
+    if world > 1:
+        start = time.perf_counter()
+        dist.all_reduce(sums, group=object_group())
+        dist.all_reduce(highs, op=dist.ReduceOp.MAX, group=object_group())
+        dist.all_reduce(lows, op=dist.ReduceOp.MIN, group=object_group())
+        STATS.seconds += time.perf_counter() - start
+    out = {}
+    for i, name in enumerate(names):
+        value = highs[i] if "max" in name else lows[i] if "min" in name else sums[i, 0] / sums[i, 1]
+        out[name] = [float(value)]
+    return out
 
 
 __all__ = ["REPLICATED", "STATS", "ColumnGroup", "FieldSpec", "ShardedBatch", "TransferStats", "all_gather_small",
-           "batch_from_outputs", "dispatch_positions"]
+           "batch_from_outputs", "broadcast_small", "dispatch_positions", "object_group"]

@@ -18,13 +18,20 @@ needs no process group at all.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.distributed as dist
 
 from verl.protocol import DataProto, strict_data_check_enabled
-from verl.single_controller.data_plane import ShardedBatch, batch_from_outputs, dispatch_positions, object_group
+from verl.single_controller.data_plane import (
+    STATS,
+    ShardedBatch,
+    batch_from_outputs,
+    dispatch_positions,
+    object_group,
+)
 from verl.single_controller.decorator import DispatchInfo, DispatchSpec, MeshRank, registered_methods
 from verl.single_controller.worker import Worker
 
@@ -59,7 +66,12 @@ def all_gather_objects(obj: Any) -> list[Any]:
         return [obj]
     payload = (_PROTO_TAG, obj.to_bytes()) if isinstance(obj, DataProto) else obj
     gathered: list[Any] = [None] * world
+    start = time.perf_counter()
     dist.all_gather_object(gathered, payload, group=object_group())
+    # What the legacy path moves: every other rank's output, to every rank (the bench's baseline).
+    STATS.object_bytes += sum(len(p[1]) if isinstance(p, tuple) and len(p) == 2 and p[0] == _PROTO_TAG else 0
+                              for i, p in enumerate(gathered) if i != rank)
+    STATS.seconds += time.perf_counter() - start
     return [DataProto.from_bytes(p[1]) if isinstance(p, tuple) and len(p) == 2 and p[0] == _PROTO_TAG else p
             for p in gathered]
 
@@ -122,6 +134,8 @@ class WorkerGroup:
         if self.worker is not None:
             pool_rank = self.pool_ranks.index(self.rank)
             rank_args, rank_kwargs = spec.dispatch(self.info, pool_rank, args, kwargs)
+            for value in (*rank_args, *rank_kwargs.values()):
+                _count_shard(value)
             output = getattr(self.worker, method_name)(*rank_args, **rank_kwargs)
             if isinstance(output, DataProto) and strict_data_check_enabled():
                 output.check_consistency(producer=f"{self.name}.{method_name}")
@@ -143,14 +157,13 @@ class WorkerGroup:
         mesh = self.info.mesh(spec.mesh)
         dp = mesh[0].dp_size
         shares, pad = dispatch_positions(len(batch), dp)
-        _, world = _world()
-        needs = [shares[0][:0]] * world
-        for pool_rank, place in enumerate(mesh):
-            needs[self.pool_ranks[pool_rank]] = shares[place.dp_rank]
-        local = batch.gather(needs)
+        replica_of = {self.pool_ranks[i]: place.dp_rank for i, place in enumerate(mesh)}
+        nothing = shares[0][:0]
+        local = batch.gather(lambda r: shares[replica_of[r]] if r in replica_of else nothing)
         output = None
         if self.worker is not None:
             pool_rank = self.pool_ranks.index(self.rank)
+            _count_shard(local)
             rank_args = tuple(local if isinstance(a, ShardedBatch) else a for a in args)
             rank_kwargs = {k: local if isinstance(v, ShardedBatch) else v for k, v in kwargs.items()}
             output = getattr(self.worker, method_name)(*rank_args, **rank_kwargs)
@@ -163,4 +176,10 @@ class WorkerGroup:
         for pool_rank, place in enumerate(mesh):
             if place.is_collect:
                 holders[place.dp_rank] = self.pool_ranks[pool_rank]
-        return batch_from_outputs(holders, output, pad, len(batch))
+        return batch_from_outputs(holders, output, len(shares[0]), pad, len(batch))
+
+
+def _count_shard(data: Any) -> None:
+    """What a worker consumes: its DataProto arguments' tensor bytes (the bench's shard_bytes_per_rank)."""
+    if isinstance(data, DataProto) and data.batch is not None:
+        STATS.shard_bytes += sum(v.numel() * v.element_size() for v in data.batch.values())

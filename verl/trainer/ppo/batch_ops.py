@@ -72,14 +72,29 @@ def pop_fields(batch: Batch, names: Iterable[str]) -> None:
 
 
 def gather_to_rank0(batch: Batch, fields: Iterable[str] | None = None) -> DataProto | None:
-    """The whole batch on rank 0 (dumps); None elsewhere on the data plane."""
+    """The whole batch on rank 0 (dumps, debug lines); None elsewhere on the data plane."""
     if not isinstance(batch, ShardedBatch):
         return batch
     rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
     everything, nothing = np.arange(len(batch)), np.arange(0)
-    local = batch.gather([everything] + [nothing] * (world - 1), fields)
+    local = batch.gather(lambda r: everything if r == 0 else nothing, fields)
     return local if rank == 0 else None
+
+
+def column(batch: Batch, name: str) -> np.ndarray:
+    """A per-row object column (``non_tensor_batch[name]``) on every rank (validation's data sources)."""
+    if isinstance(batch, ShardedBatch):
+        return batch.to_dataproto([name]).non_tensor_batch[name]
+    return batch.non_tensor_batch[name]
+
+
+def batch_sum(batch: Batch, fn: Callable[[DataProto], torch.Tensor], inputs: Iterable[str],
+              anchor: str = ANCHOR) -> float:
+    """The sum over every row of ``fn(rows) -> [rows]`` (one all-reduce on the data plane)."""
+    if isinstance(batch, ShardedBatch):
+        return batch.reduce_rows(lambda rows: {"sum": fn(rows).to(torch.float64).sum()}, list(inputs), anchor,
+                                 {"sum": "sum"})["sum"]
+    return float(fn(batch).to(torch.float64).sum())
 
 
 # --------------------------------------------------------------------------- sums over the whole batch
@@ -134,7 +149,7 @@ def _patched_whiten(fn) -> Iterator[None]:
 
 
 ADVANTAGE_INPUTS = ("token_level_rewards", "response_mask", "responses", "attention_mask", "values",
-                    "reward_baselines")
+                    "reward_baselines", "uid")
 
 
 def compute_advantages(batch: Batch, estimator: str, **kwargs: Any) -> Batch:
@@ -142,7 +157,6 @@ def compute_advantages(batch: Batch, estimator: str, **kwargs: Any) -> Batch:
     if not isinstance(batch, ShardedBatch):
         return compute_advantage(batch, estimator, **kwargs)
     inputs = [k for k in ADVANTAGE_INPUTS if k in batch.fields]
-    _check_groups_whole(batch)
 
     def estimate(rows: DataProto) -> dict[str, torch.Tensor]:
         out = compute_advantage(rows, estimator, **kwargs)
@@ -150,162 +164,157 @@ def compute_advantages(batch: Batch, estimator: str, **kwargs: Any) -> Batch:
 
     # Pass 1 on each holder's rows: the estimator's batch-wide whitenings and their local sums. Pass 2 (only
     # when it whitens) with the batch's statistics, added up over the ranks.
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    holder = batch.holder(ANCHOR).owner
-    rows = batch.gather([np.flatnonzero(holder == r) for r in range(world)], inputs)
+    positions, rows = batch.local_rows(ANCHOR, inputs)
+    _check_groups_whole(rows, kwargs.get("num_repeat", 1))
     whitening = _Whitening()
     result: dict[str, torch.Tensor] = {}
-    if len(rows):
+    if len(positions):
         with whitening.recording():
             result = estimate(rows)
     calls = max(all_gather_small(len(whitening.local)))
     if calls:  # every rank adds its sums, zeros where it holds no rows
         local = torch.stack(whitening.local) if whitening.local else torch.zeros(calls, 3, dtype=torch.float64)
         whitening.total = list(_all_reduce(local))
-        if len(rows):
+        if len(positions):
             with whitening.applying():
                 result = estimate(rows)
-    return batch.union(batch.from_local_results(holder, result))
+    return batch.union(batch.from_local_results(batch.holder(ANCHOR).owner, result))
 
 
-def _check_groups_whole(batch: ShardedBatch) -> None:
-    """Group estimators read a whole uid group: it must have one holder (it does after a rollout, which
-    samples a prompt's n responses on one replica; a reorder moves no row)."""
-    uid = batch.non_tensor_batch.get("uid")
-    if uid is None:
+def _check_groups_whole(rows: DataProto, group_size: int) -> None:
+    """Group estimators read whole uid groups: each must be on one holder. A rollout samples a prompt's n
+    responses on one replica and a reorder moves no row, so each holder sees whole groups of ``group_size``;
+    a group split between holders shows up here as a smaller one."""
+    uid = rows.non_tensor_batch.get("uid")
+    if uid is None or not len(uid):
         return
-    owner = batch.holder(ANCHOR).owner
-    holders: dict[Any, int] = {}
-    for u, o in zip(uid.tolist(), owner.tolist(), strict=True):
-        if holders.setdefault(u, o) != o:
-            raise RuntimeError(f"data plane: the responses of group uid={u!r} are held by ranks {holders[u]} and "
-                               f"{o}; group advantages need each group on one rank")
+    values, counts = np.unique(uid.astype(str), return_counts=True)
+    short = values[counts != group_size]
+    if short.size:
+        raise RuntimeError(f"data plane: group uid={short[0]!r} has {counts[counts != group_size][0]} of its "
+                           f"{group_size} responses on this rank; group advantages need each group on one rank")
 
 
-# --------------------------------------------------------------------------- metrics from per-row summaries
-SUMMARY = ("score", "reward", "response_length", "prompt_length", "prompt_max", "response_max", "tokens",
-           "adv_n", "adv_sum", "adv_max", "adv_min", "ret_sum", "ret_max", "ret_min",
-           "val_sum", "val_max", "val_min", "ret_sq", "diff_sum", "diff_sq", "diff_max",
-           "vminusr_sum", "vminusr_sq", "diff_n")
-
-
-def _row_summary(rows: DataProto) -> torch.Tensor:
-    """[rows, len(SUMMARY)] float64: what verl's data metrics read of each row."""
-    b = rows.batch
-    response_length = b["responses"].shape[-1]
-    mask = b["response_mask"].bool() if "response_mask" in b.keys() else compute_response_mask(rows).bool()
-    prompt_mask = b["attention_mask"][:, :-response_length].bool()
-    m = mask.to(torch.float64)
-    inf = torch.tensor(float("inf"), dtype=torch.float64)
-
-    def masked(name):
-        if name not in b.keys():
-            zeros = torch.zeros(len(rows), dtype=torch.float64)
-            return zeros, zeros, zeros, zeros
-        x = b[name].to(torch.float32).to(torch.float64)
-        return ((x * m).sum(-1), torch.where(mask, x, -inf).amax(-1), torch.where(mask, x, inf).amin(-1),
-                (x * x * m).sum(-1))
-
-    adv_sum, adv_max, adv_min, _ = masked("advantages")
-    ret_sum, ret_max, ret_min, ret_sq = masked("returns")
-    val_sum, val_max, val_min, _ = masked("values")
-    if "values" in b.keys():
-        d = (b["returns"].float() - b["values"].float()).to(torch.float64)
-        vr_sum, vr_sq = (d * m).sum(-1), (d * d * m).sum(-1)
-    else:
-        vr_sum = vr_sq = torch.zeros(len(rows), dtype=torch.float64)
-    if "rollout_log_probs" in b.keys() and "old_log_probs" in b.keys():
-        diff = (b["rollout_log_probs"].exp() - b["old_log_probs"].exp()).abs().float().to(torch.float64)
-        diff_sum, diff_sq = (diff * m).sum(-1), (diff * diff * m).sum(-1)
-        diff_max = torch.where(mask, diff, -inf).amax(-1)
-        diff_n = m.sum(-1)
-    else:
-        diff_sum = diff_sq = diff_n = torch.zeros(len(rows), dtype=torch.float64)
-        diff_max = torch.full((len(rows),), -inf)
-    columns = {
-        "score": b["token_level_scores"].sum(-1).float().to(torch.float64),
-        "reward": b["token_level_rewards"].sum(-1).float().to(torch.float64),
-        "response_length": m.sum(-1), "prompt_length": prompt_mask.sum(-1).to(torch.float64),
-        "prompt_max": torch.full((len(rows),), float(prompt_mask.shape[-1]), dtype=torch.float64),
-        "response_max": torch.full((len(rows),), float(response_length), dtype=torch.float64),
-        "tokens": b["attention_mask"].sum(-1).to(torch.float64),
-        "adv_n": m.sum(-1), "adv_sum": adv_sum, "adv_max": adv_max, "adv_min": adv_min,
-        "ret_sum": ret_sum, "ret_max": ret_max, "ret_min": ret_min,
-        "val_sum": val_sum, "val_max": val_max, "val_min": val_min, "ret_sq": ret_sq,
-        "diff_sum": diff_sum, "diff_sq": diff_sq, "diff_max": diff_max,
-        "vminusr_sum": vr_sum, "vminusr_sq": vr_sq, "diff_n": diff_n,
-    }
-    return torch.stack([columns[name] for name in SUMMARY], dim=-1)
-
-
+# --------------------------------------------------------------------------- metrics from per-rank partials
 SUMMARY_INPUTS = ("responses", "response_mask", "attention_mask", "token_level_scores", "token_level_rewards",
                   "advantages", "returns", "values", "rollout_log_probs", "old_log_probs")
 
 
-def row_summaries(batch: ShardedBatch) -> dict[str, torch.Tensor]:
-    table = batch.row_values(_row_summary, [k for k in SUMMARY_INPUTS if k in batch.fields], ANCHOR)
-    return {name: table[:, i] for i, name in enumerate(SUMMARY)}
+def _partials(rows: DataProto) -> dict[str, torch.Tensor]:
+    """This rank's share of verl's data metrics: sums, counts and extremes (float64) over its rows."""
+    b = rows.batch
+    keys = set(b.keys())
+    response_length = b["responses"].shape[-1]
+    mask = b["response_mask"].bool() if "response_mask" in keys else compute_response_mask(rows).bool()
+    prompt_mask = b["attention_mask"][:, :-response_length].bool()
+    m = mask.to(torch.float64)
+    out: dict[str, torch.Tensor] = {"rows": torch.tensor(float(len(rows)), dtype=torch.float64),
+                                    "tokens": m.sum()}
+
+    def per_row(prefix: str, values: torch.Tensor) -> None:
+        out.update({f"{prefix}/sum": values.sum(), f"{prefix}/max": values.max(), f"{prefix}/min": values.min()})
+
+    def per_token(prefix: str, values: torch.Tensor) -> None:
+        picked = values.float().to(torch.float64)[mask]
+        out.update({f"{prefix}/sum": picked.sum(), f"{prefix}/sq": (picked * picked).sum(),
+                    f"{prefix}/max": picked.max() if picked.numel() else torch.tensor(float("-inf")),
+                    f"{prefix}/min": picked.min() if picked.numel() else torch.tensor(float("inf"))})
+
+    per_row("critic/score", b["token_level_scores"].sum(-1).float().to(torch.float64))
+    per_row("critic/rewards", b["token_level_rewards"].sum(-1).float().to(torch.float64))
+    for prefix, name in (("critic/advantages", "advantages"), ("critic/returns", "returns"),
+                         ("critic/values", "values")):
+        if name in keys:
+            per_token(prefix, b[name])
+    if "values" in keys:
+        per_token("residual", b["returns"].float() - b["values"].float())
+    if "rollout_log_probs" in keys and "old_log_probs" in keys:
+        per_token("training/rollout_probs_diff", (b["rollout_log_probs"].exp() - b["old_log_probs"].exp()).abs())
+    lengths = {"response_length": m.sum(-1), "prompt_length": prompt_mask.sum(-1).to(torch.float64)}
+    tops = {"response_length": response_length, "prompt_length": prompt_mask.shape[-1]}
+    for name, values in lengths.items():
+        per_row(name, values)
+        out[f"{name}/clipped"] = (values == tops[name]).to(torch.float64).sum()
+    out["seq_tokens"] = b["attention_mask"].sum().to(torch.float64)
+    return out
 
 
-def _stats(prefix: str, n: torch.Tensor, total: torch.Tensor, high: torch.Tensor, low: torch.Tensor):
-    count = float(n.sum())
-    if count == 0:
-        return {}
-    return {f"{prefix}/mean": float(total.sum()) / count, f"{prefix}/max": float(high.max()),
-            f"{prefix}/min": float(low.min())}
-
-
-def _var(n: float, total: float, squares: float) -> float:
-    return (squares - total * total / n) / (n - 1)
+def _op(name: str) -> str:
+    return "max" if name.endswith("/max") else "min" if name.endswith("/min") else "sum"
 
 
 def step_metrics(batch: Batch, use_critic: bool, timing: dict[str, float], world_size: int,
-                 mfu: Callable[[list[int]], dict[str, float]], bypass_old_log_prob: bool) -> dict[str, float]:
-    """verl's data, rollout-diff, timing and throughput metrics of the step (and MFU through ``mfu(seqlens)``)."""
+                 mfu: Callable[[Callable[[], list[int]]], dict[str, float]],
+                 bypass_old_log_prob: bool) -> dict[str, float]:
+    """verl's data, rollout-diff, timing and throughput metrics of the step; ``mfu(seqlens)`` the MFU metrics
+    from a function giving every row's valid-token count."""
     if not isinstance(batch, ShardedBatch):
         metrics = metric_utils.compute_data_metrics(batch, use_critic)
         if not bypass_old_log_prob:
             metrics.update(metric_utils.compute_rollout_probs_diff_metrics(batch))
         metrics.update(metric_utils.compute_timing_metrics(batch, timing))
         metrics.update(metric_utils.compute_throughput_metrics(batch, timing["step"], world_size))
-        metrics.update(mfu(batch.batch["attention_mask"].sum(-1).tolist()))
+        metrics.update(mfu(lambda: batch.batch["attention_mask"].sum(-1).tolist()))
         return metrics
-    s = row_summaries(batch)
+    inputs = [k for k in SUMMARY_INPUTS if k in batch.fields]
+    # The partials' names: the same on every holder; a rank holding no rows contributes identities.
+    names = _partial_names(batch, inputs)
+    t = batch.reduce_rows(_partials, inputs, ANCHOR, {n: _op(n) for n in names})
+    rows, tokens = t["rows"], t["tokens"]
     metrics: dict[str, float] = {}
-    for prefix, key in (("critic/score", "score"), ("critic/rewards", "reward")):
-        metrics.update({f"{prefix}/mean": float(s[key].mean()), f"{prefix}/max": float(s[key].max()),
-                        f"{prefix}/min": float(s[key].min())})
-    metrics.update(_stats("critic/advantages", s["adv_n"], s["adv_sum"], s["adv_max"], s["adv_min"]))
-    metrics.update(_stats("critic/returns", s["adv_n"], s["ret_sum"], s["ret_max"], s["ret_min"]))
-    n = float(s["adv_n"].sum())
-    if use_critic:
-        metrics.update(_stats("critic/values", s["adv_n"], s["val_sum"], s["val_max"], s["val_min"]))
-        residual = _var(n, float(s["vminusr_sum"].sum()), float(s["vminusr_sq"].sum()))
-        metrics["critic/vf_explained_var"] = 1.0 - residual / (_var(n, float(s["ret_sum"].sum()),
-                                                                     float(s["ret_sq"].sum())) + 1e-5)
-    for name, top in (("response_length", "response_max"), ("prompt_length", "prompt_max")):
-        values = s[name]
-        metrics.update({f"{name}/mean": float(values.mean()), f"{name}/max": float(values.max()),
-                        f"{name}/min": float(values.min()),
-                        f"{name}/clip_ratio": float((values == s[top]).to(torch.float64).mean())})
-    diff_n = float(s["diff_n"].sum())
-    if not bypass_old_log_prob and diff_n:
-        mean = float(s["diff_sum"].sum()) / diff_n
-        metrics.update({"training/rollout_probs_diff_max": float(s["diff_max"].max()),
-                        "training/rollout_probs_diff_mean": mean,
-                        "training/rollout_probs_diff_std": max(0.0, float(s["diff_sq"].sum()) / diff_n - mean * mean)
-                        ** 0.5})
-    response_tokens, all_tokens = int(s["response_length"].sum()), int(s["tokens"].sum())
+    for prefix in ("critic/score", "critic/rewards", "response_length", "prompt_length"):
+        metrics.update({f"{prefix}/mean": t[f"{prefix}/sum"] / rows, f"{prefix}/max": t[f"{prefix}/max"],
+                        f"{prefix}/min": t[f"{prefix}/min"]})
+    for prefix in ("response_length", "prompt_length"):
+        metrics[f"{prefix}/clip_ratio"] = t[f"{prefix}/clipped"] / rows
+    token_prefixes = ["critic/advantages", "critic/returns"] + (["critic/values"] if use_critic else [])
+    for prefix in token_prefixes:
+        if f"{prefix}/sum" in t and tokens:
+            metrics.update({f"{prefix}/mean": t[f"{prefix}/sum"] / tokens, f"{prefix}/max": t[f"{prefix}/max"],
+                            f"{prefix}/min": t[f"{prefix}/min"]})
+    if use_critic and "residual/sum" in t:
+        metrics["critic/vf_explained_var"] = 1.0 - _var(tokens, t["residual/sum"], t["residual/sq"]) / (
+            _var(tokens, t["critic/returns/sum"], t["critic/returns/sq"]) + 1e-5)
+    diff = "training/rollout_probs_diff"
+    if not bypass_old_log_prob and f"{diff}/sum" in t and tokens:
+        mean = t[f"{diff}/sum"] / tokens
+        metrics.update({f"{diff}_max": t[f"{diff}/max"], f"{diff}_mean": mean,
+                        f"{diff}_std": max(0.0, t[f"{diff}/sq"] / tokens - mean * mean) ** 0.5})
+    response_tokens, all_tokens = int(tokens), int(t["seq_tokens"])
     metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
     per_phase = {"gen": response_tokens, **{k: all_tokens for k in ("ref", "values", "adv", "update_critic",
                                                                     "update_actor", "old_log_prob")}}
-    for name, tokens in per_phase.items():
-        if name in timing and tokens:
-            metrics[f"timing_per_token_ms/{name}"] = timing[name] * 1000.0 / tokens
+    for name, count in per_phase.items():
+        if name in timing and count:
+            metrics[f"timing_per_token_ms/{name}"] = timing[name] * 1000.0 / count
     metrics.update({"perf/total_num_tokens": float(all_tokens), "perf/time_per_step": timing["step"],
                     "perf/throughput": all_tokens / max(timing["step"], 1e-9) / world_size})
-    metrics.update(mfu([int(t) for t in s["tokens"].tolist()]))
+    # MFU reads every row's length (a few bytes per row), asked for only on a device with a known peak.
+    metrics.update(mfu(lambda: [int(v) for v in batch.row_values(lambda rows: rows.batch["attention_mask"].sum(-1),
+                                                                 ["attention_mask"], ANCHOR).tolist()]))
     return metrics
+
+
+def _partial_names(batch: ShardedBatch, inputs: list[str]) -> list[str]:
+    """The partials :func:`_partials` computes for a batch with fields ``inputs`` (no rows needed)."""
+    names = ["rows", "tokens", "seq_tokens"]
+    for prefix in ("critic/score", "critic/rewards", "response_length", "prompt_length"):
+        names += [f"{prefix}/sum", f"{prefix}/max", f"{prefix}/min"]
+    names += ["response_length/clipped", "prompt_length/clipped"]
+    token = [("critic/advantages", "advantages"), ("critic/returns", "returns"), ("critic/values", "values")]
+    if "values" in inputs:
+        token.append(("residual", "values"))
+    if "rollout_log_probs" in inputs and "old_log_probs" in inputs:
+        token.append(("training/rollout_probs_diff", "old_log_probs"))
+    for prefix, needed in token:
+        if needed in inputs:
+            names += [f"{prefix}/sum", f"{prefix}/sq", f"{prefix}/max", f"{prefix}/min"]
+    return names
+
+
+def _var(n: float, total: float, squares: float) -> float:
+    """Unbiased variance from a count, a sum and a sum of squares (torch.var's, over the same elements)."""
+    return (squares - total * total / n) / (n - 1)
 
 
 def aggregate_rows(batch: Batch, field: str, loss_agg_mode: str) -> float:
@@ -315,21 +324,18 @@ def aggregate_rows(batch: Batch, field: str, loss_agg_mode: str) -> float:
     if not isinstance(batch, ShardedBatch):
         return core_algos.agg_loss(batch.batch[field], batch.batch["response_mask"], loss_agg_mode).item()
 
-    def sums(rows: DataProto) -> torch.Tensor:
+    def partial(rows: DataProto) -> dict[str, torch.Tensor]:
         mask = rows.batch["response_mask"].to(torch.float64)
-        x = rows.batch[field].to(torch.float64)
-        return torch.stack([(x * mask).sum(-1), mask.sum(-1)], dim=-1)
+        totals, counts = (rows.batch[field].to(torch.float64) * mask).sum(-1), mask.sum(-1)
+        has = counts > 0
+        return {"tokens": counts.sum(), "total": totals.sum(), "sequences": has.sum(),
+                "seq_means": (totals / (counts + 1e-8))[has].sum(), "seq_totals": totals[has].sum()}
 
-    table = batch.row_values(sums, [field, "response_mask"], field)
-    return _aggregate(table[:, 0], table[:, 1], loss_agg_mode, batch.fields[field].shape[-1])
-
-
-def _aggregate(totals: torch.Tensor, counts: torch.Tensor, mode: str, width: int) -> float:
-    has = counts > 0
-    if mode == "token-mean":
-        return float(totals.sum() / counts.sum())
-    if mode == "token-sum":
-        return float(totals.sum())
-    per_seq = totals / (counts + 1e-8) if mode == "seq-mean-token-mean" else totals
-    value = float(per_seq[has].sum() / has.sum())
-    return value / width if mode == "seq-mean-token-sum-norm" else value
+    t = batch.reduce_rows(partial, [field, "response_mask"], field,
+                          dict.fromkeys(("tokens", "total", "sequences", "seq_means", "seq_totals"), "sum"))
+    if loss_agg_mode == "token-mean":
+        return t["total"] / t["tokens"]
+    if loss_agg_mode == "token-sum":
+        return t["total"]
+    value = (t["seq_means"] if loss_agg_mode == "seq-mean-token-mean" else t["seq_totals"]) / t["sequences"]
+    return value / batch.fields[field].shape[-1] if loss_agg_mode == "seq-mean-token-sum-norm" else value

@@ -371,7 +371,7 @@ class PPOTrainer:
             out = self.actor_rollout_wg.generate_sequences(self._on_data_plane(gen))
             out.meta_info.pop("metrics", None)
             scores.append(self._sequence_rewards(out))
-            sources.extend(out.non_tensor_batch[self.sections.data.reward_fn_key].tolist())
+            sources.extend(batch_ops.column(out, self.sections.data.reward_fn_key).tolist())
             rows = batch_ops.gather_to_rank0(out) if dump_dir else None
             if rows is not None and self.rank == 0:
                 reward = self.reward_fn(rows, return_dict=True)
@@ -465,7 +465,8 @@ class PPOTrainer:
         metrics.update(batch_ops.step_metrics(batch, self.use_critic, self._timing, self.world_size, self._mfu,
                                               self.bypass_old_log_prob))
         metrics.update(metric_utils.reduce_memory_metrics(all_gather_objects(metric_utils.local_memory_metrics())))
-        if isinstance(batch, ShardedBatch):
+        # The legacy path's figures too when asked (`verl bench dispatch --legacy`): they cost a gather.
+        if isinstance(batch, ShardedBatch) or os.environ.get("VERL_DATA_PLANE_STATS") == "1":
             metrics.update(self._data_plane_metrics())
         if self.debug:
             rows = batch_ops.gather_to_rank0(batch)
@@ -477,10 +478,7 @@ class PPOTrainer:
     def _on_data_plane(self, gen: DataProto) -> DataProto | ShardedBatch:
         """The prompts as the step's first batch: on the data plane replicated (every rank's dataloader read
         the same prompts, so no row moves to reach the rollout)."""
-        if not self.sections.transfer_queue.enable:
-            return gen
-        return ShardedBatch(len(gen), [data_plane.ColumnGroup.replicate(dict(gen.batch.items()), len(gen), self.rank)],
-                            dict(gen.non_tensor_batch), dict(gen.meta_info))
+        return ShardedBatch.replicated(gen) if self.sections.transfer_queue.enable else gen
 
     def _apply_kl_penalty(self, batch) -> dict[str, float]:
         """verl's apply_kl_penalty on both data paths: token_level_rewards with this step's beta; the KL
@@ -499,25 +497,36 @@ class PPOTrainer:
                     "sequence_kl": masked_mean(kld, mask=mask, axis=-1)}
 
         batch_ops.add_fields(batch, rewards, inputs)
-        current_kl = batch_ops.per_row(batch, lambda rows: rows.batch["sequence_kl"], ["sequence_kl"]).mean().item()
+        current_kl = batch_ops.batch_sum(batch, lambda rows: rows.batch["sequence_kl"], ["sequence_kl"]) / len(batch)
         batch_ops.pop_fields(batch, ["sequence_kl"])
         self.kl_ctrl.update(current_kl=current_kl, n_steps=len(batch))
         return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
 
-    def _mfu(self, seqlens: list[int]) -> dict[str, float]:
+    def _mfu(self, seqlens) -> dict[str, float]:
+        """perf/mfu/* from ``seqlens()`` (every row's valid tokens), asked for only with a known peak."""
         cfg = self.sections
+        if self.peak_flops is None:
+            return {}
         return metric_utils.compute_mfu_metrics(
-            seqlens, self._timing, self.world_size, self.peak_flops, self.actor_model_config,
+            seqlens(), self._timing, self.world_size, self.peak_flops, self.actor_model_config,
             cfg.actor_rollout_ref.actor.ppo_epochs, self.critic_model_config,
             cfg.critic.ppo_epochs if self.use_critic else 1)
 
     def _data_plane_metrics(self) -> dict[str, float]:
-        """What the data plane moved this step: the most any rank received, and the metadata's share."""
-        stats = all_gather_objects((data_plane.STATS.bytes_received, data_plane.STATS.object_bytes,
-                                    data_plane.STATS.seconds))
-        return {"perf/data_plane_received_mb": max(s[0] for s in stats) / 2**20,
-                "perf/data_plane_object_mb": max(s[1] for s in stats) / 2**20,
-                "perf/data_plane_seconds": max(s[2] for s in stats)}
+        """What the controller moved this step, the most any rank saw: row bytes plus object-collective bytes
+        received (``received``; the legacy path's batches travel as objects), the object share alone, what the
+        rank's workers consumed (``shard``), seconds spent moving, and peak resident memory."""
+        import resource
+
+        s = data_plane.STATS
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+        stats = all_gather_objects((s.bytes_received + s.object_bytes, s.object_bytes, s.shard_bytes, s.seconds,
+                                    peak_mb))
+        return {"perf/data_plane_received_mb": max(x[0] for x in stats) / 2**20,
+                "perf/data_plane_object_mb": max(x[1] for x in stats) / 2**20,
+                "perf/data_plane_shard_mb": max(x[2] for x in stats) / 2**20,
+                "perf/data_plane_seconds": max(x[3] for x in stats),
+                "perf/data_plane_peak_rss_mb": max(x[4] for x in stats)}
 
     def _dump_generations(self, batch, step: int) -> None:
         """trainer.rollout_data_dir: the step's generations on rank 0 (rewards recomputed there for their
