@@ -35,6 +35,8 @@ GROUPS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
         "reshard": ("verl.bench.reshard",
                     "3D-HybridEngine reshard on N local ranks vs memcpy and the naive gather path"),
         "train": ("verl.bench.train", "N GRPO steps of a model config: s/step, phase split, tokens/s, peak RSS"),
+        "dispatch": ("verl.bench.dispatch",
+                     "bytes each rank receives per step: the data plane vs the legacy all-gather, weak scaling"),
     }),
     "data": ("prepare verl-format parquet datasets from local files", {
         "arithmetic": ("verl.utils.dataset.arithmetic", "generate the arithmetic quickstart task and its tokenizer"),
