@@ -32,3 +32,22 @@ def test_bench_train_reports_steps_phases_tokens_and_memory(tmp_path):
     assert -1e-6 <= baseline["unaccounted_s"] < baseline["s_per_step"], baseline
     assert baseline["tokens_per_s"] > 0 and 0 < baseline["peak_rss_gb"] < 8
     assert record["speedup"] == pytest.approx(baseline["s_per_step"] / record["s_per_step"])
+
+
+def test_bench_dispatch_reports_both_paths_with_the_data_planes_bytes_within_its_shard(tmp_path):
+    """`verl bench dispatch` (issue 29) at 2 ranks: a record per path; the data plane's bytes received stay within
+    1.2x of what the rank's workers consumed, and the legacy path moved its batches as objects."""
+    out = tmp_path / "dispatch.json"
+    proc = subprocess.run([sys.executable, "-m", "verl.cli", "bench", "dispatch", "--nproc", "2", "--steps", "2",
+                           "--rows-per-rank", "8", "--workdir", str(tmp_path / "work"), "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = {r["path"]: r for r in json.loads(out.read_text())}
+    assert set(records) == {"data_plane", "legacy"}
+    ours, legacy = records["data_plane"], records["legacy"]
+    assert ours["nproc"] == legacy["nproc"] == 2 and ours["rows"] == legacy["rows"] == 16
+    assert ours["shard_bytes_per_rank"] == legacy["shard_bytes_per_rank"] > 0  # the same work consumed
+    assert ours["received_over_shard"] <= 1.2, ours
+    assert legacy["object_collective_bytes"] == legacy["bytes_received_per_rank"] > 0
+    assert ours["object_collective_bytes"] < ours["bytes_received_per_rank"]
+    assert "legacy_over_data_plane" in proc.stdout
