@@ -314,18 +314,33 @@ class ShardedBatch:
 
     def row_values(self, fn: Callable[[DataProto], torch.Tensor], inputs: Iterable[str], anchor: str) -> torch.Tensor:
         """A small per-row result (``fn`` -> [rows_here, ...]) computed where ``anchor`` is held, on every rank
-        in batch order (a global decision needs it: balance_batch's lengths, validation scores)."""
+        in batch order (a global decision needs it: balance_batch's lengths, validation scores). The values
+        travel as one tensor all-gather (padded to the largest holder's rows); every rank knows whose rows are
+        whose from the metadata, so no positions travel."""
         positions, rows = self.local_rows(anchor, inputs)
-        if self.holder(anchor).replicated:
+        holder = self.holder(anchor)
+        if holder.replicated:
             return fn(rows)
+        rank, world = _world()
         values = fn(rows) if len(positions) else None
-        out = None
-        for part_positions, part in all_gather_small((positions, values)):
-            if part is None:
-                continue
-            if out is None:
-                out = torch.empty((self.rows, *part.shape[1:]), dtype=part.dtype)
-            out[torch.as_tensor(part_positions, dtype=torch.long)] = part
+        spec = FieldSpec.of(values) if values is not None else None
+        spec = broadcast_small(spec, src=int(holder.owner[0])) if world > 1 else spec
+        counts = np.bincount(holder.owner, minlength=world)
+        padded = torch.zeros((int(counts.max()), *spec.shape), dtype=spec.dtype)
+        if values is not None:
+            padded[:len(values)] = values
+        if world == 1:
+            return padded
+        start = time.perf_counter()
+        parts = [torch.empty_like(padded) for _ in range(world)]
+        dist.all_gather(parts, padded, group=object_group())
+        STATS.bytes_received += padded.numel() * padded.element_size() * (world - 1)
+        STATS.seconds += time.perf_counter() - start
+        out = torch.empty((self.rows, *spec.shape), dtype=spec.dtype)
+        for r in range(world):
+            where = np.flatnonzero(holder.owner == r)
+            if where.size:
+                out[torch.as_tensor(where, dtype=torch.long)] = parts[r][:where.size]
         return out
 
     def reduce_rows(self, fn: Callable[[DataProto], Mapping[str, torch.Tensor]], inputs: Iterable[str],
@@ -409,17 +424,14 @@ def _exchange(sends: Mapping[int, bytes], sources: Sequence[int]) -> dict[int, b
     return {src: buffers[src].numpy().tobytes() for src in sources}
 
 
-def all_gather_small(obj: Any) -> list[Any]:
-    """Every rank's small ``obj`` on every rank; counted in ``STATS.object_bytes``."""
+def max_over_ranks(value: int) -> int:
+    """The largest of every rank's ``value`` (one all-reduce of one number)."""
     rank, world = _world()
     if world == 1:
-        return [obj]
-    start = time.perf_counter()
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, obj, group=object_group())
-    STATS.object_bytes += sum(len(pickle.dumps(g)) for i, g in enumerate(gathered) if i != rank)
-    STATS.seconds += time.perf_counter() - start
-    return gathered
+        return value
+    box = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(box, op=dist.ReduceOp.MAX, group=object_group())
+    return int(box)
 
 
 def broadcast_small(obj: Any, src: int) -> Any:
@@ -517,5 +529,5 @@ def reduce_output_metrics(metrics: Any, names: Sequence[str], holders: Sequence[
     return out
 
 
-__all__ = ["REPLICATED", "STATS", "ColumnGroup", "FieldSpec", "ShardedBatch", "TransferStats", "all_gather_small",
-           "batch_from_outputs", "broadcast_small", "dispatch_positions", "object_group"]
+__all__ = ["REPLICATED", "STATS", "ColumnGroup", "FieldSpec", "ShardedBatch", "TransferStats", "batch_from_outputs",
+           "broadcast_small", "dispatch_positions", "max_over_ranks", "object_group"]

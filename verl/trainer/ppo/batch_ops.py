@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 import verl.utils.torch_functional as verl_F
 from verl.protocol import DataProto
-from verl.single_controller.data_plane import ColumnGroup, ShardedBatch, all_gather_small, object_group
+from verl.single_controller.data_plane import ColumnGroup, ShardedBatch, max_over_ranks, object_group
 from verl.trainer import metrics as metric_utils
 from verl.trainer.ppo.advantage import compute_advantage, compute_response_mask
 
@@ -171,7 +171,7 @@ def compute_advantages(batch: Batch, estimator: str, **kwargs: Any) -> Batch:
     if len(positions):
         with whitening.recording():
             result = estimate(rows)
-    calls = max(all_gather_small(len(whitening.local)))
+    calls = max_over_ranks(len(whitening.local))
     if calls:  # every rank adds its sums, zeros where it holds no rows
         local = torch.stack(whitening.local) if whitening.local else torch.zeros(calls, 3, dtype=torch.float64)
         whitening.total = list(_all_reduce(local))
