@@ -62,7 +62,8 @@ def _job(prompt_counts):
         legacy.union(group.log_prob(legacy))
 
         # The prompts enter held by rank 0 alone, or replicated as every rank's dataloader reads them.
-        start = _sharded_from_rank0(gen, ShardedBatch) if prompts != 3 else ShardedBatch.replicated(gen)
+        start = _sharded_from_rank0(gen, ShardedBatch) if prompts != 3 else \
+            ShardedBatch.replicated(gen, first_id=7 << 32)
         STATS.reset()
         sharded = group.generate(start)
         sharded.reorder(order)
@@ -71,6 +72,16 @@ def _job(prompt_counts):
         sharded.union(group.log_prob(sharded))
         consume = (STATS.bytes_received, STATS.shard_bytes)
         whole = sharded.to_dataproto()
+        # Row ids: a response's is its prompt's id * N + j; a reorder carries them along; rows are found by id.
+        ids = sharded.row_ids.copy()
+        picked = ids[::3]
+        where = sharded.positions(picked)
+        by_id = sharded.gather(lambda r, where=where: where, ["log_probs"]).batch["log_probs"]
+        try:  # the same rows in another order: refused (a union would pair the wrong rows)
+            sharded.union(ShardedBatch(len(sharded), row_ids=ids[::-1]))
+            union_refused = False
+        except ValueError:
+            union_refused = True
         out[prompts] = {
             "legacy": {k: v.clone() for k, v in legacy.batch.items()},
             "legacy_uid": legacy.non_tensor_batch["uid"].tolist(),
@@ -78,7 +89,9 @@ def _job(prompt_counts):
             "sharded_uid": whole.non_tensor_batch["uid"].tolist(),
             "metrics": reduce_metrics(sharded.meta_info["metrics"]),
             "legacy_metrics": reduce_metrics(legacy.meta_info["metrics"]),
-            "generate": generate, "consume": consume,
+            "generate": generate, "consume": consume, "row_ids": ids.tolist(), "order": order.tolist(),
+            "first_id": int(start.row_ids[0]), "by_id": by_id,
+            "by_id_expected": whole.batch["log_probs"][::3].clone(), "union_refused": union_refused,
             "responses_holders": sorted(set(sharded.holder("responses").owner.tolist())),
             "log_probs_holders": sorted(set(sharded.holder("log_probs").owner.tolist())),
             "row_bytes": {k: int(v[0].numel() * v.element_size()) for k, v in legacy.batch.items()},
@@ -119,6 +132,18 @@ def test_sharded_batch_equals_the_legacy_path(ranks, prompts):
         # Rows stay where they were produced: responses on the rollout collect ranks, log-probs on the
         # megatron collect ranks.
         assert r["responses_holders"] == [0, 2] and r["log_probs_holders"] == [2, 3], rank
+
+
+@pytest.mark.parametrize("prompts", [4, 5, 3])
+def test_row_ids_follow_rows_and_address_them(ranks, prompts):
+    import torch
+
+    for rank, results in enumerate(ranks):
+        r = results[prompts]
+        generated = [(r["first_id"] + p) * N + j for p in range(prompts) for j in range(N)]
+        assert r["row_ids"] == [generated[i] for i in r["order"]], rank
+        assert torch.equal(r["by_id"], r["by_id_expected"]), rank
+        assert r["union_refused"], rank
 
 
 @pytest.mark.parametrize("prompts", [4, 5, 3])

@@ -153,20 +153,39 @@ class ColumnGroup:
 class ShardedBatch:
     """A batch of ``len(self)`` rows whose values stay where they were produced (see the module doc)."""
 
-    def __init__(self, rows: int, groups: Sequence[ColumnGroup] = (), meta_info: Mapping | None = None):
+    def __init__(self, rows: int, groups: Sequence[ColumnGroup] = (), meta_info: Mapping | None = None,
+                 row_ids: np.ndarray | None = None):
         self.rows = rows
         self.groups = [g for g in groups if g.fields]
         self.meta_info = dict(meta_info or {})
+        # A stable id per row (metadata, the same on every rank): a prompt's id from its step and index, a
+        # generated row's from its prompt's (id * n + j). Resumes and replay buffers address rows by id.
+        self.row_ids = np.arange(rows, dtype=np.int64) if row_ids is None else np.asarray(row_ids, dtype=np.int64)
+        if self.row_ids.shape != (rows,):
+            raise ValueError(f"data plane: expected a row id per row ({rows}), found {self.row_ids.shape}")
         for g in self.groups:
             if g.owner.shape != (rows,):
                 raise ValueError(f"data plane: expected an owner per row ({rows}), found {g.owner.shape}")
 
     @classmethod
-    def replicated(cls, data: DataProto) -> ShardedBatch:
-        """A DataProto every rank holds whole (the prompts of a step) as the data plane's first batch."""
+    def replicated(cls, data: DataProto, first_id: int = 0) -> ShardedBatch:
+        """A DataProto every rank holds whole (the prompts of a step) as the data plane's first batch; its rows
+        get the ids ``first_id``, ``first_id + 1``, ..."""
         rank, _ = _world()
         values = {**(dict(data.batch.items()) if data.batch is not None else {}), **data.non_tensor_batch}
-        return cls(len(data), [ColumnGroup.replicate(values, len(data), rank)], data.meta_info)
+        return cls(len(data), [ColumnGroup.replicate(values, len(data), rank)], data.meta_info,
+                   first_id + np.arange(len(data), dtype=np.int64))
+
+    def positions(self, row_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The batch positions of rows given by id (no communication: ids are metadata)."""
+        row_ids = np.asarray(row_ids, dtype=np.int64)
+        order = np.argsort(self.row_ids, kind="stable")
+        found = np.searchsorted(self.row_ids, row_ids, sorter=order)
+        found = np.minimum(found, len(order) - 1) if len(order) else found
+        if not len(order) or (self.row_ids[order[found]] != row_ids).any():
+            missing = row_ids[~np.isin(row_ids, self.row_ids)]
+            raise KeyError(f"data plane: expected rows with ids {missing[:5].tolist()} in this batch, found none")
+        return order[found]
 
     def __len__(self) -> int:
         return self.rows
@@ -193,6 +212,8 @@ class ShardedBatch:
         """Add ``other``'s fields (in place, returns self); a field both hold is now ``other``'s."""
         if other.rows != self.rows:
             raise ValueError(f"data plane union: expected {self.rows} rows, found {other.rows}")
+        if not np.array_equal(other.row_ids, self.row_ids):
+            raise ValueError("data plane union: expected the same rows in the same order (row ids), found others")
         replaced = set(other.fields)
         self.groups = [g.without(replaced) for g in self.groups]
         self.groups = [g for g in self.groups if g.fields] + list(other.groups)
@@ -205,6 +226,7 @@ class ShardedBatch:
         if sorted(order.tolist()) != list(range(self.rows)):
             raise ValueError(f"data plane reorder: expected a permutation of {self.rows} rows")
         self.groups = [g.reordered(order) for g in self.groups]
+        self.row_ids = self.row_ids[order]
 
     def pop(self, names: Iterable[str]) -> None:
         names = list(names)
@@ -304,13 +326,14 @@ class ShardedBatch:
         (``owner``); the field specs come from the first row's holder (one small broadcast)."""
         rank, world = _world()
         if (owner == REPLICATED).all():
-            return ShardedBatch(self.rows, [ColumnGroup.replicate(result, self.rows, rank)], self.meta_info)
+            return ShardedBatch(self.rows, [ColumnGroup.replicate(result, self.rows, rank)], self.meta_info,
+                                self.row_ids)
         specs = broadcast_small({n: FieldSpec.of(v) for n, v in result.items()}, src=int(owner[0])) \
             if world > 1 else {n: FieldSpec.of(v) for n, v in result.items()}
         if (owner == rank).any() and set(specs) != set(result):
             raise ValueError(f"data plane: rank {rank} computed fields {sorted(result)}, rank {owner[0]} "
                              f"{sorted(specs)}")
-        return ShardedBatch(self.rows, [ColumnGroup(specs, owner, result, rank)], meta_info=self.meta_info)
+        return ShardedBatch(self.rows, [ColumnGroup(specs, owner, result, rank)], self.meta_info, self.row_ids)
 
     def row_values(self, fn: Callable[[DataProto], torch.Tensor], inputs: Iterable[str], anchor: str) -> torch.Tensor:
         """A small per-row result (``fn`` -> [rows_here, ...]) computed where ``anchor`` is held, on every rank
@@ -458,11 +481,13 @@ def dispatch_positions(rows: int, dp: int) -> tuple[list[np.ndarray], int]:
 
 
 def batch_from_outputs(holders: Sequence[int], local: DataProto | None, share: int, pad_inputs: int,
-                       inputs: int) -> ShardedBatch:
+                       input_ids: np.ndarray) -> ShardedBatch:
     """The batch a dispatch's outputs form. ``holders``: the global rank holding each DP replica's output, in
     replica order (the same on every rank); ``local``: this rank's output (None where it holds none); each
     replica had ``share`` input rows and made ``r`` rows of each (generation: n); the rows made from the
-    ``pad_inputs`` padding inputs (the last ones) are dropped. The first holder broadcasts the field specs and
+    ``pad_inputs`` padding inputs (the last ones) are dropped; ``input_ids``: the row ids of the padded
+    inputs, in dispatch order (an output row's id: its input's, or input id * r + j). The first holder
+    broadcasts the field specs and
     ``r``; the outputs' ``meta_info["metrics"]`` are reduced by one all-reduce per op (see
     :func:`reduce_output_metrics`); any other meta_info is the first holder's."""
     rank, world = _world()
@@ -490,7 +515,9 @@ def batch_from_outputs(holders: Sequence[int], local: DataProto | None, share: i
                                     holders)
     if metrics:
         meta = {**meta, "metrics": metrics}
-    return ShardedBatch(keep, [ColumnGroup(specs, kept, values, rank)], meta)
+    ids = (np.asarray(input_ids, dtype=np.int64)[:, None] * per_input + np.arange(per_input)).reshape(-1) \
+        if per_input != 1 else np.asarray(input_ids, dtype=np.int64)
+    return ShardedBatch(keep, [ColumnGroup(specs, kept, values, rank)], meta, ids[:keep])
 
 
 def _metric_entries(metrics: Any) -> dict[str, list[float]]:

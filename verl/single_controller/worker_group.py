@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch.distributed as dist
 
 from verl.protocol import DataProto, strict_data_check_enabled
@@ -176,7 +177,7 @@ class WorkerGroup:
         for pool_rank, place in enumerate(mesh):
             if place.is_collect:
                 holders[place.dp_rank] = self.pool_ranks[pool_rank]
-        return batch_from_outputs(holders, output, len(shares[0]), pad, len(batch))
+        return batch_from_outputs(holders, output, len(shares[0]), pad, batch.row_ids[np.concatenate(shares)])
 
 
 def _count_shard(data: Any) -> None:

@@ -57,7 +57,8 @@ def add_replicated(batch: Batch, fields: Mapping[str, torch.Tensor]) -> Batch:
     """Small per-row fields every rank computed whole (e.g. ReMax's baselines), added to ``batch``."""
     if isinstance(batch, ShardedBatch):
         rank = dist.get_rank() if dist.is_initialized() else 0
-        return batch.union(ShardedBatch(len(batch), [ColumnGroup.replicate(dict(fields), len(batch), rank)]))
+        return batch.union(ShardedBatch(len(batch), [ColumnGroup.replicate(dict(fields), len(batch), rank)],
+                                        row_ids=batch.row_ids))
     for name, value in fields.items():
         batch.batch[name] = value
     return batch

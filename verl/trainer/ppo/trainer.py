@@ -402,7 +402,7 @@ class PPOTrainer:
             with self._timer("update_weights"):
                 metrics.update(self.actor_rollout_wg.update_weights())
             with self._timer("gen"):
-                batch = self.actor_rollout_wg.generate_sequences(self._on_data_plane(gen))
+                batch = self.actor_rollout_wg.generate_sequences(self._on_data_plane(gen, step))
             metrics.update(metric_utils.reduce_metrics(batch.meta_info.pop("metrics")))
             batch.meta_info = {"seed": step}
             if cfg.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX.value:
@@ -475,10 +475,13 @@ class PPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------ step helpers
-    def _on_data_plane(self, gen: DataProto) -> DataProto | ShardedBatch:
+    def _on_data_plane(self, gen: DataProto, step: int = 0) -> DataProto | ShardedBatch:
         """The prompts as the step's first batch: on the data plane replicated (every rank's dataloader read
         the same prompts, so no row moves to reach the rollout)."""
-        return ShardedBatch.replicated(gen) if self.sections.transfer_queue.enable else gen
+        if not self.sections.transfer_queue.enable:
+            return gen
+        # Row ids: each step's prompts 2^32 apart (validation in step 0's), so a row's id is unique in a run.
+        return ShardedBatch.replicated(gen, first_id=step << 32)
 
     def _apply_kl_penalty(self, batch) -> dict[str, float]:
         """verl's apply_kl_penalty on both data paths: token_level_rewards with this step's beta; the KL
