@@ -83,6 +83,7 @@ class DispatchSpec:
     prepare: Callable[[DispatchInfo, tuple, dict], tuple[tuple, dict, Any]]  # driver side, before dispatch
     collect_ranks: Callable[[DispatchInfo], list[bool]]
     mesh: str | None = None  # the DP mesh a DataProto is split over (None: not a DP-split mode)
+    reads: tuple[str, ...] | None = None  # the batch fields the method reads (None: all): what the data plane moves
 
 
 # --------------------------------------------------------------------------- simple modes
@@ -218,9 +219,13 @@ def get_dispatch_spec(mode: Dispatch | DispatchSpec) -> DispatchSpec:
     return PREDEFINED[mode]
 
 
-def register(dispatch_mode: Dispatch | DispatchSpec = Dispatch.ALL_TO_ALL) -> Callable:
-    """Mark a worker method as callable through its worker group with ``dispatch_mode``."""
+def register(dispatch_mode: Dispatch | DispatchSpec = Dispatch.ALL_TO_ALL,
+             reads: Sequence[str] | None = None) -> Callable:
+    """Mark a worker method as callable through its worker group with ``dispatch_mode``. ``reads``: the batch
+    fields it reads (those present travel on the data plane; the legacy path passes the whole batch)."""
     spec = get_dispatch_spec(dispatch_mode)
+    if reads is not None:
+        spec = dataclasses.replace(spec, reads=tuple(reads))
 
     def decorator(fn: Callable) -> Callable:
         @functools.wraps(fn)

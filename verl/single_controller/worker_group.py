@@ -136,7 +136,7 @@ class WorkerGroup:
             pool_rank = self.pool_ranks.index(self.rank)
             rank_args, rank_kwargs = spec.dispatch(self.info, pool_rank, args, kwargs)
             for value in (*rank_args, *rank_kwargs.values()):
-                _count_shard(value)
+                _count_shard(value, spec.reads)
             output = getattr(self.worker, method_name)(*rank_args, **rank_kwargs)
             if isinstance(output, DataProto) and strict_data_check_enabled():
                 output.check_consistency(producer=f"{self.name}.{method_name}")
@@ -160,11 +160,12 @@ class WorkerGroup:
         shares, pad = dispatch_positions(len(batch), dp)
         replica_of = {self.pool_ranks[i]: place.dp_rank for i, place in enumerate(mesh)}
         nothing = shares[0][:0]
-        local = batch.gather(lambda r: shares[replica_of[r]] if r in replica_of else nothing)
+        fields = None if spec.reads is None else [f for f in spec.reads if f in batch.fields]
+        local = batch.gather(lambda r: shares[replica_of[r]] if r in replica_of else nothing, fields)
         output = None
         if self.worker is not None:
             pool_rank = self.pool_ranks.index(self.rank)
-            _count_shard(local)
+            _count_shard(local, spec.reads)
             rank_args = tuple(local if isinstance(a, ShardedBatch) else a for a in args)
             rank_kwargs = {k: local if isinstance(v, ShardedBatch) else v for k, v in kwargs.items()}
             output = getattr(self.worker, method_name)(*rank_args, **rank_kwargs)
@@ -180,7 +181,15 @@ class WorkerGroup:
         return batch_from_outputs(holders, output, len(shares[0]), pad, batch.row_ids[np.concatenate(shares)])
 
 
-def _count_shard(data: Any) -> None:
-    """What a worker consumes: its DataProto arguments' tensor bytes (the bench's shard_bytes_per_rank)."""
-    if isinstance(data, DataProto) and data.batch is not None:
-        STATS.shard_bytes += sum(v.numel() * v.element_size() for v in data.batch.values())
+def _count_shard(data: Any, reads: tuple[str, ...] | None) -> None:
+    """What a worker consumes: the tensor bytes of the fields it reads (``reads``; None: all, and then the
+    per-row objects too, pickled) of its DataProto arguments: the bench's shard_bytes_per_rank."""
+    if not isinstance(data, DataProto):
+        return
+    if data.batch is not None:
+        STATS.shard_bytes += sum(v.numel() * v.element_size() for k, v in data.batch.items()
+                                 if reads is None or k in reads)
+    if data.non_tensor_batch and reads is None:
+        import pickle
+
+        STATS.shard_bytes += len(pickle.dumps(list(data.non_tensor_batch.values()), protocol=pickle.HIGHEST_PROTOCOL))

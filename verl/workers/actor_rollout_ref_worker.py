@@ -268,14 +268,14 @@ class ActorRolloutRefWorker(Worker):
         is greedy, whose rollout log-probs are the raw log-softmax."""
         return 1.0 if self.train_sampling.greedy else float(self.train_sampling.temperature)
 
-    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO, reads=ACTOR_FIELDS)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """old_log_probs [B, R] and entropys [B, R] under the current actor at the rollout temperature."""
         out = self.actor.compute_log_prob(batch_fields(data, ACTOR_FIELDS), calculate_entropy=True,
                                           temperature=self.log_prob_temperature)
         return DataProto.from_dict({"old_log_probs": out["log_probs"], "entropys": out["entropy"]})
 
-    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO, reads=ACTOR_FIELDS)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """ref_log_prob [B, R] under the reference policy at the rollout temperature (as verl)."""
         if self.ref is None:
@@ -285,7 +285,8 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict({"ref_log_prob": out["log_probs"]})
 
     # ------------------------------------------------------------------ policy update
-    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO,
+              reads=ACTOR_FIELDS + ("response_mask", "old_log_probs", "advantages", "ref_log_prob"))
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO epochs over mini-batches (ppo_mini_batch_size prompts x n responses, split over DP).
 

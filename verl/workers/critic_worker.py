@@ -70,13 +70,14 @@ class CriticWorker(Worker):
     def dispatch_meshes(self) -> dict[str, MeshRank]:
         return {"megatron": dp_mesh(self.critic.engine)}
 
-    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO, reads=ACTOR_FIELDS)
     def compute_values(self, data: DataProto) -> DataProto:
         """values [B, R]: V of the prefix before each response token."""
         out = self.critic.compute_values(batch_fields(data, ACTOR_FIELDS))
         return DataProto.from_dict({"values": out["values"]})
 
-    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO,
+              reads=ACTOR_FIELDS + ("response_mask", "values", "returns"))
     def update_critic(self, data: DataProto) -> DataProto:
         """PPO epochs over mini-batches of the value loss; meta_info["metrics"] averaged over steps."""
         cfg = self.config

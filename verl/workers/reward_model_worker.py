@@ -82,7 +82,7 @@ class RewardModelWorker(Worker):
     def dispatch_meshes(self) -> dict[str, MeshRank]:
         return {"megatron": dp_mesh(self.rm.engine)}
 
-    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO, reads=ACTOR_FIELDS)
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """rm_scores [B, R]: the sequence score on the last valid response token."""
         fields = batch_fields(data, ACTOR_FIELDS)
