@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 
@@ -79,6 +80,29 @@ def check_all_reduce(rank: int, world: int) -> float:
     return value.item()
 
 
+def shm_use(rank: int, world: int) -> dict:
+    """Which groups run their collectives through shared memory: the world group and this rank's node group
+    (the ranks that share its host name). Only a group inside one host may; one spanning hosts stays on gloo."""
+    import torch
+    import torch.distributed as dist
+
+    from verl.ops import shm_collectives
+
+    hosts = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    node_group = None
+    for host in dict.fromkeys(hosts):  # every rank creates every group, in the same order
+        group = dist.new_group([r for r in range(world) if hosts[r] == host])
+        if host == hosts[rank]:
+            node_group = group
+    value = torch.ones(4)
+    dist.all_reduce(value, group=node_group)
+    if value[0].item() != hosts.count(hosts[rank]):
+        raise RuntimeError(f"node all_reduce: expected {hosts.count(hosts[rank])}, found {value[0].item()}")
+    return {"hosts": len(set(hosts)), "shm_world": shm_collectives.uses_shared_memory(),
+            "shm_node": shm_collectives.uses_shared_memory(node_group)}
+
+
 def run_steps(args, rank: int, world: int) -> None:
     import torch
     import torch.distributed as dist
@@ -126,7 +150,8 @@ def main(argv=None) -> int:
         total = check_all_reduce(env.rank, env.world_size)
         emit(event="hello", rank=env.rank, world_size=env.world_size, local_rank=env.local_rank,
              local_world_size=env.local_world_size, source=env.source, backend=dist.get_backend(),
-             master_addr=env.master_addr, sum=total)
+             master_addr=env.master_addr, sum=total, host=socket.gethostname(),
+             **(shm_use(env.rank, env.world_size) if dist.get_backend() == "gloo" else {}))
         if args.die_rank is not None:
             if env.rank == args.die_rank:
                 time.sleep(args.die_after)

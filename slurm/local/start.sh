@@ -1,23 +1,44 @@
 #!/usr/bin/env bash
-# Start a one-node Slurm cluster on this machine, loopback only, without systemd (Debian 12, root).
+# Start a local Slurm cluster on this machine without systemd (Debian 12, root).
 # Used by the slurm test tier; also handy to try the sbatch templates on a laptop or CI box.
 #
+#   bash slurm/local/start.sh                      # one node on localhost, loopback only
+#   VERL_SLURM_NODES=2 bash slurm/local/start.sh   # N nodes, each a separate host (see below)
+#
+# One node (the default): slurmctld and slurmd on localhost, everything bound to 127.0.0.1; the
+# client commands (sbatch, srun, ...) run from this shell.
+#
+# N > 1 nodes: every Slurm host is a network namespace on a bridge this script creates
+# ($VERL_SLURM_BRIDGE, 10.79.0.0/24, no address on this machine's side, no route out):
+#   verl-ctl    10.79.0.2       slurmctld
+#   verl-login  10.79.0.3       where client commands run: slurm/local/login.sh CMD ...
+#   verl-nodeI  10.79.0.(10+I)  slurmd, with its own hostname (UTS namespace), its own /dev/shm and,
+#                               unless the checkout is under /tmp, its own /tmp (mount namespace)
+# The rest of the file system is shared, as a cluster's parallel file system is: keep job output
+# out of /tmp (the checkout's outputs/, or $VERL_SLURM_DIR/shared). The CPUs are split between the
+# nodes (nproc / N each, at least 1). The host names go into /etc/hosts (marked lines that stop.sh
+# removes).
+#
 # Idempotent: installs missing packages, (re)writes slurm.conf, starts only daemons that are not
-# running (restarts them if slurm.conf changed), then waits until the node is idle.
+# running (restarts them if slurm.conf changed), then waits until every node is idle.
 #
 # Variables:
-#   VERL_SLURM_DIR       state, spool, logs, pid files          (default /tmp/verl-local-slurm)
+#   VERL_SLURM_NODES     number of nodes                          (default 1)
+#   VERL_SLURM_DIR       state, spool, logs, pid files            (default /tmp/verl-local-slurm for one
+#                        node; /var/lib/verl-local-slurm for N > 1: nodes have a private /tmp)
 #   VERL_SLURM_CONF      slurm.conf path; /etc/slurm/slurm.conf is where srun/sbatch look without
-#                        SLURM_CONF                               (default /etc/slurm/slurm.conf)
-#   VERL_SLURM_CPUS      CPUs the node advertises                 (default: nproc)
-#   VERL_SLURM_TIMEOUT   seconds to wait for the node to be idle  (default 60)
+#                        SLURM_CONF (default /etc/slurm/slurm.conf for one node; $VERL_SLURM_DIR/slurm.conf
+#                        for N > 1, which login.sh exports as SLURM_CONF)
+#   VERL_SLURM_CPUS      CPUs each node advertises                (default: nproc / N, at least 1)
+#   VERL_SLURM_TIMEOUT   seconds to wait for the nodes to be idle (default 60)
 #   VERL_SLURM_NO_INSTALL=1  never run apt-get
-# Exit codes: 0 running; 1 failed to start; 3 packages missing and could not be installed.
+# Exit codes: 0 running; 1 failed to start; 2 bad variable; 3 packages missing and could not be installed.
 set -euo pipefail
 
-STATE_DIR=${VERL_SLURM_DIR:-/tmp/verl-local-slurm}
-CONF=${VERL_SLURM_CONF:-/etc/slurm/slurm.conf}
-CPUS=${VERL_SLURM_CPUS:-$(nproc)}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=SCRIPTDIR/cluster.sh
+source "$HERE/cluster.sh"
+CPUS=${VERL_SLURM_CPUS:-$(($(nproc) / NODES > 0 ? $(nproc) / NODES : 1))}
 TIMEOUT=${VERL_SLURM_TIMEOUT:-60}
 NODE=localhost
 PACKAGES=(slurmctld slurmd slurm-client munge openmpi-bin libopenmpi-dev)
@@ -43,11 +64,13 @@ fi
 
 # --- loopback ---------------------------------------------------------------------------------
 # With NoInAddrAny the daemons bind to what this host's name resolves to: it must be 127.x.
-host=$(hostname)
-addr=$(getent ahostsv4 "$host" | awk 'NR == 1 {print $1}' || true)
-if [[ $addr != 127.* ]]; then
-  say "hostname '$host' resolves to '${addr:-nothing}'; adding '127.0.0.1 $host' to /etc/hosts"
-  echo "127.0.0.1 $host" >>/etc/hosts
+if ((NODES == 1)); then
+  host=$(hostname)
+  addr=$(getent ahostsv4 "$host" | awk 'NR == 1 {print $1}' || true)
+  if [[ $addr != 127.* ]]; then
+    say "hostname '$host' resolves to '${addr:-nothing}'; adding '127.0.0.1 $host' to /etc/hosts"
+    echo "127.0.0.1 $host" >>/etc/hosts
+  fi
 fi
 
 # --- munge ------------------------------------------------------------------------------------
@@ -62,6 +85,12 @@ if ! munge_works; then
   runuser -u munge -- /usr/sbin/munged
   for _ in $(seq 50); do munge_works && break; sleep 0.1; done
   munge_works || { say "munged did not start"; tail -5 /var/log/munge/munged.log >&2 || true; exit 1; }
+fi
+
+if ((NODES > 1)); then
+  # shellcheck source=SCRIPTDIR/multinode.sh
+  source "$HERE/multinode.sh"
+  exit 0
 fi
 
 # --- slurm.conf -------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLURM_DIR = os.path.join(REPO, "slurm")
-SCRIPTS = ["quickstart_cpu.sbatch", "ppo_multinode_gpu.sbatch", "local/start.sh", "local/stop.sh"]
+SCRIPTS = ["quickstart_cpu.sbatch", "ppo_multinode_gpu.sbatch", "multinode_cpu.sbatch", "local/start.sh",
+           "local/stop.sh", "local/login.sh", "local/cluster.sh", "local/multinode.sh"]
 DAEMONS = {"slurmctld", "slurmscriptd", "slurmd", "slurmstepd", "munged"}
 CANNOT_INSTALL = 3  # start.sh: packages missing and apt-get failed
 LOOPBACK_HEX = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1 in /proc/net/tcp*
@@ -234,7 +235,8 @@ def test_scripts_pass_bash_n_and_shellcheck():
                        timeout=300)
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed and `apt-get install shellcheck` failed")
-    proc = subprocess.run(["shellcheck", *[os.path.join(SLURM_DIR, s) for s in SCRIPTS]],
+    # -x: follow the scripts' `source` of slurm/local/cluster.sh and multinode.sh
+    proc = subprocess.run(["shellcheck", "-x", *[os.path.join(SLURM_DIR, s) for s in SCRIPTS]],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 

@@ -7,15 +7,18 @@ Rendezvous, in order of preference:
 - otherwise the discovered address and port (Slurm nodelist + port derived from the job id,
   torchrun's MASTER_ADDR/MASTER_PORT, or the ones `spawn_local` set).
 
-Loopback only when every rank is on this host: torch's TCPStore listens on all interfaces even when
-given tcp://127.0.0.1, so rank 0 binds the listening socket to 127.0.0.1 itself and hands it to the
-store (`master_listen_fd`), and gloo is pinned to `lo`. A file:// rendezvous would also avoid the
-listener but needs a shared directory and leaves files behind on a crash; the pre-bound socket
-needs neither. Multi-node stores listen where torch puts them (the nodes must reach rank 0).
+Nothing listens on every interface: torch's TCPStore does even when given tcp://127.0.0.1, so rank 0
+binds the listening socket itself and hands it to the store (`master_listen_fd`). When every rank is
+on this host that socket is on 127.0.0.1 and gloo is pinned to `lo`. Across hosts it is on the
+address the rendezvous host resolves to (the job's first node: rank 0's own), and each rank pins gloo
+to the interface that holds its node's address (the address its node name resolves to, or the
+interface the user names in GLOO_SOCKET_IFNAME). A file:// rendezvous would also avoid the listener but
+needs a shared directory and leaves files behind on a crash; the pre-bound socket needs neither.
 
 CPU ranks (gloo) all-reduce, all-gather and reduce-scatter through shared memory among the ranks of one host
 (``verl.ops.shm_collectives``; ``VERL_SHM_COLLECTIVES=0`` turns it off): gloo's ~2 ms per collective dominated
-small tensor-parallel steps.
+small tensor-parallel steps. A group whose ranks sit on several hosts stays on gloo (the members compare host
+names first; each host has its own /dev/shm).
 
 Fail-fast: the process group gets a collective timeout, so a rank that died or hangs ends the job
 with an exception (non-zero exit) instead of a silent hang; gloo reports a dead peer at once.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import errno
 import os
 import random
 import socket
@@ -72,6 +76,8 @@ def init_distributed(backend: str | None = None, timeout_s: float = DEFAULT_TIME
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
     if env.is_loopback:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    elif env.world_size > 1 and store_is_ours(environ):
+        os.environ["GLOO_SOCKET_IFNAME"] = node_interface(env)
     # Without async error handling a NCCL collective on a dead peer blocks past the timeout.
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
 
@@ -83,11 +89,34 @@ def init_distributed(backend: str | None = None, timeout_s: float = DEFAULT_TIME
     else:
         dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
                                 timeout=timeout)
+    _groups_time_out_like_the_job(timeout)
     if backend == "gloo":
         use_shm_collectives(timeout_s)
     torch.set_num_threads(intra_op_threads(env.local_world_size))
     _seed_everything(seed + env.rank)
     return env
+
+
+def _groups_time_out_like_the_job(timeout: datetime.timedelta) -> None:
+    """Every process group created later (Megatron's TP/PP/DP groups, the hybrid engine's) times out like the
+    default one: torch gives a group created without a timeout its own default (30 min) and Megatron asks for
+    30 min, so a collective stuck on a lost host would outlast the job's timeout. Undone by destroy_distributed."""
+    import torch.distributed as dist
+
+    c10d = dist.distributed_c10d
+    torch_new_group = c10d.new_group
+
+    def new_group(*args, timeout=None, **kwargs):
+        return torch_new_group(*args, timeout=timeout if timeout is not None and timeout < job_timeout
+                               else job_timeout, **kwargs)
+
+    job_timeout = timeout
+    dist.new_group = c10d.new_group = new_group
+
+    def restore():
+        dist.new_group = c10d.new_group = torch_new_group
+
+    on_teardown(restore)
 
 
 def use_shm_collectives(timeout_s: float) -> None:
@@ -98,6 +127,59 @@ def use_shm_collectives(timeout_s: float) -> None:
     if shm_collectives.enabled():
         shm_collectives.install(timeout_s)
         on_teardown(shm_collectives.uninstall)
+
+
+def store_is_ours(environ=None) -> bool:
+    """False under torchrun's agent, which runs the store (and its listener) itself."""
+    return (os.environ if environ is None else environ).get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+
+
+def resolve_ipv4(host: str, what: str) -> str:
+    """``host``'s IPv4 address; a name that does not resolve is a LaunchError naming ``what`` it is."""
+    try:
+        return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise LaunchError(f"{what}: expected a host name that resolves to an IPv4 address, found {host!r}"
+                          f" ({getattr(e, 'strerror', None) or e})") from None
+
+
+def interface_addresses() -> dict[str, str]:
+    """{interface name: IPv4 address} of this host's (network namespace's) interfaces that have one."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    found = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on it
+                continue
+            found[name] = socket.inet_ntoa(raw[20:24])
+    return found
+
+
+def node_interface(env: DistEnv, environ=None) -> str:
+    """The interface gloo uses on this node: GLOO_SOCKET_IFNAME when the user set it (it must exist), else
+    the one holding the address this node's name resolves to (Slurm's SLURMD_NODENAME, else the host name)."""
+    environ = os.environ if environ is None else environ
+    interfaces = interface_addresses()
+    named = environ.get("GLOO_SOCKET_IFNAME")
+    if named:
+        missing = [n for n in named.split(",") if n not in interfaces]
+        if missing:
+            raise LaunchError(f"GLOO_SOCKET_IFNAME: expected interfaces with an IPv4 address on this host "
+                              f"({', '.join(sorted(interfaces))}), found {named!r}")
+        return named
+    name = environ.get("SLURMD_NODENAME") or socket.gethostname()
+    addr = resolve_ipv4(name, f"{env.source}: this node's name")
+    for ifname, if_addr in interfaces.items():
+        if if_addr == addr:
+            return ifname
+    raise LaunchError(f"{env.source}: expected this node's name {name!r} to resolve to an address of this host "
+                      f"({', '.join(f'{n} {a}' for n, a in sorted(interfaces.items()))}), found {addr}; "
+                      "fix its /etc/hosts or DNS entry, or name the interface in GLOO_SOCKET_IFNAME")
 
 
 def _launched_by_mpi(environ) -> bool:
@@ -126,9 +208,10 @@ def _mpi_rendezvous(env: DistEnv) -> tuple[DistEnv, socket.socket | None]:
         try:
             addr = LOOPBACK if one_node else os.environ.get("MASTER_ADDR", socket.gethostname())
             port = int(os.environ.get("MASTER_PORT", 0))  # 0: the kernel picks a free one
-            sock = _listen_socket(LOOPBACK if one_node else "", port)
+            # Across hosts: the address the peers will dial, never every interface.
+            sock = _listen_socket(addr if one_node else resolve_ipv4(addr, "mpi: MASTER_ADDR"), port)
             payload = (addr, sock.getsockname()[1], None)
-        except OSError as e:
+        except (OSError, LaunchError) as e:
             payload = (None, None, f"rank 0 could not bind a rendezvous port: {e}")
     addr, port, error = comm.bcast(payload, root=0)
     if error:
@@ -159,17 +242,20 @@ def _make_store(env: DistEnv, timeout: datetime.timedelta, listen_sock: socket.s
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         return None
     if env.rank != 0:
+        # A name that does not resolve fails here in one line, not after the store's connect retries.
+        resolve_ipv4(env.master_addr, f"{env.source}: the rendezvous host")
         return dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False,
                              timeout=timeout)
-    if listen_sock is None and env.is_loopback:
-        try:
-            listen_sock = _listen_socket(LOOPBACK, env.master_port)
-        except OSError as e:
-            raise LaunchError(f"{env.source}: rank 0 could not listen on {LOOPBACK}:{env.master_port}"
-                              f" ({e.strerror}); set MASTER_PORT to a free port") from None
     if listen_sock is None:
-        return dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=True,
-                             timeout=timeout)
+        # Rank 0 runs on the rendezvous host: bind the address the others dial (127.0.0.1 on one host).
+        host = LOOPBACK if env.is_loopback else resolve_ipv4(env.master_addr, f"{env.source}: the rendezvous host")
+        try:
+            listen_sock = _listen_socket(host, env.master_port)
+        except OSError as e:
+            hint = ("set MASTER_PORT to a free port" if e.errno == errno.EADDRINUSE else
+                    f"rank 0 runs on {socket.gethostname()}: set MASTER_ADDR to its name")
+            raise LaunchError(f"{env.source}: rank 0 could not listen on {env.master_addr} ({host}) port"
+                              f" {env.master_port} ({e.strerror}); {hint}") from None
     # The libuv store takes ownership of the descriptor.
     return dist.TCPStore(env.master_addr, listen_sock.getsockname()[1], env.world_size,
                          is_master=True, timeout=timeout, master_listen_fd=listen_sock.detach(),

@@ -271,6 +271,48 @@ def _from_slurm(env: Mapping[str, str]) -> DistEnv:
     return DistEnv(rank, world, local_rank, tasks[node_id], tuple(nodes), addr, port, src)
 
 
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+    """What a Slurm job's batch script sees of its allocation, checked before any rank starts."""
+
+    nodes: tuple[str, ...]
+    tasks_per_node: int
+    master_addr: str  # the rendezvous host: MASTER_ADDR, else the first node
+
+
+def check_allocation(environ: Mapping[str, str] | None = None) -> Allocation:
+    """The batch script's allocation, for a job that runs the same number of ranks on every node (the
+    trainer's ``trainer.nnodes * trainer.n_gpus_per_node``): the node list, the task layout and the task
+    count must agree. Raises LaunchError (one line) otherwise."""
+    env = os.environ if environ is None else environ
+    src = "slurm"
+    for key in ("SLURM_JOB_NODELIST", "SLURM_TASKS_PER_NODE"):
+        if key not in env:
+            raise LaunchError(f"{src}: expected environment variable {key} (run inside an sbatch/salloc "
+                              "allocation), found it unset")
+    nodes = expand_nodelist(env["SLURM_JOB_NODELIST"])
+    if len(set(nodes)) != len(nodes):
+        raise LaunchError(f"{src}: SLURM_JOB_NODELIST={env['SLURM_JOB_NODELIST']!r} names a node twice")
+    declared = _int(env, "SLURM_JOB_NUM_NODES", src, len(nodes))
+    if declared != len(nodes):
+        raise LaunchError(f"{src}: SLURM_JOB_NUM_NODES={declared} but SLURM_JOB_NODELIST="
+                          f"{env['SLURM_JOB_NODELIST']!r} lists {len(nodes)} nodes")
+    tasks = expand_tasks_per_node(env["SLURM_TASKS_PER_NODE"])
+    if len(tasks) != len(nodes):
+        raise LaunchError(f"{src}: SLURM_TASKS_PER_NODE={env['SLURM_TASKS_PER_NODE']!r} describes {len(tasks)} nodes"
+                          f" but SLURM_JOB_NODELIST={env['SLURM_JOB_NODELIST']!r} lists {len(nodes)}")
+    ntasks = _int(env, "SLURM_NTASKS", src, sum(tasks))  # unset when the job asked for no task count
+    if sum(tasks) != ntasks:
+        raise LaunchError(f"{src}: SLURM_NTASKS={ntasks} but SLURM_TASKS_PER_NODE={env['SLURM_TASKS_PER_NODE']!r}"
+                          f" sums to {sum(tasks)}")
+    if len(set(tasks)) != 1:
+        raise LaunchError(f"{src}: expected the same number of tasks on each of the {len(nodes)} nodes "
+                          f"(trainer.nnodes x trainer.n_gpus_per_node), found {ntasks} tasks laid out as "
+                          f"{env['SLURM_TASKS_PER_NODE']} on {env['SLURM_JOB_NODELIST']}; "
+                          f"ask for --ntasks-per-node instead of --ntasks")
+    return Allocation(tuple(nodes), tasks[0], env.get("MASTER_ADDR") or nodes[0])
+
+
 def _cumsum(values: list[int]) -> list[int]:
     out, total = [], 0
     for v in values:

@@ -128,6 +128,12 @@ def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async
     return _CompletedWork(output) if async_op else None
 
 
+def uses_shared_memory(group=None) -> bool:
+    """Whether ``group``'s collectives have taken the shared-memory path (known after its first eligible call)."""
+    group = group if group is not None else _c10d._get_default_group()
+    return _groups.get(group) is not None
+
+
 def _op_name(op) -> str | None:
     for reduce_op, name in ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.MAX, "max"), (dist.ReduceOp.MIN, "min")):
         if op == reduce_op:

@@ -299,7 +299,17 @@ def load_trainer_state(path: str) -> dict[str, Any]:
     """The trainer state of checkpoint ``path``, and this rank's RNG restored."""
     with open(os.path.join(path, STATE_FILE), encoding="utf-8") as fh:
         state = json.load(fh)
-    rng_file = os.path.join(path, "rng", f"rank{_rank()}.pt")
+    rng_dir = os.path.join(path, "rng")
+    saved_world = len([f for f in os.listdir(rng_dir) if f.startswith("rank") and f.endswith(".pt")])
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    if saved_world != world:
+        # Resumed at another world size (e.g. 2 nodes -> 1): the engines reshard their state, but per-rank RNG
+        # streams have no counterpart, so every rank keeps the streams it was seeded with (seed + rank).
+        logger.warning("checkpoint %s: written by %d ranks, resumed by %d: the model and optimizer state reshard; "
+                       "each rank's random streams start from its seed", path, saved_world, world)
+        state["_rng"] = rng_state()
+        return state
+    rng_file = os.path.join(rng_dir, f"rank{_rank()}.pt")
     if not os.path.isfile(rng_file):
         raise CheckpointError(f"checkpoint {path}: expected {rng_file} (saved with the same world size), found none")
     state["_rng"] = torch.load(rng_file, map_location="cpu", weights_only=True)
