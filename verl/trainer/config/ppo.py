@@ -148,7 +148,6 @@ NO_EFFECT: dict[str, str] = {
     f"{ARR}.rollout.calculate_log_probs": "the rollout always returns its log-probs (rollout_log_probs)",
     f"{ARR}.actor.use_torch_compile": "nothing is torch.compile'd here",
     f"{ARR}.actor.data_loader_seed": "mini-batch shuffles are seeded by the step (actor.shuffle)",
-    f"{ARR}.nccl_timeout": "collective timeouts come from the launcher (verl.launcher.bootstrap)",
     "data.return_raw_chat": "prompts are rendered with the tokenizer's chat template in the dataset",
     "data.return_raw_input_ids": "prompts are rendered with the tokenizer's chat template in the dataset",
     "data.return_full_prompt": "the generations dump (trainer.rollout_data_dir) holds the full prompt",
