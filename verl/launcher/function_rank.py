@@ -12,6 +12,7 @@ import io
 import os
 import pickle
 import sys
+import time
 import traceback
 
 from verl.launcher.bootstrap import DEFAULT_TIMEOUT_S, destroy_distributed, use_shm_collectives
@@ -47,8 +48,12 @@ def main(job_dir: str) -> int:
         os.replace(tmp, result_file(job_dir, rank))  # complete or absent
         return 0
     except BaseException:  # noqa: BLE001 - reported to the parent, which ends every rank
-        with open(error_file(job_dir, rank), "w") as f:
-            f.write(traceback.format_exc())
+        # The time first: the parent names the rank that failed first (its peers fail because it did).
+        text = f"{time.time()!r}\n{traceback.format_exc()}"
+        tmp = error_file(job_dir, rank) + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, error_file(job_dir, rank))
         return 1
     finally:
         destroy_distributed()

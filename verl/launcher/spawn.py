@@ -136,6 +136,7 @@ class LocalRanks:
         self.base = dict(os.environ if env is None else env)
         self.procs: list[subprocess.Popen] = []
         self.failed_rank: int | None = None
+        self.failed_ranks: list[int] = []
         self.timed_out = False
         self._write_lock = threading.Lock()
 
@@ -185,6 +186,8 @@ class LocalRanks:
                 if rc is None:
                     running = True
                 elif rc != 0:
+                    # Every rank that had failed on its own by now (a peer's death fails the others soon after).
+                    self.failed_ranks = [r for r, q in enumerate(self.procs) if q.poll() not in (None, 0)]
                     self.failed_rank = rank
                     return 128 - rc if rc < 0 else rc
             if not running:
@@ -291,17 +294,31 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args, timeout_s: float =
             raise RankFailure(f"ranks: expected {world_size} results within {timeout_s:.0f}s, "
                               f"found {len(done)} (ranks {done})")
         if code != 0:
-            rank = ranks.failed_rank
+            rank = _first_failure(job_dir, ranks.failed_ranks)
+            code = ranks.procs[rank].returncode
             path = error_file(job_dir, rank)
             if os.path.exists(path):
                 with open(path) as f:
-                    raise RankFailure(f"rank {rank} failed:\n{f.read()}")
-            raise RankFailure(f"rank {rank} died with exit code {code}")
+                    raise RankFailure(f"rank {rank} failed:\n{f.read().split(chr(10), 1)[1]}")
+            raise RankFailure(f"rank {rank} died with exit code {128 - code if code < 0 else code}")
         values = []
         for rank in range(world_size):
             with open(result_file(job_dir, rank), "rb") as f:
                 values.append(torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True))
     return values
+
+
+def _first_failure(job_dir: str, failed: list[int]) -> int:
+    """The rank whose failure came first among ``failed``: one that died without a traceback (killed, or
+    exited hard: its peers' errors follow from it), else the earliest traceback's (each starts with its time)."""
+    times = {}
+    for rank in failed:
+        try:
+            with open(error_file(job_dir, rank)) as f:
+                times[rank] = float(f.readline())
+        except (OSError, ValueError):
+            return rank
+    return min(times, key=lambda r: (times[r], r))
 
 
 def run_ranks_with_rank(fn: Callable[..., Any], world_size: int, *args, timeout_s: float = 120.0,
