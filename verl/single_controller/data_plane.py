@@ -373,18 +373,22 @@ class ShardedBatch:
         all-reduce per op of a few numbers, whatever the batch size."""
         positions, rows = self.local_rows(anchor, inputs)
         part = {k: float(v) for k, v in fn(rows).items()} if len(positions) else {}
-        identity = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
-        out = {}
-        for op, reduce_op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN)):
-            names = [n for n, o in ops.items() if o == op]
-            if not names:
-                continue
-            values = torch.tensor([part.get(n, identity[op]) for n in names], dtype=torch.float64)
-            if not self.holder(anchor).replicated and dist.is_initialized() and dist.get_world_size() > 1:
-                start = time.perf_counter()
-                dist.all_reduce(values, op=reduce_op, group=object_group())
-                STATS.seconds += time.perf_counter() - start
-            out.update(zip(names, values.tolist(), strict=True))
+        sums = [n for n, o in ops.items() if o == "sum"]
+        extremes = [n for n, o in ops.items() if o in ("max", "min")]
+        # max and min in one MAX all-reduce (min x = -max -x); ranks without rows add identities
+        signs = {n: 1.0 if ops[n] == "max" else -1.0 for n in extremes}
+        totals = torch.tensor([part.get(n, 0.0) for n in sums], dtype=torch.float64)
+        peaks = torch.tensor([signs[n] * part.get(n, signs[n] * float("-inf")) for n in extremes],
+                             dtype=torch.float64)
+        if not self.holder(anchor).replicated and dist.is_initialized() and dist.get_world_size() > 1:
+            start = time.perf_counter()
+            if sums:
+                dist.all_reduce(totals, group=object_group())
+            if extremes:
+                dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=object_group())
+            STATS.seconds += time.perf_counter() - start
+        out = dict(zip(sums, totals.tolist(), strict=True))
+        out.update({n: signs[n] * v for n, v in zip(extremes, peaks.tolist(), strict=True)})
         return out
 
 
@@ -539,16 +543,16 @@ def reduce_output_metrics(metrics: Any, names: Sequence[str], holders: Sequence[
     held = rank in holders
     sums = torch.tensor([[sum(entries.get(n, [])), len(entries.get(n, []))] for n in names] if held else
                         [[0.0, 0.0] for _ in names], dtype=torch.float64)
-    highs = torch.tensor([max(entries.get(n, [float("-inf")])) if held else float("-inf") for n in names],
+    # max and -min in one MAX all-reduce
+    peaks = torch.tensor([max(entries.get(n, [float("-inf")])) if held else float("-inf") for n in names] +
+                         [-min(entries.get(n, [float("inf")])) if held else float("-inf") for n in names],
                          dtype=torch.float64)
-    lows = torch.tensor([min(entries.get(n, [float("inf")])) if held else float("inf") for n in names],
-                        dtype=torch.float64)
     if world > 1:
         start = time.perf_counter()
         dist.all_reduce(sums, group=object_group())
-        dist.all_reduce(highs, op=dist.ReduceOp.MAX, group=object_group())
-        dist.all_reduce(lows, op=dist.ReduceOp.MIN, group=object_group())
+        dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=object_group())
         STATS.seconds += time.perf_counter() - start
+    highs, lows = peaks[:len(names)], -peaks[len(names):]
     out = {}
     for i, name in enumerate(names):
         value = highs[i] if "max" in name else lows[i] if "min" in name else sums[i, 0] / sums[i, 1]
