@@ -99,7 +99,7 @@ def run_path(args: argparse.Namespace, nproc: int, data_plane: bool, data_dir: s
 
 
 def main(argv: list[str] | None = None) -> int:
-    from verl.utils.dataset.arithmetic import build_char_tokenizer, generate_problems, make_row, write_parquet
+    from verl.bench.train import write_bench_data
 
     args = build_parser().parse_args(argv)
     counts = _counts(args.nproc)
@@ -115,13 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = os.path.abspath(args.workdir or tmp)
         data_dir = os.path.join(workdir, "data")
         most_prompts = max(args.rows_per_rank * n // args.n for n in counts)
-        train, test = generate_problems(max(2 * most_prompts, 256), 16, seed=0)
-        os.makedirs(data_dir, exist_ok=True)
-        rows = [make_row(p, "train", i) for i, p in enumerate(train)]
-        write_parquet(rows, os.path.join(data_dir, "train.parquet"))
-        write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(data_dir, "test.parquet"))
-        build_char_tokenizer(os.path.join(data_dir, "tokenizer"))
-        prompt_length = max(len(row["prompt"][0]["content"]) for row in rows)
+        prompt_length = write_bench_data(data_dir, max(2 * most_prompts, 256))
         for nproc in counts:
             for data_plane in paths:
                 record = run_path(args, nproc, data_plane, data_dir, workdir, prompt_length)

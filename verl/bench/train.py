@@ -163,8 +163,21 @@ def summarize(records: list[dict], warmup: int) -> dict:
             "final_score": steps[-1].get("critic/score/mean")}
 
 
-def main(argv: list[str] | None = None) -> int:
+def write_bench_data(data_dir: str, train_prompts: int) -> int:
+    """The arithmetic task (``train_prompts`` training and 16 test problems) and its character tokenizer in
+    ``data_dir``; returns the longest prompt in tokens (one token per character)."""
     from verl.utils.dataset.arithmetic import build_char_tokenizer, generate_problems, make_row, write_parquet
+
+    train, test = generate_problems(train_prompts, 16, seed=0)
+    os.makedirs(data_dir, exist_ok=True)
+    train_rows = [make_row(p, "train", i) for i, p in enumerate(train)]
+    write_parquet(train_rows, os.path.join(data_dir, "train.parquet"))
+    write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(data_dir, "test.parquet"))
+    build_char_tokenizer(os.path.join(data_dir, "tokenizer"))
+    return max(len(row["prompt"][0]["content"]) for row in train_rows)
+
+
+def main(argv: list[str] | None = None) -> int:
     from verl.utils.tracking import read_metrics
 
     args = build_parser().parse_args(argv)
@@ -178,14 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="verl_bench_train_") as tmp:
         workdir = os.path.abspath(args.workdir or tmp)
         data_dir, output_dir = os.path.join(workdir, "data"), os.path.join(workdir, "out")
-        train, test = generate_problems(max(4 * args.prompts, 256), 16, seed=0)
-        os.makedirs(data_dir, exist_ok=True)
-        train_rows = [make_row(p, "train", i) for i, p in enumerate(train)]
-        write_parquet(train_rows, os.path.join(data_dir, "train.parquet"))
-        write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(data_dir, "test.parquet"))
-        build_char_tokenizer(os.path.join(data_dir, "tokenizer"))
-        # The character tokenizer makes one token per character of the prompt text.
-        prompt_length = max(len(row["prompt"][0]["content"]) for row in train_rows)
+        prompt_length = write_bench_data(data_dir, max(4 * args.prompts, 256))
         ours = _run_watched(train_command(args, data_dir, output_dir, prompt_length),
                             os.path.join(workdir, "train.log"), log_kept=bool(args.workdir))
         if isinstance(ours, int):
