@@ -9,6 +9,8 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
+from helpers.train_runs import assert_same_run_on_both_paths, read_metrics  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -51,3 +53,8 @@ def test_bench_dispatch_reports_both_paths_with_the_data_planes_bytes_within_its
     assert legacy["object_collective_bytes"] == legacy["bytes_received_per_rank"] > 0
     assert ours["object_collective_bytes"] < ours["bytes_received_per_rank"]
     assert "legacy_over_data_plane" in proc.stdout
+    # The two runs are GRPO with actor TP 2 and rollout TP 1 (rows move between the replicas): the same
+    # training on both paths (see helpers.train_runs.assert_same_run_on_both_paths).
+    sharded, legacy_run = (read_metrics(tmp_path / "work" / f"{path}_n2") for path in ("data_plane", "legacy"))
+    assert sorted(sharded) == [1, 2]
+    assert_same_run_on_both_paths(legacy_run, sharded)

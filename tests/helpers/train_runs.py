@@ -123,3 +123,49 @@ def save_arith_reward_model(path, zero_head=False):
         with torch.no_grad():
             model.score.weight.zero_()
     model.save_pretrained(path)
+
+
+# ---------------------------------------------------------------------------- the data plane vs the legacy path
+EPS32 = 2.0**-24  # float32's unit roundoff
+# Keys the controller reduces over a batch's tokens: the legacy path in float32 over the whole tensor, the data
+# plane in float64 from per-row sums. Their difference is bounded by the float32 reduction's error,
+# tokens * EPS32 * (largest magnitude summed); the largest magnitude comes from the metric's own max/min keys
+# (or the value itself where there are none).
+REDUCED = {"actor/entropy": None, "critic/advantages/mean": "critic/advantages",
+           "critic/returns/mean": "critic/returns", "critic/values/mean": "critic/values",
+           "critic/rewards/mean": "critic/rewards", "critic/score/mean": "critic/score",
+           "training/rollout_probs_diff_mean": "training/rollout_probs_diff",
+           "training/rollout_probs_diff_std": "training/rollout_probs_diff",
+           "critic/vf_explained_var": None, "actor/reward_kl_penalty": None}
+DATA_PLANE_KEYS = ("perf/data_plane_received_mb", "perf/data_plane_object_mb", "perf/data_plane_shard_mb",
+                   "perf/data_plane_seconds", "perf/data_plane_peak_rss_mb")
+
+
+def _data_plane_bound(record, key):
+    tokens = record["perf/total_num_tokens"]
+    prefix = REDUCED[key]
+    scale = max(abs(record[f"{prefix}/max"]), abs(record[f"{prefix}/min"])) if prefix and \
+        f"{prefix}/max" in record else abs(record[key])
+    if key == "critic/vf_explained_var":  # 1 - a ratio of two variances, each with the reduction's error
+        scale = 2 * max(1.0, abs(1.0 - record[key]))
+    return 4 * tokens * EPS32 * scale
+
+
+def assert_same_run_on_both_paths(legacy, sharded):
+    """Two runs' metrics per step, the legacy path's and the data plane's: equal, but for the data plane's own
+    figures, and the token reductions (within their summation-order bound)."""
+    assert sorted(legacy) == sorted(sharded)
+    for step in legacy:
+        a, b = legacy[step], sharded[step]
+        # The data plane's own figures (the legacy path logs them too under VERL_DATA_PLANE_STATS=1).
+        assert (set(b) ^ set(a)) <= set(DATA_PLANE_KEYS), (step, set(b) ^ set(a))
+        if step:
+            assert b["perf/data_plane_object_mb"] > 0
+        for key in a:
+            if key.startswith(NONDETERMINISTIC_PREFIXES) or key in DATA_PLANE_KEYS:
+                continue
+            if key in REDUCED:
+                bound = _data_plane_bound(a, key)
+                assert abs(a[key] - b[key]) <= bound, (step, key, a[key], b[key], bound)
+            else:
+                assert a[key] == b[key], (step, key, a[key], b[key])
