@@ -35,6 +35,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=0, help="number of resumable steps (default 0)")
     p.add_argument("--step-seconds", type=float, default=0.1, help="sleep per step (default 0.1)")
     p.add_argument("--checkpoint-dir", default=None, help="where the step counter is saved")
+    p.add_argument("--megatron", metavar="TP,PP", default=None,
+                   help="also build Megatron's parallel groups and report the hosts each of this rank's groups spans")
     args = p.parse_args(argv)
     if args.steps < 0:
         p.error(f"--steps: expected >= 0, found {args.steps}")
@@ -103,6 +105,27 @@ def shm_use(rank: int, world: int) -> dict:
             "shm_node": shm_collectives.uses_shared_memory(node_group)}
 
 
+def megatron_layout(spec: str) -> dict:
+    """Megatron's groups for TP,PP over this job: the hosts this rank's TP, PP and DP groups span (its order puts
+    consecutive ranks, one node's, in a TP group; PP and DP groups stride across nodes)."""
+    import socket
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
+
+    tp, pp = (int(x) for x in spec.split(","))
+    initialize_megatron(tp, pp)
+    hosts = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    spans = {name: sorted({hosts[r] for r in dist.get_process_group_ranks(group)}) for name, group in (
+        ("tp", mpu.get_tensor_model_parallel_group()), ("pp", mpu.get_pipeline_model_parallel_group()),
+        ("dp", mpu.get_data_parallel_group()))}
+    destroy_megatron()
+    return {f"{name}_hosts": value for name, value in spans.items()}
+
+
 def run_steps(args, rank: int, world: int) -> None:
     import torch
     import torch.distributed as dist
@@ -151,7 +174,8 @@ def main(argv=None) -> int:
         emit(event="hello", rank=env.rank, world_size=env.world_size, local_rank=env.local_rank,
              local_world_size=env.local_world_size, source=env.source, backend=dist.get_backend(),
              master_addr=env.master_addr, sum=total, host=socket.gethostname(),
-             **(shm_use(env.rank, env.world_size) if dist.get_backend() == "gloo" else {}))
+             **(shm_use(env.rank, env.world_size) if dist.get_backend() == "gloo" else {}),
+             **(megatron_layout(args.megatron) if args.megatron else {}))
         if args.die_rank is not None:
             if env.rank == args.die_rank:
                 time.sleep(args.die_after)
