@@ -96,17 +96,23 @@ if ! pid_alive "$STATE_DIR/slurmctld.pid"; then
   nsenter --net="/run/netns/$CTL_HOST" unshare --uts \
     bash -c 'hostname "$1" && exec slurmctld -c -f "$2"' ctl "$CTL_HOST" "$CONF"
 fi
-private_tmp=1
-case $REPO_ROOT/ in /tmp/*) private_tmp=0 ;; esac  # the checkout must stay visible to the jobs
+checkout_in_tmp=""
+case $REPO_ROOT/ in /tmp/*) checkout_in_tmp=$REPO_ROOT ;; esac  # bound back into the node's own /tmp
 for name in "${NODE_NAMES[@]}"; do
   pid_alive "$STATE_DIR/slurmd.$name.pid" && continue
   say "starting slurmd on $name"
   # shellcheck disable=SC2016
-  # Own hostname and /dev/shm (and /tmp): mounts made in a private mount namespace vanish with it.
+  # Own hostname, /dev/shm and /tmp: mounts made in a private mount namespace vanish with it. A checkout
+  # under /tmp stays visible to the jobs: bound aside, the node's /tmp mounted, then bound back (Open MPI's
+  # PMIx keeps per-job sockets in /tmp: two nodes sharing it fail to launch a step across them).
   nsenter --net="/run/netns/$name" unshare --uts --mount --propagation private bash -c '
     hostname "$1" && mount -t tmpfs -o size=4g,mode=1777 tmpfs /dev/shm &&
-    if [[ $3 == 1 ]]; then mount -t tmpfs -o mode=1777 tmpfs /tmp; fi && exec slurmd -N "$1" -f "$2"' \
-    node "$name" "$CONF" "$private_tmp"
+    keep=/dev/shm/.verl-checkout &&
+    if [[ -n $3 ]]; then mkdir -p "$keep" && mount --bind "$3" "$keep"; fi &&
+    mount -t tmpfs -o mode=1777 tmpfs /tmp &&
+    if [[ -n $3 ]]; then mkdir -p "$3" && mount --bind "$keep" "$3" && umount "$keep" && rmdir "$keep"; fi &&
+    exec slurmd -N "$1" -f "$2"' \
+    node "$name" "$CONF" "$checkout_in_tmp"
 done
 
 deadline=$((SECONDS + TIMEOUT))

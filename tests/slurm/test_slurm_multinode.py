@@ -275,11 +275,7 @@ def test_nodes_are_separate_hosts_and_daemons_bind_their_own_address(cluster):
     (host0, addr0, shm0, tmp0), probes0 = seen[0]
     (host1, addr1, shm1, tmp1), probes1 = seen[1]
     assert {host0: addr0, host1: addr1} == {n: f"{a}/24" for n, a in NODES.items()}, proc.stdout
-    assert shm0 != shm1  # each node has its own /dev/shm
-    # ... and its own /tmp, unless the checkout lives under /tmp: then the nodes share it to see the checkout
-    # (slurm/local/multinode.sh), as a cluster's nodes share their parallel file system.
-    under_tmp = (REPO + "/").startswith("/tmp/")
-    assert (tmp0 == tmp1) if under_tmp else (tmp0 != tmp1), (tmp0, tmp1, REPO)
+    assert shm0 != shm1 and tmp0 != tmp1  # each node has its own /dev/shm and /tmp (a checkout under /tmp bound in)
     # Each task's file is in its own node's /dev/shm only.
     assert "verl-probe-0" in probes0 and "verl-probe-1" not in probes0, proc.stdout
     assert "verl-probe-1" in probes1 and "verl-probe-0" not in probes1, proc.stdout
