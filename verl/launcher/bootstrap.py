@@ -41,14 +41,17 @@ _MPI_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK")
 
 
 def init_distributed(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                     seed: int = 1234, environ=None) -> DistEnv:
+                     seed: int = 1234, environ=None, pools=None) -> DistEnv:
     """Initialise torch.distributed for this process and return where it sits.
 
     backend: "nccl" | "gloo" | None (``verl.utils.device.dist_backend``: nccl when every local rank has
         a GPU of its own, else gloo — e.g. two ranks sharing one GPU, where NCCL refuses the duplicate GPU).
     timeout_s: collective and rendezvous timeout; a dead or stuck rank raises after at most this.
     seed: every rank seeds python/numpy/torch with ``seed + rank``.
-    The returned `DistEnv` has ``source == "mpi"`` when the address came from the mpi4py broadcast.
+    pools: a :class:`verl.launcher.pools.PoolSplit`: the default process group is this rank's pool only
+        (training or rollout), and a bridge group over every job rank joins them (``pools.current_bridge()``).
+    The returned `DistEnv` (job rank and size) has ``source == "mpi"`` when the address came from the mpi4py
+    broadcast.
     """
     import torch
     import torch.distributed as dist
@@ -83,7 +86,9 @@ def init_distributed(backend: str | None = None, timeout_s: float = DEFAULT_TIME
 
     timeout = datetime.timedelta(seconds=timeout_s)
     store = _make_store(env, timeout, listen_sock)
-    if store is None:  # torchrun's agent already runs the store: join it through env://
+    if pools is not None:
+        _init_pools(pools, env, backend, timeout, store)
+    elif store is None:  # torchrun's agent already runs the store: join it through env://
         dist.init_process_group(backend, init_method="env://", rank=env.rank,
                                 world_size=env.world_size, timeout=timeout)
     else:
@@ -95,6 +100,24 @@ def init_distributed(backend: str | None = None, timeout_s: float = DEFAULT_TIME
     torch.set_num_threads(intra_op_threads(env.local_world_size))
     _seed_everything(seed + env.rank)
     return env
+
+
+def _init_pools(pools, env: DistEnv, backend: str, timeout: datetime.timedelta, store) -> None:
+    """This rank's pool as the default process group, and the bridge over every job rank (one store)."""
+    import torch.distributed as dist
+
+    from verl.launcher.pools import drop_bridge, make_bridge
+
+    if env.world_size != pools.world_size:
+        raise LaunchError(f"{env.source}: expected {pools.world_size} ranks ({pools.n_training} training + "
+                          f"{pools.n_rollout} rollout), found {env.world_size}")
+    if store is None:  # torchrun's agent store: join it as a client
+        store = dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timeout)
+    name, pool_rank, pool_size = pools.pool_of(env.rank)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"verl_pool_{name}", store), rank=pool_rank,
+                            world_size=pool_size, timeout=timeout)
+    make_bridge(store, env.rank, env.world_size, backend, timeout, pools)
+    on_teardown(drop_bridge)
 
 
 def _groups_time_out_like_the_job(timeout: datetime.timedelta) -> None:

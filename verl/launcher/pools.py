@@ -1,0 +1,115 @@
+"""Two resource pools in one job: the training pool and a standalone rollout pool, joined by a bridge group.
+
+verl's keys place them: ``trainer.nnodes x trainer.n_gpus_per_node`` training ranks, then
+``actor_rollout_ref.rollout.nnodes x rollout.n_gpus_per_node`` rollout ranks (``rollout.nnodes = 0``: the
+rollout is colocated, no pools). The launcher starts all of them as one job (job ranks ``[0, N_t)`` train,
+``[N_t, N_t + N_r)`` generate). Each pool is its own torch.distributed world (its default process group:
+Megatron's, FSDP's and the rollout engine's groups live inside one pool and never see the other), and
+the :class:`Bridge` spans both: a process group over every job rank, built from the same rendezvous
+store under its own prefix, which carries the cross-pool weight transfer and the controller's commands
+to the rollout pool (:mod:`verl.workers.rollout_pool`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import pickle
+from typing import Any
+
+import torch
+
+from verl.errors import InputError
+
+OBJECT_TAG = 1  # the controller's commands and the rollout pool's replies; weight buckets use their own tags
+POOL_TRAINING, POOL_ROLLOUT = "training", "rollout"
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSplit:
+    """How many job ranks each pool has (training first)."""
+
+    n_training: int
+    n_rollout: int
+
+    @property
+    def world_size(self) -> int:
+        return self.n_training + self.n_rollout
+
+    def pool_of(self, job_rank: int) -> tuple[str, int, int]:
+        """(pool name, rank inside the pool, pool size) of a job rank."""
+        if job_rank < self.n_training:
+            return POOL_TRAINING, job_rank, self.n_training
+        return POOL_ROLLOUT, job_rank - self.n_training, self.n_rollout
+
+
+def split_from_config(config: Any) -> PoolSplit | None:
+    """The pools verl's keys ask for, or None for a colocated rollout. Sizes are checked by the config
+    loader (:func:`verl.trainer.config.ppo`) before any rank starts."""
+    rollout = config.actor_rollout_ref.rollout
+    if not int(rollout.get("nnodes", 0) or 0):
+        return None
+    trainer = config.trainer
+    return PoolSplit(int(trainer.nnodes) * int(trainer.n_gpus_per_node),
+                     int(rollout.nnodes) * int(rollout.n_gpus_per_node))
+
+
+class Bridge:
+    """Point-to-point over a process group spanning both pools (bridge rank = job rank)."""
+
+    def __init__(self, group: Any, rank: int, size: int, split: PoolSplit | None = None):
+        self.group, self.rank, self.size, self.split = group, rank, size, split
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int):
+        return self.group.send([tensor], dst, tag)
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int):
+        return self.group.recv([tensor], src, tag)
+
+    def send_object(self, obj: Any, dst: int) -> None:
+        data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+        self.isend(torch.tensor([data.numel()], dtype=torch.int64), dst, OBJECT_TAG).wait()
+        if data.numel():
+            self.isend(data, dst, OBJECT_TAG).wait()
+
+    def recv_object(self, src: int) -> Any:
+        size = torch.empty(1, dtype=torch.int64)
+        self.irecv(size, src, OBJECT_TAG).wait()
+        data = torch.empty(int(size), dtype=torch.uint8)
+        if data.numel():
+            self.irecv(data, src, OBJECT_TAG).wait()
+        return pickle.loads(data.numpy().tobytes())  # noqa: S301 - peers of this job only (bridge ranks)
+
+
+_BRIDGE: Bridge | None = None
+
+
+def current_bridge() -> Bridge:
+    if _BRIDGE is None:
+        raise RuntimeError("bridge: expected the job to run with a standalone rollout pool "
+                           "(init_distributed(pools=...)), found none")
+    return _BRIDGE
+
+
+def make_bridge(store: Any, rank: int, size: int, backend: str, timeout: datetime.timedelta,
+                split: PoolSplit | None = None) -> Bridge:
+    """The bridge group over every job rank, on ``store`` under its own prefix (every rank calls it)."""
+    global _BRIDGE
+    import torch.distributed as dist
+
+    prefixed = dist.PrefixStore("verl_bridge", store)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        group = dist.ProcessGroupNCCL(prefixed, rank, size, options)
+    elif backend == "gloo":
+        group = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+    else:
+        raise InputError(f"bridge backend: expected 'gloo' or 'nccl', found {backend!r}")
+    _BRIDGE = Bridge(group, rank, size, split)
+    return _BRIDGE
+
+
+def drop_bridge() -> None:
+    global _BRIDGE
+    _BRIDGE = None
