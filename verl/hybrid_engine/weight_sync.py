@@ -7,8 +7,8 @@ and then the payload:
 * delta (``delta=True``, chosen per span only when smaller): the elements whose bits changed since the
   last sync, as runs ``(start, length)`` (int32 pairs: 8 bytes a run) and their values. The sender
   keeps the last sync's packed spans (one copy of what it sends, in the rollout dtype); the receiver
-  refills the span from its live weights (the inverse of the unpack program) and overwrites the runs. The first sync, and the first after
-  a restart, is dense: there is nothing to compare with.
+  refills the span from its live weights (the inverse of the unpack program) and overwrites the runs.
+  The first sync, and the first after a restart, is dense: there is nothing to compare with.
 
 The checksum (:func:`checksum`, a position-weighted sum of the span's words modulo 2^64) is over the dense
 content the receiver must end up with, so with ``verify=True`` it checks the transport and the delta
