@@ -2,6 +2,8 @@
 
     verl bench reshard --model CONFIG.json --train tp=T,pp=P,dp=D --rollout tp=G --nproc N --json PATH
     verl bench reshard --model CONFIG.json --train fsdp=S[,replicate=R] --rollout tp=G --nproc S*R
+    verl bench reshard ... --rollout tp=G --rollout-replicas R --placement separate --nproc N_train+G*R
+        (a standalone rollout pool: verl.bench.weight_sync)
 
 Spawns N local gloo ranks. Every rank builds the same seeded full HF weight set, takes its Megatron
 training shard from it (the HF -> Megatron converter), reshards into the SGLang rollout layout with
@@ -415,6 +417,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time the trainer's weight sync into SGLang engines (reshard + per-rank push); needs "
                         "SGLang importable (.venv-sglang/bin/verl)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before every rank is killed")
+    p.add_argument("--placement", choices=["colocated", "separate"], default="colocated",
+                   help="separate: the rollout on ranks of its own after the training ranks (--nproc counts both "
+                        "pools); see verl.bench.weight_sync")
+    p.add_argument("--rollout-replicas", type=int, default=1, help="separate: rollout replicas (rollout TP groups)")
+    p.add_argument("--delta-after-steps", type=int, default=0,
+                   help="separate: after the dense sync, K Adam steps then a sparse-delta sync (delta_fraction)")
+    p.add_argument("--lr", type=float, default=1e-6, help="separate: the Adam steps' learning rate (verl's default)")
     return p
 
 
@@ -439,6 +448,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.train_dtype not in (None, args.dtype):
                 raise InputError(f"--train-dtype: expected it only with --train fsdp=..., found {args.train_dtype} "
                                  "with a Megatron layout (its bench trains in --dtype)")
+        if args.placement == "separate":
+            return _separate(args, config, train, training, rollout_tp)
+        if args.rollout_replicas != 1 or args.delta_after_steps:
+            raise InputError("--rollout-replicas/--delta-after-steps: expected them only with --placement separate")
         if args.nproc != training.world_size:
             sizes = "fsdp*replicate" if fsdp else "tp*pp*dp"
             raise InputError(f"--nproc: expected {sizes} = {training.world_size}, found {args.nproc}")
@@ -530,6 +543,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=1)
     return 0 if result["verified"] else 1
+
+
+def _separate(args, config: ModelConfig, train: dict, training, rollout_tp: int) -> int:
+    """``--placement separate``: the cross-pool sync (verl.bench.weight_sync), checked and reported."""
+    from verl.bench.weight_sync import report, separate_rank
+    from verl.hybrid_engine.cross_pool import PoolPlacement, plan_cross_pool
+
+    if args.push or args.train_dtype not in (None, args.dtype):
+        raise InputError("--push/--train-dtype: expected them only with --placement colocated")
+    if args.rollout_replicas < 1 or args.delta_after_steps < 0 or args.lr <= 0:
+        raise InputError(f"--rollout-replicas/--delta-after-steps/--lr: expected >= 1 / >= 0 / > 0, found "
+                         f"{args.rollout_replicas}/{args.delta_after_steps}/{args.lr}")
+    placement = PoolPlacement(training, rollout_tp, args.rollout_replicas)
+    if args.nproc != placement.world_size:
+        raise InputError(f"--nproc: expected the training ranks + rollout tp x replicas = {placement.n_training} + "
+                         f"{rollout_tp} x {args.rollout_replicas} = {placement.world_size}, found {args.nproc}")
+    if args.bucket_bytes <= 0 or args.repeats <= 0:
+        raise InputError(f"--bucket-bytes/--repeats: expected positive integers, found {args.bucket_bytes}/"
+                         f"{args.repeats}")
+    plan_cross_pool(config, placement, 0, args.bucket_bytes, args.dtype)  # a layout the model cannot take: exit 2
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    ranks = spawn_gloo_ranks(separate_rank, args.nproc,
+                             (dataclasses.asdict(config), train, rollout_tp, args.rollout_replicas, args.dtype,
+                              args.bucket_bytes, args.seed, args.repeats, not args.no_naive, args.delta_after_steps,
+                              args.lr), args.timeout)
+    result = report(ranks, placement, args, config)
+    result["model"] = os.path.abspath(args.model)
+    print(ranks[0]["summary"])
+    print(ranks[placement.n_training]["summary"])
+    print(f"bytes formula: {result['bytes_formula']['text']}")
+    print(json.dumps(result, indent=1))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=1)
+    ok = result["verified"] and result.get("delta_verified", True) and result.get("naive_verified", True)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -208,6 +208,7 @@ def separate_rank(rank: int, nproc: int, cfg: dict, train: dict, rollout_tp: int
         else:
             fresh, _ = training_shard(config, placement.training, rank, hf, dtype)
             _refill(source, fresh)
+        dist.barrier()  # every rank has its new weights (or reference): time the sync alone
         start = time.perf_counter()
         stats = sync(dense=False)
         result.update(delta_seconds=time.perf_counter() - start, delta_bytes=stats.bytes,

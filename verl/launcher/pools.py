@@ -72,9 +72,14 @@ class Bridge:
         if data.numel():
             self.isend(data, dst, OBJECT_TAG).wait()
 
-    def recv_object(self, src: int) -> Any:
+    def recv_object(self, src: int, timeout: datetime.timedelta | None = None) -> Any:
+        """The next object ``src`` sends; ``timeout`` (default: the group's) bounds the wait for it to start."""
         size = torch.empty(1, dtype=torch.int64)
-        self.irecv(size, src, OBJECT_TAG).wait()
+        work = self.irecv(size, src, OBJECT_TAG)
+        if timeout is None:
+            work.wait()
+        else:
+            work.wait(timeout)
         data = torch.empty(int(size), dtype=torch.uint8)
         if data.numel():
             self.irecv(data, src, OBJECT_TAG).wait()

@@ -16,7 +16,7 @@ The config is loaded and validated first; a bad one prints one line and exits 2 
 starts. Then:
 - under Slurm / torchrun / mpirun (the launcher set the rank variables) this process is one rank;
 - otherwise, for ``trainer.nnodes * trainer.n_gpus_per_node`` = 1 everything runs in this process;
-- otherwise this process spawns that many local ranks (``verl.launcher.spawn.spawn_local``) running
+- otherwise this process spawns that many local ranks (``verl.launcher.spawn.LocalRanks``) running
   ``python -m verl.trainer.main_ppo`` with the same arguments, and returns their exit code.
 
 ``--dry-run`` runs one step (generation, rewards, log-probs, values, advantages, metrics) without
@@ -113,15 +113,22 @@ def run_rank(config, dry_run: bool) -> int:
 
 def _run_rank(config, dry_run: bool) -> int:
     from verl.launcher.bootstrap import destroy_distributed, init_distributed
+    from verl.launcher.pools import POOL_ROLLOUT, split_from_config
 
+    split = split_from_config(config)  # None: the rollout is colocated on the training ranks
     # verl's key for the process groups' timeout: a collective stuck on a lost peer raises after it.
-    init_distributed(seed=config.trainer.seed, timeout_s=float(config.actor_rollout_ref.nccl_timeout))
+    env = init_distributed(seed=config.trainer.seed, timeout_s=float(config.actor_rollout_ref.nccl_timeout),
+                           pools=split)
     try:
         from transformers import AutoTokenizer
 
         from verl.trainer.ppo.trainer import PPOTrainer
 
         tokenizer = AutoTokenizer.from_pretrained(config.data.tokenizer)
+        if split is not None and split.pool_of(env.rank)[0] == POOL_ROLLOUT:
+            from verl.workers.rollout_pool import serve_rollout_pool
+
+            return serve_rollout_pool(config, tokenizer)
         trainer = PPOTrainer(config, tokenizer, dry_run=dry_run)
         try:
             code = trainer.fit()
@@ -185,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout, sys.stderr = _Tee(sys.stdout, log), _Tee(sys.stderr, log)
 
     from verl.launcher.env import LaunchError, discover
-    from verl.trainer.config import ConfigError, load_config, world_size
+    from verl.trainer.config import ConfigError, job_size, load_config
     from verl.trainer.config.loader import config_dir_from_cli
 
     try:
@@ -206,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(OmegaConf.to_yaml(config), end="")
         return 0
+    from omegaconf import OmegaConf
+
     from verl.errors import InputError
     from verl.trainer.config.sections import PPOSections
     from verl.trainer.preflight import preflight
@@ -215,24 +224,33 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:  # PreflightError, DatasetError, CheckpointError, ModelConfigError, ...
         print(f"verl train: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    world = world_size(config)
+    world = job_size(config)  # the training ranks, then a standalone rollout pool's (rollout.nnodes > 0)
     if launched or world == 1:
         return run_rank(config, args.dry_run)
-    if config.trainer.nnodes > 1:
-        print(f"verl train: config error: trainer.nnodes={config.trainer.nnodes}: expected 1 outside a launcher "
-              f"(multi-node runs start under srun/mpirun, see slurm/)", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
+    for key in ("trainer", "actor_rollout_ref.rollout"):
+        nnodes = OmegaConf.select(config, f"{key}.nnodes")
+        if nnodes > 1:
+            print(f"verl train: config error: {key}.nnodes={nnodes}: expected 1 outside a launcher (multi-node runs "
+                  f"start under srun/mpirun, see slurm/)", file=sys.stderr)
+            return EXIT_CONFIG_ERROR
     import os
+    import signal
     import tempfile
 
-    from verl.launcher.spawn import spawn_local, without_option
+    from verl.launcher.spawn import LocalRanks, without_option
 
     with tempfile.TemporaryDirectory(prefix="verl_rank_errors_") as error_dir:
         # The ranks' output reaches this process's console (and its --log_dir copy): they write no log of their own.
         rank_argv = without_option(argv, "--log_dir", "--log-dir")
-        code = spawn_local(world, [sys.executable, "-m", "verl.trainer.main_ppo", *rank_argv],
+        ranks = LocalRanks(world, [sys.executable, "-m", "verl.trainer.main_ppo", *rank_argv],
                            env={**os.environ, RANK_ERROR_DIR_ENV: error_dir})
-        line = _first_rank_error(error_dir) if code != 0 else None
+        code = ranks.wait()
+        line = None
+        died = ranks.procs[ranks.failed_rank].returncode if ranks.failed_rank is not None else 0
+        if died < 0:  # killed by a signal: it left no line of its own
+            line = f"rank {ranks.failed_rank}: killed by {signal.Signals(-died).name} (exit {code})"
+        elif code != 0:
+            line = _first_rank_error(error_dir)
     if line:
         print(f"verl train: {line}", file=sys.stderr)
     return code

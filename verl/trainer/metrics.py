@@ -84,6 +84,33 @@ def compute_rollout_probs_diff_metrics(batch: DataProto) -> dict[str, float]:
             "training/rollout_probs_diff_std": diff.std(correction=0).item()}
 
 
+class RolloutMismatchError(RuntimeError):
+    """The rollout generated with other weights than the actor's (a broken weight sync): an internal error."""
+
+
+def rollout_probs_diff_bound(dtype: str) -> float:
+    """The largest ``training/rollout_probs_diff_max`` a healthy first step shows for a rollout in ``dtype``:
+    2^12 machine epsilons (the rollout's rounding of weights and activations through every layer moves a token's
+    probability by a few hundred eps on the models measured), capped at 0.9. float32: 4.9e-4; bfloat16 and
+    float16: 0.9, which still catches a rollout with wrong weights, whose worst token the actor all but rules out
+    (a difference near 1)."""
+    import torch
+
+    from verl.utils.torch_dtypes import torch_dtype
+
+    return min(0.9, 4096 * torch.finfo(torch_dtype(dtype)).eps)
+
+
+def check_rollout_probs_diff(metrics: dict[str, float], dtype: str) -> None:
+    """Raise :class:`RolloutMismatchError` when the step's rollout/actor probability gap exceeds the bound."""
+    worst = metrics.get("training/rollout_probs_diff_max")
+    bound = rollout_probs_diff_bound(dtype)
+    if worst is not None and worst > bound:
+        raise RolloutMismatchError(
+            f"training/rollout_probs_diff_max={worst:.4g} at the first step: expected at most {bound:.4g} for a "
+            f"{dtype} rollout; the rollout's weights are not the actor's (weight sync or layout broken)")
+
+
 def compute_timing_metrics(batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
     """timing_s/<phase> and, for the phases that touch every token, milliseconds per token."""
     response_tokens = int(batch.batch["response_mask"].sum())

@@ -1,4 +1,5 @@
-"""Actor, rollout and reference policy colocated on every rank, joined by the 3D-HybridEngine.
+"""Actor, rollout and reference policy colocated on every rank, joined by the 3D-HybridEngine (or, with
+``rollout.nnodes > 0``, actor and reference here and the rollout in a standalone pool: :mod:`rollout_pool`).
 
 The actor trains in Megatron's (p, t, d) layout; the rollout engine generates in the SGLang layout
 (t_g, d_g·d). ``update_weights`` reshards the actor's weights into the rollout engine's flat buffer
@@ -124,7 +125,6 @@ class ActorRolloutRefWorker(Worker):
     def __init__(self, config: ActorRolloutRefConfig, role: str = "actor_rollout_ref", total_training_steps: int = 1,
                  tokenizer: Any = None, *, seed: int, bucket_bytes: int, response_length: int, max_seq_len: int,
                  max_batch_rows: int):
-        from verl.engine.rollout.base import SamplingParams
         from verl.engine.rollout.native.engine import NativeRollout
 
         if role not in ("actor_rollout_ref", "actor_rollout"):
@@ -157,6 +157,19 @@ class ActorRolloutRefWorker(Worker):
                                                         "log_prob_max_token_len_per_gpu"))
         self.dp_size = engine.dp_size
 
+        self.tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
+        self._build_sampling(arr, response_length)
+        self._rollout_synced = False  # the rollout engine holds the actor's current weights
+        self.pool = None
+        if arr.rollout.nnodes:  # a standalone rollout pool: this rank only sends weights and (rank 0) prompts
+            from verl.workers.rollout_pool import RolloutPoolLink
+
+            self.pool = RolloutPoolLink(engine, self.model_config, training, arr.rollout, bucket_bytes)
+            self.rollout = self.hybrid_engine = None
+            self.rollout_dp_rank, self.rollout_dp_size = 0, 1
+            self.rollout_tp_rank = 0 if dist.get_rank() == 0 else 1  # rank 0 collects the pool's rollouts
+            return
         rollout_tp = arr.rollout.tensor_model_parallel_size
         groups = derive_groups(training, rollout_tp)
         rank = dist.get_rank()
@@ -166,9 +179,7 @@ class ActorRolloutRefWorker(Worker):
             groups, rank, backend="gloo" if use_sglang else None)
         self.rollout_tp_rank = groups.rollout_tp_rank[rank]
         self.rollout_dp_size = len(groups.rollout_tp_groups)
-        self.tokenizer = tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer is not None else 0
-        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
         if use_sglang:
             self.rollout = self._sglang_rollout(my_group_ranks, tp_group, pad_id, seed, bucket_bytes, max_seq_len,
                                                 max_batch_rows)
@@ -178,7 +189,11 @@ class ActorRolloutRefWorker(Worker):
         self.hybrid_engine = HybridEngine(engine, self.rollout, self.model_config, training, rollout_tp,
                                           bucket_bytes, arr.rollout.dtype)
         self.hybrid_engine.to_training()  # start with the rollout memory released
-        self._rollout_synced = False  # the rollout engine holds the actor's current weights
+
+    def _build_sampling(self, arr: ActorRolloutRefConfig, response_length: int) -> None:
+        """The training and validation sampling parameters (a standalone pool receives them with each request)."""
+        from verl.engine.rollout.base import SamplingParams
+
         common = dict(response_length=response_length, ignore_eos=arr.rollout.ignore_eos,
                       eos_token_id=() if self.eos_token_id is None else (self.eos_token_id,))
         self.train_sampling = SamplingParams(temperature=arr.rollout.temperature, top_p=arr.rollout.top_p,
@@ -207,7 +222,10 @@ class ActorRolloutRefWorker(Worker):
             engine_kwargs=dict(rollout.engine_kwargs.sglang))
 
     def shutdown(self) -> None:
-        """Stop what outlives a step: the SGLang engine this rank owns (nothing for the native engine)."""
+        """Stop what outlives a step: the SGLang engine this rank owns (nothing for the native engine), or the
+        standalone rollout pool (training rank 0 tells it to stop)."""
+        if self.pool is not None:
+            self.pool.close()
         stop = getattr(self.rollout, "shutdown", None)
         if stop is not None:
             stop()
@@ -222,13 +240,20 @@ class ActorRolloutRefWorker(Worker):
         """Reshard the actor's weights into the rollout engine (training -> rollout layout) for the next
         ``generate_sequences``; returns rank 0's reshard statistics (``perf/reshard_bytes``,
         ``perf/reshard_peak_extra_mb``)."""
-        metrics = self.hybrid_engine.to_rollout()
+        if self.pool is not None:
+            if self._rollout_synced:  # the pool keeps its weights between generations
+                return {}
+            metrics = self.pool.sync_weights()
+        else:
+            metrics = self.hybrid_engine.to_rollout()
         self._rollout_synced = True
         return metrics
 
     def _release_rollout(self) -> None:
-        """Free the rollout weights and KV cache; the next generation reshards again."""
-        self.hybrid_engine.to_training()
+        """Free the rollout weights and KV cache; the next generation reshards again (a standalone pool keeps
+        its memory: its weights are only stale now)."""
+        if self.hybrid_engine is not None:
+            self.hybrid_engine.to_training()
         self._rollout_synced = False
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("rollout"))
@@ -243,6 +268,13 @@ class ActorRolloutRefWorker(Worker):
         params = self.val_sampling if meta.get("validate") else self.train_sampling
         if meta.get("seed") is not None:
             params = dataclasses.replace(params, seed=int(meta["seed"]) * 1009 + self.rollout_dp_rank)
+        if self.pool is not None:
+            metrics = {} if self._rollout_synced else self.update_weights()
+            if dist.get_rank() != 0:
+                return None
+            out = self.pool.generate(prompts, params, meta.get("seed"))
+            out.meta_info["metrics"] = {**metrics, **out.meta_info["metrics"]}
+            return out
         metrics = {} if self._rollout_synced else self.hybrid_engine.to_rollout()
         start = time.perf_counter()
         engines = [self.actor.engine] + ([self.ref.engine] if self.ref is not None else [])

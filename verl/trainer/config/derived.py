@@ -19,6 +19,17 @@ def world_size(cfg: Mapping[str, Any]) -> int:
     return cfg["trainer"]["nnodes"] * cfg["trainer"]["n_gpus_per_node"]
 
 
+def rollout_pool_size(cfg: Mapping[str, Any]) -> int:
+    """Ranks of the standalone rollout pool (verl's ``rollout.nnodes x rollout.n_gpus_per_node``); 0: colocated."""
+    rollout = cfg[ARR]["rollout"]
+    return rollout["nnodes"] * rollout["n_gpus_per_node"] if rollout["nnodes"] else 0
+
+
+def job_size(cfg: Mapping[str, Any]) -> int:
+    """Every rank the job starts: the training ranks, then the rollout pool's."""
+    return world_size(cfg) + rollout_pool_size(cfg)
+
+
 def is_fsdp(cfg: Mapping[str, Any]) -> bool:
     """Whether the roles run on FSDP (every role follows the actor's strategy)."""
     return strategies.is_fsdp(cfg[ARR]["actor"]["strategy"])

@@ -34,8 +34,10 @@ from verl.trainer.config.derived import (
     ARR,
     actor_dp_size,
     is_fsdp,
+    job_size,
     model_parallel_sizes,
     reshard_bucket_bytes,
+    rollout_pool_size,
     use_critic,
     use_reference,
     world_size,
@@ -335,17 +337,26 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
                        "trainer.nnodes * trainer.n_gpus_per_node", world)
     _check_role_layouts(cfg)
     rollout_tp = rollout["tensor_model_parallel_size"]
-    _check_divides("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp, "world size", world)
+    pool = rollout_pool_size(cfg)
+    if pool:
+        _check_divides("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp,
+                       "the rollout pool (rollout.nnodes * rollout.n_gpus_per_node)", pool)
+    else:
+        _check_divides("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp, "world size", world)
     for key, value in (("num_attention_heads", model.num_attention_heads),
                        ("intermediate_size", model.intermediate_size)):
         _check_divides("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp, key, value)
+    if pool and rollout["name"] not in ("native", "sglang"):
+        raise ConfigError(f"actor_rollout_ref.rollout.name: expected native or sglang for a standalone rollout pool "
+                          f"(rollout.nnodes > 0), found {rollout['name']!r}")
     dp = world // (tp * pp)
     rollout_dp = world // rollout_tp
 
     # Batch sizes: train batch -> mini-batches -> DP ranks -> micro-batches (all in responses).
     n = rollout["n"]
     train_bs = data["train_batch_size"]
-    if train_bs % rollout_dp:
+    # A standalone pool splits each batch over its replicas as evenly as the rows allow.
+    if not pool and train_bs % rollout_dp:
         raise ConfigError(f"data.train_batch_size={train_bs}: expected a multiple of the rollout DP size "
                           f"(world {world} / rollout tp {rollout_tp} = {rollout_dp})")
     limit = data["train_max_samples"]
@@ -385,9 +396,11 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
     elif cfg["reward_model"]["hot_swap"]["watch"] or cfg["reward_model"]["hot_swap"]["path"] is not None:
         raise ConfigError("reward_model.hot_swap: expected reward_model.enable=true to swap a reward model, "
                           "found it false")
-    if launcher_world_size is not None and launcher_world_size != world:
-        raise ConfigError(f"trainer.nnodes * trainer.n_gpus_per_node: expected the launcher's world size "
-                          f"{launcher_world_size}, found {trainer['nnodes']} * {trainer['n_gpus_per_node']} = {world}")
+    if launcher_world_size is not None and launcher_world_size != job_size(cfg):
+        pools = f" + rollout.nnodes * rollout.n_gpus_per_node = {world} + {pool}" if pool else ""
+        raise ConfigError(f"trainer.nnodes * trainer.n_gpus_per_node{' + the rollout pool' if pool else ''}: expected "
+                          f"the launcher's world size {launcher_world_size}, found {trainer['nnodes']} * "
+                          f"{trainer['n_gpus_per_node']}{pools} = {job_size(cfg)}")
 
 
 def _check_token_budgets(cfg: dict[str, Any], roles: list[tuple[str, Any]], pp: int) -> None:

@@ -241,6 +241,7 @@ class PPOTrainer:
             self.rm_path = sections.reward_model.model.path
             self._rm_fingerprint = self._watched_rm_fingerprint()
         self.global_step = 0
+        self._probs_checked = False
         self._exported_step = None
         self.tracking = None
         self._timing: dict[str, float] = {}
@@ -464,6 +465,9 @@ class PPOTrainer:
                     self._dump_generations(batch, step)
         metrics.update(batch_ops.step_metrics(batch, self.use_critic, self._timing, self.world_size, self._mfu,
                                               self.bypass_old_log_prob))
+        if not self._probs_checked:  # the first step of this process: a broken weight sync fails loudly here
+            metric_utils.check_rollout_probs_diff(metrics, cfg.actor_rollout_ref.rollout.dtype)
+            self._probs_checked = True
         metrics.update(metric_utils.reduce_memory_metrics(all_gather_objects(metric_utils.local_memory_metrics())))
         # The legacy path's figures too when asked (`verl bench dispatch --legacy`): they cost a gather.
         if isinstance(batch, ShardedBatch) or os.environ.get("VERL_DATA_PLANE_STATS") == "1":

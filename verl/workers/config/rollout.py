@@ -41,12 +41,16 @@ class CheckpointEngineConfig(Section):
 
     backend: str = checked(choices=("naive",))
     update_weights_bucket_megabytes: int = checked(ge=1)
+    verify: bool        # standalone pool: checksum every bucket on the rollout rank
+    delta: bool         # standalone pool: sparse delta buckets where smaller
 
 
 @frozen
 class RolloutConfig(Section):
     name: str = checked(choices=("native", "sglang", "vllm", "hf", "trtllm"))
     mode: str = checked(choices=("sync", "async"))
+    nnodes: int = checked(ge=0)          # 0: colocated (the hybrid engine); > 0: a standalone rollout pool
+    n_gpus_per_node: int = checked(ge=1)
     temperature: float = checked(ge=0)
     top_k: int = checked(ge=-1)
     top_p: float = checked(gt=0, le=1)

@@ -62,6 +62,11 @@ class NativeRollout(BaseRollout):
     def weight_buffer(self) -> torch.Tensor:
         return self.params.flat
 
+    def swap_weight_buffer(self, flat: torch.Tensor) -> torch.Tensor:
+        """Generate with ``flat`` from now on (a staging buffer a standalone pool filled while this engine
+        generated with the old weights); returns the old buffer."""
+        return self.params.swap(flat)
+
     def release(self) -> None:
         self.params.release()
         self.kv_cache.release()

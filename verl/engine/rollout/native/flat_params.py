@@ -47,6 +47,24 @@ class FlatParams:
                                  f"found {tuple(tensor.shape)}")
             view.copy_(tensor)
 
+    def swap(self, flat: torch.Tensor) -> torch.Tensor:
+        """Make ``flat`` (same size, dtype and device) the weights, in place of the current buffer, which is
+        returned: every view is rebound to the new storage, so whoever holds a view reads the new weights."""
+        if flat.dim() != 1 or flat.numel() != self.numel or flat.dtype != self.flat.dtype \
+                or flat.device != self.flat.device or not flat.is_contiguous():
+            raise ValueError(f"rollout weights: expected a contiguous 1-D {self.flat.dtype} buffer of {self.numel} "
+                             f"elements on {self.flat.device}, found {flat.dtype} shape {tuple(flat.shape)} on "
+                             f"{flat.device}")
+        old = self.flat
+        storage, base = flat.untyped_storage(), flat.storage_offset()
+        with torch.no_grad():
+            for spec in self.specs:
+                view = self.views[spec.name]
+                view.set_(storage, base + self.offsets[spec.name], view.shape, view.stride())
+        self.flat = flat
+        self._nbytes = storage.nbytes()
+        return old
+
     def release(self) -> None:
         self.flat.untyped_storage().resize_(0)
 

@@ -1,0 +1,209 @@
+"""A standalone rollout pool: the rollout engine on ranks of its own, driven by the training ranks' controller.
+
+Two sides of one protocol over the bridge (:mod:`verl.launcher.pools`), commands from training rank 0:
+
+* :class:`RolloutPoolLink` (every training rank, inside the actor worker): ``sync_weights`` sends each
+  rollout rank exactly its shard (:mod:`verl.hybrid_engine.weight_sync`, every training rank sends its
+  part); ``generate`` (training rank 0) splits the prompts over the R replicas, sends each replica its
+  rows, and gathers the replicas' rollouts;
+* :func:`serve_rollout_pool` (every rollout rank): builds the engine (replica k = rollout ranks
+  ``[k*t_g, (k+1)*t_g)``), then serves ``sync`` (receive into a staging buffer, swap it in: the engine
+  reads the old weights until the swap), ``generate`` and ``stop`` until told to stop.
+
+Commands and rollouts are pickled objects (prompts and rollouts as ``DataProto.to_bytes``); weights move as
+raw buckets. The pool never sees the training layout's process groups, only the placement rank 0 sends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from verl.hybrid_engine.cross_pool import PoolPlacement, plan_cross_pool
+from verl.hybrid_engine.layouts import FSDPLayout
+from verl.hybrid_engine.weight_sync import METRIC_BYTES, METRIC_DELTA_FRACTION, PoolReceiver, PoolSender
+from verl.launcher.pools import current_bridge
+from verl.protocol import DataProto
+from verl.utils.logging_utils import get_logger
+from verl.utils.torch_dtypes import DTYPES
+
+logger = get_logger(__name__)
+
+# A rollout rank waits for its next command as long as training takes; a dead peer ends the job through the
+# launcher (fail-fast), not through this wait.
+COMMAND_WAIT = datetime.timedelta(days=30)
+METRIC_PEAK_EXTRA_MB = "perf/weight_sync_peak_extra_mb"
+
+
+class RolloutPoolLink:
+    """The training side: sends weights to the pool and (rank 0) requests rollouts from it."""
+
+    def __init__(self, engine: Any, model_config: Any, training: Any, rollout_config: Any, bucket_bytes: int):
+        self.bridge = current_bridge()
+        split = self.bridge.split
+        tp = rollout_config.tensor_model_parallel_size
+        self.placement = PoolPlacement(training, tp, split.n_rollout // tp)
+        self.rank = self.bridge.rank
+        self.dtype = DTYPES[rollout_config.dtype]
+        ce = rollout_config.checkpoint_engine
+        plan = plan_cross_pool(model_config, self.placement, self.rank, bucket_bytes, rollout_config.dtype)
+        if self.rank == 0:  # the pool plans from the same placement, and learns what to check
+            for dst in range(self.placement.n_training, self.placement.world_size):
+                self.bridge.send_object({"op": "init", "placement": self.placement, "bucket_bytes": bucket_bytes,
+                                         "dtype": rollout_config.dtype, "verify": ce.verify}, dst)
+        self._module = None
+        if isinstance(training, FSDPLayout):
+            from verl.hybrid_engine.hybrid_engine import check_fsdp_module
+
+            check_fsdp_module(engine.module, model_config, training, dist.get_rank())
+            self._module, self._plan, self._ce = engine.module, plan, ce
+            self.sender: PoolSender | None = None  # bound at the first sync, when the shards are known
+        else:
+            from megatron.core import parallel_state as mpu
+
+            from verl.hybrid_engine.hybrid_engine import HybridEngine
+
+            flat, offsets = HybridEngine._bind_training_buffer(engine, model_config, training, mpu)
+            self.sender = PoolSender(plan, flat, offsets, self.bridge, verify=ce.verify, delta=ce.delta)
+        self.summary = plan.summary()
+
+    def _command(self, command: dict) -> None:
+        for dst in range(self.placement.n_training, self.placement.world_size):
+            self.bridge.send_object(command, dst)
+
+    def sync_weights(self) -> dict[str, float]:
+        """Every training rank: send this rank's part of every rollout shard; returns the pool-wide figures."""
+        if self.rank == 0:
+            self._command({"op": "sync"})
+        if self._module is None:
+            stats = self.sender.send()
+        else:
+            from verl.hybrid_engine.hybrid_engine import fsdp_reshard_sources
+
+            sources = fsdp_reshard_sources(self._module, self.dtype, "cuda" if torch.cuda.is_available() else "cpu")
+            if self.sender is None:
+                self.sender = PoolSender(self._plan, sources, None, self.bridge, verify=self._ce.verify,
+                                         delta=self._ce.delta)
+            stats = self.sender.send(sources)
+            del sources
+        totals = torch.tensor([stats.bytes, stats.dense_bytes], dtype=torch.float64)
+        peak = torch.tensor([stats.peak_extra_bytes], dtype=torch.float64)
+        if dist.get_world_size() > 1:
+            dist.all_reduce(totals)
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return {METRIC_BYTES: float(totals[0]), METRIC_DELTA_FRACTION: float(totals[0] / max(totals[1], 1.0)),
+                METRIC_PEAK_EXTRA_MB: float(peak[0]) / 2**20}
+
+    def generate(self, prompts: DataProto, params: Any, seed: int | None) -> DataProto:
+        """Training rank 0: the rollouts of ``prompts``, split over the replicas as evenly as the rows allow
+        (replica k samples with seed ``seed * 1009 + k``, as a colocated rollout replica does)."""
+        p = self.placement
+        rows = len(prompts)
+        bounds = [rows * k // p.replicas for k in range(p.replicas + 1)]
+        busy = [k for k in range(p.replicas) if bounds[k + 1] > bounds[k]]
+        for k in busy:
+            share = prompts.slice(bounds[k], bounds[k + 1])
+            replica_params = params if seed is None else dataclasses.replace(params, seed=seed * 1009 + k)
+            command = {"op": "generate", "prompts": share.to_bytes(), "params": replica_params}
+            for j in range(p.rollout_tp):
+                self.bridge.send_object(command, p.rollout_rank(k, j))
+        outputs = [DataProto.from_bytes(self.bridge.recv_object(p.rollout_rank(k, 0))) for k in busy]
+        metrics: dict[str, float] = {}
+        for out in outputs:
+            for key, value in out.meta_info.pop("metrics", {}).items():
+                metrics[key] = max(metrics.get(key, value), value)  # the replicas run side by side
+        merged = DataProto.concat(outputs)
+        merged.meta_info["metrics"] = metrics
+        return merged
+
+    def close(self) -> None:
+        """Training rank 0: tell the pool to stop (idempotent)."""
+        if self.rank == 0 and self.bridge is not None:
+            try:
+                self._command({"op": "stop"})
+            finally:
+                self.bridge = None
+
+
+def _engine(config: Any, tokenizer: Any, replica: int, tp_group: Any, group_ranks: tuple[int, ...], dtype):
+    from verl.models.config import ModelConfig
+
+    arr = config.actor_rollout_ref
+    model_config = ModelConfig.from_pretrained(arr.model.path)
+    pad_id = tokenizer.pad_token_id if tokenizer is not None else 0
+    if arr.rollout.name == "sglang":
+        from verl.engine.rollout.sglang_group import SGLangGroupRollout
+        from verl.launcher.env import discover
+
+        data = config.data
+        rows = max(data.train_batch_size * arr.rollout.n, (data.val_batch_size or data.train_batch_size)
+                   * arr.rollout.val_kwargs.n)
+        local_groups = max(1, discover().local_world_size // len(group_ranks))
+        return model_config, SGLangGroupRollout(
+            model_config, arr.model.path, group_ranks, tp_group, dtype=dtype, bucket_bytes=1 << 22,
+            pad_token_id=pad_id, seed=int(config.trainer.seed), group_index=replica % local_groups,
+            num_groups=local_groups, max_rows=rows, max_seq_len=data.max_prompt_length + data.max_response_length,
+            mem_fraction_static=arr.rollout.gpu_memory_utilization, free_cache_engine=False,
+            engine_kwargs=dict(arr.rollout.engine_kwargs.sglang))
+    from verl.engine.rollout.native.engine import NativeRollout
+
+    return model_config, NativeRollout(model_config, tp_group=tp_group, dtype=dtype, pad_token_id=pad_id)
+
+
+def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
+    """A rollout rank's life: build the engine, then serve the controller's commands until ``stop``."""
+    from verl.hybrid_engine.rollout_layout import rollout_param_specs
+
+    bridge = current_bridge()
+    arr = config.actor_rollout_ref
+    tp = arr.rollout.tensor_model_parallel_size
+    pool_rank, pool_size = dist.get_rank(), dist.get_world_size()
+    replica, tp_rank = divmod(pool_rank, tp)
+    tp_group, group_ranks = None, (pool_rank,)
+    for k in range(pool_size // tp):  # every rank creates every group, in order
+        ranks = tuple(range(k * tp, (k + 1) * tp))
+        group = dist.new_group(list(ranks), backend="gloo" if arr.rollout.name == "sglang" else None) \
+            if tp > 1 else None
+        if k == replica:
+            tp_group, group_ranks = group, ranks
+    init = bridge.recv_object(0, timeout=COMMAND_WAIT)
+    dtype = DTYPES[init["dtype"]]
+    model_config, engine = _engine(config, tokenizer, replica, tp_group, group_ranks, dtype)
+    try:
+        plan = plan_cross_pool(model_config, init["placement"], bridge.rank, init["bucket_bytes"], init["dtype"])
+        specs = [(s.name, s.shape) for s in rollout_param_specs(model_config, tp, tp_rank)]
+        receiver = PoolReceiver(plan, specs, bridge, verify=init["verify"])
+        engine.resume()
+        live = engine.weight_buffer()
+        swap = getattr(engine, "swap_weight_buffer", None)
+        # The staging buffer: one more shard, so the engine can keep reading the old weights meanwhile.
+        staging = torch.empty_like(live) if swap is not None else live
+        for buffer in {id(live): live, id(staging): staging}.values():
+            receiver.zero_padding(buffer)
+        while True:
+            command = bridge.recv_object(0, timeout=COMMAND_WAIT)
+            op = command["op"]
+            if op == "sync":
+                receiver.receive(staging, live)
+                if swap is not None:  # the step boundary: the new weights become the engine's
+                    staging, live = swap(staging), staging
+                engine.push_weights()
+            elif op == "generate":
+                start = time.perf_counter()
+                out = engine.generate_sequences(DataProto.from_bytes(command["prompts"]), command["params"])
+                if out is not None and tp_rank == 0:
+                    out.meta_info["metrics"] = {"timing_s/generate_sequences": time.perf_counter() - start}
+                    bridge.send_object(out.to_bytes(), 0)
+            elif op == "stop":
+                return 0
+            else:
+                raise RuntimeError(f"rollout pool: expected a command sync/generate/stop, found {op!r}")
+    finally:
+        stop = getattr(engine, "shutdown", None)
+        if stop is not None:
+            stop()
