@@ -79,6 +79,29 @@ void run_copy_program(const torch::Tensor& src, torch::Tensor& dst, const torch:
 #endif
 }
 
+// The cross-pool sync's bucket checksum (reshard/checksum.h) of a contiguous tensor's elements.
+uint64_t checksum(const torch::Tensor& data) {
+  TORCH_CHECK(data.is_contiguous(), "checksum: expected a contiguous tensor");
+  const int64_t elem_size = data.element_size();
+  TORCH_CHECK(elem_size == 1 || elem_size == 2 || elem_size == 4 || elem_size == 8,
+              "checksum: expected elements of 1, 2, 4 or 8 bytes, found ", elem_size);
+  if (data.device().is_cpu()) {
+    return verl::reshard::checksum_cpu(data.data_ptr(), data.numel(), elem_size);
+  }
+#ifdef VERL_WITH_CUDA
+  TORCH_CHECK(data.device().is_cuda(), "unsupported device ", data.device());
+  const c10::cuda::CUDAGuard guard(data.device());
+  auto out = torch::empty({1}, data.options().dtype(torch::kInt64));
+  cudaError_t err = verl::reshard::launch_checksum_cuda(data.data_ptr(), data.numel(), elem_size,
+                                                        reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()),
+                                                        at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "checksum kernel launch failed: ", cudaGetErrorString(err));
+  return static_cast<uint64_t>(out.item<int64_t>());
+#else
+  TORCH_CHECK(false, "verl._C was built without CUDA; cannot checksum a tensor on ", data.device());
+#endif
+}
+
 bool built_with_cuda() {
 #ifdef VERL_WITH_CUDA
   return true;
@@ -207,6 +230,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("alignment_bytes") = 0);
   m.def("run_copy_program", &run_copy_program, "Run a validated copy program from src into dst",
         py::arg("src"), py::arg("dst"), py::arg("program"));
+  m.def("checksum", &checksum, "sum_i word_i * (2i + 1) mod 2^64 over a contiguous tensor's elements",
+        py::arg("data"));
   m.def("built_with_cuda", &built_with_cuda, "Whether the CUDA executor was compiled in");
   m.def("cpu_num_threads", &verl::reshard::cpu_num_threads, "OpenMP threads of the CPU executor");
   m.attr("CPU_CHUNK_BYTES") = verl::reshard::kCpuChunkBytes;

@@ -274,6 +274,8 @@ def summarize(out: str, walls: dict[str, float], resumed_from: int, total_steps:
         "update_actor_s_per_step": _mean(steps, "timing_s/update_actor"),
         "reshard_s_per_step": _mean(steps, "timing_s/update_weights"),  # verl's name for the weight sync
         "reshard_bytes_per_step": _mean(steps, "perf/reshard_bytes"),
+        # A standalone rollout pool (rollout.nnodes > 0): what the training ranks sent it per sync, in all.
+        "weight_sync_bytes_per_step": _mean(steps, "perf/weight_sync_bytes"),
         "final_score_mean": _mean(steps[-10:], "critic/score/mean"),
         "wall_s": dict(walls),
     }
@@ -305,8 +307,9 @@ def format_summary(summary: dict[str, Any], out: str, algo: str) -> str:
          " / ".join(num(summary[k], ".3f") for k in ("step_s", "gen_s_per_step", "update_actor_s_per_step"))),
         ("reshard per step (timing_s/update_weights: training -> rollout layout)",
          f"{num(None if summary['reshard_s_per_step'] is None else 1000 * summary['reshard_s_per_step'], '.1f')} ms, "
-         f"{num(None if reshard_bytes is None else reshard_bytes / 1024, '.0f')}"
-         f" KiB received/rank"),
+         + (f"{num(None if reshard_bytes is None else reshard_bytes / 1024, '.0f')} KiB received/rank"
+            if summary.get("weight_sync_bytes_per_step") is None else
+            f"{summary['weight_sync_bytes_per_step'] / 1024:.0f} KiB sent to the rollout pool")),
         ("wall time (s): " + " + ".join(walls), " + ".join(f"{v:.0f}" for v in walls.values())
          + f" = {sum(walls.values()):.0f}"),
     ]

@@ -33,6 +33,9 @@ void unit_prefix(const Segment* segments, int64_t num_segments, int64_t elem_siz
 void run_program_cpu(const void* src, void* dst, const Segment* segments, int64_t num_segments,
                      int64_t elem_size);
 
+// Bucket checksum of numel elements of elem_size bytes (checksum.h), over OpenMP threads.
+uint64_t checksum_cpu(const void* data, int64_t numel, int64_t elem_size);
+
 // Number of OpenMP threads the CPU executor uses.
 int cpu_num_threads();
 

@@ -19,5 +19,10 @@ cudaError_t launch_program_cuda(const void* src, void* dst, const Segment* devic
                                 int64_t total_units, int64_t elem_size, bool aligned16,
                                 cudaStream_t stream);
 
+// Enqueues the checksum of numel elements of elem_size bytes at `data` (device memory) into
+// *device_out (device memory, zeroed first) on `stream`.
+cudaError_t launch_checksum_cuda(const void* data, int64_t numel, int64_t elem_size, uint64_t* device_out,
+                                 cudaStream_t stream);
+
 }  // namespace reshard
 }  // namespace verl

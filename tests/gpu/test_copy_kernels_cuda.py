@@ -77,3 +77,15 @@ def test_cuda_invalid_programs_raise_and_write_nothing(segments, fragment):
         run_copy_program(src, dst, make_program(segments))
     torch.cuda.synchronize()
     assert torch.all(dst == 7.0)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.uint8])
+def test_cuda_checksum_equals_the_cpu_checksum(dtype):
+    from verl.hybrid_engine.weight_sync import checksum
+
+    t = (torch.randn(3_000_001, generator=torch.Generator().manual_seed(0)) * 100).to(dtype)
+    assert checksum(t.cuda()) == checksum(t)
+    flipped = t.clone()
+    flipped.view(torch.uint8)[12345] ^= 4
+    assert checksum(flipped.cuda()) != checksum(t)

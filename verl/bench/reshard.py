@@ -424,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delta-after-steps", type=int, default=0,
                    help="separate: after the dense sync, K Adam steps then a sparse-delta sync (delta_fraction)")
     p.add_argument("--lr", type=float, default=1e-6, help="separate: the Adam steps' learning rate (verl's default)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="separate: no bucket checksums (checkpoint_engine.verify=false); the result is still "
+                        "compared with the reference")
     return p
 
 
@@ -567,7 +570,7 @@ def _separate(args, config: ModelConfig, train: dict, training, rollout_tp: int)
     ranks = spawn_gloo_ranks(separate_rank, args.nproc,
                              (dataclasses.asdict(config), train, rollout_tp, args.rollout_replicas, args.dtype,
                               args.bucket_bytes, args.seed, args.repeats, not args.no_naive, args.delta_after_steps,
-                              args.lr), args.timeout)
+                              args.lr, not args.no_verify), args.timeout)
     result = report(ranks, placement, args, config)
     result["model"] = os.path.abspath(args.model)
     print(ranks[0]["summary"])

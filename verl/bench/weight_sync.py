@@ -246,6 +246,7 @@ def report(ranks: list[dict], placement, args, config: ModelConfig) -> dict:
         "memcpy_seconds": max(r["memcpy_seconds"] for r in rollout),
         "peak_extra_bytes_training": max(r["peak_extra_bytes"] for r in training),
         "bucket_bytes": args.bucket_bytes,
+        "checksums": not args.no_verify,
         # What a rollout rank receives the peers' way (every full tensor) over what it receives here.
         "byte_ratio": full_model / max(received),
     }

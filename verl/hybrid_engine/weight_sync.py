@@ -34,7 +34,6 @@ from verl.ops.copy_program import make_program, run_copy_program, validate_progr
 DENSE, DELTA = 0, 1
 _HEADER_TAG, _PAYLOAD_TAG, _RUNS_TAG = 10, 11, 12  # bucket tags: base + 4 * bucket index
 _WORD = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_CHUNK = 1 << 20
 
 METRIC_BYTES = "perf/weight_sync_bytes"
 METRIC_DELTA_FRACTION = "perf/weight_sync_delta_fraction"
@@ -50,15 +49,12 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 def checksum(t: torch.Tensor) -> int:
-    """sum_i word_i * (2i + 1) mod 2^64 over the elements' bits: order-sensitive, so a swapped or shifted
-    block changes it; computed in chunks so the extra memory stays bounded."""
-    words = _words(t.reshape(-1))
-    total = torch.zeros((), dtype=torch.int64, device=t.device)
-    for start in range(0, words.numel(), _CHUNK):
-        chunk = words[start:start + _CHUNK].to(torch.int64)
-        weights = torch.arange(start, start + chunk.numel(), dtype=torch.int64, device=t.device) * 2 + 1
-        total += (chunk * weights).sum()  # int64 arithmetic wraps: modulo 2^64
-    return int(total)
+    """sum_i word_i * (2i + 1) mod 2^64 over the elements' bits read as unsigned integers (compiled: verl._C,
+    csrc/reshard/checksum.h, on CPU and CUDA): order-sensitive, so a swapped or shifted block changes it, and
+    any change to one element changes it."""
+    from verl.ops.copy_program import _ext
+
+    return int(_ext().checksum(t.contiguous()))
 
 
 def encode_delta(current: torch.Tensor, previous: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -199,13 +199,20 @@ class LocalRanks:
 
 
 def spawn_local(nproc: int, argv: list[str], env: dict[str, str] | None = None,
-                master_port: int | None = None, out=None) -> int:
+                master_port: int | None = None, out=None, failure: dict | None = None) -> int:
     """Run ``argv`` as ``nproc`` local ranks; return 0 or the first failing rank's exit code.
 
     env: base environment of the ranks (default: this process's); master_port: default a free one;
-    out: text stream for the prefixed output (default sys.stdout).
+    out: text stream for the prefixed output (default sys.stdout); failure: filled with the first failing
+    rank (``rank``) and, when a signal killed it, the signal (``signal``, else None): a rank killed leaves no
+    error line of its own.
     """
-    return LocalRanks(nproc, argv, env=env, master_port=master_port, out=out).wait()
+    ranks = LocalRanks(nproc, argv, env=env, master_port=master_port, out=out)
+    code = ranks.wait()
+    if failure is not None and ranks.failed_rank is not None:
+        returncode = ranks.procs[ranks.failed_rank].returncode
+        failure.update(rank=ranks.failed_rank, signal=-returncode if returncode < 0 else None)
+    return code
 
 
 def _signal_group(p: subprocess.Popen, signum: int) -> None:

@@ -16,7 +16,7 @@ The config is loaded and validated first; a bad one prints one line and exits 2 
 starts. Then:
 - under Slurm / torchrun / mpirun (the launcher set the rank variables) this process is one rank;
 - otherwise, for ``trainer.nnodes * trainer.n_gpus_per_node`` = 1 everything runs in this process;
-- otherwise this process spawns that many local ranks (``verl.launcher.spawn.LocalRanks``) running
+- otherwise this process spawns that many local ranks (``verl.launcher.spawn.spawn_local``) running
   ``python -m verl.trainer.main_ppo`` with the same arguments, and returns their exit code.
 
 ``--dry-run`` runs one step (generation, rewards, log-probs, values, advantages, metrics) without
@@ -237,18 +237,17 @@ def main(argv: list[str] | None = None) -> int:
     import signal
     import tempfile
 
-    from verl.launcher.spawn import LocalRanks, without_option
+    from verl.launcher.spawn import spawn_local, without_option
 
     with tempfile.TemporaryDirectory(prefix="verl_rank_errors_") as error_dir:
         # The ranks' output reaches this process's console (and its --log_dir copy): they write no log of their own.
         rank_argv = without_option(argv, "--log_dir", "--log-dir")
-        ranks = LocalRanks(world, [sys.executable, "-m", "verl.trainer.main_ppo", *rank_argv],
-                           env={**os.environ, RANK_ERROR_DIR_ENV: error_dir})
-        code = ranks.wait()
+        failure: dict = {}
+        code = spawn_local(world, [sys.executable, "-m", "verl.trainer.main_ppo", *rank_argv],
+                           env={**os.environ, RANK_ERROR_DIR_ENV: error_dir}, failure=failure)
         line = None
-        died = ranks.procs[ranks.failed_rank].returncode if ranks.failed_rank is not None else 0
-        if died < 0:  # killed by a signal: it left no line of its own
-            line = f"rank {ranks.failed_rank}: killed by {signal.Signals(-died).name} (exit {code})"
+        if failure.get("signal"):  # killed by a signal: it left no line of its own
+            line = f"rank {failure['rank']}: killed by {signal.Signals(failure['signal']).name} (exit {code})"
         elif code != 0:
             line = _first_rank_error(error_dir)
     if line:

@@ -1,0 +1,36 @@
+"""The weight sync's bucket checksum (verl._C.checksum, csrc/reshard/checksum*.{h,cpp,cu}) against a pure-Python
+reference of its definition: sum_i word_i * (2i + 1) mod 2^64, word_i the element's bits as an unsigned integer."""
+
+import pytest
+import torch
+
+from verl.hybrid_engine.weight_sync import checksum
+
+WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def reference(t: torch.Tensor) -> int:
+    size = t.element_size()
+    mask = (1 << (8 * size)) - 1
+    words = t.reshape(-1).view(WORDS[size]).tolist()
+    return sum((w & mask) * (2 * i + 1) for i, w in enumerate(words)) % (1 << 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float16, torch.float32, torch.int64])
+@pytest.mark.parametrize("numel", [0, 1, 7, 4099])
+def test_checksum_matches_its_definition(dtype, numel):
+    gen = torch.Generator().manual_seed(numel)
+    t = (torch.randn(numel, generator=gen) * 1e3).to(dtype)
+    assert checksum(t) == reference(t)
+
+
+def test_threads_split_a_large_buffer_without_changing_the_sum():
+    # 8 MiB: above the size where the CPU reduction goes parallel; mod-2^64 addition is order-free.
+    t = torch.randn(2 << 20, generator=torch.Generator().manual_seed(0))
+    small = torch.cat([t[:1000], t[1000:]])
+    assert checksum(t) == checksum(small)
+    head = t[:1000]
+    assert checksum(head) == reference(head)
+    want = (checksum(head) + sum(int(w & 0xFFFFFFFF) * (2 * i + 1) for i, w in
+                                 enumerate(t[1000:1010].view(torch.int32).tolist(), start=1000))) % (1 << 64)
+    assert checksum(t[:1010]) == want
