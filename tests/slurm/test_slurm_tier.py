@@ -278,6 +278,23 @@ def test_quickstart_sbatch_wait_trains_two_steps_exits_0_and_writes_metrics(slur
     assert all("actor/pg_loss" in r and "critic/score/mean" in r for r in records), records
 
 
+def test_quickstart_sbatch_with_a_rollout_pool_trains_on_three_tasks(slurm):
+    """`VERL_ROLLOUT_RANKS=1 sbatch --ntasks=3 --overcommit` (the local node has 2 CPUs): tasks 0-1 train, task 2
+    is the standalone rollout pool; one step with the pool's weight sync in its metrics."""
+    run_dir, data_dir, out = slurm.out_dir / "run", slurm.out_dir / "data" / "arithmetic", slurm.out_dir / "p.out"
+    proc = subprocess.run(
+        ["sbatch", "--wait", "--ntasks=3", "--overcommit", f"--job-name={slurm.job_name()}", f"--output={out}",
+         os.path.join(SLURM_DIR, "quickstart_cpu.sbatch")], cwd=REPO, capture_output=True, text=True,
+        timeout=TRAINER_START_S,
+        env=slurm.env(VERL_OUTPUT_DIR=str(run_dir), VERL_DATA_DIR=str(data_dir), VERL_ROLLOUT_RANKS="1",
+                      VERL_OVERRIDES=f"trainer.total_training_steps=1 {QUICK_OVERRIDES}"))
+    text = out.read_text()
+    assert proc.returncode == 0, proc.stderr + text
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1], text
+    assert records[0]["perf/weight_sync_bytes"] > 0, records
+
+
 @pytest.fixture(scope="module")
 def preempted_quickstart(cluster, tmp_path_factory):
     """`sbatch --wait slurm/quickstart_cpu.sbatch` with its default command (the tiny GRPO config)

@@ -142,3 +142,18 @@ def test_checksum_sees_order_sign_of_zero_and_single_bits():
     negative = zeros.clone()
     negative[4] = -0.0
     assert checksum(zeros) != checksum(negative)
+
+
+def test_the_first_step_fails_loudly_past_the_rollout_dtype_bound():
+    from verl.trainer.metrics import RolloutMismatchError, check_rollout_probs_diff, rollout_probs_diff_bound
+
+    assert rollout_probs_diff_bound("float32") == pytest.approx(4096 * torch.finfo(torch.float32).eps)
+    assert rollout_probs_diff_bound("bfloat16") == 0.9
+    check_rollout_probs_diff({"training/rollout_probs_diff_max": 1e-5}, "float32")
+    check_rollout_probs_diff({}, "float32")  # bypass mode: no actor log-probs, nothing to compare
+    check_rollout_probs_diff({"training/rollout_probs_diff_max": 0.3}, "bfloat16")
+    with pytest.raises(RolloutMismatchError, match=r"rollout_probs_diff_max=0\.01 at the first step: expected at "
+                                                   r"most 0\.0004883 for a float32 rollout"):
+        check_rollout_probs_diff({"training/rollout_probs_diff_max": 0.01}, "float32")
+    with pytest.raises(RolloutMismatchError):
+        check_rollout_probs_diff({"training/rollout_probs_diff_max": 0.97}, "bfloat16")

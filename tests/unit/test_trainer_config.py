@@ -97,6 +97,24 @@ def test_world_size_must_match_the_launcher(data_args, no_ranks, capsys, monkeyp
     expect_exit_2(capsys, ["--config", GRPO, *data_args], "expected the launcher's world size 4", "= 2")
 
 
+POOL = ["actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=3"]
+
+
+def test_a_rollout_pool_spawns_both_pools_and_bad_sizes_are_one_line(data_args, no_ranks, capsys, monkeypatch):
+    assert main_ppo.main(["--config", GRPO, *data_args, *POOL[:1], "actor_rollout_ref.rollout.n_gpus_per_node=2"]) == 0
+    (nproc, _), = no_ranks
+    assert nproc == 4  # 2 training ranks, then the pool's 2
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, *POOL, "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+                  "rollout.tensor_model_parallel_size=2: expected a divisor of the rollout pool", "=3")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "actor_rollout_ref.rollout.nnodes=2"],
+                  "actor_rollout_ref.rollout.nnodes=2: expected 1 outside a launcher")
+    for var, value in (("RANK", "0"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", "29999")):
+        monkeypatch.setenv(var, value)
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, *POOL], "expected the launcher's world size 4",
+                  "found 1 * 2 + 1 * 3 = 5")
+
+
 def test_world_size_must_be_divisible_by_the_model_parallel_size(data_args, no_ranks, capsys):
     expect_exit_2(capsys, ["--config", GRPO, *data_args, "trainer.n_gpus_per_node=3"],
                   "tensor_model_parallel_size * pipeline_model_parallel_size=2", "=3")

@@ -69,9 +69,10 @@ class FakeWorkers:
         response_mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
         digits = torch.tensor(self.digits)[torch.randint(0, 10, (rows, width), generator=g)]
         responses = torch.where(response_mask.bool(), digits, torch.full_like(digits, self.tokenizer.pad_token_id))
+        # The rollout's log-probs are the actor's (compute_log_prob's), as after a correct weight sync.
         out = assemble_rollout_batch(gen.batch["input_ids"].repeat_interleave(n, 0),
                                      gen.batch["attention_mask"].repeat_interleave(n, 0), responses, response_mask,
-                                     torch.zeros(rows, width))
+                                     -(responses.float() % 5 + 1) / 10)
         non_tensor = {k: np.repeat(v, n, axis=0) for k, v in gen.non_tensor_batch.items()}
         non_tensor["row"] = np.array([f"{gen.meta_info['seed']}-{i}" for i in range(rows)], dtype=object)
         return DataProto.from_dict(out, non_tensor, {"metrics": {}})

@@ -346,9 +346,6 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
     for key, value in (("num_attention_heads", model.num_attention_heads),
                        ("intermediate_size", model.intermediate_size)):
         _check_divides("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp, key, value)
-    if pool and rollout["name"] not in ("native", "sglang"):
-        raise ConfigError(f"actor_rollout_ref.rollout.name: expected native or sglang for a standalone rollout pool "
-                          f"(rollout.nnodes > 0), found {rollout['name']!r}")
     dp = world // (tp * pp)
     rollout_dp = world // rollout_tp
 
@@ -397,8 +394,9 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
         raise ConfigError("reward_model.hot_swap: expected reward_model.enable=true to swap a reward model, "
                           "found it false")
     if launcher_world_size is not None and launcher_world_size != job_size(cfg):
-        pools = f" + rollout.nnodes * rollout.n_gpus_per_node = {world} + {pool}" if pool else ""
-        raise ConfigError(f"trainer.nnodes * trainer.n_gpus_per_node{' + the rollout pool' if pool else ''}: expected "
+        pools = f" + {rollout['nnodes']} * {rollout['n_gpus_per_node']}" if pool else ""
+        rollout_keys = " + actor_rollout_ref.rollout.nnodes * rollout.n_gpus_per_node" if pool else ""
+        raise ConfigError(f"trainer.nnodes * trainer.n_gpus_per_node{rollout_keys}: expected "
                           f"the launcher's world size {launcher_world_size}, found {trainer['nnodes']} * "
                           f"{trainer['n_gpus_per_node']}{pools} = {job_size(cfg)}")
 
