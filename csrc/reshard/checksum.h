@@ -18,6 +18,13 @@ VERL_HD uint64_t checksum_term(uint64_t word, int64_t index) {
   return word * (2 * static_cast<uint64_t>(index) + 1);
 }
 
+// A block of elements [base, base + n) whose sums S0 = sum_j word_j and S1 = sum_j word_j * j (j counted
+// from the block's start) are known contributes (2 base + 1) S0 + 2 S1: the same terms regrouped, so a
+// CPU loop can run on 32-bit block offsets, which vectorise, and still equal the per-element sum.
+VERL_HD uint64_t checksum_block(uint64_t base, uint64_t s0, uint64_t s1) {
+  return (2 * base + 1) * s0 + 2 * s1;
+}
+
 // Element i's bits as an unsigned integer: Word is the unsigned type of the element size.
 template <typename Word>
 VERL_HD uint64_t word_at(const void* data, int64_t index) {

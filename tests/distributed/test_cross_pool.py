@@ -66,15 +66,18 @@ def test_bench_separate_is_verified_meets_the_formula_and_reports_the_delta(tmp_
     ({"tp": 1, "pp": 2, "dp": 1}, 2, 1),
     ({"tp": 1, "pp": 1, "dp": 2}, 2, 1),
     ({"fsdp": 2}, 1, 2),
-], ids=["megatron-pp2-to-tp2", "megatron-dp2-to-tp2", "fsdp2-to-tp1x2"])
+    ({"tp": 1, "pp": 1, "dp": 1}, 1, 2),
+], ids=["megatron-pp2-to-tp2", "megatron-dp2-to-tp2", "fsdp2-to-tp1x2", "megatron-tp1-to-tp1x2-forwarded"])
 def test_layouts_arrive_bit_exact(train, tg, replicas):
     n = (train.get("fsdp") or train["tp"] * train["pp"] * train["dp"]) + tg * replicas
     ranks = run_ranks_with_rank(separate_rank, n, _cfg(), train, tg, replicas, "bfloat16", 16 << 10, 3, 1, False,
                                 timeout_s=240, threads_per_rank=1)
     rollout = [r for r in ranks if r["role"] == "rollout"]
     assert len(rollout) == tg * replicas and all(r["verified"] for r in rollout)
-    formula = ranks[0]["formula"]["received_per_rank"]
-    assert [r["bytes"] for r in rollout] == formula
+    formula = ranks[0]["formula"]
+    assert [r["bytes"] for r in rollout] == formula["received_per_rank"]
+    assert [r["forwarded"] for r in rollout] == formula["forwarded_per_rank"]
+    assert any(formula["forwarded_per_rank"]) == (tg * replicas > n - tg * replicas and replicas > 1)
 
 
 def _delta_rounds(rank, nproc, cfg):
@@ -167,7 +170,7 @@ def _corrupted(rank, nproc, cfg):
     if rank == 0:
         source, offsets = training_shard(config, placement.training, 0, random_hf_weights(config, 0), torch.float32)
         real = ws.checksum
-        ws.checksum = lambda t: real(t) + 1
+        ws.checksum = lambda t: real(t) ^ 1
         ws.PoolSender(plan, source, offsets, bridge, verify=True).send()
         return None
     specs = [(s.name, s.shape) for s in rollout_param_specs(config, 1, 0)]

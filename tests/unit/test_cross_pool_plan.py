@@ -46,11 +46,13 @@ def simulate(config, placement, bucket_bytes):
                 run_copy_program(train[r][0], buf, program(b.program, train[r][1], {}))
                 for span in b.spans:
                     sent[(r, span.peer)] = buf[span.offset:span.offset + span.numel]
-        for r in range(placement.n_training, placement.world_size):
+        for r in range(placement.n_training, placement.world_size):  # replica order: forwards arrive in time
             for b in (b for b in plans[r].buckets if b.index == index):
                 recv = torch.cat([sent.pop((span.peer, r)) for span in b.spans])
                 assert recv.numel() == b.numel
                 run_copy_program(recv, roll[r][0], program(b.program, {}, roll[r][1]))
+                if b.forward_to is not None:
+                    sent[(r, b.forward_to)] = recv
         assert not sent, f"bucket {index}: messages nobody received: {sorted(sent)}"
     return plans, {r: b for r, (b, _) in roll.items()}, expected
 
@@ -77,7 +79,11 @@ def test_every_rollout_rank_gets_exactly_its_shard_once(training, tg, replicas):
     assert received == formula["received_per_rank"]  # its shard's payload, nothing twice, nothing extra
     assert received == [e * 4 for e in plans[0].received_elems]
     sent = [plans[r].bytes for r in range(placement.n_training)]
-    assert sum(sent) == sum(received)
+    forwarded = [plans[r].forwarded_bytes for r in range(placement.n_training, placement.world_size)]
+    assert forwarded == formula["forwarded_per_rank"]
+    assert placement.forward == (replicas > 1 and tg * replicas > training.world_size)
+    first = received[:tg]  # what replica 0 receives: from the training ranks either way
+    assert sum(sent) == (sum(first) if placement.forward else sum(received))
     # Rows split evenly over every holder: no training rank sends much more than its share.
     assert max(sent) <= 1.25 * formula["sent_per_rank_mean"], (sent, formula["sent_per_rank_mean"])
     for p in plans:
@@ -91,8 +97,9 @@ def test_roles_ranks_and_feed_rule():
     assert placement.role(1) == (TRAINING, 1, 0)
     assert placement.role(2 + 2 * 2 + 1) == (ROLLOUT, 2, 1)
     assert placement.rollout_rank(2, 1) == 7
-    assert "forwarding" in placement.feed_rule and "R*t_g=6 > N_t=2" in placement.feed_rule
-    assert "direct feeding" in PoolPlacement(TrainingLayout(tp=2, pp=1, dp=2), 2, 1).feed_rule
+    assert placement.forward and "R*t_g=6 > N_t=2: replica 0 is fed by the training ranks" in placement.feed_rule
+    direct = PoolPlacement(TrainingLayout(tp=2, pp=1, dp=2), 2, 2)
+    assert not direct.forward and "every replica is fed by the training ranks" in direct.feed_rule
     with pytest.raises(LayoutError, match="replicas: expected a positive integer, found 0"):
         PoolPlacement(TrainingLayout(tp=2, pp=1, dp=1), 2, 0)
     with pytest.raises(LayoutError, match="bridge rank"):

@@ -104,7 +104,8 @@ def test_a_rollout_pool_spawns_both_pools_and_bad_sizes_are_one_line(data_args, 
     assert main_ppo.main(["--config", GRPO, *data_args, *POOL[:1], "actor_rollout_ref.rollout.n_gpus_per_node=2"]) == 0
     (nproc, _), = no_ranks
     assert nproc == 4  # 2 training ranks, then the pool's 2
-    expect_exit_2(capsys, ["--config", GRPO, *data_args, *POOL, "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, *POOL,
+                           "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
                   "rollout.tensor_model_parallel_size=2: expected a divisor of the rollout pool", "=3")
     expect_exit_2(capsys, ["--config", GRPO, *data_args, "actor_rollout_ref.rollout.nnodes=2"],
                   "actor_rollout_ref.rollout.nnodes=2: expected 1 outside a launcher")

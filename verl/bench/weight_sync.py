@@ -10,8 +10,8 @@ chunks ``fully_shard`` keeps), rollout ranks a staging buffer and the reference 
 the full weights. Reported:
 
 * ``verified``: every rollout rank's staging buffer equals its reference bit for bit after the sync;
-* ``bytes_received_per_rank`` (rollout ranks) and ``bytes_sent_per_rank`` (training ranks) against
-  ``bytes_formula`` (:meth:`CrossPoolPlan.formula`);
+* ``bytes_received_per_rank`` (rollout ranks), ``bytes_sent_per_rank`` (training ranks) and, when replicas
+  forward (R*t_g > N_t), ``bytes_forwarded_per_rank``, against ``bytes_formula`` (:meth:`CrossPoolPlan.formula`);
 * ``seconds`` (best of ``--repeats``), ``naive_seconds``: the peers' way in the same run -- each full
   tensor gathered on training rank 0 (point-to-point from the ranks holding its pieces) and broadcast to
   every rollout rank, which narrows out its shard -- also verified; ``memcpy_seconds`` of one shard;
@@ -154,6 +154,7 @@ def separate_rank(rank: int, nproc: int, cfg: dict, train: dict, rollout_tp: int
     plan = plan_cross_pool(config, placement, rank, bucket_bytes, dtype_name)
     role, replica, j = placement.role(rank)
     result = {"rank": rank, "role": role, "replica": replica, "tp_rank": j, "bytes": plan.bytes,
+              "forwarded": plan.forwarded_bytes,
               "summary": plan.summary() if rank in (0, placement.n_training) else None,
               "formula": plan.formula() if rank == 0 else None}
     sender = receiver = staging = live = reference = source = offsets = None
@@ -239,8 +240,10 @@ def report(ranks: list[dict], placement, args, config: ModelConfig) -> dict:
         "verified": all(r["verified"] for r in rollout),
         "bytes_received_per_rank": received,
         "bytes_sent_per_rank": sent,
+        "bytes_forwarded_per_rank": [r["forwarded"] for r in rollout],  # to the next replica (R*t_g > N_t)
         "bytes_formula": formula,
-        "bytes_received_equals_formula": received == formula["received_per_rank"],
+        "bytes_received_equals_formula": received == formula["received_per_rank"]
+        and [r["forwarded"] for r in rollout] == formula["forwarded_per_rank"],
         "bytes_sent_max_over_mean": max(sent) / (sum(sent) / len(sent)) if sum(sent) else 1.0,
         "seconds": seconds,
         "memcpy_seconds": max(r["memcpy_seconds"] for r in rollout),

@@ -13,14 +13,16 @@ them (all DP replicas of every (stage, tp rank) that stores it), least-loaded fi
 
 * rollout rank (k, j) receives ``P_j`` elements, its shard's payload (``M / t_g`` plus what t_g ranks
   replicate: norms, and KV heads when t_g > num_kv_heads) -- once, and nothing else;
-* training rank i sends ``R * sum_j P_j / N_t`` elements, up to the rounding of row splits.
+* training rank i sends ``R * sum_j P_j / N_t`` elements (``sum_j P_j / N_t`` when replicas forward), up to
+  the rounding of row splits.
 
-Replicas beyond the first are fed by the training ranks, not forwarded inside the rollout pool. With one
-link per rank of bandwidth B, direct feeding takes ``max(R*M'/N_t, P_j) / B`` (M' = sum_j P_j: every
-training rank sends its share of R copies, every rollout rank receives its shard), and a forwarding chain
-``~ max(M'/N_t, P_j) / B`` plus one hop of latency per replica. They differ only when ``R * t_g > N_t``
-(a rollout pool larger than the training pool, where the training ranks' uplinks are the bottleneck):
-then forwarding would win; ``feed_rule`` names the case. The planner implements direct feeding.
+How replicas beyond the first are fed is chosen by which takes less time. With one link per rank of
+bandwidth B, feeding every replica from the training ranks takes ``max(R*M'/N_t, P_j) / B`` (each training
+rank sends its share of R copies), forwarding inside the rollout pool (replica 0 from the training ranks,
+replica k from replica k-1, bucket by bucket) ``~ max(M'/N_t, P_j) / B`` plus one bucket per hop. They differ
+only when ``R * t_g > N_t`` (more rollout ranks than training ranks: the training ranks' uplinks bound direct
+feeding), so the plan forwards exactly then (:attr:`PoolPlacement.forward`); a forwarded bucket travels whole
+(one message per hop, dense) with its checksum.
 
 Traffic is cut into buckets of at most ``bucket_bytes`` sent and at most ``bucket_bytes`` received per
 rank (first fit, as the colocated all-to-all buckets), so scratch is bounded: two buckets in flight.
@@ -94,14 +96,18 @@ class PoolPlacement:
         return ROLLOUT, k, j
 
     @property
+    def forward(self) -> bool:
+        """Replicas beyond the first get their buckets from the previous replica (see the module docstring)."""
+        return self.replicas > 1 and self.n_rollout > self.n_training
+
+    @property
     def feed_rule(self) -> str:
         """Which way of feeding replicas beyond the first costs less, by the model in the module docstring."""
-        if self.replicas * self.rollout_tp <= self.n_training:
-            return (f"R*t_g={self.n_rollout} <= N_t={self.n_training}: direct feeding from the training ranks is "
-                    f"no slower than forwarding inside the rollout pool (the receivers' links bound both)")
-        return (f"R*t_g={self.n_rollout} > N_t={self.n_training}: the training ranks' uplinks bound direct feeding "
-                f"(R*M'/N_t per rank); forwarding inside the rollout pool would send M'/N_t instead. This planner "
-                f"feeds directly")
+        if not self.forward:
+            return (f"R*t_g={self.n_rollout} <= N_t={self.n_training}: every replica is fed by the training ranks "
+                    f"(no slower than forwarding: the receivers' links bound both)")
+        return (f"R*t_g={self.n_rollout} > N_t={self.n_training}: replica 0 is fed by the training ranks, replica k "
+                f"by replica k-1 (the training ranks' uplinks would bound direct feeding: R*M'/N_t per rank)")
 
     def __str__(self) -> str:
         return (f"training {describe_training(self.training)} on ranks [0, {self.n_training}) -> rollout t_g="
@@ -125,6 +131,7 @@ class PoolBucket:
     numel: int                   # this rank's buffer (send or receive) in elements
     spans: tuple[Span, ...]      # per peer, in peer order
     program: tuple[Segment, ...]  # pack (training params -> buffer) or unpack (buffer -> rollout params)
+    forward_to: int | None = None  # ROLLOUT with forwarding: the next replica's rank, sent the whole bucket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +160,11 @@ class CrossPoolPlan:
         return sum(b.numel for b in self.buckets) * self.element_size
 
     @property
+    def forwarded_bytes(self) -> int:
+        """What a rollout rank passes on to the next replica per sync (forwarding only)."""
+        return sum(b.numel for b in self.buckets if b.forward_to is not None) * self.element_size
+
+    @property
     def peak_extra_bytes(self) -> int:
         """Two buckets in flight at most (the executor's double buffering)."""
         sizes = sorted((b.numel for b in self.buckets), reverse=True)[:2]
@@ -162,12 +174,15 @@ class CrossPoolPlan:
         """The bytes every rank should move, from the layouts alone (what the bench prints and checks)."""
         p, size = self.placement, self.element_size
         shard = [self.payload_elems[j] * size for j in range(p.rollout_tp)]
-        total = p.replicas * sum(shard)
+        copies = 1 if p.forward else p.replicas
         return {
             "text": "received by rollout rank (k, j) = P_j (its shard's payload: M/t_g + replicated norms/KV heads); "
-                    "sent by each training rank = R * sum_j P_j / N_t (rows split evenly over the holders)",
+                    "sent by each training rank = R * sum_j P_j / N_t (rows split evenly over the holders), or "
+                    "sum_j P_j / N_t when replicas forward (R*t_g > N_t), replica k < R-1 then sending P_j on",
             "received_per_rank": [shard[j] for _ in range(p.replicas) for j in range(p.rollout_tp)],
-            "sent_per_rank_mean": total / p.n_training,
+            "sent_per_rank_mean": copies * sum(shard) / p.n_training,
+            "forwarded_per_rank": [shard[j] if p.forward and k < p.replicas - 1 else 0
+                                   for k in range(p.replicas) for j in range(p.rollout_tp)],
             "model_bytes": sum(shard),
         }
 
@@ -196,7 +211,7 @@ def _global_pool_plan(config: ModelConfig, placement: PoolPlacement, bucket_elem
     load = [0] * placement.n_training
     routes: list[_Route] = []
     payload = [0] * tg
-    for k in range(placement.replicas):
+    for k in range(1 if placement.forward else placement.replicas):  # forwarding: replica 0 only
         for j in range(tg):
             dst = placement.rollout_rank(k, j)
             for template, found in _sources(tables, j):
@@ -228,6 +243,9 @@ def plan_cross_pool(config: ModelConfig, placement: PoolPlacement, rank: int,
     sent = [0] * placement.n_training
     received = [0] * placement.n_rollout
     mine: list[PoolBucket] = []
+    forwarded = role == ROLLOUT and placement.forward
+    # With forwarding, replica k's buckets are replica 0's (same shard, same order), whole from replica k-1.
+    me = placement.rollout_rank(0, b) if forwarded else rank
     for index, routes in enumerate(g.buckets):
         for r in routes:
             sent[r.src] += r.transfer.numel
@@ -236,7 +254,7 @@ def plan_cross_pool(config: ModelConfig, placement: PoolPlacement, rank: int,
             own = sorted((r for r in routes if r.src == rank), key=lambda r: r.dst)  # stable: plan order kept
             peer_of = lambda r: r.dst  # noqa: E731
         else:
-            own = sorted((r for r in routes if r.dst == rank), key=lambda r: r.src)
+            own = sorted((r for r in routes if r.dst == me), key=lambda r: r.src)
             peer_of = lambda r: r.src  # noqa: E731
         if not own:
             continue
@@ -248,7 +266,16 @@ def plan_cross_pool(config: ModelConfig, placement: PoolPlacement, rank: int,
             segments.append(_segment(r.transfer, None, offset) if role == TRAINING
                             else _segment(r.transfer, offset, None))
             offset += r.transfer.numel
-        mine.append(PoolBucket(index, offset, tuple(Span(*s) for s in spans), _merge(segments)))
+        if forwarded:
+            spans = [[placement.rollout_rank(a - 1, b), 0, offset]] if a > 0 else spans
+            forward_to = placement.rollout_rank(a + 1, b) if a + 1 < placement.replicas else None
+        else:
+            forward_to = None
+        mine.append(PoolBucket(index, offset, tuple(Span(*s) for s in spans), _merge(segments), forward_to))
+    if placement.forward:  # replicas beyond the first receive what replica 0 does, from their predecessor
+        for k in range(1, placement.replicas):
+            for j in range(placement.rollout_tp):
+                received[k * placement.rollout_tp + j] = received[j]
     return CrossPoolPlan(
         rank=rank, role=role, placement=placement, replica=a if role == ROLLOUT else 0,
         rollout_tp_rank=b if role == ROLLOUT else 0, dtype=dtype, bucket_bytes=bucket_bytes,

@@ -14,9 +14,11 @@ The checksum (:func:`checksum`, a position-weighted sum of the span's words modu
 content the receiver must end up with, so with ``verify=True`` it checks the transport and the delta
 reconstruction at once; a mismatch raises :class:`WeightSyncError` naming the bucket and both ranks.
 
-The receiver writes into a staging buffer (one rollout shard) while the engine may go on reading its live
-weights; :meth:`PoolReceiver.receive` returns when the staging buffer holds the new weights, and the caller
-swaps it in at a step boundary. Buckets are pipelined on both sides: two bucket buffers per rank at most.
+With forwarding (:attr:`PoolPlacement.forward`) a rollout rank passes each verified bucket on, whole, to the
+same tp rank of the next replica. The receiver writes into a staging buffer (one rollout shard) while the engine
+may go on reading its live weights; :meth:`PoolReceiver.receive` returns when the staging buffer holds the new
+weights, and the caller swaps it in at a step boundary. Buckets are pipelined on both sides: two bucket buffers
+per rank at most.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def checksum(t: torch.Tensor) -> int:
     any change to one element changes it."""
     from verl.ops.copy_program import _ext
 
-    return int(_ext().checksum(t.contiguous()))
+    value = int(_ext().checksum(t.contiguous()))
+    return value - (1 << 64) if value >= 1 << 63 else value  # as int64 (two's complement): it travels in a header
 
 
 def encode_delta(current: torch.Tensor, previous: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,8 +250,13 @@ class PoolReceiver:
                  for _ in range(min(2, len(self.plan.buckets)))]
         received = dense = 0
         pending = None
+        forwards: list[list] = [[] for _ in slots]  # per slot: sends of its bucket to the next replica
         for i, bucket in enumerate(self.plan.buckets):
-            buffer = slots[i % len(slots)][:bucket.numel]
+            slot = i % len(slots)
+            for work in forwards[slot][1:]:  # the slot's previous bucket has been forwarded
+                work.wait()
+            forwards[slot] = []
+            buffer = slots[slot][:bucket.numel]
             headers = [torch.empty(4, dtype=torch.int64) for _ in bucket.spans]
             for span, header in zip(bucket.spans, headers, strict=True):
                 self.bridge.irecv(header, span.peer, _tag(_HEADER_TAG, bucket.index)).wait()
@@ -278,15 +286,20 @@ class PoolReceiver:
                 received += (span.numel if mode == DENSE else n_values) * self.plan.element_size + n_runs * 8
                 dense += span.numel * self.plan.element_size
             if pending is not None:
-                self._finish(*pending, staging)
+                forwards[(i - 1) % len(slots)] = self._finish(*pending, staging)
             pending = (i, bucket, buffer, headers, works, deltas)
         if pending is not None:
-            self._finish(*pending, staging)
+            forwards[(len(self.plan.buckets) - 1) % len(slots)] = self._finish(*pending, staging)
+        for sends in forwards:
+            for work in sends[1:]:
+                work.wait()
         peak = sum(s.numel() for s in slots) * self.plan.element_size
         return SyncStats(time.perf_counter() - start, received, dense, peak, self.verify)
 
     def _finish(self, i: int, bucket: PoolBucket, buffer: torch.Tensor, headers: list, works: list, deltas: list,
-                staging: torch.Tensor) -> None:
+                staging: torch.Tensor) -> list:
+        """Wait for bucket ``i``, rebuild its delta spans, verify, unpack; forward it whole to the next replica
+        when the plan says so. Returns [header, *the forward's pending sends] (empty when not forwarding)."""
         for work in works:
             work.wait()
         for data, runs, values in deltas:
@@ -301,4 +314,9 @@ class PoolReceiver:
                         f"checksum mismatch (sent {int(header[3]) & (2**64 - 1):#018x}, received "
                         f"{got & (2**64 - 1):#018x})")
         run_copy_program(buffer, staging, self._unpack[i], validate=False)
+        if bucket.forward_to is None:
+            return []
+        header = torch.tensor([DENSE, 0, bucket.numel, checksum(buffer) if self.verify else 0], dtype=torch.int64)
+        return [header, self.bridge.isend(header, bucket.forward_to, _tag(_HEADER_TAG, bucket.index)),
+                self.bridge.isend(buffer, bucket.forward_to, _tag(_PAYLOAD_TAG, bucket.index))]
 
