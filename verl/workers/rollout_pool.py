@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from verl.errors import InputError
 from verl.hybrid_engine.cross_pool import PoolPlacement, plan_cross_pool
 from verl.hybrid_engine.layouts import FSDPLayout
 from verl.hybrid_engine.weight_sync import METRIC_BYTES, METRIC_DELTA_FRACTION, PoolReceiver, PoolSender
@@ -55,7 +56,7 @@ class RolloutPoolLink:
         if self.rank == 0:  # the pool plans from the same placement, and learns what to check
             for dst in range(self.placement.n_training, self.placement.world_size):
                 self.bridge.send_object({"op": "init", "placement": self.placement, "bucket_bytes": bucket_bytes,
-                                         "dtype": rollout_config.dtype, "verify": ce.verify}, dst)
+                                         "dtype": rollout_config.dtype, "verify": ce.verify, "delta": ce.delta}, dst)
         self._module = None
         if isinstance(training, FSDPLayout):
             from verl.hybrid_engine.hybrid_engine import check_fsdp_module
@@ -179,20 +180,29 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
         specs = [(s.name, s.shape) for s in rollout_param_specs(model_config, tp, tp_rank)]
         receiver = PoolReceiver(plan, specs, bridge, verify=init["verify"])
         engine.resume()
-        live = engine.weight_buffer()
         swap = getattr(engine, "swap_weight_buffer", None)
-        # The staging buffer: one more shard, so the engine can keep reading the old weights meanwhile.
-        staging = torch.empty_like(live) if swap is not None else live
-        for buffer in {id(live): live, id(staging): staging}.values():
-            receiver.zero_padding(buffer)
+        if swap is not None:
+            # The staging buffer: one more shard, so the engine can keep reading the old weights meanwhile.
+            live = engine.weight_buffer()
+            staging = torch.empty_like(live)
+            for buffer in (live, staging):
+                receiver.zero_padding(buffer)
+        elif init["delta"] and torch.cuda.is_available():
+            raise InputError("actor_rollout_ref.rollout.checkpoint_engine.delta: expected a rollout whose weights stay "
+                             "readable between syncs (native, or SGLang on CPU), found SGLang on a GPU (it drops "
+                             "its push buffer after every push)")
         while True:
             command = bridge.recv_object(0, timeout=COMMAND_WAIT)
             op = command["op"]
             if op == "sync":
-                receiver.receive(staging, live)
-                if swap is not None:  # the step boundary: the new weights become the engine's
-                    staging, live = swap(staging), staging
-                engine.push_weights()
+                if swap is not None:
+                    receiver.receive(staging, live)
+                    staging, live = swap(staging), staging  # the step boundary: the new weights become the engine's
+                else:  # SGLang: its push buffer (kept in shared memory on CPU: the last sync's weights)
+                    buffer = engine.weight_buffer()
+                    receiver.zero_padding(buffer)
+                    receiver.receive(buffer, buffer)
+                    engine.push_weights()
             elif op == "generate":
                 start = time.perf_counter()
                 out = engine.generate_sequences(DataProto.from_bytes(command["prompts"]), command["params"])
