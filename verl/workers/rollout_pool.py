@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import signal
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ from verl.hybrid_engine.cross_pool import PoolPlacement, plan_cross_pool
 from verl.hybrid_engine.layouts import FSDPLayout
 from verl.hybrid_engine.weight_sync import METRIC_BYTES, METRIC_DELTA_FRACTION, PoolReceiver, PoolSender
 from verl.launcher.pools import current_bridge
+from verl.launcher.spawn import FORWARDED_SIGNALS
 from verl.protocol import DataProto
 from verl.utils.logging_utils import get_logger
 from verl.utils.torch_dtypes import DTYPES
@@ -161,6 +163,10 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
     from verl.hybrid_engine.rollout_layout import rollout_param_specs
 
     bridge = current_bridge()
+    # A preemption signal (Ctrl-C, SIGTERM, SIGUSR1) reaches every rank: the training ranks finish the step and
+    # checkpoint, then send `stop`; this rank keeps serving until then instead of dying and failing the job.
+    for sig in FORWARDED_SIGNALS:
+        signal.signal(sig, lambda signum, frame: logger.info("rollout pool: signal %d, serving until stop", signum))
     arr = config.actor_rollout_ref
     tp = arr.rollout.tensor_model_parallel_size
     pool_rank, pool_size = dist.get_rank(), dist.get_world_size()
