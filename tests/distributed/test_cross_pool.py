@@ -286,3 +286,30 @@ def test_a_pool_rank_killed_during_a_transfer_ends_the_job_with_one_line(tmp_pat
     assert (tmp_path / "run" / "metrics.jsonl").is_file()  # step 1 was logged: the kill came at the second sync
     print(f"pool rank killed mid-transfer: the job ended {elapsed:.1f} s after the kill (bound 60 s)")
     assert elapsed < 60
+
+
+def test_a_preempted_pool_run_checkpoints_and_exits_0(tmp_path, data_args):
+    """SIGUSR1 (Slurm's preemption warning; Ctrl-C is the same path) reaches every rank: the training ranks finish
+    the step and checkpoint, the pool ranks serve until the trainer's stop, and the job exits 0."""
+    import signal
+
+    from helpers.train_runs import read_metrics as metrics_of
+
+    out = tmp_path / "run"
+    cmd = train_cmd("grpo_arith_tiny.yaml", out, data_args, *SMALL, *POOL, "trainer.total_training_steps=50")
+    launcher = subprocess.Popen(cmd, cwd=REPO, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and launcher.poll() is None:
+            if (out / "metrics.jsonl").is_file() and metrics_of(out):
+                break
+            time.sleep(0.1)
+        launcher.send_signal(signal.SIGUSR1)
+        output, _ = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, output[-3000:]
+    assert "preempted: stopped after step" in output
+    assert (out / "checkpoints" / "latest_checkpointed_iteration.txt").is_file()
