@@ -16,7 +16,12 @@
                                      see verl/utils/flops_counter.py)
   training/global_step, training/epoch
   training/rollout_probs_diff_{max,mean,std}   |p_rollout - p_actor| of the response tokens (verl's
-                                     debug metric: the rollout and the actor should agree closely)
+                                     debug metric: the rollout and the actor should agree closely); the
+                                     first step of a run fails above the rollout dtype's bound
+                                     (rollout_probs_diff_bound)
+  perf/reshard_bytes, perf/reshard_peak_extra_mb   the colocated 3D-HybridEngine's weight sync
+  perf/weight_sync_{bytes,delta_fraction,peak_extra_mb}   a standalone rollout pool's: bytes all training
+                                     ranks sent, sent / dense (sparse delta), the senders' scratch
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ from verl.engine.registry import build_engine
 from verl.engine.roles import Actor
 from verl.hybrid_engine.groups import derive_groups
 from verl.hybrid_engine.hybrid_engine import HybridEngine, rollout_tp_process_group
+from verl.hybrid_engine.weight_sync import METRIC_BYTES as METRIC_SYNC_BYTES
+from verl.hybrid_engine.weight_sync import METRIC_DELTA_FRACTION
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, make_nd_compute_dataproto_dispatch_fn, register
@@ -241,8 +243,8 @@ class ActorRolloutRefWorker(Worker):
         ``generate_sequences``; returns rank 0's reshard statistics (``perf/reshard_bytes``,
         ``perf/reshard_peak_extra_mb``)."""
         if self.pool is not None:
-            if self._rollout_synced:  # the pool keeps its weights between generations
-                return {}
+            if self._rollout_synced:  # the pool kept the current weights since the last sync: nothing to send
+                return {METRIC_SYNC_BYTES: 0.0, METRIC_DELTA_FRACTION: 0.0}
             metrics = self.pool.sync_weights()
         else:
             metrics = self.hybrid_engine.to_rollout()
