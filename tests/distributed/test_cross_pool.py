@@ -8,8 +8,9 @@ error naming the bucket and both ranks.
 
 Trainer level: the quickstart's GRPO with 2 training ranks + 2 pool ranks is the colocated run step for step
 (same samples, same losses, same greedy validation: the pool generates with exactly the actor's weights after
-every update); FSDP with a bf16 pool and delta syncs trains with verified buckets; a pool rank killed in the
-middle of a transfer ends the job within a bound, with one line naming it.
+every update); FSDP with a bf16 pool and delta syncs trains with verified buckets, and a preemption there
+checkpoints and exits 0; a pool rank killed in the middle of a transfer ends the job within a bound, with one
+line naming it.
 """
 
 import json
@@ -238,13 +239,35 @@ def test_the_pool_run_is_the_colocated_run_step_for_step(tmp_path, data_args, le
     assert pool[3]["perf/weight_sync_bytes"] == pool[1]["perf/weight_sync_bytes"]  # dense: the same each sync
 
 
-def test_fsdp_with_a_bf16_pool_trains_with_delta_syncs(tmp_path, data_args, length_reward):
+def test_fsdp_with_a_bf16_pool_trains_with_delta_syncs_and_a_preemption_checkpoints(tmp_path, data_args,
+                                                                                     length_reward):
+    """FSDP (fp32 master weights) into a bf16 pool with delta syncs and verified buckets; after step 3 the launcher
+    gets SIGUSR1 (Slurm's preemption warning; Ctrl-C takes the same path), which reaches every rank: the training
+    ranks finish the step and checkpoint, the pool ranks serve until the trainer's stop, and the job exits 0."""
+    import signal
+
     out = tmp_path / "fsdp"
-    run_train(train_cmd("grpo_arith_tiny_fsdp.yaml", out, data_args, *length_reward, *SMALL, *POOL[:1],
-                        "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=2",
-                        "actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.actor.optim.lr=1e-6",
-                        "actor_rollout_ref.rollout.checkpoint_engine.delta=true",
-                        "actor_rollout_ref.rollout.checkpoint_engine.verify=true"))
+    cmd = train_cmd("grpo_arith_tiny_fsdp.yaml", out, data_args, *length_reward, *SMALL, *POOL[:1],
+                    "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=2",
+                    "actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.actor.optim.lr=1e-6",
+                    "actor_rollout_ref.rollout.checkpoint_engine.delta=true",
+                    "actor_rollout_ref.rollout.checkpoint_engine.verify=true", "trainer.total_training_steps=50")
+    launcher = subprocess.Popen(cmd, cwd=REPO, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and launcher.poll() is None:
+            if (out / "metrics.jsonl").is_file() and 3 in read_metrics(out):
+                break
+            time.sleep(0.1)
+        launcher.send_signal(signal.SIGUSR1)
+        output, _ = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, output[-3000:]
+    assert "preempted: stopped after step" in output
+    assert (out / "checkpoints" / "latest_checkpointed_iteration.txt").is_file()
     metrics = read_metrics(out)
     assert metrics[1]["perf/weight_sync_delta_fraction"] == 1.0  # nothing to compare with yet
     fractions = [metrics[step]["perf/weight_sync_delta_fraction"] for step in (1, 2, 3)]
@@ -287,29 +310,3 @@ def test_a_pool_rank_killed_during_a_transfer_ends_the_job_with_one_line(tmp_pat
     print(f"pool rank killed mid-transfer: the job ended {elapsed:.1f} s after the kill (bound 60 s)")
     assert elapsed < 60
 
-
-def test_a_preempted_pool_run_checkpoints_and_exits_0(tmp_path, data_args):
-    """SIGUSR1 (Slurm's preemption warning; Ctrl-C is the same path) reaches every rank: the training ranks finish
-    the step and checkpoint, the pool ranks serve until the trainer's stop, and the job exits 0."""
-    import signal
-
-    from helpers.train_runs import read_metrics as metrics_of
-
-    out = tmp_path / "run"
-    cmd = train_cmd("grpo_arith_tiny.yaml", out, data_args, *SMALL, *POOL, "trainer.total_training_steps=50")
-    launcher = subprocess.Popen(cmd, cwd=REPO, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and launcher.poll() is None:
-            if (out / "metrics.jsonl").is_file() and metrics_of(out):
-                break
-            time.sleep(0.1)
-        launcher.send_signal(signal.SIGUSR1)
-        output, _ = launcher.communicate(timeout=120)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-    assert launcher.returncode == 0, output[-3000:]
-    assert "preempted: stopped after step" in output
-    assert (out / "checkpoints" / "latest_checkpointed_iteration.txt").is_file()
