@@ -194,7 +194,7 @@ class PoolSender:
             header = torch.tensor([mode, 0 if runs is None or mode == DENSE else runs.shape[1], values.numel(),
                                    checksum(data) if self.verify else 0], dtype=torch.int64)
             keep.append(header)
-            works.append(self.bridge.isend(header, span.peer, _tag(_HEADER_TAG, bucket.index)))
+            works.append(self.bridge.isend_control(header, span.peer, _tag(_HEADER_TAG, bucket.index)))
             if mode == DELTA and runs.shape[1]:
                 runs = runs.contiguous()
                 keep.append(runs)
@@ -259,7 +259,7 @@ class PoolReceiver:
             buffer = slots[slot][:bucket.numel]
             headers = [torch.empty(4, dtype=torch.int64) for _ in bucket.spans]
             for span, header in zip(bucket.spans, headers, strict=True):
-                self.bridge.irecv(header, span.peer, _tag(_HEADER_TAG, bucket.index)).wait()
+                self.bridge.irecv_control(header, span.peer, _tag(_HEADER_TAG, bucket.index)).wait()
             if any(int(h[0]) == DELTA for h in headers):
                 if live is None:
                     raise WeightSyncError(f"bucket {bucket.index}: a delta arrived but this rank has no live "
@@ -276,7 +276,7 @@ class PoolReceiver:
                                               f"{n_values}")
                     works.append(self.bridge.irecv(data, span.peer, _tag(_PAYLOAD_TAG, bucket.index)))
                 else:
-                    runs = torch.empty(2, n_runs, dtype=torch.int32)
+                    runs = torch.empty(2, n_runs, dtype=torch.int32, device=staging.device)
                     values = torch.empty(n_values, dtype=staging.dtype, device=staging.device)
                     if n_runs:
                         works.append(self.bridge.irecv(runs, span.peer, _tag(_RUNS_TAG, bucket.index)))
@@ -317,6 +317,6 @@ class PoolReceiver:
         if bucket.forward_to is None:
             return []
         header = torch.tensor([DENSE, 0, bucket.numel, checksum(buffer) if self.verify else 0], dtype=torch.int64)
-        return [header, self.bridge.isend(header, bucket.forward_to, _tag(_HEADER_TAG, bucket.index)),
+        return [header, self.bridge.isend_control(header, bucket.forward_to, _tag(_HEADER_TAG, bucket.index)),
                 self.bridge.isend(buffer, bucket.forward_to, _tag(_PAYLOAD_TAG, bucket.index))]
 

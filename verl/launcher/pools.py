@@ -55,10 +55,13 @@ def split_from_config(config: Any) -> PoolSplit | None:
 
 
 class Bridge:
-    """Point-to-point over a process group spanning both pools (bridge rank = job rank)."""
+    """Point-to-point over process groups spanning both pools (bridge rank = job rank): ``group`` carries weight
+    buckets (NCCL between GPUs, else gloo), ``control`` (gloo, CPU tensors) the small messages: commands,
+    rollouts, bucket headers. On CPU both are one gloo group."""
 
-    def __init__(self, group: Any, rank: int, size: int, split: PoolSplit | None = None):
+    def __init__(self, group: Any, rank: int, size: int, split: PoolSplit | None = None, control: Any = None):
         self.group, self.rank, self.size, self.split = group, rank, size, split
+        self.control = group if control is None else control
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int):
         return self.group.send([tensor], dst, tag)
@@ -66,23 +69,29 @@ class Bridge:
     def irecv(self, tensor: torch.Tensor, src: int, tag: int):
         return self.group.recv([tensor], src, tag)
 
+    def isend_control(self, tensor: torch.Tensor, dst: int, tag: int):
+        return self.control.send([tensor], dst, tag)
+
+    def irecv_control(self, tensor: torch.Tensor, src: int, tag: int):
+        return self.control.recv([tensor], src, tag)
+
     def send_object(self, obj: Any, dst: int) -> None:
         data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
-        self.isend(torch.tensor([data.numel()], dtype=torch.int64), dst, OBJECT_TAG).wait()
+        self.isend_control(torch.tensor([data.numel()], dtype=torch.int64), dst, OBJECT_TAG).wait()
         if data.numel():
-            self.isend(data, dst, OBJECT_TAG).wait()
+            self.isend_control(data, dst, OBJECT_TAG).wait()
 
     def recv_object(self, src: int, timeout: datetime.timedelta | None = None) -> Any:
         """The next object ``src`` sends; ``timeout`` (default: the group's) bounds the wait for it to start."""
         size = torch.empty(1, dtype=torch.int64)
-        work = self.irecv(size, src, OBJECT_TAG)
+        work = self.irecv_control(size, src, OBJECT_TAG)
         if timeout is None:
             work.wait()
         else:
             work.wait(timeout)
         data = torch.empty(int(size), dtype=torch.uint8)
         if data.numel():
-            self.irecv(data, src, OBJECT_TAG).wait()
+            self.irecv_control(data, src, OBJECT_TAG).wait()
         return pickle.loads(data.numpy().tobytes())  # noqa: S301 - peers of this job only (bridge ranks)
 
 
@@ -102,16 +111,15 @@ def make_bridge(store: Any, rank: int, size: int, backend: str, timeout: datetim
     global _BRIDGE
     import torch.distributed as dist
 
-    prefixed = dist.PrefixStore("verl_bridge", store)
+    if backend not in ("gloo", "nccl"):
+        raise InputError(f"bridge backend: expected 'gloo' or 'nccl', found {backend!r}")
+    control = dist.ProcessGroupGloo(dist.PrefixStore("verl_bridge", store), rank, size, timeout)
+    group = None
     if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
-        group = dist.ProcessGroupNCCL(prefixed, rank, size, options)
-    elif backend == "gloo":
-        group = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
-    else:
-        raise InputError(f"bridge backend: expected 'gloo' or 'nccl', found {backend!r}")
-    _BRIDGE = Bridge(group, rank, size, split)
+        group = dist.ProcessGroupNCCL(dist.PrefixStore("verl_bridge_nccl", store), rank, size, options)
+    _BRIDGE = Bridge(group or control, rank, size, split, control=control)
     return _BRIDGE
 
 
