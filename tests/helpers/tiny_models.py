@@ -57,12 +57,12 @@ def alive_pids(pids):
 
 
 def arithmetic_data_args(out, num_train: int = 64, num_test: int = 16) -> list:
-    """The arithmetic task written to ``out`` (`verl data arithmetic`) as verl train's data overrides."""
-    import subprocess
-    import sys
+    """The arithmetic task written to ``out`` by `verl data arithmetic`'s own entry point, run in this process
+    (the same files as the command; the command line itself is tests/unit/test_bad_inputs.py's), as verl train's
+    data overrides."""
+    from verl.utils.dataset import arithmetic
 
-    subprocess.run([sys.executable, "-m", "verl.cli", "data", "arithmetic", "--out", str(out), "--num-train",
-                    str(num_train), "--num-test", str(num_test)], check=True, capture_output=True)
+    assert arithmetic.main(["--out", str(out), "--num-train", str(num_train), "--num-test", str(num_test)]) == 0
     return [f"data.train_files={out}/train.parquet", f"data.val_files={out}/test.parquet",
             f"data.tokenizer={out}/tokenizer"]
 
