@@ -32,6 +32,7 @@ import errno
 import os
 import random
 import socket
+import sys
 
 from verl.launcher.env import LOOPBACK, DistEnv, LaunchError, discover
 from verl.launcher.threads import intra_op_threads
@@ -320,3 +321,20 @@ def destroy_distributed() -> None:
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_process(code: int) -> None:
+    """End a rank process now with ``code``, skipping the interpreter's teardown: with torch, Megatron and
+    transformers imported it took ~2 s of every rank's exit (measured: 2.2 s on a loaded 2-core box), time a
+    job of many short rank processes (the tests, a launcher's fail-fast) spends for nothing. Only for a
+    ``__main__`` whose work is done: the process group is destroyed, files are closed, and here the standard
+    streams and logging handlers are flushed first."""
+    import logging
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()
+    os._exit(code)

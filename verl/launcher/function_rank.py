@@ -60,4 +60,6 @@ def main(job_dir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    from verl.launcher.bootstrap import exit_process
+
+    exit_process(main(sys.argv[1]))

@@ -256,4 +256,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from verl.launcher.bootstrap import exit_process
+
+    exit_process(main())  # a rank (or the local launcher): everything it opened is closed by now

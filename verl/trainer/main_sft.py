@@ -223,4 +223,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from verl.launcher.bootstrap import exit_process
+
+    exit_process(main())
