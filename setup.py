@@ -109,7 +109,7 @@ setup(
         # SGLang is installed by launch/setup_sglang.sh (--no-deps route on CPU);
         # on GPU clusters install `sglang` from its own instructions.
     },
-    entry_points={"console_scripts": ["verl=verl.cli:main"]},
+    entry_points={"console_scripts": ["verl=verl.cli:console_main"]},
     ext_modules=[_extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
     zip_safe=False,

@@ -124,5 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def console_main() -> None:
+    """The ``verl`` command: :func:`main`, then the process ends without the interpreter's teardown (see
+    :func:`verl.launcher.bootstrap.exit_process`; every command has closed what it wrote by then)."""
+    from verl.launcher.bootstrap import exit_process
+
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()
