@@ -210,8 +210,13 @@ def spawn_local(nproc: int, argv: list[str], env: dict[str, str] | None = None,
     ranks = LocalRanks(nproc, argv, env=env, master_port=master_port, out=out)
     code = ranks.wait()
     if failure is not None and ranks.failed_rank is not None:
-        returncode = ranks.procs[ranks.failed_rank].returncode
-        failure.update(rank=ranks.failed_rank, signal=-returncode if returncode < 0 else None)
+        # A rank a signal killed is the cause when peers failed by the same poll (their errors follow from it).
+        killed = [r for r in ranks.failed_ranks if ranks.procs[r].returncode < 0]
+        rank = killed[0] if killed else ranks.failed_rank
+        returncode = ranks.procs[rank].returncode
+        failure.update(rank=rank, signal=-returncode if returncode < 0 else None)
+        if returncode < 0:
+            code = 128 - returncode
     return code
 
 
