@@ -8,6 +8,7 @@
 - rollout TP2 (one engine, two SGLang ranks, each fed by its own trainer rank): a run preempted by
   SIGUSR1 checkpoints and exits 0, the same command resumes it, and SIGKILL of the engine's owner rank
   ends the job;
+- a standalone rollout pool (`rollout.nnodes=1`) serving SGLang gets the actor's weights every step;
 - no SGLang process outlives a finished, preempted or killed run (the process table is checked), and no
   rank's shared weight buffer outlives a finished or preempted one in /dev/shm.
 """
@@ -205,3 +206,31 @@ def test_bench_reshard_times_the_push_against_the_in_place_reshard(sglang_python
     assert result["push_budget_seconds"] == pytest.approx(2 * result["seconds"] + result["sglang_call_seconds"])
     assert_no_sglang_left(before)
     assert_no_shared_buffer_left(shm_before)
+
+
+def test_sglang_in_a_standalone_rollout_pool_gets_the_actors_weights_every_step(sglang_python, arith, sft_model,
+                                                                               tmp_path):
+    """2 training ranks + a rollout pool of 1 rank serving one SGLang engine (docs/rollout_pool.md): the pool rank
+    receives its shard into the buffer it pushes by handle (delta syncs, verified buckets); the rollout's
+    log-probs are the actor's at every step; the engine and its shared buffer are gone after the run."""
+    before = sglang_processes()
+    shm_before = torch_shm_files()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "OMPI_", "PMIX_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(
+        [sglang_python, "-m", "verl.cli", "train", *train_args(
+            arith, sft_model, tmp_path, "trainer.total_training_steps=3", "trainer.test_freq=-1",
+            "trainer.save_freq=-1", "trainer.val_before_train=false", "trainer.logger=[console,csv]",
+            "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.nnodes=1",
+            "actor_rollout_ref.rollout.n_gpus_per_node=1",
+            "actor_rollout_ref.rollout.checkpoint_engine.delta=true")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert_no_sglang_left(before)
+    assert_no_shared_buffer_left(shm_before)
+    train = [r for r in read_lines(tmp_path / "metrics.jsonl") if "timing_s/step" in r]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    for r in train:
+        assert r["training/rollout_probs_diff_max"] <= 1e-3, r["training/rollout_probs_diff_max"]
+        assert r["perf/weight_sync_bytes"] > 0

@@ -209,6 +209,7 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
                     receiver.zero_padding(buffer)
                     receiver.receive(buffer, buffer)
                     engine.push_weights()
+                    del buffer  # the engine's shutdown unlinks its shared buffer only when nothing here maps it
             elif op == "generate":
                 start = time.perf_counter()
                 out = engine.generate_sequences(DataProto.from_bytes(command["prompts"]), command["params"])
