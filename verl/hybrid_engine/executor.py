@@ -75,6 +75,17 @@ def _by_source(segments: Sequence[Segment]) -> dict[str, list[Segment]]:
     return out
 
 
+def source_programs(segments: Sequence[Segment], source_numels: Mapping[str, int],
+                    dst_offsets: Mapping[str, int] | None, dst_numel: int, what: str) -> list[tuple[str, torch.Tensor]]:
+    """One bound program per training tensor the segments read (separate tensors, FSDP's local shards)."""
+    out = []
+    for name, group in _by_source(segments).items():
+        if name not in source_numels:
+            raise ReshardBindError(f"{what}: plan names parameter {name!r}, not found among the training tensors")
+        out.append((name, _program(group, {name: 0}, dst_offsets, source_numels[name], dst_numel, what)))
+    return out
+
+
 def _program(segments: Sequence[Segment], src_offsets: Mapping[str, int] | None,
              dst_offsets: Mapping[str, int] | None, src_numel: int, dst_numel: int, what: str) -> torch.Tensor:
     rows = []
@@ -176,12 +187,7 @@ class ReshardExecutor:
 
     def _source_programs(self, segments: Sequence[Segment], dst_offsets: Mapping[str, int] | None, dst_numel: int,
                          what: str) -> list[tuple[str, torch.Tensor]]:
-        out = []
-        for name, group in _by_source(segments).items():
-            if name not in self.source_numels:
-                raise ReshardBindError(f"{what}: plan names parameter {name!r}, not found among the training tensors")
-            out.append((name, _program(group, {name: 0}, dst_offsets, self.source_numels[name], dst_numel, what)))
-        return out
+        return source_programs(segments, self.source_numels, dst_offsets, dst_numel, what)
 
     def _sources(self, sources: Mapping[str, torch.Tensor] | None) -> Mapping[str | None, torch.Tensor]:
         """The training tensors of one transition, checked against what the programs were bound to."""

@@ -30,8 +30,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from verl.hybrid_engine.cross_pool import TRAINING, CrossPoolPlan, PoolBucket
-from verl.hybrid_engine.executor import ReshardBindError, _by_source, _program, flat_offsets
+from verl.hybrid_engine.executor import ReshardBindError, _program, flat_offsets, source_programs
 from verl.ops.copy_program import make_program, run_copy_program, validate_program
+from verl.utils.torch_dtypes import DTYPES
 
 DENSE, DELTA = 0, 1
 _HEADER_TAG, _PAYLOAD_TAG, _RUNS_TAG = 10, 11, 12  # bucket tags: base + 4 * bucket index
@@ -110,7 +111,6 @@ class PoolSender:
         if plan.role != TRAINING:
             raise ReshardBindError(f"PoolSender: expected a training rank's plan, found a {plan.role} rank's")
         self.plan, self.bridge, self.verify, self.delta = plan, bridge, verify, delta
-        self.out_dtype = None
         if isinstance(training, torch.Tensor):
             if training_offsets is None:
                 raise ReshardBindError("training buffer: expected offsets by parameter name, found None")
@@ -126,18 +126,8 @@ class PoolSender:
             self.dtype, self.device = first.dtype, first.device
             self._flat = None
             self.source_numels = {name: t.numel() for name, t in training.items()}
-            self._packs = []
-            for b in plan.buckets:
-                programs = []
-                for name, segments in _by_source(b.program).items():
-                    if name not in self.source_numels:
-                        raise ReshardBindError(f"bucket {b.index} pack: plan names parameter {name!r}, not found "
-                                               "among the training tensors")
-                    programs.append((name, _program(segments, {name: 0}, None, self.source_numels[name], b.numel,
-                                                    f"bucket {b.index} pack")))
-                self._packs.append(programs)
-        from verl.utils.torch_dtypes import DTYPES
-
+            self._packs = [source_programs(b.program, self.source_numels, None, b.numel, f"bucket {b.index} pack")
+                           for b in plan.buckets]
         self.out_dtype = DTYPES[plan.dtype]
         self._previous: dict[int, torch.Tensor] = {}  # bucket index -> last sync's packed bucket (delta)
 
