@@ -171,7 +171,18 @@ CASES = [
     ("model_engine against strategy",
      lambda w: _train(w, "model_engine=dp", "actor_rollout_ref.actor.strategy=megatron"),
      "expected fsdp or fsdp2 with model_engine=dp"),
-    ("async trainer mode", lambda w: _train(w, "trainer.v1.trainer_mode=colocate_async"), "asynchronous trainers"),
+    ("separate_async without a pool", lambda w: _train(w, "trainer.v1.trainer_mode=separate_async"),
+     "expected a standalone rollout pool"),
+    ("separate_async batch invariant", lambda w: _train(
+        w, "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.v1.separate_async.parameter_sync_step=3"),
+     "parameter_sync_step (3) x"),
+    ("colocate_async with a pool", lambda w: _train(
+        w, "trainer.v1.trainer_mode=colocate_async", "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1"), "use separate_async"),
+    ("rollout_is threshold", lambda w: _train(w, "algorithm.rollout_correction.rollout_is=token",
+                                              "algorithm.rollout_correction.rollout_is_threshold=abc"),
+     "rollout_is_threshold"),
     # --- verl train: config files
     ("config missing", lambda w: ["train", "--config", str(w["root"] / "missing.yaml")], "missing.yaml"),
     ("config not utf-8", lambda w: ["train", "--config", str(w["root"] / "not_utf8.yaml")], "not_utf8.yaml"),

@@ -438,6 +438,7 @@ def compute_policy_loss(
     cliprange_high: float | None = None,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
     **global_batch_info: Any,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """PPO clipped surrogate with clip-higher and dual-clip (Ye et al. 2020).
@@ -448,7 +449,8 @@ def compute_policy_loss(
     ``global_batch_info``: :func:`agg_loss`'s dp_size, batch_num_tokens, global_batch_size, loss_scale_factor.
     Returns: pg_loss (scalar), pg_clipfrac (fraction of tokens where clipping bound the loss),
     ppo_kl (masked mean of old_log_prob - log_prob), pg_clipfrac_lower (fraction hit by the dual clip);
-    the three fractions are means over this batch's tokens.
+    the three fractions are means over this batch's tokens. ``rollout_is_weights`` [B, R] (verl's rollout
+    correction, :mod:`verl.algorithms.rollout_correction`): each token's final loss is multiplied by its weight.
     """
     if clip_ratio_c <= 1.0:
         raise InputError(f"clip_ratio_c: expected > 1.0 for dual-clip PPO, found {clip_ratio_c}")
@@ -474,6 +476,8 @@ def compute_policy_loss(
         torch.gt(clip_pg_losses1, pg_losses3).float() * (advantages < 0).float(), response_mask
     )
     pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
@@ -486,6 +490,7 @@ def compute_policy_loss_vanilla(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
     config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Registry form of :func:`compute_policy_loss`, reading the actor config keys
     ``clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high``, ``clip_ratio_c``, ``loss_scale_factor``
@@ -502,6 +507,7 @@ def compute_policy_loss_vanilla(
         cliprange_high=_cfg(config, "clip_ratio_high", None),
         clip_ratio_c=_cfg(config, "clip_ratio_c", 3.0),
         loss_agg_mode=loss_agg_mode,
+        rollout_is_weights=rollout_is_weights,
         **global_batch_info,
     )
 
@@ -518,6 +524,7 @@ def compute_policy_loss_gspo(
     response_mask: torch.Tensor,
     loss_agg_mode: str = GSPO_LOSS_AGG_MODE,
     config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071), token form.
 
@@ -553,6 +560,8 @@ def compute_policy_loss_gspo(
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
     pg_losses = torch.maximum(unclipped, clipped)
+    if rollout_is_weights is not None:  # verl's rollout correction, on each token's loss as for vanilla
+        pg_losses = pg_losses * rollout_is_weights
     pg_loss = agg_loss(pg_losses, response_mask, GSPO_LOSS_AGG_MODE, **global_batch_info)
     pg_clipfrac = verl_F.masked_mean(torch.gt(clipped, unclipped).float(), response_mask)
     ppo_kl = verl_F.masked_mean(-log_ratio, response_mask)

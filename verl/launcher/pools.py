@@ -59,9 +59,13 @@ class Bridge:
     buckets (NCCL between GPUs, else gloo), ``control`` (gloo, CPU tensors) the small messages: commands,
     rollouts, bucket headers. On CPU both are one gloo group."""
 
-    def __init__(self, group: Any, rank: int, size: int, split: PoolSplit | None = None, control: Any = None):
+    def __init__(self, group: Any, rank: int, size: int, split: PoolSplit | None = None, control: Any = None,
+                 results: Any = None):
         self.group, self.rank, self.size, self.split = group, rank, size, split
         self.control = group if control is None else control
+        # Streamed rollouts (the asynchronous trainer): pool -> training rank 0 on a group of their own, so the
+        # receiving thread there never shares a group with the commands and weights of the main thread.
+        self.results = self.control if results is None else results
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int):
         return self.group.send([tensor], dst, tag)
@@ -76,23 +80,38 @@ class Bridge:
         return self.control.recv([tensor], src, tag)
 
     def send_object(self, obj: Any, dst: int) -> None:
-        data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
-        self.isend_control(torch.tensor([data.numel()], dtype=torch.int64), dst, OBJECT_TAG).wait()
-        if data.numel():
-            self.isend_control(data, dst, OBJECT_TAG).wait()
+        _send_object(self.control, obj, dst)
 
     def recv_object(self, src: int, timeout: datetime.timedelta | None = None) -> Any:
         """The next object ``src`` sends; ``timeout`` (default: the group's) bounds the wait for it to start."""
-        size = torch.empty(1, dtype=torch.int64)
-        work = self.irecv_control(size, src, OBJECT_TAG)
-        if timeout is None:
-            work.wait()
-        else:
-            work.wait(timeout)
-        data = torch.empty(int(size), dtype=torch.uint8)
-        if data.numel():
-            self.irecv_control(data, src, OBJECT_TAG).wait()
-        return pickle.loads(data.numpy().tobytes())  # noqa: S301 - peers of this job only (bridge ranks)
+        return _recv_object(self.control, src, timeout)
+
+    def send_result(self, obj: Any, dst: int) -> None:
+        """On the results group (see ``results``); gloo's send returns once ``dst`` posted its receive."""
+        _send_object(self.results, obj, dst)
+
+    def recv_result(self, src: int, timeout: datetime.timedelta | None = None) -> Any:
+        return _recv_object(self.results, src, timeout)
+
+
+def _send_object(group: Any, obj: Any, dst: int) -> None:
+    data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+    group.send([torch.tensor([data.numel()], dtype=torch.int64)], dst, OBJECT_TAG).wait()
+    if data.numel():
+        group.send([data], dst, OBJECT_TAG).wait()
+
+
+def _recv_object(group: Any, src: int, timeout: datetime.timedelta | None) -> Any:
+    size = torch.empty(1, dtype=torch.int64)
+    work = group.recv([size], src, OBJECT_TAG)
+    if timeout is None:
+        work.wait()
+    else:
+        work.wait(timeout)
+    data = torch.empty(int(size), dtype=torch.uint8)
+    if data.numel():
+        group.recv([data], src, OBJECT_TAG).wait()
+    return pickle.loads(data.numpy().tobytes())  # noqa: S301 - peers of this job only (bridge ranks)
 
 
 _BRIDGE: Bridge | None = None
@@ -114,12 +133,13 @@ def make_bridge(store: Any, rank: int, size: int, backend: str, timeout: datetim
     if backend not in ("gloo", "nccl"):
         raise InputError(f"bridge backend: expected 'gloo' or 'nccl', found {backend!r}")
     control = dist.ProcessGroupGloo(dist.PrefixStore("verl_bridge", store), rank, size, timeout)
+    results = dist.ProcessGroupGloo(dist.PrefixStore("verl_bridge_results", store), rank, size, timeout)
     group = None
     if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         group = dist.ProcessGroupNCCL(dist.PrefixStore("verl_bridge_nccl", store), rank, size, options)
-    _BRIDGE = Bridge(group or control, rank, size, split, control=control)
+    _BRIDGE = Bridge(group or control, rank, size, split, control=control, results=results)
     return _BRIDGE
 
 

@@ -122,14 +122,14 @@ def _run_rank(config, dry_run: bool) -> int:
     try:
         from transformers import AutoTokenizer
 
-        from verl.trainer.ppo.trainer import PPOTrainer
+        from verl.trainer.v1 import trainer_class
 
         tokenizer = AutoTokenizer.from_pretrained(config.data.tokenizer)
         if split is not None and split.pool_of(env.rank)[0] == POOL_ROLLOUT:
             from verl.workers.rollout_pool import serve_rollout_pool
 
             return serve_rollout_pool(config, tokenizer)
-        trainer = PPOTrainer(config, tokenizer, dry_run=dry_run)
+        trainer = trainer_class(config)(config, tokenizer, dry_run=dry_run)
         try:
             code = trainer.fit()
         finally:

@@ -85,9 +85,12 @@ def policy_loss_fn(cfg: ActorConfig, counts: dict[str, int], on_policy: bool = F
     def loss_fn(outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
         log_prob, mask = outputs["log_probs"], mb["response_mask"]
         old_log_prob = log_prob.detach() if on_policy else mb["old_log_probs"]
+        # verl's rollout correction: importance weights on each token's loss (only when the batch has them, so a
+        # user's registered loss without the argument keeps working).
+        extra = {"rollout_is_weights": mb["rollout_is_weights"]} if "rollout_is_weights" in mb else {}
         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss(
             old_log_prob=old_log_prob, log_prob=log_prob, advantages=mb["advantages"], response_mask=mask,
-            loss_agg_mode=cfg.loss_agg_mode, config=loss_config)
+            loss_agg_mode=cfg.loss_agg_mode, config=loss_config, **extra)
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss, "actor/pg_clipfrac": pg_clipfrac, "actor/ppo_kl": ppo_kl,
                    "actor/pg_clipfrac_lower": pg_clipfrac_lower}
@@ -163,6 +166,7 @@ class ActorRolloutRefWorker(Worker):
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
         self._build_sampling(arr, response_length)
         self._rollout_synced = False  # the rollout engine holds the actor's current weights
+        self._weights_version: int | None = None  # the asynchronous trainer's model version of those weights
         self.pool = None
         if arr.rollout.nnodes:  # a standalone rollout pool: this rank only sends weights and (rank 0) prompts
             from verl.workers.rollout_pool import RolloutPoolLink
@@ -238,14 +242,17 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ generation
     @register(dispatch_mode=Dispatch.RANK_ZERO)
-    def update_weights(self) -> dict[str, float]:
+    def update_weights(self, version: int | None = None, force: bool = False) -> dict[str, float]:
         """Reshard the actor's weights into the rollout engine (training -> rollout layout) for the next
         ``generate_sequences``; returns rank 0's reshard statistics (``perf/reshard_bytes``,
-        ``perf/reshard_peak_extra_mb``)."""
+        ``perf/reshard_peak_extra_mb``). A standalone pool is told the weights' ``version`` (the asynchronous
+        trainer's global step; kept for later syncs when None); ``force`` sends even unchanged weights."""
+        if version is not None:
+            self._weights_version = version
         if self.pool is not None:
-            if self._rollout_synced:  # the pool kept the current weights since the last sync: nothing to send
+            if self._rollout_synced and not force:  # the pool kept the current weights since the last sync
                 return {METRIC_SYNC_BYTES: 0.0, METRIC_DELTA_FRACTION: 0.0}
-            metrics = self.pool.sync_weights()
+            metrics = self.pool.sync_weights(self._weights_version)
         else:
             metrics = self.hybrid_engine.to_rollout()
         self._rollout_synced = True
@@ -295,6 +302,43 @@ class ActorRolloutRefWorker(Worker):
         out.meta_info["metrics"] = {**metrics, "timing_s/generate_sequences": time.perf_counter() - start}
         return out
 
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("rollout"))
+    def generate_segment(self, rows: DataProto) -> DataProto:
+        """Partial rollout (verl's V1 asynchronous modes, colocated): continue each row -- a trajectory's prompt
+        and the tokens it already has, left-padded -- for at most ``limits`` more tokens, n=1 each, and stop once
+        this replica's share of whole groups finished (meta ``need_fraction`` of its groups, rounded up; tensor
+        ``group``), no ``required`` row is running, or every row finished. Returns the new tokens
+        (``responses``, ``response_mask``, ``rollout_log_probs``), ``width`` (meta) columns wide; the rollout
+        memory is released afterwards. See :mod:`verl.engine.rollout.partial`."""
+        from verl.engine.rollout.partial import generate_segment
+
+        if self.pool is not None:
+            raise RuntimeError("generate_segment: expected a colocated rollout, found a standalone pool")
+        meta = dict(rows.meta_info)
+        params = self.train_sampling
+        if meta.get("seed") is not None:
+            params = dataclasses.replace(params, seed=int(meta["seed"]) * 1009 + self.rollout_dp_rank)
+        inputs = {k: rows.batch[k] for k in ("input_ids", "attention_mask", "limits", "group", "required")}
+        local_groups = int(inputs["group"].unique().numel())
+        min_groups = -(-local_groups * int(meta["need"]) // int(meta["total_groups"]))
+        metrics = {} if self._rollout_synced else self.hybrid_engine.to_rollout()
+        start = time.perf_counter()
+        try:
+            responses, mask, log_probs = generate_segment(self.rollout, inputs, params, self.rollout.pad_token_id,
+                                                          min_groups)
+        finally:
+            self._release_rollout()
+        if self.rollout_tp_rank != 0:
+            return None
+        width = int(meta["width"])
+        pad = width - responses.shape[1]
+        out = DataProto.from_dict({
+            "responses": torch.nn.functional.pad(responses, (0, pad), value=self.rollout.pad_token_id),
+            "response_mask": torch.nn.functional.pad(mask.to(torch.int64), (0, pad)),
+            "rollout_log_probs": torch.nn.functional.pad(log_probs, (0, pad))})
+        out.meta_info["metrics"] = {**metrics, "timing_s/generate_sequences": time.perf_counter() - start}
+        return out
+
     # ------------------------------------------------------------------ log-probs
     @property
     def log_prob_temperature(self) -> float:
@@ -302,11 +346,37 @@ class ActorRolloutRefWorker(Worker):
         is greedy, whose rollout log-probs are the raw log-softmax."""
         return 1.0 if self.train_sampling.greedy else float(self.train_sampling.temperature)
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def snapshot_old_policy(self) -> None:
+        """Keep a host copy of the actor's weights as the old policy of the updates that follow (verl's
+        separate_async keeps pi_old fixed over the mini-batch updates of one weight sync)."""
+        with torch.no_grad():
+            self._old_policy = [p.detach().to("cpu", copy=True) for p in self._actor_params()]
+
+    def _actor_params(self) -> list[torch.Tensor]:
+        return [p.to_local() if hasattr(p, "to_local") else p for p in self.actor.engine.module.parameters()]
+
     @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO, reads=ACTOR_FIELDS)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """old_log_probs [B, R] and entropys [B, R] under the current actor at the rollout temperature."""
-        out = self.actor.compute_log_prob(batch_fields(data, ACTOR_FIELDS), calculate_entropy=True,
-                                          temperature=self.log_prob_temperature)
+        """old_log_probs [B, R] and entropys [B, R] under the current actor at the rollout temperature; under
+        the snapshot of :meth:`snapshot_old_policy` instead when meta_info ``old_policy`` is set."""
+        params = self._actor_params() if data.meta_info.get("old_policy") else None
+        current = None
+        try:
+            if params is not None:
+                if getattr(self, "_old_policy", None) is None:
+                    raise RuntimeError("compute_log_prob(old_policy): expected snapshot_old_policy() first, found none")
+                with torch.no_grad():
+                    current = [p.detach().clone() for p in params]
+                    for p, old in zip(params, self._old_policy, strict=True):
+                        p.copy_(old)
+            out = self.actor.compute_log_prob(batch_fields(data, ACTOR_FIELDS), calculate_entropy=True,
+                                              temperature=self.log_prob_temperature)
+        finally:
+            if current is not None:
+                with torch.no_grad():
+                    for p, now in zip(params, current, strict=True):
+                        p.copy_(now)
         return DataProto.from_dict({"old_log_probs": out["log_probs"], "entropys": out["entropy"]})
 
     @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO, reads=ACTOR_FIELDS)
@@ -320,7 +390,8 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ policy update
     @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO,
-              reads=ACTOR_FIELDS + ("response_mask", "old_log_probs", "advantages", "ref_log_prob"))
+              reads=ACTOR_FIELDS + ("response_mask", "old_log_probs", "advantages", "ref_log_prob",
+                                    "rollout_is_weights"))
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO epochs over mini-batches (ppo_mini_batch_size prompts x n responses, split over DP).
 
@@ -331,6 +402,8 @@ class ActorRolloutRefWorker(Worker):
         keys = ACTOR_FIELDS + ("response_mask", "old_log_probs", "advantages")
         if cfg.use_kl_loss:
             keys += ("ref_log_prob",)
+        if "rollout_is_weights" in data.batch.keys():
+            keys += ("rollout_is_weights",)
         fields = batch_fields(data, keys)
         mini = cfg.ppo_mini_batch_size * self.rollout_config.n // self.dp_size
         self.actor.micro_batch_size = cfg.ppo_micro_batch_size_per_gpu
@@ -338,7 +411,10 @@ class ActorRolloutRefWorker(Worker):
         if self._rollout_synced:  # weights synced before this update would be stale
             self._release_rollout()
         steps = []
-        on_policy = cfg.ppo_epochs == 1 and mini >= fields["response_mask"].size(0)
+        # One epoch over one mini-batch whose old log-probs are this actor's: the ratio is exactly 1 (not when
+        # they came from an older snapshot, meta_info ``old_policy``).
+        on_policy = (cfg.ppo_epochs == 1 and mini >= fields["response_mask"].size(0)
+                     and not data.meta_info.get("old_policy"))
         try:
             seed = int(data.meta_info.get("seed", 0))
             for batch in ppo_mini_batches(fields, mini, cfg.ppo_epochs, cfg.shuffle, seed):

@@ -79,10 +79,11 @@ class RolloutPoolLink:
         for dst in range(self.placement.n_training, self.placement.world_size):
             self.bridge.send_object(command, dst)
 
-    def sync_weights(self) -> dict[str, float]:
-        """Every training rank: send this rank's part of every rollout shard; returns the pool-wide figures."""
+    def sync_weights(self, version: int | None = None) -> dict[str, float]:
+        """Every training rank: send this rank's part of every rollout shard; returns the pool-wide figures.
+        ``version``: the model version the weights are (a streaming pool tags the tokens it generates with it)."""
         if self.rank == 0:
-            self._command({"op": "sync"})
+            self._command({"op": "sync", "version": version})
         if self._module is None:
             stats = self.sender.send()
         else:
@@ -123,6 +124,65 @@ class RolloutPoolLink:
         merged = DataProto.concat(outputs)
         merged.meta_info["metrics"] = metrics
         return merged
+
+    # ------------------------------------------------------------------ streaming (separate_async)
+    def start_stream(self, params: Any, groups_per_segment: int, seed: int, version: int) -> None:
+        """Training rank 0: switch the pool to streaming generation (verl's separate_async). Each replica keeps
+        the prompt groups submitted to it in flight and generates in segments, on the weights of the latest
+        sync, until ``groups_per_segment`` of them finished (or a command arrives: a sync interrupts the running
+        segment, its partial responses resume on the new weights); finished groups stream back to this rank,
+        where one thread per replica queues them (:meth:`poll`). ``version``: the model version of the weights the
+        pool holds (synced just before)."""
+        import queue
+        import threading
+
+        p = self.placement
+        self._results: queue.Queue = queue.Queue()
+        self._replica_load = [0] * p.replicas
+        for k in range(p.replicas):
+            command = {"op": "stream", "params": params, "groups_per_segment": groups_per_segment,
+                       "seed": seed * 1009 + k, "version": version}
+            for j in range(p.rollout_tp):
+                self.bridge.send_object(command, p.rollout_rank(k, j))
+
+        def receive(replica: int) -> None:
+            leader = p.rollout_rank(replica, 0)
+            while True:
+                message = self.bridge.recv_result(leader, timeout=COMMAND_WAIT)
+                self._results.put(message)
+                if message.get("op") == "stopped":
+                    return
+
+        for k in range(p.replicas):
+            threading.Thread(target=receive, args=(k,), name=f"pool-results-{k}", daemon=True).start()
+
+    def submit(self, groups: list) -> None:
+        """Training rank 0: hand prompt groups to the replicas, each to the one with the fewest in flight."""
+        p = self.placement
+        shares: dict[int, list] = {}
+        for group in groups:
+            k = min(range(p.replicas), key=lambda r: self._replica_load[r])
+            self._replica_load[k] += 1
+            shares.setdefault(k, []).append(group)
+        for k, share in shares.items():
+            for j in range(p.rollout_tp):
+                self.bridge.send_object({"op": "submit", "groups": share}, p.rollout_rank(k, j))
+
+    def poll(self, timeout: float | None) -> list[dict]:
+        """Training rank 0: the replicas' messages so far (waiting up to ``timeout`` s for the first one when
+        there is none; None waits as long as it takes). Each: ``groups`` (finished), ``replica``, ``metrics``."""
+        import queue
+
+        messages = []
+        try:
+            messages.append(self._results.get(timeout=timeout) if timeout != 0 else self._results.get_nowait())
+            while True:
+                messages.append(self._results.get_nowait())
+        except queue.Empty:
+            pass
+        for message in messages:
+            self._replica_load[message["replica"]] -= len(message.get("groups", ()))
+        return messages
 
     def close(self) -> None:
         """Training rank 0: tell the pool to stop (idempotent)."""
@@ -187,6 +247,7 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
         receiver = PoolReceiver(plan, specs, bridge, verify=init["verify"])
         engine.resume()
         swap = getattr(engine, "swap_weight_buffer", None)
+        live = staging = None
         if swap is not None:
             # The staging buffer: one more shard, so the engine can keep reading the old weights meanwhile.
             live = engine.weight_buffer()
@@ -197,30 +258,102 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
             raise InputError("actor_rollout_ref.rollout.checkpoint_engine.delta: expected a rollout whose weights stay "
                              "readable between syncs (native, or SGLang on CPU), found SGLang on a GPU (it drops "
                              "its push buffer after every push)")
+        buffers = {"staging": staging, "live": live} if swap is not None else None
+
+        def sync() -> None:
+            if buffers is not None:
+                receiver.receive(buffers["staging"], buffers["live"])
+                # The step boundary: the new weights become the engine's.
+                buffers["staging"], buffers["live"] = swap(buffers["staging"]), buffers["staging"]
+            else:  # SGLang: its push buffer (kept in shared memory on CPU: the last sync's weights)
+                buffer = engine.weight_buffer()
+                receiver.zero_padding(buffer)
+                receiver.receive(buffer, buffer)
+                engine.push_weights()
+                del buffer  # the engine's shutdown unlinks its shared buffer only when nothing here maps it
+
+        def generate(command: dict) -> None:
+            start = time.perf_counter()
+            out = engine.generate_sequences(DataProto.from_bytes(command["prompts"]), command["params"])
+            if out is not None and tp_rank == 0:
+                out.meta_info["metrics"] = {"timing_s/generate_sequences": time.perf_counter() - start}
+                bridge.send_object(out.to_bytes(), 0)
+
         while True:
             command = bridge.recv_object(0, timeout=COMMAND_WAIT)
             op = command["op"]
             if op == "sync":
-                if swap is not None:
-                    receiver.receive(staging, live)
-                    staging, live = swap(staging), staging  # the step boundary: the new weights become the engine's
-                else:  # SGLang: its push buffer (kept in shared memory on CPU: the last sync's weights)
-                    buffer = engine.weight_buffer()
-                    receiver.zero_padding(buffer)
-                    receiver.receive(buffer, buffer)
-                    engine.push_weights()
-                    del buffer  # the engine's shutdown unlinks its shared buffer only when nothing here maps it
+                sync()
             elif op == "generate":
-                start = time.perf_counter()
-                out = engine.generate_sequences(DataProto.from_bytes(command["prompts"]), command["params"])
-                if out is not None and tp_rank == 0:
-                    out.meta_info["metrics"] = {"timing_s/generate_sequences": time.perf_counter() - start}
-                    bridge.send_object(out.to_bytes(), 0)
+                generate(command)
+            elif op == "stream":
+                return _serve_stream(command, engine, replica, tp_rank, sync, generate)
             elif op == "stop":
                 return 0
             else:
-                raise RuntimeError(f"rollout pool: expected a command sync/generate/stop, found {op!r}")
+                raise RuntimeError(f"rollout pool: expected a command sync/generate/stream/stop, found {op!r}")
     finally:
         stop = getattr(engine, "shutdown", None)
         if stop is not None:
             stop()
+
+
+def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, sync: Any, generate: Any) -> int:
+    """A rollout rank under verl's separate_async: generate in segments over the prompt groups in flight on this
+    replica, stream finished groups to training rank 0, and take the controller's commands between segments (a
+    thread receives them, so the controller never waits on a running segment; any command waiting ends the
+    running segment early: its unfinished responses keep their tokens and continue in the next segment, after a
+    sync on the new weights, their prefix prefilled again)."""
+    import queue
+    import threading
+
+    from verl.engine.rollout.partial import run_segment
+
+    bridge = current_bridge()
+    commands: queue.Queue = queue.Queue()
+
+    def receive() -> None:
+        while True:
+            command = bridge.recv_object(0, timeout=COMMAND_WAIT)
+            commands.put(command)
+            if command["op"] == "stop":
+                return
+
+    threading.Thread(target=receive, name="pool-commands", daemon=True).start()
+    params, per_segment, seed = start["params"], int(start["groups_per_segment"]), int(start["seed"])
+    pad = engine.pad_token_id
+    in_flight: list = []
+    version: int | None = start.get("version")  # None: nothing is generated before the first sync
+    segment = 0
+    while True:
+        generating = bool(in_flight) and version is not None
+        try:
+            command = commands.get(block=not generating)
+        except queue.Empty:
+            command = None
+        if command is not None:
+            op = command["op"]
+            if op == "submit":
+                in_flight.extend(command["groups"])
+            elif op == "sync":
+                sync()
+                version = command["version"] if command.get("version") is not None else (version or 0) + 1
+            elif op == "generate":
+                generate(command)
+            elif op == "stop":
+                if tp_rank == 0:
+                    bridge.send_result({"op": "stopped", "replica": replica, "groups": []}, 0)
+                return 0
+            else:
+                raise RuntimeError(f"rollout pool: expected a command submit/sync/generate/stop, found {op!r}")
+            continue
+        begin = time.perf_counter()
+        sampling = dataclasses.replace(params, seed=seed * 100003 + segment)
+        rows = run_segment(engine, in_flight, sampling, pad, version, min_groups=min(per_segment, len(in_flight)),
+                           abort=lambda: not commands.empty())
+        segment += 1
+        finished = [g for g in in_flight if g.finished]
+        in_flight = [g for g in in_flight if not g.finished]
+        if tp_rank == 0:
+            metrics = {"timing_s/generate_segment": time.perf_counter() - begin, "rollout/segment_rows": float(rows)}
+            bridge.send_result({"op": "finished", "replica": replica, "groups": finished, "metrics": metrics}, 0)

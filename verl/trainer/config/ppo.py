@@ -7,7 +7,7 @@ or ``config_dir``/``config_name`` as Hydra's ``--config-path``/``--config-name``
 verl 0.9's command line is read as verl reads it: ``model_engine=megatron|dp`` selects the backend (every
 role's strategy follows it) and, without ``--config-name``, the config (:func:`default_config_name`);
 ``ray_kwargs.*`` is dropped with one warning (no Ray here); verl 0.9's ``critic.fsdp`` section is
-``critic.fsdp_config``; ``trainer.use_v1`` runs the one synchronous trainer. Then it checks:
+``critic.fsdp_config``; ``trainer.use_v1=false`` (verl's legacy trainer) is the sync loop. Then it checks:
 
 - every leaf's type, choices and range (:data:`RULES`: the rules on the fields of the typed sections,
   :mod:`verl.trainer.config.sections` and the roles' :mod:`verl.workers.config`);
@@ -124,10 +124,6 @@ REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
      "initial weights come from model.path (an HF directory); turn a Megatron checkpoint into one with "
      "`verl convert mcore-to-hf --ckpt DIR --out HF_DIR`, then set use_dist_checkpointing=false"),
     ("algorithm.use_pf_ppo", bool, "PF-PPO reweighting is not implemented: set false"),
-    ("algorithm.rollout_correction.rollout_is", lambda v: v is not None,
-     "importance-sampling corrections are not implemented: set null (bypass_mode alone is)"),
-    ("algorithm.rollout_correction.rollout_rs", lambda v: v is not None,
-     "rejection-sampling corrections are not implemented: set null (bypass_mode alone is)"),
     ("trainer.default_hdfs_dir", lambda v: v is not None, "there is no HDFS here: set null (checkpoints go to "
      "trainer.default_local_dir)"),
     ("trainer.del_local_ckpt_after_load", bool, "set false: verl-hpc keeps local checkpoints"),
@@ -157,13 +153,14 @@ NO_EFFECT: dict[str, str] = {
     "data.filter_overlong_prompts_workers": "the over-long filter runs in one pass before step 1",
     f"{ARR}.model.trust_remote_code": "models are built from their config, no remote code is run",
     "data.trust_remote_code": "tokenizers load locally, no remote code is run",
-    "trainer.use_v1": "verl's V1 and legacy trainers are the same synchronous PPO loop here",
+    "trainer.v1.sampler.sync_refill_failed_groups": "no rollout fails here without failing the job, so no group "
+    "needs a refill",
+    **{f"trainer.v1.separate_async.hybrid_rollout.{key}": "it tunes hybrid_rollout.enable_switch, which is refused"
+       for key in ("switch_threshold_ratio", "adaptive_switch_threshold", "switch_threshold_step_up",
+                   "switch_threshold_step_down", "switch_threshold_release_steps", "switch_cost_window_size")},
     **{f"transfer_queue.{key}": "rows stay in the memory of the rank that produced them (no storage units)"
        for key in ("backend.SimpleStorage.total_storage_size", "backend.SimpleStorage.num_data_storage_units",
                    "metrics.port")},
-    **{f"trainer.v1.{key}": "it configures an asynchronous trainer_mode, which verl-hpc does not implement yet"
-       for key in ("colocate_async.num_warmup_batches", "separate_async.num_warmup_batches",
-                   "separate_async.parameter_sync_step")},
 }
 
 
@@ -210,11 +207,76 @@ def _refuse_meaningless(cfg: dict[str, Any]) -> None:
         value = deep_get(cfg, key)
         if refused(value):
             raise ConfigError(f"{key}={value!r}: not supported by verl-hpc: {why}")
+    _check_rollout_correction(cfg["algorithm"]["rollout_correction"])
+
+
+def _check_rollout_correction(rc: dict[str, Any]) -> None:
+    """``algorithm.rollout_correction``: the thresholds parse (verl's float / "lower_upper" forms)."""
+    from verl.errors import InputError
+
+    if rc["rollout_is"] is None and rc["rollout_rs"] is None:
+        return
+    from verl.algorithms.rollout_correction import parse_is_threshold, parse_rs
+
+    try:
+        if rc["rollout_is"] is not None:
+            parse_is_threshold(rc["rollout_is_threshold"])
+        if rc["rollout_rs"] is not None:
+            parse_rs(rc["rollout_rs"], rc["rollout_rs_threshold"])
+    except InputError as err:
+        raise ConfigError(str(err)) from None
+    if rc["bypass_mode"]:
+        raise ConfigError("algorithm.rollout_correction.bypass_mode=true: expected rollout_is and rollout_rs null "
+                          "(bypass uses the rollout's log-probs as the old policy's, so there is nothing to correct "
+                          f"between them), found rollout_is={rc['rollout_is']!r}, rollout_rs={rc['rollout_rs']!r}")
+
+
+def trainer_mode(cfg: Any) -> str:
+    """The V1 trainer mode that runs: verl's legacy trainer (``use_v1=false``) is the sync loop."""
     trainer = cfg["trainer"]
-    mode = trainer["v1"]["trainer_mode"]
-    if trainer["use_v1"] and mode != "sync":  # verl's legacy trainer (use_v1=false) never reads the mode
-        raise ConfigError(f"trainer.v1.trainer_mode={mode!r}: not supported by verl-hpc yet (the asynchronous "
-                          f"trainers are a separate issue): expected sync, found {mode!r}")
+    return trainer["v1"]["trainer_mode"] if trainer["use_v1"] else "sync"
+
+
+def _check_v1(cfg: dict[str, Any]) -> None:
+    """verl's V1 asynchronous modes: what each needs, refused in one line before any rank starts."""
+    mode = trainer_mode(cfg)
+    v1, arr = cfg["trainer"]["v1"], cfg[ARR]
+    sampler = v1["sampler"]
+    if sampler["custom_sampler"]["path"] is not None:
+        raise ConfigError("trainer.v1.sampler.custom_sampler.path: not supported by verl-hpc: the replay buffer is "
+                          "verl.trainer.v1.replay_buffer.ReplayBuffer (staleness via max_off_policy_*): set null")
+    if sampler["sampler_kwargs"]:
+        raise ConfigError("trainer.v1.sampler.sampler_kwargs: expected {} (they configure a custom sampler, which "
+                          f"verl-hpc does not load), found {dict(sampler['sampler_kwargs'])!r}")
+    if v1["separate_async"]["hybrid_rollout"]["enable_switch"]:
+        raise ConfigError("trainer.v1.separate_async.hybrid_rollout.enable_switch=true: not supported by verl-hpc: "
+                          "lending idle training ranks to the rollout is not implemented: set false")
+    if mode == "sync":
+        return
+    rollout, pool = arr["rollout"], rollout_pool_size(cfg)
+    if rollout["name"] != "native":
+        raise ConfigError(f"{ARR}.rollout.name={rollout['name']!r} with trainer.v1.trainer_mode={mode}: not "
+                          "supported by verl-hpc: partial rollout (interrupt at a weight sync, resume on the new "
+                          "weights) is implemented for the native engine only: use native")
+    if cfg["algorithm"]["adv_estimator"] == "remax":
+        raise ConfigError(f"algorithm.adv_estimator=remax with trainer.v1.trainer_mode={mode}: not supported: "
+                          "ReMax's greedy baseline is generated with the current weights each step: use grpo, rloo, "
+                          "reinforce_plus_plus or gae, or trainer_mode=sync")
+    if mode == "colocate_async" and pool:
+        raise ConfigError(f"trainer.v1.trainer_mode=colocate_async: expected the rollout colocated with training "
+                          f"({ARR}.rollout.nnodes=0), found a standalone rollout pool (nnodes={rollout['nnodes']}): "
+                          "use separate_async")
+    if mode == "separate_async":
+        if not pool:
+            raise ConfigError(f"trainer.v1.trainer_mode=separate_async: expected a standalone rollout pool "
+                              f"({ARR}.rollout.nnodes > 0 and rollout.n_gpus_per_node > 0), found nnodes="
+                              f"{rollout['nnodes']}")
+        steps, mini = v1["separate_async"]["parameter_sync_step"], arr["actor"]["ppo_mini_batch_size"]
+        if cfg["data"]["train_batch_size"] != steps * mini:
+            raise ConfigError(f"data.train_batch_size={cfg['data']['train_batch_size']}: expected "
+                              f"trainer.v1.separate_async.parameter_sync_step ({steps}) x {ARR}.actor."
+                              f"ppo_mini_batch_size ({mini}) = {steps * mini} (verl: one weight sync per train batch "
+                              "of mini-batch updates)")
 
 
 # --------------------------------------------------------------------------- verl 0.9's backend selector
@@ -284,6 +346,7 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
     data, arr, algo, trainer = cfg["data"], cfg["actor_rollout_ref"], cfg["algorithm"], cfg["trainer"]
     actor, rollout, critic = arr["actor"], arr["rollout"], cfg["critic"]
     _refuse_meaningless(cfg)
+    _check_v1(cfg)
     mode = trainer["resume_mode"]
     if mode == "resume_path":
         path = trainer["resume_from_path"]

@@ -55,12 +55,19 @@ class DataConfig(Section):
 
 @frozen
 class RolloutCorrectionConfig(Section):
-    """``algorithm.rollout_correction``: bypass_mode (old log-probs = the rollout's) alone is implemented."""
+    """``algorithm.rollout_correction``: verl's off-policy corrections between the rollout's and the old
+    policy's log-probs (:mod:`verl.algorithms.rollout_correction`): importance weights (``rollout_is``: token |
+    sequence, truncated at ``rollout_is_threshold``, or zeroed outside a "lower_upper" range) and rejection
+    (``rollout_rs``: comma-separated token_k*/seq_sum_k*/seq_mean_k*/seq_max_k* with ``rollout_rs_threshold``);
+    or ``bypass_mode`` (old log-probs = the rollout's, no correction)."""
 
     bypass_mode: bool
     loss_type: str = checked(choices=("ppo_clip",))
-    rollout_is: str | None
+    rollout_is: str | None = checked(choices=(None, "token", "sequence"))
+    rollout_is_threshold: float | str
     rollout_rs: str | None
+    rollout_rs_threshold: float | str | None
+    rollout_is_batch_normalize: bool
 
 
 @frozen
@@ -137,19 +144,53 @@ class ColocateAsyncConfig(Section):
 
 
 @frozen
+class HybridRolloutConfig(Section):
+    """``trainer.v1.separate_async.hybrid_rollout``: verl's lending of idle trainer GPUs to the rollout (refused
+    when enabled; the other keys tune it)."""
+
+    enable_switch: bool
+    switch_threshold_ratio: float
+    adaptive_switch_threshold: bool
+    switch_threshold_step_up: float
+    switch_threshold_step_down: float
+    switch_threshold_release_steps: int
+    switch_cost_window_size: int
+
+
+@frozen
 class SeparateAsyncConfig(Section):
     num_warmup_batches: int = checked(ge=0)
     parameter_sync_step: int = checked(ge=1)
+    hybrid_rollout: HybridRolloutConfig
+
+
+@frozen
+class CustomSamplerConfig(Section):
+    path: str | None
+    name: str | None
+
+
+@frozen
+class SamplerConfig(Section):
+    """``trainer.v1.sampler``: the replay buffer's staleness policy (:mod:`verl.trainer.v1.replay_buffer`)."""
+
+    max_off_policy_threshold: int = checked(ge=1)
+    max_off_policy_strategy: str = checked(choices=("drop", "wait"))
+    sync_refill_failed_groups: bool
+    custom_sampler: CustomSamplerConfig
+    sampler_kwargs: Mapping[str, Any]
 
 
 @frozen
 class TrainerV1Config(Section):
-    """``trainer.v1``: verl's V1 trainer modes (only sync runs here)."""
+    """``trainer.v1``: verl's V1 trainer modes: sync (the PPO loop), colocate_async and separate_async
+    (:mod:`verl.trainer.v1`)."""
 
     trainer_mode: str = checked(choices=TRAINER_MODES)
     sync: Mapping[str, Any]
     colocate_async: ColocateAsyncConfig
     separate_async: SeparateAsyncConfig
+    sampler: SamplerConfig
 
 
 @frozen

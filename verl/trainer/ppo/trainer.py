@@ -345,6 +345,12 @@ class PPOTrainer:
         if self.sections.trainer.export_hf_every_save:
             self.export_hf()
 
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        """What a subclass saved beside the trainer state (the asynchronous trainers' replay buffer)."""
+        if "replay_buffer" in state:
+            raise InputError("checkpoint: expected a sync run's checkpoint, found an asynchronous run's (with a "
+                             "replay buffer): resume it with the trainer.v1.trainer_mode it was written with")
+
     def load_checkpoint(self) -> None:
         path = ckpt.find_resume_dir(self.sections.trainer.default_local_dir, self.sections.trainer.resume_mode,
                                      self.sections.trainer.resume_from_path)
@@ -360,6 +366,7 @@ class PPOTrainer:
         self.global_step = int(state["step"])
         if self.use_rm and state.get("reward_model_path", self.rm_path) != self.rm_path:
             self.swap_reward_model(state["reward_model_path"])
+        self._load_extra_state(state)
         self._print(f"resumed from {path} at step {self.global_step}")
 
     # ------------------------------------------------------------------ validation
@@ -412,60 +419,74 @@ class PPOTrainer:
                 with self._timer("gen_max"):
                     baselines = self._greedy_baseline_rewards(gen).repeat_interleave(cfg.actor_rollout_ref.rollout.n)
                     batch_ops.add_replicated(batch, {"reward_baselines": baselines})
-            if cfg.trainer.balance_batch:
-                # Rows move between DP ranks only within the mini-batches' slices (see balance_layout), and
-                # the group estimators find groups by uid, not by position: the same step, reordered.
-                metrics.update(self._balance_batch(batch))
+            batch = self._learn(batch, metrics, step)
+        return self._step_end_metrics(batch, metrics)
 
-            with self._timer("reward"):
-                if self.use_rm:
-                    batch.union(self.rm_wg.compute_rm_score(batch))
-                batch_ops.add_fields(batch, lambda rows: {"token_level_scores": self.reward_fn(rows)},
-                                     batch.keys() if isinstance(batch, ShardedBatch) else ())
-            if self.bypass_old_log_prob:
-                # verl's rollout_correction.bypass_mode: the rollout's log-probs (same weights, same
-                # temperature) are the old policy's; no separate forward, and no actor/entropy metric.
-                batch_ops.add_fields(batch, lambda rows: {"old_log_probs": rows.batch["rollout_log_probs"]},
-                                     ["rollout_log_probs"], anchor="rollout_log_probs")
+    def _learn(self, batch, metrics: dict[str, float], step: int):
+        """A generated batch -> rewards, old/ref log-probs, values, advantages, critic and actor updates (the
+        step after generation; the asynchronous trainers feed it the groups their replay buffer samples)."""
+        cfg = self.sections
+        if cfg.trainer.balance_batch:
+            # Rows move between DP ranks only within the mini-batches' slices (see balance_layout), and
+            # the group estimators find groups by uid, not by position: the same step, reordered.
+            metrics.update(self._balance_batch(batch))
+
+        with self._timer("reward"):
+            if self.use_rm:
+                batch.union(self.rm_wg.compute_rm_score(batch))
+            batch_ops.add_fields(batch, lambda rows: {"token_level_scores": self.reward_fn(rows)},
+                                 batch.keys() if isinstance(batch, ShardedBatch) else ())
+        if self.bypass_old_log_prob:
+            # verl's rollout_correction.bypass_mode: the rollout's log-probs (same weights, same
+            # temperature) are the old policy's; no separate forward, and no actor/entropy metric.
+            batch_ops.add_fields(batch, lambda rows: {"old_log_probs": rows.batch["rollout_log_probs"]},
+                                 ["rollout_log_probs"], anchor="rollout_log_probs")
+        else:
+            with self._timer("old_log_prob"):
+                old = self.actor_rollout_wg.compute_log_prob(batch)
+                batch.union(old)
+                metrics["actor/entropy"] = batch_ops.aggregate_rows(batch, "entropys",
+                                                                    cfg.actor_rollout_ref.actor.loss_agg_mode)
+                batch_ops.pop_fields(batch, ["entropys"])
+            metrics.update(self._rollout_correction(batch))
+        if self.use_reference:
+            with self._timer("ref"):
+                batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+        if self.use_critic:
+            with self._timer("values"):
+                batch.union(self.critic_wg.compute_values(batch))
+        with self._timer("adv"):
+            if cfg.algorithm.use_kl_in_reward:
+                metrics.update(self._apply_kl_penalty(batch))
             else:
-                with self._timer("old_log_prob"):
-                    old = self.actor_rollout_wg.compute_log_prob(batch)
-                    batch.union(old)
-                    metrics["actor/entropy"] = batch_ops.aggregate_rows(batch, "entropys",
-                                                                        cfg.actor_rollout_ref.actor.loss_agg_mode)
-                    batch_ops.pop_fields(batch, ["entropys"])
-            if self.use_reference:
-                with self._timer("ref"):
-                    batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+                batch_ops.add_fields(batch, lambda rows: {"token_level_rewards": rows.batch["token_level_scores"]},
+                                     ["token_level_scores"], anchor="token_level_scores")
+            batch = batch_ops.compute_advantages(
+                batch, cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
+                num_repeat=cfg.actor_rollout_ref.rollout.n,
+                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
+        if not self.dry_run:
             if self.use_critic:
-                with self._timer("values"):
-                    batch.union(self.critic_wg.compute_values(batch))
-            with self._timer("adv"):
-                if cfg.algorithm.use_kl_in_reward:
-                    metrics.update(self._apply_kl_penalty(batch))
-                else:
-                    batch_ops.add_fields(batch, lambda rows: {"token_level_rewards": rows.batch["token_level_scores"]},
-                                         ["token_level_scores"], anchor="token_level_scores")
-                batch = batch_ops.compute_advantages(
-                    batch, cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
-                    num_repeat=cfg.actor_rollout_ref.rollout.n,
-                    norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
-            if not self.dry_run:
-                if self.use_critic:
-                    with self._timer("update_critic"):
-                        metrics.update(metric_utils.reduce_metrics(
-                            self.critic_wg.update_critic(batch).meta_info["metrics"]))
-                # verl: the actor trains once critic_warmup <= the step (steps count from 1).
-                if cfg.trainer.critic_warmup <= step:
-                    with self._timer("update_actor"):
-                        metrics.update(metric_utils.reduce_metrics(
-                            self.actor_rollout_wg.update_actor(batch).meta_info["metrics"]))
-            if cfg.trainer.rollout_data_dir:
-                with self._timer("dump_rollout_generations"):
-                    self._dump_generations(batch, step)
+                with self._timer("update_critic"):
+                    metrics.update(metric_utils.reduce_metrics(
+                        self.critic_wg.update_critic(batch).meta_info["metrics"]))
+            # verl: the actor trains once critic_warmup <= the step (steps count from 1).
+            if cfg.trainer.critic_warmup <= step:
+                with self._timer("update_actor"):
+                    metrics.update(metric_utils.reduce_metrics(
+                        self.actor_rollout_wg.update_actor(batch).meta_info["metrics"]))
+        if cfg.trainer.rollout_data_dir:
+            with self._timer("dump_rollout_generations"):
+                self._dump_generations(batch, step)
+        return batch
+
+    def _step_end_metrics(self, batch, metrics: dict[str, float], on_policy: bool = True) -> dict[str, float]:
+        """The step's batch, timing, memory and data-plane metrics; the first step of a process whose batch the
+        live weights generated (``on_policy``) checks the rollout's log-probs against the actor's."""
+        cfg = self.sections
         metrics.update(batch_ops.step_metrics(batch, self.use_critic, self._timing, self.world_size, self._mfu,
                                               self.bypass_old_log_prob))
-        if not self._probs_checked:  # the first step of this process: a broken weight sync fails loudly here
+        if on_policy and not self._probs_checked:  # a broken weight sync fails loudly at the first step
             metric_utils.check_rollout_probs_diff(metrics, cfg.actor_rollout_ref.rollout.dtype)
             self._probs_checked = True
         metrics.update(metric_utils.reduce_memory_metrics(all_gather_objects(metric_utils.local_memory_metrics())))
@@ -508,6 +529,32 @@ class PPOTrainer:
         batch_ops.pop_fields(batch, ["sequence_kl"])
         self.kl_ctrl.update(current_kl=current_kl, n_steps=len(batch))
         return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+    def _rollout_correction(self, batch) -> dict[str, float]:
+        """verl's ``algorithm.rollout_correction`` (decoupled mode: old log-probs from the actor): rejection
+        sampling rewrites ``response_mask``, importance sampling adds ``rollout_is_weights`` for the policy loss;
+        the off-policy diagnostics (``rollout_corr/*``) are logged whenever the rollout's log-probs are there."""
+        from verl.algorithms.rollout_correction import apply_rollout_correction
+
+        rc = self.sections.algorithm.rollout_correction
+        correct = rc.rollout_is is not None or rc.rollout_rs is not None
+        if isinstance(batch, ShardedBatch) and not correct:
+            return {}  # the diagnostics alone are not worth gathering three [B, R] fields
+        fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
+        old, rollout, mask = (batch_ops.per_row(batch, lambda rows, k=k: rows.batch[k], [k]) for k in fields)
+        new_mask, weights, metrics = apply_rollout_correction(
+            old, rollout, mask, rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs, rc.rollout_rs_threshold,
+            batch_normalize=rc.rollout_is_batch_normalize)
+        if correct:
+            update = {"response_mask": new_mask.to(mask.dtype)}
+            if weights is not None:
+                update["rollout_is_weights"] = weights
+            if isinstance(batch, ShardedBatch):
+                batch_ops.pop_fields(batch, ["response_mask"])
+                batch_ops.add_replicated(batch, update)
+            else:
+                batch.batch.update(update)
+        return metrics
 
     def _mfu(self, seqlens) -> dict[str, float]:
         """perf/mfu/* from ``seqlens()`` (every row's valid tokens), asked for only with a known peak."""
@@ -605,40 +652,9 @@ class PPOTrainer:
         # A bar only on a terminal: through pipes (spawned ranks, Slurm logs) the console line is the progress.
         progress = tqdm(total=self.total_training_steps, initial=self.global_step, desc="training", file=sys.stderr,
                         disable=self.rank != 0 or not sys.stderr.isatty(), dynamic_ncols=True)
-        preempted = False
         # Ctrl-C (SIGINT) too: finish the step, checkpoint, exit 0 -- so an interrupted run resumes.
         with PreemptionHandler(signals=(signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)) as preempt:
-            while self.global_step < self.total_training_steps and not preempted:
-                epoch_before = self.sampler.epoch
-                self.data_epoch, self.data_position = self.sampler.epoch, self.sampler.position
-                for batch_dict in self.train_dataloader:
-                    step = self.global_step + 1
-                    metrics = self.train_step(batch_dict, step)
-                    metrics["training/global_step"] = step
-                    metrics["training/epoch"] = epoch_before
-                    self.global_step = step
-                    self.data_position += len(batch_dict["input_ids"])
-                    last = step >= self.total_training_steps
-                    if validate and trainer.test_freq > 0 and (step % trainer.test_freq == 0 or last):
-                        with self._timer("testing"):
-                            metrics.update(self.validate())
-                        metrics["timing_s/testing"] = self._timing["testing"]
-                    saved = False
-                    if not self.dry_run and trainer.save_freq > 0 and (step % trainer.save_freq == 0 or last):
-                        self.save_checkpoint()
-                        saved = True
-                    preempted = preempt.should_stop()
-                    if preempted and not saved and not self.dry_run:
-                        self.save_checkpoint()
-                    if "save_checkpoint" in self._timing:
-                        metrics["timing_s/save_checkpoint"] = self._timing["save_checkpoint"]
-                    self._log(metrics, step)
-                    progress.update(1)
-                    if last or preempted:
-                        break
-                finished = preempted or self.global_step >= self.total_training_steps
-                if self.sampler.epoch == epoch_before and not finished:
-                    raise RuntimeError("train dataloader: expected a new epoch after a full pass, found none")
+            preempted = self._train_loop(validate, preempt, progress)
         progress.close()
         if (trainer.export_hf_at_end and not self.dry_run and not preempted
                 and self.global_step >= self.total_training_steps
@@ -649,6 +665,50 @@ class PPOTrainer:
         if self.tracking is not None:
             self.tracking.close()
         return 0
+
+    def _train_loop(self, validate: bool, preempt: Any, progress: Any) -> bool:
+        """Steps until ``total_training_steps`` or a preemption (returned): one train batch of the dataloader
+        a step, generated with the current weights (verl's sync mode)."""
+        preempted = False
+        while self.global_step < self.total_training_steps and not preempted:
+            epoch_before = self.sampler.epoch
+            self.data_epoch, self.data_position = self.sampler.epoch, self.sampler.position
+            for batch_dict in self.train_dataloader:
+                step = self.global_step + 1
+                metrics = self.train_step(batch_dict, step)
+                metrics["training/epoch"] = epoch_before
+                self.data_position += len(batch_dict["input_ids"])
+                last, preempted = self._end_step(metrics, step, validate, preempt)
+                progress.update(1)
+                if last or preempted:
+                    break
+            finished = preempted or self.global_step >= self.total_training_steps
+            if self.sampler.epoch == epoch_before and not finished:
+                raise RuntimeError("train dataloader: expected a new epoch after a full pass, found none")
+        return preempted
+
+    def _end_step(self, metrics: dict[str, float], step: int, validate: bool, preempt: Any) -> tuple[bool, bool]:
+        """After step ``step``'s update: validation and checkpoint when due (or when preempted), then the step's
+        metrics logged; returns (the last step, preempted)."""
+        trainer = self.sections.trainer
+        metrics["training/global_step"] = step
+        self.global_step = step
+        last = step >= self.total_training_steps
+        if validate and trainer.test_freq > 0 and (step % trainer.test_freq == 0 or last):
+            with self._timer("testing"):
+                metrics.update(self.validate())
+            metrics["timing_s/testing"] = self._timing["testing"]
+        saved = False
+        if not self.dry_run and trainer.save_freq > 0 and (step % trainer.save_freq == 0 or last):
+            self.save_checkpoint()
+            saved = True
+        preempted = preempt.should_stop()
+        if preempted and not saved and not self.dry_run:
+            self.save_checkpoint()
+        if "save_checkpoint" in self._timing:
+            metrics["timing_s/save_checkpoint"] = self._timing["save_checkpoint"]
+        self._log(metrics, step)
+        return last, preempted
 
     def close(self) -> None:
         """Stop what the workers started beyond this process's memory (an SGLang engine's schedulers);

@@ -24,6 +24,7 @@ from verl.engine.rollout.native.kv_cache import KVCache
 from verl.engine.rollout.native.model import RolloutTransformer
 from verl.engine.rollout.native.sampler import sample_tokens
 from verl.engine.rollout.native.weights import load_hf_checkpoint
+from verl.engine.rollout.partial import SegmentStop
 from verl.hybrid_engine.rollout_layout import kv_heads_per_rank, rollout_param_specs
 from verl.models.config import ModelConfig
 from verl.utils.device import get_device
@@ -85,8 +86,10 @@ class NativeRollout(BaseRollout):
 
     @torch.inference_mode()
     def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                           sampling_params: SamplingParams,
-                           pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           sampling_params: SamplingParams, pad_token_id: int, limits: torch.Tensor | None = None,
+                           stop: SegmentStop | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``limits`` [B*n]: each row's own token budget (<= response_length; a resumed partial rollout has
+        used part of it); ``stop``: end the call early, before every row finished (partial rollout)."""
         if self.params.released:
             raise RuntimeError("native rollout: expected weights in memory, found them released; call resume() "
                                "and write the weights first")
@@ -114,6 +117,9 @@ class NativeRollout(BaseRollout):
         lengths = torch.zeros(batch, dtype=torch.int64, device=device)
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         next_positions = positions[:, -1:] + 1
+        if limits is not None:
+            limits = limits.to(device)
+            done |= limits <= 0
         for t in range(steps):
             tokens, token_log_probs = sample_tokens(logits, sp, generator)
             responses[:, t] = tokens.masked_fill(done, pad_token_id)
@@ -121,8 +127,10 @@ class NativeRollout(BaseRollout):
             lengths += ~done
             if len(sp.stop_ids):
                 done |= torch.isin(tokens, stop_ids)
-                if bool(done.all()):
-                    break
+            if limits is not None:
+                done |= lengths >= limits
+            if bool(done.all()) or (stop is not None and stop.reached(done, self.tp_group)):
+                break
             if t + 1 == steps:
                 break
             slot = prompt_len + t

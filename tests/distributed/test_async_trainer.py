@@ -1,0 +1,133 @@
+"""verl's V1 asynchronous trainers end to end (`verl train`, 2 training ranks; separate_async with a rollout pool
+rank of its own): partial rollout across weight syncs, verl's off-policy metrics, the rollout correction in the
+loss, and prompt accounting across a SIGKILL and a preemption (SIGUSR1): every prompt of an epoch is trained at
+most once, and the ones the run drew are trained, evicted or still in the buffer -- none lost.
+
+Small batches (16 prompts x 4 responses, 64 training prompts: four steps an epoch) so that a run crosses epochs
+and the buffer holds groups of several ages; sizes chosen so the micro-batches divide (actor TP 2: DP 1)."""
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+from helpers.tiny_models import arithmetic_data_args  # noqa: E402
+from helpers.train_runs import (  # noqa: E402
+    REPO,
+    RUN_TIMEOUT_S,
+    kill_tree,
+    read_metrics,
+    run_train,
+    run_until_step_then_kill,
+    train_cmd,
+    train_env,
+)
+
+pytestmark = pytest.mark.distributed
+
+SMALL = ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+         "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16", "trainer.save_freq=1",
+         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.export_hf_at_end=false",
+         "actor_rollout_ref.nccl_timeout=60"]
+OFF_POLICY_KEYS = [f"training/off_policy/{name}/{stat}" for name in
+                   ("trajectory_spans", "trajectory_staleness", "trajectory_staleness_worst")
+                   for stat in ("mean", "max", "min")] + ["training/off_policy/evicted_samples"]
+
+
+@pytest.fixture(scope="module")
+def arithmetic_data(tmp_path_factory):
+    return arithmetic_data_args(tmp_path_factory.mktemp("arith"))
+
+
+def ledger(output_dir):
+    with open(output_dir / "prompt_ledger.jsonl", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def check_accounting(lines, steps, batch=16):
+    """One ledger line per step 1..steps; each step trains a batch; no prompt trained twice in an epoch; every
+    prompt drawn is trained, evicted, in flight or finished."""
+    assert [line["step"] for line in lines] == list(range(1, steps + 1))
+    trained = [uid for line in lines for uid in line["trained"]]
+    assert all(len(line["trained"]) == batch for line in lines)
+    assert len(trained) == len(set(trained)), "a prompt was trained twice in one epoch"
+    last = lines[-1]
+    assert last["trained_total"] == steps * batch
+    assert last["drawn"] == last["trained_total"] + last["evicted_total"] + last["in_flight"] + last["finished"]
+    return trained
+
+
+def test_colocate_async_learns_offpolicy_and_resumes_after_sigkill_without_losing_a_prompt(tmp_path,
+                                                                                          arithmetic_data):
+    out = tmp_path / "colocate"
+    cmd = train_cmd("grpo_arith_tiny.yaml", out, arithmetic_data, *SMALL, "trainer.total_training_steps=7",
+                    "trainer.v1.trainer_mode=colocate_async", "algorithm.rollout_correction.rollout_is=token",
+                    "algorithm.rollout_correction.rollout_rs=seq_mean_k1",
+                    "algorithm.rollout_correction.rollout_rs_threshold=4.0")
+    run_until_step_then_kill(cmd, out, 3)
+    before = ledger(out)
+    run_train(cmd)
+    metrics = read_metrics(out)
+    assert sorted(metrics) == list(range(1, 8))
+    for step in range(1, 8):
+        record = metrics[step]
+        missing = [k for k in OFF_POLICY_KEYS + ["timing_s/gen", "timing_s/update_weights", "rollout_corr/kl",
+                                                 "rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction"]
+                   if k not in record]
+        assert not missing, f"step {step} lacks {missing}"
+    # Warm-up batch + partial rollout: after step 1, trained trajectories were started on older weights, and
+    # some were interrupted by a weight sync and finished on the next version (spans > 1).
+    assert max(metrics[s]["training/off_policy/trajectory_staleness_worst/max"] for s in range(2, 8)) >= 1
+    assert max(metrics[s]["training/off_policy/trajectory_spans/max"] for s in range(2, 8)) >= 2
+    lines = ledger(out)
+    assert len(before) >= 3 and lines[:3] == before[:3]  # the killed run's checkpointed steps are kept as they were
+    trained = check_accounting(lines, 7)
+    # 7 steps x 16 = 112 prompts: all 64 of epoch 0 and 48 of epoch 1.
+    epoch0 = {uid for uid in trained if uid.startswith("0-")}
+    assert len(epoch0) == 64
+    assert any(line["reissued"] for line in lines[3:]), "the resumed run reissued no in-flight prompt"
+
+
+def test_separate_async_pool_streams_and_preempts_with_a_checkpoint(tmp_path, arithmetic_data):
+    """2 training ranks + 1 rollout pool rank; two mini-batch updates per weight sync (16 = 2 x 8). SIGUSR1 after
+    step 2: the step finishes, checkpoints, the pool stops, exit 0; the rerun resumes and counts every prompt."""
+    out = tmp_path / "separate"
+    cmd = train_cmd("grpo_arith_tiny.yaml", out, arithmetic_data, *SMALL, "trainer.total_training_steps=5",
+                    "trainer.v1.trainer_mode=separate_async", "trainer.v1.separate_async.parameter_sync_step=2",
+                    "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+                    "trainer.v1.sampler.max_off_policy_strategy=wait", "trainer.v1.sampler.max_off_policy_threshold=2")
+    launcher = subprocess.Popen(cmd, cwd=REPO, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline and launcher.poll() is None:
+            if (out / "metrics.jsonl").is_file() and 2 in read_metrics(out):
+                break
+            time.sleep(0.05)
+        assert launcher.poll() is None, "the run ended before step 2"
+        launcher.send_signal(signal.SIGUSR1)
+        output, _ = launcher.communicate(timeout=120)
+    finally:
+        kill_tree(launcher.pid)
+    assert launcher.returncode == 0, output[-3000:]
+    assert "preempted" in output
+    stopped = max(read_metrics(out))
+    assert 2 <= stopped < 5 and (out / "checkpoints" / f"global_step_{stopped}").is_dir()
+    run_train(cmd)
+    metrics = read_metrics(out)
+    assert sorted(metrics) == list(range(1, 6))
+    for step in range(1, 6):
+        record = metrics[step]
+        missing = [k for k in OFF_POLICY_KEYS + ["timing_s/gen", "timing_s/update_weights", "actor/pg_loss",
+                                                 "perf/weight_sync_bytes"] if k not in record]
+        assert not missing, f"step {step} lacks {missing}"
+        # wait: a group is never trained at an age above the threshold (G - P + 1 <= 2 versions)
+        assert record["training/off_policy/trajectory_staleness_worst/max"] <= 1
+        assert record["training/off_policy/evicted_samples"] == 0
+    check_accounting(ledger(out), 5)

@@ -1,0 +1,234 @@
+"""Partial rollout: generation that stops before every response has finished, and resumes later, possibly on
+newer weights (verl's V1 asynchronous trainers abort requests at a weight sync and resume them after).
+
+A :class:`PromptGroup` is one prompt and its ``n`` trajectories (a GRPO group). Each trajectory keeps the tokens
+and per-token log-probs generated so far and the first and last model version that produced any of them
+(``min_version``/``max_version``, verl's ``min_global_steps``/``max_global_steps``). :func:`run_segment` runs one
+*segment* of generation over every unfinished trajectory of a set of groups: each row's input is its prompt
+followed by the tokens it already has (the kept prefix is prefilled again, as verl does on resume) and its
+budget is what is left of ``response_length``. The segment ends when every row finished or the
+:class:`SegmentStop` rule says so: enough whole groups finished, none of the ``required`` rows still running,
+or ``abort()`` (a weight sync is waiting). :func:`groups_to_batch` turns finished groups into the rollout
+fields the trainer reads (the same shapes as a synchronous rollout's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from verl.engine.rollout.base import SamplingParams, assemble_rollout_batch, check_prompts
+
+
+@dataclasses.dataclass
+class SegmentStop:
+    """When a segment stops although some rows are still generating.
+
+    ``group`` [rows]: each row's group (0..G-1); ``min_groups``: stop once that many groups have every row
+    finished; ``required`` [rows] (bool, optional): rows that must finish before the segment may stop;
+    ``abort``: polled after every decode step, True stops the segment at once (it wins over ``required``).
+    Under rollout TP every rank must stop at the same step: the decision is agreed by a MAX all-reduce."""
+
+    group: torch.Tensor
+    min_groups: int
+    required: torch.Tensor | None = None
+    abort: Callable[[], bool] | None = None
+
+    def __post_init__(self):
+        self._groups = int(self.group.max()) + 1 if self.group.numel() else 0
+
+    def reached(self, done: torch.Tensor, tp_group: Any = None) -> bool:
+        running = torch.zeros(self._groups, dtype=torch.int64, device=done.device)
+        running.index_add_(0, self.group.to(done.device), (~done).to(torch.int64))
+        enough = int((running == 0).sum()) >= self.min_groups
+        if enough and self.required is not None:
+            enough = not bool((self.required.to(done.device) & ~done).any())
+        aborted = self.abort is not None and self.abort()
+        decision = torch.tensor([int(enough or aborted)], dtype=torch.int64)
+        if tp_group is not None and dist.get_world_size(tp_group) > 1:
+            dist.all_reduce(decision, op=dist.ReduceOp.MAX, group=tp_group)
+        return bool(decision.item())
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One sampled response of a group, possibly unfinished."""
+
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    log_probs: list[float] = dataclasses.field(default_factory=list)
+    finished: bool = False
+    min_version: int | None = None
+    max_version: int | None = None
+    segments: int = 0  # how many segments produced its tokens (1 = never interrupted)
+
+
+@dataclasses.dataclass
+class PromptGroup:
+    """A prompt and its n trajectories, tagged as verl's replay buffer tags them.
+
+    ``uid``: unique in the run (``<epoch>-<dataset index>``); ``index``/``epoch``: where the sampler drew it;
+    ``submit_step``: the global step it was submitted at (verl's prompt ``global_steps``: staleness is counted
+    from it); ``fields``: the dataset's per-prompt values (data_source, reward_model, ...)."""
+
+    uid: str
+    index: int
+    epoch: int
+    submit_step: int
+    prompt: list[int]
+    fields: dict[str, Any]
+    n: int
+    trajectories: list[Trajectory] = dataclasses.field(default_factory=list)
+    finish_order: int = -1  # when the replay buffer saw it finish (sampling breaks ties of submit_step by it)
+
+    def __post_init__(self):
+        if not self.trajectories:
+            self.trajectories = [Trajectory() for _ in range(self.n)]
+
+    @property
+    def finished(self) -> bool:
+        return all(t.finished for t in self.trajectories)
+
+    def reset(self, submit_step: int) -> None:
+        """Drop what was generated (a resumed run reissues the prompt, tagged with the current step)."""
+        self.trajectories = [Trajectory() for _ in range(self.n)]
+        self.submit_step = submit_step
+
+
+def _left_padded(rows: Sequence[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.int64)
+    mask = torch.zeros((len(rows), width), dtype=torch.int64)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.int64)
+            mask[i, width - len(row):] = 1
+    return ids, mask
+
+
+def segment_inputs(groups: Sequence[PromptGroup], response_length: int, pad: int,
+                   required_uids: set[str] | None = None) -> dict[str, torch.Tensor] | None:
+    """The rows of a segment: every unfinished trajectory as prompt + kept prefix (left padded), its remaining
+    budget (``limits``), its group's position in ``groups`` (``group``), whether it must finish (``required``)
+    and where it belongs (``group_pos``, ``sample``). None when nothing is left to generate."""
+    rows, limits, group, sample, required = [], [], [], [], []
+    for g, prompt_group in enumerate(groups):
+        for s, traj in enumerate(prompt_group.trajectories):
+            if traj.finished:
+                continue
+            rows.append(prompt_group.prompt + traj.tokens)
+            limits.append(response_length - len(traj.tokens))
+            group.append(g)
+            sample.append(s)
+            required.append(required_uids is not None and prompt_group.uid in required_uids)
+    if not rows:
+        return None
+    input_ids, attention_mask = _left_padded(rows, pad)
+    return {"input_ids": input_ids, "attention_mask": attention_mask,
+            "limits": torch.tensor(limits, dtype=torch.int64), "group": torch.tensor(group, dtype=torch.int64),
+            "sample": torch.tensor(sample, dtype=torch.int64), "required": torch.tensor(required, dtype=torch.bool)}
+
+
+def generate_segment(engine: Any, inputs: dict[str, torch.Tensor], params: SamplingParams, pad: int,
+                     min_groups: int, abort: Callable[[], bool] | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One segment on ``engine`` (an engine whose ``generate_responses`` takes ``limits``/``stop``: the native
+    one): (new tokens, their mask, their log-probs), [rows, max budget]."""
+    limits = inputs["limits"]
+    budget = int(limits.max())
+    params = dataclasses.replace(params, n=1, response_length=budget)
+    check_prompts(inputs["input_ids"], inputs["attention_mask"], engine.config.vocab_size,
+                  engine.config.max_position_embeddings, budget)
+    required = inputs["required"] if bool(inputs["required"].any()) else None
+    stop = SegmentStop(inputs["group"], min_groups, required, abort)
+    return engine.generate_responses(inputs["input_ids"], inputs["attention_mask"], params, pad, limits=limits,
+                                     stop=stop)
+
+
+def merge_segment(groups: Sequence[PromptGroup], inputs: dict[str, torch.Tensor], responses: torch.Tensor,
+                  response_mask: torch.Tensor, log_probs: torch.Tensor, stop_ids: Sequence[int],
+                  version: int) -> None:
+    """Append a segment's new tokens to their trajectories; a trajectory finishes on a stop token or when its
+    budget is used up (otherwise it was interrupted and keeps its prefix for the next segment)."""
+    stops = set(int(i) for i in stop_ids)
+    lengths = response_mask.sum(-1).tolist()
+    for row, (g, s) in enumerate(zip(inputs["group"].tolist(), inputs["sample"].tolist(), strict=True)):
+        traj = groups[g].trajectories[s]
+        count = int(lengths[row])
+        if count == 0:
+            continue
+        new = responses[row, :count].tolist()
+        traj.tokens.extend(new)
+        traj.log_probs.extend(log_probs[row, :count].tolist())
+        traj.min_version = version if traj.min_version is None else traj.min_version
+        traj.max_version = version
+        traj.segments += 1
+        traj.finished = new[-1] in stops or count >= int(inputs["limits"][row])
+
+
+def run_segment(engine: Any, groups: Sequence[PromptGroup], params: SamplingParams, pad: int, version: int,
+                min_groups: int, required_uids: set[str] | None = None,
+                abort: Callable[[], bool] | None = None) -> int:
+    """Generate on every unfinished trajectory of ``groups`` until ``min_groups`` of them finished (or all, or
+    ``abort``); returns the number of rows that ran."""
+    inputs = segment_inputs(groups, params.response_length, pad, required_uids)
+    if inputs is None:
+        return 0
+    responses, mask, log_probs = generate_segment(engine, inputs, params, pad, min_groups, abort)
+    merge_segment(groups, inputs, responses, mask, log_probs, params.stop_ids, version)
+    return len(inputs["limits"])
+
+
+def groups_to_batch(groups: Sequence[PromptGroup], prompt_length: int, response_length: int,
+                    pad: int) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
+    """Finished groups -> (verl's rollout tensor fields, per-row non-tensor fields), ``n`` rows per group in
+    order; prompts left-padded to ``prompt_length``, responses right-padded to ``response_length``. Non-tensor
+    fields: the dataset's fields, ``uid``, and the tags ``min_global_steps``/``max_global_steps`` (the model
+    versions of a trajectory's first and last token), ``prompt_global_steps`` (its submission step) and
+    ``num_segments``."""
+    prompts, prompt_masks, responses, masks, log_probs = [], [], [], [], []
+    non_tensor: dict[str, list] = {"uid": [], "min_global_steps": [], "max_global_steps": [],
+                                   "prompt_global_steps": [], "num_segments": []}
+    keys = sorted(set().union(*(g.fields for g in groups))) if groups else []
+    for key in keys:
+        non_tensor.setdefault(key, [])
+    for group in groups:
+        prompt = torch.full((prompt_length,), pad, dtype=torch.int64)
+        prompt_mask = torch.zeros(prompt_length, dtype=torch.int64)
+        prompt[prompt_length - len(group.prompt):] = torch.tensor(group.prompt, dtype=torch.int64)
+        prompt_mask[prompt_length - len(group.prompt):] = 1
+        for traj in group.trajectories:
+            if not traj.finished:
+                raise RuntimeError(f"prompt group {group.uid}: expected finished trajectories, found one running")
+            response = torch.full((response_length,), pad, dtype=torch.int64)
+            mask = torch.zeros(response_length, dtype=torch.int64)
+            lp = torch.zeros(response_length, dtype=torch.float32)
+            count = len(traj.tokens)
+            response[:count] = torch.tensor(traj.tokens, dtype=torch.int64)
+            mask[:count] = 1
+            lp[:count] = torch.tensor(traj.log_probs, dtype=torch.float32)
+            prompts.append(prompt)
+            prompt_masks.append(prompt_mask)
+            responses.append(response)
+            masks.append(mask)
+            log_probs.append(lp)
+            non_tensor["uid"].append(group.uid)
+            non_tensor["min_global_steps"].append(traj.min_version)
+            non_tensor["max_global_steps"].append(traj.max_version)
+            non_tensor["prompt_global_steps"].append(group.submit_step)
+            non_tensor["num_segments"].append(traj.segments)
+            for key in keys:
+                non_tensor[key].append(group.fields.get(key))
+    tensors = assemble_rollout_batch(torch.stack(prompts), torch.stack(prompt_masks), torch.stack(responses),
+                                     torch.stack(masks), torch.stack(log_probs))
+    arrays = {}
+    for key, values in non_tensor.items():
+        array = np.empty(len(values), dtype=object)
+        for i, value in enumerate(values):
+            array[i] = value
+        arrays[key] = array
+    return tensors, arrays

@@ -1,0 +1,188 @@
+"""verl's V1 ``separate_async`` trainer: the rollout runs on a standalone pool (``rollout.nnodes > 0``) and never
+stops generating; training takes prompt groups from the replay buffer as soon as a mini-batch of them is
+finished, and the weights go to the pool every ``parameter_sync_step`` mini-batch updates.
+
+A step ``G`` (one weight sync, as in verl; ``train_batch_size = parameter_sync_step x ppo_mini_batch_size``):
+
+1. training rank 0 submits one more train batch of prompts to the pool (``num_warmup_batches`` more before
+   step 1); each pool replica keeps its groups in flight and generates in segments, streaming finished groups
+   back (:func:`verl.workers.rollout_pool._serve_stream`);
+2. ``parameter_sync_step`` times: rank 0 waits until ``ppo_mini_batch_size`` groups are trainable (the time is
+   ``timing_s/gen``, the trainer's wait), samples the oldest, and every training rank runs the sync trainer's
+   update on them (:meth:`PPOTrainer._learn`: one optimizer step per mini-batch);
+3. the weights go to the pool (version ``G``): the segment running there ends, its unfinished responses keep
+   their tokens and continue on the new weights (partial rollout).
+
+Training rank 0 holds the replay buffer; the other training ranks receive each sampled mini-batch from it.
+The old log-probs of a mini-batch are the actor's just before its update (decoupled PPO: the policy loss's
+ratio is against them, ``algorithm.rollout_correction`` corrects between them and the rollout's).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from verl.engine.rollout.partial import PromptGroup, groups_to_batch
+from verl.protocol import DataProto
+from verl.single_controller import broadcast_object, data_plane
+from verl.single_controller.data_plane import ShardedBatch
+from verl.trainer import metrics as metric_utils
+from verl.trainer.v1.colocate_async import ColocateAsyncTrainer, off_policy_metrics
+
+# How long training rank 0 waits for the pool without a single message before it calls the pool stuck; a pool
+# rank that dies ends the job through the launcher much sooner.
+POOL_SILENCE_S = 3600.0
+# Summed over a step's mini-batches (verl's MetricsAggregator sums these counts); the rest are averaged.
+SUMMED = ("training/off_policy/evicted_samples", "rollout/segment_rows")
+
+
+class SeparateAsyncTrainer(ColocateAsyncTrainer):
+    """``trainer.v1.trainer_mode=separate_async`` (see the module doc)."""
+
+    def __init__(self, config: Any, tokenizer: Any, dry_run: bool = False):
+        super().__init__(config, tokenizer, dry_run)
+        cfg = self.sections
+        self.mini_groups = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+        self.sync_steps = cfg.trainer.v1.separate_async.parameter_sync_step
+        self.pool = self.actor_rollout_wg.worker.pool
+        self._streaming = False
+
+    @staticmethod
+    def _warmup_batches(v1: Any) -> int:
+        return v1.separate_async.num_warmup_batches
+
+    def _start_stream(self) -> None:
+        """Training rank 0: weights of the current version to the pool, then streaming generation."""
+        if self._streaming:
+            return
+        self.actor_rollout_wg.update_weights(version=self.global_step, force=True)
+        if self.rank == 0:
+            replicas = self.pool.placement.replicas
+            worker = self.actor_rollout_wg.worker
+            self.pool.start_stream(worker.train_sampling, max(1, -(-self.mini_groups // replicas)),
+                                   self.sections.trainer.seed * 100003 + self.global_step, self.global_step)
+            self.pool.submit(list(self.buffer.in_flight.values()))  # reissued after a resume, or nothing
+        self._streaming = True
+
+    def _train_loop(self, validate: bool, preempt: Any, progress: Any) -> bool:
+        self._start_stream()
+        if self.rank == 0 and self.global_step == 0 and not self.buffer.in_flight and not self.buffer.finished:
+            self.pool.submit(self.buffer.submit(self.warmup_batches * self.batch_groups, step=1))
+        preempted = False
+        while self.global_step < self.total_training_steps and not preempted:
+            step = self.global_step + 1
+            metrics = self.async_step(step)
+            last, preempted = self._end_step(metrics, step, validate, preempt)
+            progress.update(1)
+            if last:
+                break
+        return preempted
+
+    def async_step(self, step: int) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        self._timing = {}
+        data_plane.STATS.reset()
+        per_mini: list[dict[str, float]] = []
+        batches, trained = [], []
+        with self._timer("step"):
+            if self.use_rm:
+                metrics.update(self._maybe_swap_reward_model(step))
+            if self.rank == 0:
+                self.pool.submit(self.buffer.submit(self.batch_groups, step))
+            for _ in range(self.sync_steps):
+                mini: dict[str, float] = {}
+                with self._timer("gen"):  # the trainer's wait for a mini-batch of finished groups
+                    groups, waited = self._sample(step, mini)
+                batch, extra = broadcast_object(self._mini_batch(groups, step) if self.rank == 0 else None)
+                # Only the step's first mini-batch meets the actor that generated it (the next ones' old
+                # log-probs come from its snapshot, but the check reads the first): the weight-sync check.
+                on_policy = extra.pop("_on_policy") and not batches
+                mini.update(extra)
+                if batches:  # pi_old is the cycle's first actor for every mini-batch of it (verl's local trigger)
+                    batch.meta_info["old_policy"] = True
+                else:
+                    self.actor_rollout_wg.snapshot_old_policy()
+                if self.sections.transfer_queue.enable:  # row ids unique per mini-batch of the step
+                    batch = ShardedBatch.replicated(batch, first_id=(step << 32) + len(batches) * len(batch))
+                batch = self._learn(batch, mini, step)
+                if on_policy and isinstance(batch, DataProto):
+                    diff = metric_utils.compute_rollout_probs_diff_metrics(batch)
+                    if not self._probs_checked:
+                        metric_utils.check_rollout_probs_diff(diff, self.sections.actor_rollout_ref.rollout.dtype)
+                        self._probs_checked = True
+                per_mini.append(mini)
+                batches.append(batch)
+                trained.extend(groups)
+            with self._timer("update_weights"):  # version G to the pool; its running segment resumes on it
+                metrics.update(self.actor_rollout_wg.update_weights(version=step))
+            metrics.update(_merge(per_mini))
+            if self.rank == 0:
+                self._record(step, trained)
+                self.buffer.end_step()
+        batch = DataProto.concat(batches) if isinstance(batches[0], DataProto) else batches[-1]
+        return self._step_end_metrics(batch, metrics, on_policy=False)
+
+    def _sample(self, step: int, metrics: dict[str, float]) -> tuple[list[PromptGroup], float]:
+        """Training rank 0: wait for a mini-batch of trainable groups (evicting stale ones and drawing their
+        replacements, as verl's ReplayBufferAsync), then take the oldest."""
+        if self.rank != 0:
+            return [], 0.0
+        start = time.perf_counter()
+        segment_metrics: list[dict[str, float]] = []
+        while True:
+            for message in self.pool.poll(timeout=0):
+                self._receive(message, segment_metrics)
+            _, refills = self.buffer.evict_stale(step)
+            if refills:
+                self.pool.submit(refills)
+            if self.buffer.ready(self.mini_groups, step):
+                break
+            messages = self.pool.poll(timeout=POOL_SILENCE_S)
+            if not messages:
+                raise RuntimeError(f"rollout pool: no finished group for {POOL_SILENCE_S:.0f} s with "
+                                   f"{len(self.buffer.in_flight)} in flight")
+            for message in messages:
+                self._receive(message, segment_metrics)
+        groups = self.buffer.sample(self.mini_groups, step)
+        metrics.update(self.buffer.eviction_metrics())
+        if segment_metrics:
+            metrics["rollout/segment_rows"] = sum(m.get("rollout/segment_rows", 0.0) for m in segment_metrics)
+        metrics["rollout/in_flight_groups"] = float(len(self.buffer.in_flight))
+        return groups, time.perf_counter() - start
+
+    def _receive(self, message: dict, segment_metrics: list[dict[str, float]]) -> None:
+        """A replica's finished groups replace their in-flight entries (the pool generated into copies)."""
+        for group in message.get("groups", ()):
+            if group.uid in self.buffer.in_flight:
+                self.buffer.in_flight[group.uid] = group
+        if message.get("metrics"):
+            segment_metrics.append(message["metrics"])
+        self.buffer.collect_finished()
+
+    def _mini_batch(self, groups: list[PromptGroup], step: int) -> tuple[Any, dict[str, Any]]:
+        extra: dict[str, Any] = dict(off_policy_metrics(groups, step))
+        extra["training/epoch"] = float(min(g.epoch for g in groups))
+        extra["_on_policy"] = all(t.min_version == step - 1 for g in groups for t in g.trajectories)
+        data = self.sections.data
+        tensors, fields = groups_to_batch(groups, data.max_prompt_length, data.max_response_length, self.pad)
+        return DataProto.from_dict(tensors, fields, {"seed": step}), extra
+
+
+def _merge(per_mini: list[dict[str, float]]) -> dict[str, float]:
+    """A step's metrics from its mini-batches' (verl's MetricsAggregator: counts summed, the rest averaged)."""
+    keys = set().union(*per_mini) if per_mini else set()
+    out = {}
+    for key in keys:
+        values = [m[key] for m in per_mini if key in m]
+        if key.endswith(("/max",)):
+            out[key] = float(max(values))
+        elif key.endswith(("/min",)):
+            out[key] = float(min(values))
+        elif key in SUMMED:
+            out[key] = float(sum(values))
+        else:
+            out[key] = float(np.mean(values))
+    return out
