@@ -148,9 +148,14 @@ class LocalRanks:
         stream.close()
 
     def _forward(self, signum, frame) -> None:
+        # To the rank process alone: it stops what it started itself. Its whole group would include helpers
+        # with no handler (Megatron's checkpoint writer processes), which died mid-save and failed the run.
         for p in self.procs:
             if p.poll() is None:
-                _signal_group(p, signum)
+                try:
+                    p.send_signal(signum)
+                except ProcessLookupError:
+                    pass
 
     def wait(self, timeout_s: float = float("inf")) -> int:
         """Start the ranks and wait for them: 0, or the first failing rank's exit code (124 when the
