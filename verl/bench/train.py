@@ -13,6 +13,11 @@ character tokenizer, samples the resident memory of every rank while it runs, an
 * ``tokens_per_s``: prompt + response tokens of a step over its seconds (all ranks together);
 * ``peak_rss_gb``: the largest resident set of any one rank, and ``wall_s`` of the whole command.
 
+``--mode colocate_async|separate_async`` runs verl's asynchronous trainers on the same total ranks (a pool takes
+``--rollout-ranks`` of them) and adds ``trainer_idle_fraction`` (its wait for a batch over the step),
+``rollout_idle_fraction`` and ``staleness_worst_mean``; a long ``--response-length`` on a random-init model gives
+the long tail (a response ends when the model samples EOS, about once in a vocabulary's worth of tokens).
+
 Extra ``KEY=VALUE`` arguments are passed to ``verl train`` as overrides (e.g. a bigger
 ``data.max_response_length`` or ``actor_rollout_ref.actor.ppo_epochs=2``). The child's output goes to
 ``<workdir>/train.log``.
@@ -68,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--baseline", choices=("none", "hf", "trl"), default="none",
                         help="also run the same workload through a single-process transformers GRPO loop (hf) or "
                              "TRL's GRPOTrainer (trl, when installed) and print the ratio")
+    parser.add_argument("--mode", choices=("sync", "colocate_async", "separate_async"), default="sync",
+                        help="verl's trainer.v1.trainer_mode; separate_async gives --rollout-ranks of the --nproc "
+                             "ranks to a standalone rollout pool (the same total ranks as the other modes)")
+    parser.add_argument("--rollout-ranks", type=_positive, default=1, help="separate_async: the pool's ranks")
     parser.add_argument("--json", help="also write the record here")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra verl train overrides")
     return parser
@@ -77,7 +86,14 @@ def train_command(args: argparse.Namespace, data_dir: str, output_dir: str, prom
     """``verl train`` on the written data; ``prompt_length`` is the longest prompt in tokens (verl left-pads
     every prompt to ``data.max_prompt_length``, so a looser bound would only add padded positions)."""
     batch = args.prompts
-    per_rank = max(1, batch * args.n // max(1, args.nproc // (args.tp * args.pp)))  # one micro-batch per rank
+    mode = getattr(args, "mode", "sync")
+    training = args.nproc - args.rollout_ranks if mode == "separate_async" else args.nproc
+    per_rank = max(1, batch * args.n // max(1, training // (args.tp * args.pp)))  # one micro-batch per rank
+    placement = [f"trainer.v1.trainer_mode={mode}"]
+    if mode == "separate_async":  # one mini-batch update per weight sync (verl: batch = sync steps x mini-batch)
+        placement += ["actor_rollout_ref.rollout.nnodes=1",
+                      f"actor_rollout_ref.rollout.n_gpus_per_node={args.rollout_ranks}",
+                      "trainer.v1.separate_async.parameter_sync_step=1"]
     return [
         sys.executable, "-m", "verl.trainer.main_ppo", "--config-name=ppo_megatron_trainer",
         f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
@@ -92,7 +108,7 @@ def train_command(args: argparse.Namespace, data_dir: str, output_dir: str, prom
         f"actor_rollout_ref.rollout.tensor_model_parallel_size={args.rollout_tp}",
         f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={args.tp}",
         f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={args.pp}",
-        f"trainer.n_gpus_per_node={args.nproc}", f"trainer.total_training_steps={args.steps}",
+        f"trainer.n_gpus_per_node={training}", f"trainer.total_training_steps={args.steps}", *placement,
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
         "trainer.export_hf_at_end=False", "trainer.resume_mode=disable", "trainer.logger=[console]",
         f"trainer.output_dir={output_dir}", *args.overrides,
@@ -158,8 +174,20 @@ def summarize(records: list[dict], warmup: int) -> dict:
     step_s = statistics.median(r["timing_s/step"] for r in measured)
     summed = sum(v for k, v in phases.items() if k not in NESTED_PHASES)
     tokens = [r["perf/total_num_tokens"] / r["timing_s/step"] for r in measured if "perf/total_num_tokens" in r]
+    def median(key: str, default: float | None = None) -> float | None:
+        values = [r[key] for r in measured if key in r]
+        return statistics.median(values) if values else default
+
+    # The trainer idles while it waits for a batch (timing_s/gen); the rollout idles outside generation
+    # (colocated) or outside its segments (a pool: rollout/busy_s).
+    gen = [r.get("timing_s/gen", 0.0) / r["timing_s/step"] for r in measured]
+    busy = [r["rollout/busy_s"] / r["timing_s/step"] for r in measured if "rollout/busy_s" in r]
     return {"steps": len(steps), "measured_steps": len(measured), "s_per_step": step_s, "phases": phases,
             "unaccounted_s": step_s - summed, "tokens_per_s": statistics.median(tokens) if tokens else None,
+            "trainer_idle_fraction": statistics.median(gen),
+            "rollout_idle_fraction": max(0.0, 1 - statistics.median(busy)) if busy else 1 - statistics.median(gen),
+            "staleness_worst_mean": median("training/off_policy/trajectory_staleness_worst/mean", 0.0),
+            "response_length": {stat: median(f"response_length/{stat}") for stat in ("mean", "min", "max")},
             "final_score": steps[-1].get("critic/score/mean")}
 
 
@@ -196,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                             os.path.join(workdir, "train.log"), log_kept=bool(args.workdir))
         if isinstance(ours, int):
             return ours
-        record = {"model": args.model, "nproc": args.nproc, "tp": args.tp, "pp": args.pp,
+        record = {"model": args.model, "mode": args.mode, "nproc": args.nproc, "tp": args.tp, "pp": args.pp,
                   "rollout_tp": args.rollout_tp, "prompts": args.prompts, "n": args.n,
                   "response_length": args.response_length, "overrides": args.overrides,
                   **summarize(read_metrics(output_dir), args.warmup), **ours}

@@ -185,6 +185,7 @@ class PPOTrainer:
         self.use_reference = use_reference(sections)
         self.debug = sections.trainer.debug
         self.bypass_old_log_prob = sections.algorithm.rollout_correction.bypass_mode
+        self.off_policy = False  # the asynchronous trainers train on older weights' rollouts: rollout_corr/* logged
 
         data = sections.data
         self.train_dataset = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples)
@@ -533,13 +534,13 @@ class PPOTrainer:
     def _rollout_correction(self, batch) -> dict[str, float]:
         """verl's ``algorithm.rollout_correction`` (decoupled mode: old log-probs from the actor): rejection
         sampling rewrites ``response_mask``, importance sampling adds ``rollout_is_weights`` for the policy loss;
-        the off-policy diagnostics (``rollout_corr/*``) are logged whenever the rollout's log-probs are there."""
+        the off-policy diagnostics (``rollout_corr/*``) are logged with a correction or an asynchronous trainer."""
         from verl.algorithms.rollout_correction import apply_rollout_correction
 
         rc = self.sections.algorithm.rollout_correction
         correct = rc.rollout_is is not None or rc.rollout_rs is not None
-        if isinstance(batch, ShardedBatch) and not correct:
-            return {}  # the diagnostics alone are not worth gathering three [B, R] fields
+        if not correct and not self.off_policy:
+            return {}  # an on-policy run without a correction: the diagnostics would only restate probs_diff
         fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
         old, rollout, mask = (batch_ops.per_row(batch, lambda rows, k=k: rows.batch[k], [k]) for k in fields)
         new_mask, weights, metrics = apply_rollout_correction(

@@ -75,6 +75,7 @@ class ColocateAsyncTrainer(PPOTrainer):
         self.rollout_dp = self.world_size // rollout.tensor_model_parallel_size
         self.ledger_path = os.path.join(cfg.trainer.output_dir, LEDGER_FILE)
         self.stop_ids = self.actor_rollout_wg.worker.train_sampling.stop_ids
+        self.off_policy = True
 
     @staticmethod
     def _warmup_batches(v1: Any) -> int:

@@ -36,7 +36,7 @@ from verl.trainer.v1.colocate_async import ColocateAsyncTrainer, off_policy_metr
 # rank that dies ends the job through the launcher much sooner.
 POOL_SILENCE_S = 3600.0
 # Summed over a step's mini-batches (verl's MetricsAggregator sums these counts); the rest are averaged.
-SUMMED = ("training/off_policy/evicted_samples", "rollout/segment_rows")
+SUMMED = ("training/off_policy/evicted_samples", "rollout/segment_rows", "rollout/busy_s")
 
 
 class SeparateAsyncTrainer(ColocateAsyncTrainer):
@@ -150,6 +150,11 @@ class SeparateAsyncTrainer(ColocateAsyncTrainer):
         metrics.update(self.buffer.eviction_metrics())
         if segment_metrics:
             metrics["rollout/segment_rows"] = sum(m.get("rollout/segment_rows", 0.0) for m in segment_metrics)
+            # The pool's generating seconds (each replica's segments; replicas run side by side: the busiest).
+            busy: dict[int, float] = {}
+            for m in segment_metrics:
+                busy[m["replica"]] = busy.get(m["replica"], 0.0) + m.get("timing_s/generate_segment", 0.0)
+            metrics["rollout/busy_s"] = max(busy.values())
         metrics["rollout/in_flight_groups"] = float(len(self.buffer.in_flight))
         return groups, time.perf_counter() - start
 
@@ -159,7 +164,7 @@ class SeparateAsyncTrainer(ColocateAsyncTrainer):
             if group.uid in self.buffer.in_flight:
                 self.buffer.in_flight[group.uid] = group
         if message.get("metrics"):
-            segment_metrics.append(message["metrics"])
+            segment_metrics.append({**message["metrics"], "replica": message["replica"]})
         self.buffer.collect_finished()
 
     def _mini_batch(self, groups: list[PromptGroup], step: int) -> tuple[Any, dict[str, Any]]:
