@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from verl.engine.rollout.base import SamplingParams, assemble_rollout_batch, check_prompts
+from verl.engine.rollout.base import RolloutInputError, SamplingParams, assemble_rollout_batch, check_prompts
 
 
 @dataclasses.dataclass
@@ -141,8 +141,16 @@ def generate_segment(engine: Any, inputs: dict[str, torch.Tensor], params: Sampl
     limits = inputs["limits"]
     budget = int(limits.max())
     params = dataclasses.replace(params, n=1, response_length=budget)
-    check_prompts(inputs["input_ids"], inputs["attention_mask"], engine.config.vocab_size,
-                  engine.config.max_position_embeddings, budget)
+    # Each row needs its own length + budget positions (<= prompt + response_length); the padded width plus the
+    # largest budget is only the batch's cache width (RoPE and the cache grow past the context for it).
+    width = inputs["input_ids"].shape[1]
+    check_prompts(inputs["input_ids"], inputs["attention_mask"], engine.config.vocab_size, width + budget, budget)
+    need = inputs["attention_mask"].sum(-1) + limits
+    context = engine.config.max_position_embeddings
+    if bool((need > context).any()):
+        row = int((need > context).nonzero()[0])
+        raise RolloutInputError(f"partial rollout row {row}: {int(need[row])} positions (tokens so far + budget), "
+                                f"expected at most the model context (max_position_embeddings={context})")
     required = inputs["required"] if bool(inputs["required"].any()) else None
     stop = SegmentStop(inputs["group"], min_groups, required, abort)
     return engine.generate_responses(inputs["input_ids"], inputs["attention_mask"], params, pad, limits=limits,
