@@ -39,6 +39,7 @@ class DataConfig(Section):
     max_prompt_length: int = checked(ge=1)
     max_response_length: int = checked(ge=1)
     train_batch_size: int = checked(ge=1)
+    gen_batch_size: int = checked(ge=1)
     val_batch_size: int | None = checked(ge=1)
     return_raw_input_ids: bool
     return_raw_chat: bool

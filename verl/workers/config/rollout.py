@@ -39,7 +39,9 @@ class MultiTurnConfig(Section):
 class CheckpointEngineConfig(Section):
     """``rollout.checkpoint_engine``: verl's weight-sync bucket (the 3D-HybridEngine's, here)."""
 
-    backend: str = checked(choices=("naive",))
+    # verl's names: naive (colocated, in process) and nccl (a standalone pool: our bridge, NCCL between GPUs and gloo
+    # on CPU, whichever the key says); the transfer is the 3D-HybridEngine's either way.
+    backend: str = checked(choices=("naive", "nccl"))
     update_weights_bucket_megabytes: int = checked(ge=1)
     verify: bool        # standalone pool: checksum every bucket on the rollout rank
     delta: bool         # standalone pool: sparse delta buckets where smaller
