@@ -77,9 +77,9 @@ def test_colocate_async_learns_offpolicy_and_resumes_after_sigkill_without_losin
     assert sorted(metrics) == list(range(1, 8))
     for step in range(1, 8):
         record = metrics[step]
-        missing = [k for k in OFF_POLICY_KEYS + ["timing_s/gen", "timing_s/update_weights", "rollout_corr/kl",
-                                                 "rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction"]
-                   if k not in record]
+        wanted = OFF_POLICY_KEYS + ["timing_s/gen", "timing_s/update_weights", "rollout_corr/kl",
+                                    "rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction"]
+        missing = [k for k in wanted if k not in record]
         assert not missing, f"step {step} lacks {missing}"
     # Warm-up batch + partial rollout: after step 1, trained trajectories were started on older weights, and
     # some were interrupted by a weight sync and finished on the next version (spans > 1).
