@@ -395,21 +395,22 @@ def test_ray_kwargs_are_ignored_with_one_warning_line(data_args, caplog, tmp_pat
         "local spawner (verl.launcher)"]
 
 
-def test_use_v1_runs_the_sync_trainer_and_the_async_modes_are_refused(data_args, no_ranks, capsys, caplog):
-    import logging
+def test_v1_trainer_modes_pick_their_trainer_and_check_their_placement(data_args, no_ranks, capsys):
+    from verl.trainer.ppo.trainer import PPOTrainer
+    from verl.trainer.v1 import trainer_class
+    from verl.trainer.v1.colocate_async import ColocateAsyncTrainer
 
     config = load_config(GRPO, [*data_args, "trainer.use_v1=true", "trainer.v1.trainer_mode=sync"])
-    assert config.trainer.use_v1 and config.trainer.v1.trainer_mode == "sync"
-    for mode in ("colocate_async", "separate_async"):
-        expect_exit_2(capsys, ["--config", GRPO, *data_args, f"trainer.v1.trainer_mode={mode}"],
-                      f"trainer.v1.trainer_mode={mode!r}: not supported by verl-hpc yet", "asynchronous",
-                      f"expected sync, found {mode!r}")
+    assert trainer_class(config) is PPOTrainer
+    config = load_config(GRPO, [*data_args, "trainer.v1.trainer_mode=colocate_async"])
+    assert trainer_class(config) is ColocateAsyncTrainer
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "trainer.v1.trainer_mode=separate_async"],
+                  "trainer.v1.trainer_mode=separate_async: expected a standalone rollout pool")
     expect_exit_2(capsys, ["--config", GRPO, *data_args, "trainer.v1.trainer_mode=async"],
                   "trainer.v1.trainer_mode: expected one of ['sync', 'colocate_async', 'separate_async']")
-    # verl's legacy trainer (use_v1=false) never reads the mode: the same synchronous loop, said once.
-    with caplog.at_level(logging.WARNING):
-        load_config(GRPO, [*data_args, "trainer.use_v1=false", "trainer.v1.trainer_mode=colocate_async"])
-    assert "trainer.use_v1=False has no effect in verl-hpc" in caplog.text
+    # verl's legacy trainer (use_v1=false) never reads the mode: the synchronous loop.
+    config = load_config(GRPO, [*data_args, "trainer.use_v1=false", "trainer.v1.trainer_mode=colocate_async"])
+    assert trainer_class(config) is PPOTrainer
     assert not no_ranks
 
 
