@@ -401,12 +401,7 @@ class PPOTrainer:
         """One PPO step, HybridFlow's script. With ``transfer_queue.enable`` the batch is a ShardedBatch whose
         rows stay on the ranks that produced them; ``batch_ops`` reads the same on both data paths."""
         cfg = self.sections
-        metrics: dict[str, float] = {}
-        self._timing = {}
-        data_plane.STATS.reset()
-        with self._timer("step"):
-            if self.use_rm:
-                metrics.update(self._maybe_swap_reward_model(step))
+        with self._step(step) as metrics:
             gen = self._prompt_batch(batch_dict, step, validate=False)
             with self._timer("update_weights"):
                 metrics.update(self.actor_rollout_wg.update_weights())
@@ -422,6 +417,18 @@ class PPOTrainer:
                     batch_ops.add_replicated(batch, {"reward_baselines": baselines})
             batch = self._learn(batch, metrics, step)
         return self._step_end_metrics(batch, metrics)
+
+    @contextlib.contextmanager
+    def _step(self, step: int) -> Iterator[dict[str, float]]:
+        """A step's frame, the same in every trainer mode: fresh timings and data-plane counters, the whole step
+        timed as ``timing_s/step``, a due reward-model swap first; yields the step's metrics dict."""
+        metrics: dict[str, float] = {}
+        self._timing = {}
+        data_plane.STATS.reset()
+        with self._timer("step"):
+            if self.use_rm:
+                metrics.update(self._maybe_swap_reward_model(step))
+            yield metrics
 
     def _learn(self, batch, metrics: dict[str, float], step: int):
         """A generated batch -> rewards, old/ref log-probs, values, advantages, critic and actor updates (the

@@ -31,7 +31,6 @@ import torch
 from verl.engine.rollout.partial import PromptGroup, groups_to_batch, merge_segment, segment_inputs
 from verl.errors import InputError
 from verl.protocol import DataProto
-from verl.single_controller import data_plane
 from verl.trainer import metrics as metric_utils
 from verl.trainer.ppo.trainer import PPOTrainer
 from verl.trainer.v1.replay_buffer import PromptStream, ReplayBuffer
@@ -107,10 +106,18 @@ class ColocateAsyncTrainer(PPOTrainer):
             os.replace(self.ledger_path + ".tmp", self.ledger_path)
 
     # ------------------------------------------------------------------ the loop
+    def _start_generation(self) -> None:
+        """Before the first step of this process (a standalone pool starts streaming here)."""
+
+    def _submit(self, count: int, step: int) -> None:
+        """Draw ``count`` prompts into the buffer, tagged ``step``; the colocated segments pick them up."""
+        self.buffer.submit(count, step)
+
     def _train_loop(self, validate: bool, preempt: Any, progress: Any) -> bool:
         preempted = False
+        self._start_generation()
         if self.global_step == 0 and not self.buffer.in_flight and not self.buffer.finished:
-            self.buffer.submit(self.warmup_batches * self.batch_groups, step=1)  # verl's on_train_begin
+            self._submit(self.warmup_batches * self.batch_groups, step=1)  # verl's on_train_begin
         while self.global_step < self.total_training_steps and not preempted:
             step = self.global_step + 1
             metrics = self.async_step(step)
@@ -121,13 +128,8 @@ class ColocateAsyncTrainer(PPOTrainer):
         return preempted
 
     def async_step(self, step: int) -> dict[str, float]:
-        metrics: dict[str, float] = {}
-        self._timing = {}
-        data_plane.STATS.reset()
-        with self._timer("step"):
-            if self.use_rm:
-                metrics.update(self._maybe_swap_reward_model(step))
-            self.buffer.submit(self.batch_groups, step)  # verl's prepare_step: one batch a step
+        with self._step(step) as metrics:
+            self._submit(self.batch_groups, step)  # verl's prepare_step: one batch a step
             with self._timer("update_weights"):  # version G - 1 into the rollout (verl syncs at the end of G - 1)
                 metrics.update(self.actor_rollout_wg.update_weights())
             with self._timer("gen"):  # the trainer's wait for a batch

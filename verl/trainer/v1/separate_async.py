@@ -27,7 +27,7 @@ import numpy as np
 
 from verl.engine.rollout.partial import PromptGroup, groups_to_batch
 from verl.protocol import DataProto
-from verl.single_controller import broadcast_object, data_plane
+from verl.single_controller import broadcast_object
 from verl.single_controller.data_plane import ShardedBatch
 from verl.trainer import metrics as metric_utils
 from verl.trainer.v1.colocate_async import ColocateAsyncTrainer, off_policy_metrics
@@ -48,16 +48,13 @@ class SeparateAsyncTrainer(ColocateAsyncTrainer):
         self.mini_groups = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
         self.sync_steps = cfg.trainer.v1.separate_async.parameter_sync_step
         self.pool = self.actor_rollout_wg.worker.pool
-        self._streaming = False
 
     @staticmethod
     def _warmup_batches(v1: Any) -> int:
         return v1.separate_async.num_warmup_batches
 
-    def _start_stream(self) -> None:
-        """Training rank 0: weights of the current version to the pool, then streaming generation."""
-        if self._streaming:
-            return
+    def _start_generation(self) -> None:
+        """Weights of the current version to the pool, then streaming generation (rank 0 drives it)."""
         self.actor_rollout_wg.update_weights(version=self.global_step, force=True)
         if self.rank == 0:
             replicas = self.pool.placement.replicas
@@ -65,33 +62,17 @@ class SeparateAsyncTrainer(ColocateAsyncTrainer):
             self.pool.start_stream(worker.train_sampling, max(1, -(-self.mini_groups // replicas)),
                                    self.sections.trainer.seed * 100003 + self.global_step, self.global_step)
             self.pool.submit(list(self.buffer.in_flight.values()))  # reissued after a resume, or nothing
-        self._streaming = True
 
-    def _train_loop(self, validate: bool, preempt: Any, progress: Any) -> bool:
-        self._start_stream()
-        if self.rank == 0 and self.global_step == 0 and not self.buffer.in_flight and not self.buffer.finished:
-            self.pool.submit(self.buffer.submit(self.warmup_batches * self.batch_groups, step=1))
-        preempted = False
-        while self.global_step < self.total_training_steps and not preempted:
-            step = self.global_step + 1
-            metrics = self.async_step(step)
-            last, preempted = self._end_step(metrics, step, validate, preempt)
-            progress.update(1)
-            if last:
-                break
-        return preempted
+    def _submit(self, count: int, step: int) -> None:
+        """Training rank 0 draws the prompts and hands them to the pool."""
+        if self.rank == 0:
+            self.pool.submit(self.buffer.submit(count, step))
 
     def async_step(self, step: int) -> dict[str, float]:
-        metrics: dict[str, float] = {}
-        self._timing = {}
-        data_plane.STATS.reset()
         per_mini: list[dict[str, float]] = []
         batches, trained = [], []
-        with self._timer("step"):
-            if self.use_rm:
-                metrics.update(self._maybe_swap_reward_model(step))
-            if self.rank == 0:
-                self.pool.submit(self.buffer.submit(self.batch_groups, step))
+        with self._step(step) as metrics:
+            self._submit(self.batch_groups, step)
             for _ in range(self.sync_steps):
                 mini: dict[str, float] = {}
                 with self._timer("gen"):  # the trainer's wait for a mini-batch of finished groups
