@@ -33,14 +33,33 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
     return variance
 
 
+def whiten_statistics(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(count, sum, sum of squares) of the masked elements, in float64: the sufficient statistics of
+    :func:`masked_whiten`, which add up over shards (the data plane whitens a sharded batch from their sum)."""
+    m = mask.to(torch.float64)
+    v = values.to(torch.float64)
+    return torch.stack([m.sum(), (v * m).sum(), (v * v * m).sum()])
+
+
+def whiten_with(values: torch.Tensor, statistics: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """``values`` whitened with the mean and unbiased variance that ``statistics`` (:func:`whiten_statistics`,
+    possibly summed over shards) give. The statistics stay in float64 until one rounding to ``values``' dtype,
+    so a batch whitened whole and the same batch whitened from its shards' summed statistics agree bit for bit
+    unless a float64 difference of their summation orders (~1e-16 relative) straddles a rounding boundary."""
+    count, total, squares = statistics.tolist()
+    if count < 2:
+        raise ValueError(f"masked_whiten: expected at least two unmasked elements for an unbiased variance, "
+                         f"found {int(count)}")
+    mean = total / count
+    var = max(squares - count * mean * mean, 0.0) / (count - 1)
+    whitened = (values - mean) * torch.rsqrt(torch.tensor(var + 1e-8, dtype=values.dtype))
+    return whitened if shift_mean else whitened + mean
+
+
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-    """(values - mean) / sqrt(var + 1e-8) over masked elements; keeps the mean if not ``shift_mean``."""
-    mean = masked_mean(values, mask)
-    var = masked_var(values, mask)
-    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
-    if not shift_mean:
-        whitened = whitened + mean
-    return whitened
+    """(values - mean) / sqrt(var + 1e-8) over masked elements (unbiased variance, verl's masked_whiten);
+    keeps the mean if not ``shift_mean``."""
+    return whiten_with(values, whiten_statistics(values, mask), shift_mean)
 
 
 def clip_by_value(x: torch.Tensor, tensor_min: torch.Tensor, tensor_max: torch.Tensor) -> torch.Tensor:

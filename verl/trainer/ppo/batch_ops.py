@@ -116,9 +116,7 @@ class _Whitening:
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
         def record(values, mask, shift_mean=True):
-            m = mask.to(torch.float64)
-            v = values.to(torch.float64)
-            self.local.append(torch.stack([m.sum(), (v * m).sum(), (v * v * m).sum()]))
+            self.local.append(verl_F.whiten_statistics(values, mask))
             return values
 
         with _patched_whiten(record):
@@ -129,11 +127,7 @@ class _Whitening:
         calls = iter(self.total or [])
 
         def whiten(values, mask, shift_mean=True):
-            count, total, squares = next(calls).tolist()
-            mean = total / (count + 1e-8)
-            var = (squares - count * mean * mean) / (count + 1e-8) * count / (count - 1)
-            whitened = (values - mean) * torch.rsqrt(torch.tensor(var + 1e-8, dtype=values.dtype))
-            return whitened if shift_mean else whitened + mean
+            return verl_F.whiten_with(values, next(calls), shift_mean)
 
         with _patched_whiten(whiten):
             yield
