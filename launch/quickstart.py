@@ -58,7 +58,8 @@ DEFAULT_OUT = "outputs/quickstart"
 DEFAULT_RL_CONFIG = "configs/grpo_arith_tiny.yaml"
 DEFAULT_SFT_CONFIG = "configs/sft_arith_tiny.yaml"
 STATE_DIR = ".quickstart"
-RL_OUTPUTS = ("checkpoints", "metrics.jsonl", "metrics.csv", "tensorboard", "actor_hf", "metrics.png", "summary.json")
+RL_OUTPUTS = ("checkpoints", "metrics.jsonl", "metrics.csv", "tensorboard", "actor_hf", "metrics.png", "summary.json",
+              "timeline.jsonl", "timeline.png")
 # tqdm's "  37/600 [" (the SFT bar) in a child's output stream.
 TQDM_PROGRESS = re.compile(rb"(\d+)/(\d+) \[")
 EXIT_INTERRUPTED = 130
@@ -318,7 +319,8 @@ def format_summary(summary: dict[str, Any], out: str, algo: str) -> str:
     lines += [f"{k.ljust(width)}  {v}" for k, v in rows]
     lines += ["-" * (width + 24),
               f"metrics  {os.path.join(out, 'metrics.jsonl')}  (also metrics.csv)",
-              f"plot     {os.path.join(out, 'metrics.png')}",
+              f"plot     {os.path.join(out, 'metrics.png')}"
+              + (f"  (timeline: {summary['timeline_plot']})" if summary.get("timeline_plot") else ""),
               f"tboard   tensorboard --logdir {os.path.join(out, 'tensorboard')}",
               f"model    {os.path.join(out, 'actor_hf')}  (HF format)"]
     if summary.get("rl_total_steps") and summary["rl_steps"] < summary["rl_total_steps"]:
@@ -499,10 +501,18 @@ def main(argv: list[str] | None = None) -> int:
         png = plot_metrics(records, os.path.join(out, "metrics.png"),
                            title=f"quickstart: SFT warm start -> {algo} on arithmetic "
                                  f"({os.path.basename(args.config)})")
+        from verl.utils.timeline import TIMELINE_FILE, plot_timeline, read_timeline
+
+        if os.path.isfile(os.path.join(out, TIMELINE_FILE)):  # the last steps' generation / training per lane
+            summary_timeline = plot_timeline(read_timeline(out), os.path.join(out, "timeline.png"),
+                                             title=f"quickstart {algo}: the last steps' phases per lane")
+        else:
+            summary_timeline = None
         walls["total"] = time.perf_counter() - total_start
         summary = summarize(out, {k: v for k, v in walls.items() if k != "total"}, resumed_from, total_steps)
         summary["wall_s_total"] = walls["total"]
         summary["plot"] = png
+        summary["timeline_plot"] = summary_timeline
         with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as fh:
             json.dump(summary, fh, indent=2)
         console.say(format_summary(summary, out, algo))

@@ -15,7 +15,8 @@
 #   bash tests/run_gpu.sh fsdp        # 4d: the FSDP backend: the quickstart's RL stage on 1 GPU (FSDP2 bf16 mixed
 #                                     #     precision, fp32 master weights cast into a bf16 native rollout)
 #   bash tests/run_gpu.sh manycore    # 5: issue 17's many-core half: GRPO steps of the 0.74M model on the host's
-#                                     #    CPU cores (CUDA hidden), actor TP1 and TP2, vs the one-process HF baseline
+#                                     #    CPU cores (CUDA hidden), actor TP1 and TP2, vs the one-process HF baseline;
+#                                     #    issue 31's async trainer modes on 8 ranks (long-tail bench, vs sync)
 # Wheels, made on a machine with network (Python of the GPU image: 3.12):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 --platform any -d .whl megatron-core==0.16.1 omegaconf hydra-core==1.3.2 \
@@ -88,6 +89,22 @@ manycore() {
       --tp "$tp" --baseline hf --json "$OUT/manycore_tp$tp.json" algorithm.rollout_correction.bypass_mode=true \
       | "$PY" -c "import json,sys; r=json.load(sys.stdin); print('tp$tp', 's/step', round(r['s_per_step'], 4), 'hf', round(r['baseline']['s_per_step'], 4), 'speedup', round(r['speedup'], 2))"
   done
+  # Issue 31's bench on the long-tail workload with the cores two could not give: 8 ranks in every mode
+  # (separate_async: 6 training + 2 rollout ranks), tokens/s of each async mode against sync's.
+  say "async trainer modes on $(nproc) cores, CUDA hidden: verl bench train --mode sync|colocate_async|separate_async"
+  for mode in sync colocate_async separate_async; do
+    CUDA_VISIBLE_DEVICES= "$PY" -m verl.cli bench train --mode "$mode" --nproc 8 --rollout-ranks 2 --prompts 48 --n 4 \
+      --response-length 56 --steps 12 --json "$OUT/manycore_$mode.json" > "$OUT/manycore_$mode.log" 2>&1 \
+      || { tail -20 "$OUT/manycore_$mode.log"; return 1; }
+  done
+  "$PY" - "$OUT" <<'PYEOF'
+import json, sys
+runs = {m: json.load(open(f"{sys.argv[1]}/manycore_{m}.json")) for m in ("sync", "colocate_async", "separate_async")}
+for mode, r in runs.items():
+    print(f"{mode:15s} s/step {r['s_per_step']:.4f} tokens/s {r['tokens_per_s']:.0f} "
+          f"({r['tokens_per_s'] / runs['sync']['tokens_per_s']:.2f}x sync) trainer idle {r['trainer_idle_fraction']:.2f} "
+          f"rollout idle {r['rollout_idle_fraction']:.2f} staleness {r['staleness_worst_mean']:.2f}")
+PYEOF
 }
 case "$stage" in
   setup) setup ;;

@@ -277,10 +277,13 @@ def test_fsdp_with_a_bf16_pool_trains_with_delta_syncs_and_a_preemption_checkpoi
         assert metrics[step]["training/rollout_probs_diff_max"] < 0.9
 
 
-def test_a_pool_rank_killed_during_a_transfer_ends_the_job_with_one_line(tmp_path, data_args):
-    """A sitecustomize on the ranks' path SIGKILLs pool rank 3 (the second pool rank) when its second sync's
-    first bucket has arrived (the training ranks are sending the other buckets): the job must end within the
-    bound after the kill, naming rank 3."""
+@pytest.mark.parametrize("mode", ["sync", "separate_async"])
+def test_a_pool_rank_killed_during_a_transfer_ends_the_job_with_one_line(tmp_path, data_args, mode):
+    """A sitecustomize on the ranks' path SIGKILLs pool rank 3 (the second pool rank) when a sync's first bucket
+    has arrived (the training ranks are sending the other buckets) after step 1 was logged: the job must end
+    within the bound after the kill, naming rank 3. ``separate_async``: the pool is streaming (generating between
+    syncs, results flowing to training rank 0 on threads), and it syncs once more, before step 1."""
+    kill_at = 2 if mode == "sync" else 3
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(
@@ -290,7 +293,7 @@ def test_a_pool_rank_killed_during_a_transfer_ends_the_job_with_one_line(tmp_pat
         "    finish, seen = ws.PoolReceiver._finish, []\n"
         "    def _finish(self, i, *args):\n"
         "        seen.append(i)\n"
-        "        if seen.count(0) == 2:\n"
+        "        if seen.count(0) == int(os.environ['KILL_AT']):\n"
         "            import time\n"
         "            open(os.environ['KILL_STAMP'], 'w').write(repr(time.time()))\n"
         "            os.kill(os.getpid(), 9)\n"
@@ -299,14 +302,15 @@ def test_a_pool_rank_killed_during_a_transfer_ends_the_job_with_one_line(tmp_pat
     env = train_env()
     env["PYTHONPATH"] = f"{hook}{os.pathsep}{env['PYTHONPATH']}"
     env["KILL_STAMP"] = str(tmp_path / "killed_at")
+    env["KILL_AT"] = str(kill_at)
     cmd = train_cmd("grpo_arith_tiny.yaml", tmp_path / "run", data_args, *SMALL, *POOL,
-                    "hybrid_engine.bucket_bytes=16384")
+                    "hybrid_engine.bucket_bytes=16384", f"trainer.v1.trainer_mode={mode}")
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     elapsed = time.time() - float((tmp_path / "killed_at").read_text())
     lines = [line for line in proc.stderr.splitlines() if line.startswith("verl train:")]
     assert proc.returncode == 137, (proc.returncode, proc.stderr[-2000:])
     assert lines == ["verl train: rank 3: killed by SIGKILL (exit 137)"], proc.stderr[-2000:]
-    assert (tmp_path / "run" / "metrics.jsonl").is_file()  # step 1 was logged: the kill came at the second sync
-    print(f"pool rank killed mid-transfer: the job ended {elapsed:.1f} s after the kill (bound 60 s)")
+    assert 1 in read_metrics(tmp_path / "run")  # step 1 was logged: the kill came at the sync after it
+    print(f"{mode}: pool rank killed mid-transfer: the job ended {elapsed:.1f} s after the kill (bound 60 s)")
     assert elapsed < 60
 

@@ -54,8 +54,9 @@ def test_quickstart_writes_metrics_plot_and_summary_then_reruns_idempotently(tmp
     for record in records[1:]:
         assert math.isfinite(record["critic/score/mean"]) and math.isfinite(record["critic/rewards/mean"])
         assert record["timing_s/update_weights"] >= 0 and record["perf/reshard_bytes"] > 0
-    with open(out / "metrics.png", "rb") as fh:
-        assert fh.read(8) == PNG_MAGIC
+    for png in ("metrics.png", "timeline.png"):  # the curves; the phases of the last steps (verl/utils/timeline.py)
+        with open(out / png, "rb") as fh:
+            assert fh.read(8) == PNG_MAGIC
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(out / "tensorboard"))
     assert (out / "sft" / "hf" / "model.safetensors").is_file() and (out / "actor_hf" / "config.json").is_file()
     summary = json.loads((out / "summary.json").read_text())

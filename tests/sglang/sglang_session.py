@@ -3,7 +3,8 @@
     python sglang_session.py SPEC.json OUT.json
 
 SPEC: {"cases": {NAME: {"model_dir", "tp", "prompts": [[ids]], "new_tokens", "push_model_dir" or
-"push_buffers" (optional), "bucket_bytes" (optional)}}}. The cases run one after another in this one
+"push_buffers" (optional), "bucket_bytes" (optional), "segment_round_tokens" (optional: also greedy through
+partial rollout, segments of one round of that many tokens)}}}. The cases run one after another in this one
 process (SGLang's import is paid once). Each case is one SGLangRollout session: greedy generate on
 the start weights; then, if a push is given, push every rollout TP rank's flat buffer into the
 running engine and greedy-generate again. The buffers are built from the HF checkpoint
@@ -46,6 +47,26 @@ def greedy(rollout, ids, mask, new_tokens):
             "logprobs": [r[:n] for r, n in zip(out["rollout_log_probs"].tolist(), lengths, strict=False)]}
 
 
+def segmented_greedy(rollout, prompts, new_tokens, round_tokens):
+    """Greedy through partial rollout (verl.engine.rollout.partial): rounds of ``round_tokens``, every segment
+    stopped after its first round (abort), each resumed by resubmitting prompt + the tokens so far."""
+    from verl.engine.rollout import sglang_rollout
+    from verl.engine.rollout.base import SamplingParams
+    from verl.engine.rollout.partial import PromptGroup, run_segment
+
+    sglang_rollout.SEGMENT_ROUND_TOKENS = round_tokens
+    groups = [PromptGroup(uid=str(i), index=i, epoch=0, submit_step=0, prompt=list(p), fields={}, n=1)
+              for i, p in enumerate(prompts)]
+    params = SamplingParams(temperature=0.0, response_length=new_tokens)
+    segments = 0
+    while not all(g.finished for g in groups) and segments <= new_tokens:
+        run_segment(rollout, groups, params, 0, version=segments, min_groups=len(groups), abort=lambda: True)
+        segments += 1
+    trajectories = [g.trajectories[0] for g in groups]
+    return {"ids": [t.tokens for t in trajectories], "logprobs": [t.log_probs for t in trajectories],
+            "segments": segments, "versions": [[t.min_version, t.max_version] for t in trajectories]}
+
+
 def run_case(spec):
     from verl.engine.rollout.sglang_rollout import SGLangRollout
     from verl.models.config import ModelConfig
@@ -60,6 +81,9 @@ def run_case(spec):
         seconds["engine_start"] = time.perf_counter() - start
         rollout.resume()
         result["before"] = greedy(rollout, ids, mask, spec["new_tokens"])
+        if spec.get("segment_round_tokens"):
+            result["segmented"] = segmented_greedy(rollout, spec["prompts"], spec["new_tokens"],
+                                                   spec["segment_round_tokens"])
         rollout.release()
         if spec.get("push_model_dir") or spec.get("push_buffers"):
             if spec.get("push_buffers"):

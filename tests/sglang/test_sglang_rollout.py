@@ -19,6 +19,7 @@ NEW_TOKENS = 16
 PROMPTS = [[5, 17, 42, 99, 7], [250, 3, 3, 18, 77, 120, 64, 9, 31], list(range(40, 56))]
 LOGPROB_ATOL = 1e-4
 BUCKET_BYTES = 32 << 10  # small, so pushed tensors straddle bucket boundaries
+ROUND_TOKENS = 5  # partial rollout: 16 new tokens in segments of 5, 5, 5, 1
 
 # Llama: untied lm_head and a vocabulary padded in the rollout layout. Qwen2 (tied, qkv bias) is covered at
 # TP1 and TP2 against Megatron after every push by test_sglang_trainer.py (and Megatron = HF elsewhere).
@@ -56,7 +57,7 @@ def sessions(run_sglang_session, tmp_path_factory):
             save_tiny_model(kind, model_b, seed=2)
             oracles[kind] = (hf_greedy(model_a), hf_greedy(model_b), ModelConfig.from_pretrained(model_a))
         cases[name] = {"model_dir": model_a, "push_model_dir": model_b, "tp": tp, "prompts": PROMPTS,
-                       "new_tokens": NEW_TOKENS, "bucket_bytes": BUCKET_BYTES}
+                       "new_tokens": NEW_TOKENS, "bucket_bytes": BUCKET_BYTES, "segment_round_tokens": ROUND_TOKENS}
     results = run_sglang_session(cases, work, timeout_s=600)
     for kind, tp in CASES:
         r = results[f"{kind}-tp{tp}"]
@@ -83,6 +84,18 @@ def test_greedy_ids_equal_hf_generate(session):
 @pytest.mark.parametrize("session", CASE_NAMES, indirect=True)
 def test_logprobs_within_1e4_of_hf(session):
     assert _max_logprob_diff(session["before"]["logprobs"], session["hf_a"]["logprobs"]) <= LOGPROB_ATOL
+
+
+@pytest.mark.parametrize("session", CASE_NAMES, indirect=True)
+def test_partial_rollout_in_segments_equals_uninterrupted_greedy(session):
+    """verl's V1 partial rollout on SGLang: each segment stopped after one round (limits as max_new_tokens, the
+    stop rule between rounds), resumed by resubmitting prompt + kept tokens: the same ids as HF greedy, and
+    the log-probs of the resumed tokens as those of one uninterrupted generation."""
+    segmented = session["segmented"]
+    assert segmented["segments"] == -(-NEW_TOKENS // ROUND_TOKENS)
+    assert segmented["ids"] == session["hf_a"]["ids"]
+    assert _max_logprob_diff(segmented["logprobs"], session["hf_a"]["logprobs"]) <= LOGPROB_ATOL
+    assert segmented["versions"] == [[0, segmented["segments"] - 1]] * len(PROMPTS)
 
 
 @pytest.mark.parametrize("session", CASE_NAMES, indirect=True)

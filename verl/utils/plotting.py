@@ -7,6 +7,9 @@ Four panels from the metrics ``verl train`` logs (``verl/trainer/metrics.py`` na
                    GRPO's KL loss) and actor/reward_kl_penalty (PPO's KL in the reward), when logged
   response length  response_length/mean, with its min-max band
 
+With ``--timeline``: the run's ``timeline.jsonl`` instead, one row per lane (the trainer, each rollout replica of a
+standalone pool), a bar per phase (``verl/utils/timeline.py``), for ``--steps A:B`` (default the last six).
+
 A panel whose metrics are absent says so instead of drawing nothing. matplotlib runs on its Agg
 backend (no display needed); the file is written then renamed, so a reader never sees half a PNG.
 """
@@ -91,13 +94,48 @@ def _parser() -> argparse.ArgumentParser:
                         help="a run's metrics.jsonl (or its directory, trainer.output_dir)")
     parser.add_argument("--out", required=True, metavar="PNG", help="where to write the plot")
     parser.add_argument("--title", default=None, help="figure title (default: the step count)")
+    parser.add_argument("--timeline", action="store_true",
+                        help="draw the run's timeline.jsonl (generation / training / weight sync per lane) instead")
+    parser.add_argument("--steps", default=None, metavar="A:B", help="with --timeline: the steps drawn (inclusive)")
     return parser
+
+
+def _steps(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    first, sep, last = text.partition(":")
+    if not sep or not first.strip().isdigit() or not last.strip().isdigit() or int(first) > int(last):
+        raise ValueError(f"--steps: expected A:B with integers A <= B, found {text!r}")
+    return int(first), int(last)
+
+
+def _timeline_main(args: argparse.Namespace) -> int:
+    from verl.utils.timeline import TIMELINE_FILE, plot_timeline, read_timeline
+    from verl.utils.tracking import MetricsError
+
+    path = args.metrics
+    if os.path.basename(path) == "metrics.jsonl":
+        path = os.path.dirname(path) or "."
+    if not (os.path.isfile(path) or os.path.isfile(os.path.join(path, TIMELINE_FILE))):
+        print(f"verl plot: expected a {TIMELINE_FILE} or a run directory holding one, found nothing at {path}",
+              file=sys.stderr)
+        return 2
+    try:
+        steps = _steps(args.steps)
+        out = plot_timeline(read_timeline(path), args.out, steps, args.title)
+    except (MetricsError, ValueError) as exc:  # ValueError: only _steps' (a bad --steps)
+        print(f"verl plot: {exc}", file=sys.stderr)
+        return 2
+    print(f"timeline -> {out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     from verl.utils.tracking import MetricsError, read_metrics
 
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.timeline:
+        return _timeline_main(args)
     path = args.metrics
     if not (os.path.isfile(path) or os.path.isfile(os.path.join(path, "metrics.jsonl"))):
         print(f"verl plot: expected a metrics.jsonl file or a directory holding one, found nothing at {path}",

@@ -325,8 +325,11 @@ def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, sync: An
     in_flight: list = []
     version: int | None = start.get("version")  # None: nothing is generated before the first sync
     segment = 0
+    # An SGLang group's other ranks hold no engine: the owner generates for the group; they only take commands
+    # (a sync is collective over the group).
+    member_only = not getattr(engine, "is_owner", True)
     while True:
-        generating = bool(in_flight) and version is not None
+        generating = bool(in_flight) and version is not None and not member_only
         try:
             command = commands.get(block=not generating)
         except queue.Empty:
@@ -334,10 +337,15 @@ def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, sync: An
         if command is not None:
             op = command["op"]
             if op == "submit":
-                in_flight.extend(command["groups"])
+                if not member_only:
+                    in_flight.extend(command["groups"])
             elif op == "sync":
+                began = time.time()
                 sync()
                 version = command["version"] if command.get("version") is not None else (version or 0) + 1
+                if tp_rank == 0:  # for the run's timeline
+                    bridge.send_result({"op": "synced", "replica": replica, "groups": [],
+                                        "span": ("update_weights", began, time.time())}, 0)
             elif op == "generate":
                 generate(command)
             elif op == "stop":
@@ -347,7 +355,7 @@ def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, sync: An
             else:
                 raise RuntimeError(f"rollout pool: expected a command submit/sync/generate/stop, found {op!r}")
             continue
-        begin = time.perf_counter()
+        begin, began = time.perf_counter(), time.time()
         sampling = dataclasses.replace(params, seed=seed * 100003 + segment)
         rows = run_segment(engine, in_flight, sampling, pad, version, min_groups=min(per_segment, len(in_flight)),
                            abort=lambda: not commands.empty())
@@ -356,4 +364,5 @@ def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, sync: An
         in_flight = [g for g in in_flight if not g.finished]
         if tp_rank == 0:
             metrics = {"timing_s/generate_segment": time.perf_counter() - begin, "rollout/segment_rows": float(rows)}
-            bridge.send_result({"op": "finished", "replica": replica, "groups": finished, "metrics": metrics}, 0)
+            bridge.send_result({"op": "finished", "replica": replica, "groups": finished, "metrics": metrics,
+                                "span": ("generate", began, time.time())}, 0)

@@ -137,7 +137,8 @@ def generate_segment(engine: Any, inputs: dict[str, torch.Tensor], params: Sampl
                      min_groups: int, abort: Callable[[], bool] | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One segment on ``engine`` (an engine whose ``generate_responses`` takes ``limits``/``stop``: the native
-    one): (new tokens, their mask, their log-probs), [rows, max budget]."""
+    engine checks the rule after every decode step, SGLang between rounds of a few tokens): (new tokens, their
+    mask, their log-probs), [rows, max budget]."""
     limits = inputs["limits"]
     budget = int(limits.max())
     params = dataclasses.replace(params, n=1, response_length=budget)

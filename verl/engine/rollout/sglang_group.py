@@ -127,6 +127,7 @@ class SGLangGroupRollout:
                  mem_fraction_static: float = 0.5, free_cache_engine: bool = True,
                  engine_kwargs: dict[str, Any] | None = None):
         self.config = config
+        self.pad_token_id = pad_token_id
         self.group_ranks = tuple(group_ranks)
         self.group = group
         self.tp_size = len(self.group_ranks)
@@ -244,6 +245,19 @@ class SGLangGroupRollout:
         if self.engine is None:
             return None
         return self.engine.generate_sequences(prompts, sampling_params)
+
+    def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           sampling_params: SamplingParams, pad_token_id: int, limits: torch.Tensor | None = None,
+                           stop: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Partial rollout's segment (:mod:`verl.engine.rollout.partial`) on the owner, which alone decides when
+        it stops (the stop rule needs no agreement: the group's other ranks do not generate); the other ranks
+        get empty [B, 0] tensors (the rollout mesh collects from rollout TP rank 0)."""
+        if self.engine is None:
+            rows = input_ids.shape[0] * (1 if limits is not None else sampling_params.n)
+            empty = torch.zeros(rows, 0, dtype=torch.int64)
+            return empty, empty.clone(), torch.zeros(rows, 0, dtype=torch.float32)
+        return self.engine.generate_responses(input_ids, attention_mask, sampling_params, pad_token_id,
+                                              limits=limits, stop=stop)
 
     def shutdown(self) -> None:
         """Stop the engine (its scheduler processes), remove the owner's temporary model directory and this

@@ -20,6 +20,7 @@ Semantics that differ from the native engine (SGLang's own behaviour, kept):
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -36,6 +37,11 @@ from verl.models.config import ModelConfig
 from verl.utils.torch_dtypes import NAME_OF_DTYPE
 
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_TYPES
+# Partial rollout with a stop rule: tokens per round between checks of the rule. Each round is one batch through
+# SGLang's scheduler (tens of ms on CPU), so a round much shorter than a response only adds that overhead; much
+# longer, and a segment overruns the point it should have stopped at by that much.
+SEGMENT_ROUND_TOKENS = 16
+ROUND_SEED_STRIDE = 1_000_003  # a round's sampling seeds: never one of another round's rows
 
 
 def bucket_ranges(numel: int, bucket_elems: int) -> list[tuple[int, int]]:
@@ -295,32 +301,66 @@ class SGLangRollout(BaseRollout):
 
     # ---------------------------------------------------------------- generation
     def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                           sampling_params: SamplingParams,
-                           pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           sampling_params: SamplingParams, pad_token_id: int, limits: torch.Tensor | None = None,
+                           stop: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Left-padded prompts [B, P] -> (responses, response_mask, rollout_log_probs) [B*n, R].
+
+        Partial rollout (:mod:`verl.engine.rollout.partial`, n=1): ``limits`` [B] caps each row's new tokens
+        (SGLang's per-request ``max_new_tokens``); with a ``stop`` rule (:class:`SegmentStop`) the rows generate
+        in rounds of at most :data:`SEGMENT_ROUND_TOKENS` tokens and the rule is checked between rounds (SGLang's
+        offline engine returns a batch whole, so a round is the finest point to stop at). A row's next round
+        sends its prompt and the tokens it has: SGLang's radix cache holds that prefix, so only the new tokens
+        are computed. Widths: ``response_length`` without ``limits``, else the largest limit."""
         sp = sampling_params
         mask = attention_mask.bool()
         prompts = [input_ids[i][mask[i]].tolist() for i in range(input_ids.shape[0])]
-        prompts = [p for p in prompts for _ in range(sp.n)]  # row i*n + j: sample j of prompt i
+        if limits is None:
+            prompts = [p for p in prompts for _ in range(sp.n)]  # row i*n + j: sample j of prompt i
+            budgets = [int(sp.response_length)] * len(prompts)
+        else:
+            if sp.n != 1:
+                raise SGLangRolloutError(f"generate with per-row limits: expected n=1, found n={sp.n}")
+            budgets = [int(b) for b in limits.tolist()]
+        width = max(budgets, default=0) if limits is not None else int(sp.response_length)
         base = sglang_sampling_params(sp)
-        per_request = []
-        for row in range(len(prompts)):
-            params = dict(base)
-            if not sp.greedy and sp.seed is not None:
-                params["sampling_seed"] = sp.seed + row  # distinct, reproducible stream per row
-            per_request.append(params)
-        outputs = self.engine.generate(input_ids=prompts, sampling_params=per_request, return_logprob=True)
-        if len(outputs) != len(prompts):
-            raise SGLangRolloutError(f"generate: expected {len(prompts)} outputs, found {len(outputs)}")
-        steps = sp.response_length
-        responses = torch.full((len(prompts), steps), pad_token_id, dtype=torch.int64)
-        response_mask = torch.zeros(len(prompts), steps, dtype=torch.int64)
-        log_probs = torch.zeros(len(prompts), steps, dtype=torch.float32)
-        for row, out in enumerate(outputs):
-            ids = out["output_ids"][:steps]
-            token_logprobs = out["meta_info"]["output_token_logprobs"][:len(ids)]
-            if [t[1] for t in token_logprobs] != list(ids):
-                raise SGLangRolloutError(f"generate: row {row} logprob token ids disagree with output_ids")
+        tokens: list[list[int]] = [[] for _ in prompts]
+        token_logprobs: list[list[float]] = [[] for _ in prompts]
+        done = [b <= 0 for b in budgets]
+        for round_index in itertools.count():
+            active = [row for row in range(len(prompts)) if not done[row]]
+            if not active:
+                break
+            requests, per_request = [], []
+            for row in active:
+                params = dict(base)
+                left = budgets[row] - len(tokens[row])
+                params["max_new_tokens"] = left if stop is None else min(left, SEGMENT_ROUND_TOKENS)
+                if not sp.greedy and sp.seed is not None:  # distinct, reproducible stream per row and round
+                    params["sampling_seed"] = sp.seed + row + round_index * ROUND_SEED_STRIDE
+                requests.append(prompts[row] + tokens[row])
+                per_request.append(params)
+            outputs = self.engine.generate(input_ids=requests, sampling_params=per_request, return_logprob=True)
+            if len(outputs) != len(requests):
+                raise SGLangRolloutError(f"generate: expected {len(requests)} outputs, found {len(outputs)}")
+            for row, out, params in zip(active, outputs, per_request, strict=True):
+                ids = list(out["output_ids"][:params["max_new_tokens"]])
+                logprobs = out["meta_info"]["output_token_logprobs"][:len(ids)]
+                if [t[1] for t in logprobs] != ids:
+                    raise SGLangRolloutError(f"generate: row {row} logprob token ids disagree with output_ids")
+                finish = (out["meta_info"].get("finish_reason") or {}).get("type", "length")
+                if finish == "abort":
+                    raise SGLangRolloutError(f"generate: row {row} was aborted by SGLang: {out['meta_info']}")
+                tokens[row] += ids
+                token_logprobs[row] += [float(t[0]) for t in logprobs]
+                # Finished: a stop token ended it, or its budget is spent (a round's cap is not a finish).
+                done[row] = finish != "length" or len(tokens[row]) >= budgets[row]
+            if stop is None or stop.reached(torch.tensor(done)):
+                break
+        responses = torch.full((len(prompts), width), pad_token_id, dtype=torch.int64)
+        response_mask = torch.zeros(len(prompts), width, dtype=torch.int64)
+        log_probs = torch.zeros(len(prompts), width, dtype=torch.float32)
+        for row, ids in enumerate(tokens):
             responses[row, :len(ids)] = torch.tensor(ids, dtype=torch.int64)
             response_mask[row, :len(ids)] = 1
-            log_probs[row, :len(ids)] = torch.tensor([t[0] for t in token_logprobs], dtype=torch.float32)
+            log_probs[row, :len(ids)] = torch.tensor(token_logprobs[row], dtype=torch.float32)
         return responses, response_mask, log_probs

@@ -254,10 +254,6 @@ def _check_v1(cfg: dict[str, Any]) -> None:
     if mode == "sync":
         return
     rollout, pool = arr["rollout"], rollout_pool_size(cfg)
-    if rollout["name"] != "native":
-        raise ConfigError(f"{ARR}.rollout.name={rollout['name']!r} with trainer.v1.trainer_mode={mode}: not "
-                          "supported by verl-hpc: partial rollout (interrupt at a weight sync, resume on the new "
-                          "weights) is implemented for the native engine only: use native")
     if cfg["algorithm"]["adv_estimator"] == "remax":
         raise ConfigError(f"algorithm.adv_estimator=remax with trainer.v1.trainer_mode={mode}: not supported: "
                           "ReMax's greedy baseline is generated with the current weights each step: use grpo, rloo, "

@@ -76,6 +76,7 @@ from verl.trainer.ppo.advantage import apply_kl_penalty, compute_response_mask
 from verl.utils import checkpoint as ckpt
 from verl.utils.flops_counter import device_peak_flops
 from verl.utils.seqlen_balancing import balanced_dp_order, seqlen_balance_metrics
+from verl.utils.timeline import TRAINER_LANE, Timeline
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import rank_zero_tracking
 
@@ -245,6 +246,7 @@ class PPOTrainer:
         self._probs_checked = False
         self._exported_step = None
         self.tracking = None
+        self.timeline: Timeline | None = None  # rank 0's, from fit() on: <output_dir>/timeline.jsonl
         self._timing: dict[str, float] = {}
         # perf/mfu/*: the models' shapes and this device's promised FLOP/s (None on CPU: no mfu).
         from verl.models.config import ModelConfig
@@ -263,10 +265,12 @@ class PPOTrainer:
     @contextlib.contextmanager
     def _timer(self, name: str) -> Iterator[None]:
         """Time a phase into ``self._timing[name]``; a phase run twice in a step adds up."""
-        start = time.perf_counter()
+        start, wall = time.perf_counter(), time.time()
         yield
         seconds = time.perf_counter() - start
         self._timing[name] = self._timing.get(name, 0.0) + seconds
+        if self.timeline is not None:
+            self.timeline.add(TRAINER_LANE, name, wall, wall + seconds)
         if name != "step":
             self._print(f"[{name}] {seconds:.2f}s")
 
@@ -652,6 +656,8 @@ class PPOTrainer:
         if not self.dry_run:
             self.load_checkpoint()
         self.tracking = rank_zero_tracking(self.config, self.rank)
+        if self.rank == 0:
+            self.timeline = Timeline(trainer.output_dir)
         validate = self.val_dataloader is not None and not self.dry_run
         if validate and trainer.val_before_train and self.global_step == 0:
             with self._timer("testing"):
@@ -728,3 +734,5 @@ class PPOTrainer:
     def _log(self, metrics: dict[str, float], step: int) -> None:
         if self.tracking is not None:
             self.tracking.log(metrics, step, total_steps=self.total_training_steps)
+        if self.timeline is not None:
+            self.timeline.write(step)

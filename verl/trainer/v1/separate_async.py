@@ -31,6 +31,7 @@ from verl.single_controller import broadcast_object
 from verl.single_controller.data_plane import ShardedBatch
 from verl.trainer import metrics as metric_utils
 from verl.trainer.v1.colocate_async import ColocateAsyncTrainer, off_policy_metrics
+from verl.utils.timeline import pool_lane
 
 # How long training rank 0 waits for the pool without a single message before it calls the pool stuck; a pool
 # rank that dies ends the job through the launcher much sooner.
@@ -144,6 +145,8 @@ class SeparateAsyncTrainer(ColocateAsyncTrainer):
         for group in message.get("groups", ()):
             if group.uid in self.buffer.in_flight:
                 self.buffer.in_flight[group.uid] = group
+        if message.get("span") and self.timeline is not None:
+            self.timeline.add(pool_lane(message["replica"]), *message["span"])
         if message.get("metrics"):
             segment_metrics.append({**message["metrics"], "replica": message["replica"]})
         self.buffer.collect_finished()
