@@ -234,3 +234,31 @@ def test_sglang_in_a_standalone_rollout_pool_gets_the_actors_weights_every_step(
     for r in train:
         assert r["training/rollout_probs_diff_max"] <= 1e-3, r["training/rollout_probs_diff_max"]
         assert r["perf/weight_sync_bytes"] > 0
+
+
+def test_sglang_rollout_in_colocate_async_trains_off_policy_and_cleans_up(sglang_python, arith, sft_model, tmp_path):
+    """verl's V1 colocate_async with SGLang generating (TP1: an engine per rank): segments of partial rollout on
+    SGLang (per-row limits, the stop rule between rounds), a warm-up batch so that trained groups are a version
+    old, verl's off-policy metrics every step; no engine or shared buffer outlives the run."""
+    before = sglang_processes()
+    shm_before = torch_shm_files()
+    proc = start(sglang_python, train_args(
+        arith, sft_model, tmp_path, "trainer.total_training_steps=3", "trainer.test_freq=-1", "trainer.save_freq=-1",
+        "trainer.val_before_train=false", "data.train_batch_size=16", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "trainer.use_v1=true",
+        "trainer.v1.trainer_mode=colocate_async", "algorithm.rollout_correction.rollout_is=token"),
+        tmp_path / "parity.jsonl", tmp_path)
+    assert wait(proc, tmp_path) == 0, (tmp_path / "run.log").read_text()[-4000:]
+    assert_no_sglang_left(before)
+    assert_no_shared_buffer_left(shm_before)
+    train = [r for r in read_lines(tmp_path / "metrics.jsonl") if "timing_s/step" in r]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    for r in train:
+        for key in ("training/off_policy/trajectory_staleness_worst/max", "training/off_policy/trajectory_spans/max",
+                    "rollout_corr/rollout_is_mean", "timing_s/gen"):
+            assert key in r, (r["step"], key)
+    # The warm-up batch was generated on version 0 and trained at step 2 or later: a version old at least.
+    assert max(r["training/off_policy/trajectory_staleness_worst/max"] for r in train[1:]) >= 1
