@@ -169,6 +169,9 @@ def write_generations(directory: str, step: int, records: list[dict[str, Any]]) 
 
 
 class PPOTrainer:
+    # Rank 0's run timeline from fit() on (<output_dir>/timeline.jsonl); None elsewhere and before.
+    timeline: Timeline | None = None
+
     def __init__(self, config: Any, tokenizer: Any, dry_run: bool = False):
         """``config``: the loaded config (verl's DictConfig, kept as ``self.config``); the loop reads it through
         its typed sections, ``self.sections``, built once here; each worker receives its own section."""
@@ -246,7 +249,6 @@ class PPOTrainer:
         self._probs_checked = False
         self._exported_step = None
         self.tracking = None
-        self.timeline: Timeline | None = None  # rank 0's, from fit() on: <output_dir>/timeline.jsonl
         self._timing: dict[str, float] = {}
         # perf/mfu/*: the models' shapes and this device's promised FLOP/s (None on CPU: no mfu).
         from verl.models.config import ModelConfig
