@@ -78,6 +78,14 @@ def plot_metrics(records: Sequence[dict[str, Any]], out_png: str, title: str | N
         ax.set_xlabel("step")
     last = max((int(r["step"]) for r in records), default=0)
     fig.suptitle(title or f"training metrics ({last} steps)", fontsize=11)
+    return save_figure(fig, out_png)
+
+
+def save_figure(fig: Any, out_png: str) -> str:
+    """Lay ``fig`` out and write it to ``out_png`` (written then renamed: a reader never sees half a PNG); closes
+    it and returns the absolute path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out_png = os.path.abspath(out_png)
     os.makedirs(os.path.dirname(out_png), exist_ok=True)
