@@ -104,3 +104,24 @@ def test_tp_sampling_ranks_agree_on_tokens_without_a_seed(tmp_path):
             logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
         expected = (logits / temperature).log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
         assert (torch.tensor(log_probs) - expected).abs().max() <= log_prob_tol(expected), row
+
+
+@pytest.mark.parametrize("name,tp", [("qwen3_moe", 2), ("qwen3_moe_raw", 4)])
+def test_moe_tp_greedy_ids_and_logprobs_equal_hf(tmp_path, name, tp):
+    """Every expert split over the rollout TP ranks (its moe_intermediate_size / tp slice), the router
+    replicated: greedy ids and log-probs = HF's; TP 4 over 2 KV heads replicates them too."""
+    from helpers.moe_models import save_model
+
+    model = save_model(name, tmp_path / "model")
+    steps = 12
+    result = run_generate(str(tmp_path / "model"), tmp_path, tp, "--temperature", "0", "--max-new-tokens", str(steps))
+    ids, mask = left_padded()
+    with torch.no_grad():
+        hf = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=steps,
+                            output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+    hf_ids = hf.sequences[:, ids.shape[1]:]
+    hf_log_probs = torch.stack(hf.scores, 1).log_softmax(-1).gather(-1, hf_ids[..., None]).squeeze(-1)
+    assert result["output_ids"] == hf_ids.tolist()
+    tol = log_prob_tolerance(torch.float32, width=64, num_layers=4, vocab=model.config.vocab_size,
+                             scale=max(1.0, float(hf_log_probs.abs().max())))
+    assert (torch.tensor(result["logprobs"]) - hf_log_probs).abs().max() <= tol

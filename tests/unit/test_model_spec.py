@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 import torch
+from helpers.moe_models import CONFIGS as MOE_CONFIGS
 from helpers.tiny_models import MODELS
 
 from verl.models.config import ModelConfig, ModelConfigError
@@ -18,6 +19,10 @@ CASES = {
     "qwen2-untied": dict(MODELS["qwen2"], tie_word_embeddings=False),
     "llama-untied": MODELS["llama"],
     "llama-bias-tied": dict(MODELS["llama"], attention_bias=True, tie_word_embeddings=True),
+    "qwen3": MOE_CONFIGS["qwen3"],
+    "qwen3-tied": dict(MOE_CONFIGS["qwen3"], tie_word_embeddings=True),
+    "qwen3_moe-mixed": MOE_CONFIGS["qwen3_moe"],
+    "qwen3_moe-sparse-step-2": dict(MOE_CONFIGS["qwen3_moe_raw"], decoder_sparse_step=2),
 }
 
 
@@ -45,12 +50,61 @@ def test_every_hf_tensor_of_a_tiny_checkpoint_is_covered_exactly_once(case, tmp_
     assert sorted(rollout) == sorted(covered.items()) and len(rollout) == len(covered)
     assert spec.hf_shapes(config) == dict(rollout)
     for pp in (1, 2):
-        stages = [spec.mcore_params(config, pp, s) for s in range(pp)]
-        names = [n for params in stages for p in params for n in p.hf]
-        # With pp > 1 a tied model's last stage holds its own copy of the embedding: the only repeat.
-        repeats = ["model.embed_tokens.weight"] if pp > 1 and config.tie_word_embeddings else []
-        assert sorted(names) == sorted(list(covered) + repeats)
-        assert all(len({p.mcore for p in params}) == len(params) for params in stages)
+        for ep in (1, 2, 4) if config.is_moe else (1,):
+            stages = [spec.mcore_params(config, pp, s, ep_size=ep, ep_rank=e) for s in range(pp) for e in range(ep)]
+            # Every EP rank holds the dense parameters; each expert lives on exactly one EP rank.
+            names = [n for params in stages for p in params for n in p.hf if p.expert is not None]
+            names += [n for params in stages[::ep] for p in params for n in p.hf if p.expert is None]
+            # With pp > 1 a tied model's last stage holds its own copy of the embedding: the only repeat.
+            repeats = ["model.embed_tokens.weight"] if pp > 1 and config.tie_word_embeddings else []
+            assert sorted(names) == sorted(list(covered) + repeats)
+            assert all(len({p.mcore for p in params}) == len(params) for params in stages)
+
+
+def test_moe_layers_follow_transformers_rule_and_experts_are_split_by_ep_rank():
+    config = ModelConfig.from_dict(dict(MOE_CONFIGS["qwen3_moe"], decoder_sparse_step=1))
+    assert config.moe_layers == (0, 2, 3)  # mlp_only_layers=[1]
+    assert ModelConfig.from_dict(dict(MOE_CONFIGS["qwen3_moe_raw"], decoder_sparse_step=2)).moe_layers == (1, 3)
+    params = model_spec("qwen3_moe").mcore_params(config, 1, 0, ep_size=2, ep_rank=1)
+    layer0 = [p for p in params if p.mcore.startswith("decoder.layers.0.mlp.")]
+    assert [(p.mcore.removeprefix("decoder.layers.0.mlp."), p.expert) for p in layer0] == [
+        ("router.weight", None),
+        ("experts.local_experts.0.linear_fc1.weight", 2), ("experts.local_experts.0.linear_fc2.weight", 2),
+        ("experts.local_experts.1.linear_fc1.weight", 3), ("experts.local_experts.1.linear_fc2.weight", 3),
+    ]
+    assert layer0[1].hf == tuple(f"model.layers.0.mlp.experts.2.{x}_proj.weight" for x in ("gate", "up"))
+    assert [p.mcore for p in params if p.mcore.startswith("decoder.layers.1.mlp.")] == [
+        "decoder.layers.1.mlp.linear_fc1.weight", "decoder.layers.1.mlp.linear_fc2.weight"]
+    rollout = {p.rollout: p for p in model_spec("qwen3_moe").rollout_params(config)}
+    w13 = rollout["model.layers.0.mlp.experts.w13_weight"]
+    assert w13.fusion is Fusion.STACKED and len(w13.hf) == 2 * config.num_experts
+    assert w13.hf[2:4] == tuple(f"model.layers.0.mlp.experts.1.{x}_proj.weight" for x in ("gate", "up"))
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(num_experts_per_tok=5), "num_experts_per_tok: expected at most num_experts=4, found 5"),
+    (dict(moe_intermediate_size=0), "moe_intermediate_size: expected a positive integer"),
+    (dict(decoder_sparse_step=0), "decoder_sparse_step: expected a positive integer, found 0"),
+    (dict(shared_expert_intermediate_size=64), "shared_expert_intermediate_size: expected 0 for qwen3_moe"),
+])
+def test_bad_moe_configs_are_refused_in_one_line(change, message):
+    with pytest.raises(ModelConfigError, match=message.replace("(", "\\(").replace(")", "\\)")):
+        ModelConfig.from_dict(dict(MOE_CONFIGS["qwen3_moe"], **change))
+
+
+@pytest.mark.parametrize("tp,pp,ep,etp,world,message", [
+    (1, 1, 3, None, 4, "ep=3: expected a divisor of num_experts=4"),
+    (1, 1, 1, 32, 4, "etp=32: expected a divisor of moe_intermediate_size=16"),
+    (2, 1, 4, None, 4, "ep\\*etp=8: expected a divisor of the 4 ranks of a pipeline stage"),
+])
+def test_bad_expert_layouts_are_refused_in_one_line(tp, pp, ep, etp, world, message):
+    from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
+
+    config = ModelConfig.from_dict(MOE_CONFIGS["qwen3_moe"])
+    with pytest.raises(ModelLayoutError, match=message):
+        check_parallel_layout(config, tp, pp, ep, etp, world_size=world)
+    with pytest.raises(ModelLayoutError, match="expected ep=1 and etp=tp for a dense qwen3 model"):
+        check_parallel_layout(ModelConfig.from_dict(MOE_CONFIGS["qwen3"]), 1, 1, 2)
 
 
 @pytest.mark.parametrize("model_type", ["qwen2", "llama"])
@@ -72,8 +126,8 @@ def test_unknown_model_type_is_refused_in_one_line():
     with pytest.raises(UnknownModelTypeError) as err:
         model_spec("mistral")
     assert str(err.value) == f"model_type: expected one of {model_types()}, found 'mistral'"
-    assert model_types() == ("qwen2", "llama")
-    with pytest.raises(ModelConfigError, match="expected one of \\('qwen2', 'llama'\\), found 'mistral'"):
+    assert model_types() == ("qwen2", "llama", "qwen3", "qwen3_moe")
+    with pytest.raises(ModelConfigError, match="expected one of \\(.*'qwen3_moe'\\), found 'mistral'"):
         ModelConfig.from_dict(dict(MODELS["llama"], model_type="mistral"))
 
 

@@ -419,3 +419,22 @@ def test_generate_cli_bad_input_is_one_line_and_exit_2(qwen, capsys, args, messa
     assert main(["--model", path, *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "qwen3_moe_raw"])
+def test_qwen3_and_moe_greedy_ids_and_log_probs_equal_hf(tmp_path, name):
+    """Qwen3's per-head q/k norms and Qwen3-MoE's router + experts (a dense layer among MoE ones; the
+    top-k weights renormalised or raw) in the native engine: greedy ids = HF generate's."""
+    from helpers.moe_models import save_model
+
+    model = save_model(name, tmp_path / name)
+    config = ModelConfig.from_pretrained(str(tmp_path / name))
+    engine = native_engine(str(tmp_path / name), config)
+    steps = 12
+    out = engine.generate(PROMPTS, MASK, SamplingParams(temperature=0, response_length=steps))
+    responses, log_probs = hf_greedy(model, steps)
+    assert torch.equal(out["responses"], responses)
+    # 4 layers whose widest reduction is the dense MLP's 64 terms (an expert's is 16), vocab 200.
+    tol = log_prob_tolerance(torch.float32, width=64, num_layers=4, vocab=config.vocab_size,
+                             scale=max(1.0, float(log_probs.abs().max())))
+    assert (out["rollout_log_probs"] - log_probs).abs().max() <= tol

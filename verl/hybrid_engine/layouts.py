@@ -80,6 +80,7 @@ class ParamLayout:
     stages: tuple[int, ...] = (0,)
     groups: int = 1            # rows of all parts interleave in this many groups (global count)
     padded_rows: int | None = None  # vocab tables: rows after padding, before sharding
+    expert: bool = False       # a training expert parameter: placed over the expert layout's (ep, etp) ranks
 
     def part_placement(self, index: int) -> Placement:
         return self.tp[index] if isinstance(self.tp, tuple) else self.tp
@@ -199,18 +200,34 @@ def fill_local(param: ParamLayout, shapes: dict[str, tuple[int, ...]], tp_size: 
 
 @dataclasses.dataclass(frozen=True)
 class TrainingLayout:
-    """Megatron (p, t, d); global rank numbering follows parallel_state's default order
-    ``tp-cp-ep-dp-pp`` with cp = ep = 1: ``rank = tp_rank + tp * (dp_rank + dp * pp_rank)``."""
+    """Megatron (p, t, d) and, for MoE models, expert parallelism (ep, etp).
+
+    Global rank numbering follows parallel_state's default order ``tp-cp-ep-dp-pp`` with cp = 1 and its
+    dense groups taking ep = 1: ``rank = tp_rank + tp * (dp_rank + dp * pp_rank)``. Expert parameters
+    follow megatron's expert rank generator ``tp-ep-dp-pp`` with tp = etp over the same tp*dp ranks of a
+    stage: with ``q = rank % (tp*dp)``, ``etp_rank = q % etp``, ``ep_rank = (q // etp) % ep`` (EP rank r holds
+    experts ``[r*E/ep, (r+1)*E/ep)``), and the expert-DP replica is ``q // (etp*ep)``. ``etp`` None: tp."""
 
     tp: int
     pp: int
     dp: int = 1
+    ep: int = 1
+    etp: int | None = None
 
     def __post_init__(self):
-        for key in ("tp", "pp", "dp"):
+        for key in ("tp", "pp", "dp", "ep"):
             value = getattr(self, key)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise LayoutError(f"training {key}: expected a positive integer, found {value!r}")
+        if self.etp is not None and (not isinstance(self.etp, int) or self.etp <= 0):
+            raise LayoutError(f"training etp: expected a positive integer or None, found {self.etp!r}")
+        if (self.tp * self.dp) % (self.ep * self.expert_tp):
+            raise LayoutError(f"training ep*etp={self.ep * self.expert_tp}: expected a divisor of the "
+                              f"{self.tp * self.dp} ranks of a pipeline stage (tp*dp)")
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
 
     @property
     def world_size(self) -> int:
@@ -221,6 +238,12 @@ class TrainingLayout:
         if not 0 <= rank < self.world_size:
             raise LayoutError(f"rank: expected 0 <= rank < {self.world_size}, found {rank}")
         return rank // (self.tp * self.dp), (rank // self.tp) % self.dp, rank % self.tp
+
+    def expert_coords(self, rank: int) -> tuple[int, int, int]:
+        """(pp_rank, ep_rank, etp_rank) of a global rank in the expert layout."""
+        stage = self.coords(rank)[0]
+        q = rank % (self.tp * self.dp)
+        return stage, (q // self.expert_tp) % self.ep, q % self.expert_tp
 
     def rank(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
         return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
@@ -240,28 +263,42 @@ class TrainingLayout:
             raise LayoutError(
                 f"training pp={self.pp}: expected a divisor of num_hidden_layers={config.num_hidden_layers}"
             )
+        if not config.is_moe and (self.ep, self.expert_tp) != (1, self.tp):
+            raise LayoutError(f"training ep={self.ep} etp={self.expert_tp}: expected ep=1 and etp=tp for a dense "
+                              "model")
+        if config.is_moe and (config.num_experts % self.ep or config.moe_intermediate_size % self.expert_tp):
+            raise LayoutError(f"training ep={self.ep} etp={self.expert_tp}: expected ep | num_experts="
+                              f"{config.num_experts} and etp | moe_intermediate_size={config.moe_intermediate_size}")
 
-    def params(self, config: ModelConfig, pp_rank: int) -> list[ParamLayout]:
-        """The parameters stage ``pp_rank`` holds, in GPTModel state-dict order."""
+    def params(self, config: ModelConfig, pp_rank: int, ep_rank: int = 0) -> list[ParamLayout]:
+        """The parameters stage ``pp_rank`` (EP rank ``ep_rank``) holds, in GPTModel state-dict order."""
         self.check(config)
         if not 0 <= pp_rank < self.pp:
             raise LayoutError(f"pp rank: expected 0 <= rank < {self.pp}, found {pp_rank}")
+        if not 0 <= ep_rank < self.ep:
+            raise LayoutError(f"ep rank: expected 0 <= rank < {self.ep}, found {ep_rank}")
         vocab = padded_vocab_size(config.vocab_size, self.tp)  # the model builder's padding rule
         # Megatron's linear_qkv interleaves q, k, v per query group; its fc1 stacks [gate shard; up shard].
         return [ParamLayout(p.mcore, p.hf, placement(p.train_tp), (pp_rank,),
                             groups=config.num_query_groups if p.fusion is Fusion.QKV else 1,
-                            padded_rows=vocab if p.train_tp is TP.VOCAB else None)
-                for p in model_spec(config.model_type).mcore_params(config, self.pp, pp_rank)]
+                            padded_rows=vocab if p.train_tp is TP.VOCAB else None,
+                            expert=p.expert is not None)
+                for p in model_spec(config.model_type).mcore_params(config, self.pp, pp_rank, "lm", self.ep, ep_rank)]
 
 
-def training_param_specs(config: ModelConfig, tp: int, pp: int, tp_rank: int, pp_rank: int) -> list[ParamSpec]:
-    """(name, shape) of every parameter of Megatron GPTModel (local spec) on (pp_rank, tp_rank), in
-    state-dict order."""
-    layout = TrainingLayout(tp=tp, pp=pp)
+def training_param_specs(config: ModelConfig, tp: int, pp: int, tp_rank: int, pp_rank: int, ep: int = 1,
+                         ep_rank: int = 0, etp: int | None = None, etp_rank: int | None = None) -> list[ParamSpec]:
+    """(name, shape) of every parameter of Megatron GPTModel (local spec) on (pp_rank, tp_rank) (and expert
+    ranks (ep_rank, etp_rank); etp None: tp, etp_rank None: tp_rank), in state-dict order."""
+    etp_size = tp if etp is None else etp
+    # dp only has to make room for ep*etp: which parameters a rank holds does not depend on it.
+    layout = TrainingLayout(tp=tp, pp=pp, dp=ep * etp_size, ep=ep, etp=etp)
     if not 0 <= tp_rank < tp:
         raise LayoutError(f"tp rank: expected 0 <= rank < {tp}, found {tp_rank}")
     shapes = hf_tensor_shapes(config)
-    return [ParamSpec(p.name, local_shape(p, shapes, tp, tp_rank)) for p in layout.params(config, pp_rank)]
+    etp_rank = tp_rank if etp_rank is None else etp_rank
+    return [ParamSpec(p.name, local_shape(p, shapes, etp_size, etp_rank) if p.expert
+                      else local_shape(p, shapes, tp, tp_rank)) for p in layout.params(config, pp_rank, ep_rank)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,6 +337,8 @@ class FSDPLayout:
     def dp(self) -> int:
         return self.replicate
 
+    ep = 1  # experts are not placed apart under FSDP (and MoE models are refused: see check)
+
     @property
     def world_size(self) -> int:
         return self.shard * self.replicate
@@ -314,12 +353,18 @@ class FSDPLayout:
         return dp_rank * self.shard + tp_rank
 
     def check(self, config: ModelConfig) -> None:
-        """Nothing to divide: torch.chunk shards any size (ranks past the last row hold nothing)."""
+        """Nothing to divide: torch.chunk shards any size (ranks past the last row hold nothing). An MoE model
+        is refused: transformers holds its experts fused ([E, 2I, H] per layer), not as the checkpoint's
+        per-expert tensors this layout names."""
+        if config.is_moe:
+            raise LayoutError(f"FSDP training of {config.model_type}: expected a dense model (transformers fuses "
+                              "the experts, which this layout does not describe); use the megatron strategy")
 
     def params(self, config: ModelConfig, pp_rank: int = 0) -> list[ParamLayout]:
         """One parameter per HF tensor, named as ``model.named_parameters()`` names it (tied: no output table)."""
         if pp_rank != 0:
             raise LayoutError(f"pp rank: expected 0 (FSDP has one stage), found {pp_rank}")
+        self.check(config)
         return [ParamLayout(name, (name,), ChunkShard(0)) for name in hf_tensor_shapes(config)]
 
     def __str__(self) -> str:
@@ -333,4 +378,5 @@ def describe_training(training: AnyTrainingLayout) -> str:
     """How summaries name a training layout."""
     if isinstance(training, FSDPLayout):
         return str(training)
-    return f"(p={training.pp}, t={training.tp}, d={training.dp})"
+    experts = "" if training.ep == 1 and training.etp is None else f", ep={training.ep}, etp={training.expert_tp}"
+    return f"(p={training.pp}, t={training.tp}, d={training.dp}{experts})"

@@ -110,7 +110,9 @@ class ReshardPlan:
     buckets: tuple[Bucket, ...]
     zero_fill: tuple[tuple[str, int, int], ...]  # rollout (param, offset, numel): vocab padding
     model_bytes: int                  # M: payload bytes of one rollout TP group (all t_g shards)
-    # What bytes_received is held to. Megatron HybridFlow: the mean over ranks, (p*t - t_g) / (t_g*p*t) * M.
+    expert_bytes: int                 # X: the part of M that is expert parameters
+    # What bytes_received is held to. Megatron HybridFlow: the mean over ranks, (p*t - t_g) / (t_g*p*t) * (M - X)
+    # + (p*t*ep - t_g) / (t_g*p*t*ep) * X (etp = t; None for another etp).
     # FSDP: this rank's own bound, its rollout shard minus what it holds of it (t_g = 1, even: (S-1)/S * M).
     # None otherwise.
     bytes_formula: float | None
@@ -211,13 +213,15 @@ class _Transfer:
 
 
 class _Held(NamedTuple):
-    """A training param (on pipeline ``stage``, tensor-parallel rank ``tp``) that stores ``piece``."""
+    """A training param (on pipeline ``stage``, tensor-parallel rank ``tp``) that stores ``piece``; an expert
+    param's ``tp`` is its expert-tensor-parallel rank and ``ep`` its expert-parallel rank (None: dense)."""
 
     stage: int
     tp: int
     param: str
     stride: int  # the param's local columns
     piece: Piece
+    ep: int | None = None
 
 
 class _Holder(NamedTuple):
@@ -229,11 +233,12 @@ class _Holder(NamedTuple):
     row: int  # local row and column of the rectangle's first element
     col: int
     stride: int
+    ep: int | None = None
 
     @property
-    def place(self) -> tuple[int, int]:
-        """(stage, tp rank): the training shard, on every DP replica."""
-        return self.stage, self.tp
+    def place(self) -> tuple[int, int, int | None]:
+        """(stage, tp rank, ep rank): the training shard, on every DP (dense) or expert-DP replica."""
+        return self.stage, self.tp, self.ep
 
 
 class _RolloutParam(NamedTuple):
@@ -261,11 +266,16 @@ def _tables(config: ModelConfig, training: AnyTrainingLayout, rollout: RolloutLa
     shapes = hf_tensor_shapes(config)
     holders: dict[str, list[_Held]] = {}
     for stage in range(training.pp):
-        for param in training.params(config, stage):
-            for r in range(training.tp):
-                (_, cols), pieces = local_pieces(param, shapes, training.tp, r)
-                for piece in pieces:
-                    holders.setdefault(piece.tensor, []).append(_Held(stage, r, param.name, cols, piece))
+        for e in range(training.ep):
+            for param in training.params(config, stage) if e == 0 else training.params(config, stage, e):
+                if not param.expert and e > 0:
+                    continue  # dense parameters: listed once, held on every EP rank
+                tp_size = training.expert_tp if param.expert else training.tp
+                for r in range(tp_size):
+                    (_, cols), pieces = local_pieces(param, shapes, tp_size, r)
+                    for piece in pieces:
+                        holders.setdefault(piece.tensor, []).append(
+                            _Held(stage, r, param.name, cols, piece, e if param.expert else None))
     rollout_params = []
     for j in range(rollout.tp):
         per_rank = []
@@ -284,13 +294,14 @@ def _sources(tables: _Tables, j: int):
     for param, (_, dst_cols), pieces in tables.rollout_params[j]:
         for dst in pieces:
             by_rect: dict[tuple[int, int, int, int], list[_Holder]] = {}
-            for stage, r, name, src_cols, src in tables.holders[dst.tensor]:
+            for stage, r, name, src_cols, src, ep in tables.holders[dst.tensor]:
                 r0, r1 = max(dst.row, src.row), min(dst.row + dst.rows, src.row + src.rows)
                 c0, c1 = max(dst.col, src.col), min(dst.col + dst.cols, src.col + src.cols)
                 if r0 >= r1 or c0 >= c1:
                     continue
                 by_rect.setdefault((r0, r1, c0, c1), []).append(
-                    _Holder(stage, r, name, src.local_row + r0 - src.row, src.local_col + c0 - src.col, src_cols))
+                    _Holder(stage, r, name, src.local_row + r0 - src.row, src.local_col + c0 - src.col, src_cols,
+                            ep))
             for (r0, r1, c0, c1), found in sorted(by_rect.items()):
                 template = _Transfer("", 0, 0, 0, param.name, dst.local_row + r0 - dst.row,
                                      dst.local_col + c0 - dst.col, dst_cols, r1 - r0, c1 - c0)
@@ -302,10 +313,20 @@ def _from(template: _Transfer, holder: _Holder) -> _Transfer:
                                src_stride=holder.stride)
 
 
-def _place(training: AnyTrainingLayout, rank: int) -> tuple[int, int]:
-    """(stage, tp rank) of a training rank: which shard it holds (what :attr:`_Holder.place` names)."""
-    stage, _, tp = training.coords(rank)
-    return stage, tp
+def _holds(training: AnyTrainingLayout, rank: int, holder: _Holder) -> bool:
+    """Whether training ``rank`` stores ``holder``'s param: dense ones by (stage, tp rank) on every DP
+    replica, expert ones by (stage, ep rank, etp rank) on every expert-DP replica."""
+    if holder.ep is None:
+        stage, _, tp = training.coords(rank)
+        return (stage, tp) == (holder.stage, holder.tp)
+    return training.expert_coords(rank) == (holder.stage, holder.ep, holder.tp)
+
+
+def _holder_ranks(training: AnyTrainingLayout, holder: _Holder) -> list[int]:
+    if holder.ep is None:
+        return [training.rank(holder.stage, d, holder.tp) for d in range(training.dp)]
+    stage_ranks = range(holder.stage * training.tp * training.dp, (holder.stage + 1) * training.tp * training.dp)
+    return [r for r in stage_ranks if _holds(training, r, holder)]
 
 
 @dataclasses.dataclass
@@ -316,6 +337,7 @@ class _Global:
     a2a_buckets: list[list[_Route]]                                     # bucket -> its transfers
     zero_fill: dict[int, list[tuple[str, int, int]]]                    # rollout tp rank -> padding
     payload: list[int]                                                  # per rollout tp rank
+    expert_payload: list[int]                                           # of which expert parameters
     held: list[int]          # per rank: elements of its rollout shard its own training shard holds
 
 
@@ -404,24 +426,31 @@ def _global_plan(config: ModelConfig, training: AnyTrainingLayout, rollout: Roll
         for group in groups.micro_dp_groups:
             _, dp, r0 = training.coords(group[0])
             j = r0 // block
-            members = {_place(training, m): m for m in group}
             contributions: dict[int, list[_Transfer]] = {m: [] for m in group}
             for template, found in _sources(tables, j):
-                inside = [h for h in found if h.place in members]
-                if not inside:  # vocab rows across a padding boundary: every member needs them
+                inside = [(h, m) for h in found for m in group if _holds(training, m, h)]
+                if not inside:
+                    # No member holds it (vocab rows across a padding boundary; experts of another EP rank):
+                    # every member needs them, from a holder outside.
                     for m in group:
-                        src = pick([training.rank(h.stage, d, h.tp) for h in found for d in range(training.dp)], dp)
-                        holder = next(h for h in found if h.place == _place(training, src))
+                        src = pick([r for h in found for r in _holder_ranks(training, h)], dp)
+                        holder = next(h for h in found if _holds(training, src, h))
                         a2a.append(_Route(src, m, _from(template, holder)))
                         load[src] += template.numel
                     continue
-                inside.sort(key=lambda h: (load[members[h.place]], members[h.place]))
+                holding = {m: h for h, m in inside}
+                if found[0].ep is not None and len(holding) == len(group) > 1:
+                    # An expert every member holds whole (etp < t): each copies it, nobody receives it.
+                    for m, h in holding.items():
+                        local[m].append(_from(template, h))
+                    continue
+                inside.sort(key=lambda hm: (load[hm[1]], hm[1]))
                 k = min(len(inside), template.rows)
-                for i, h in enumerate(inside[:k]):
+                for i, (h, m) in enumerate(inside[:k]):
                     row0, row1 = template.rows * i // k, template.rows * (i + 1) // k
                     tr = _from(template, h).sub(row0, row1 - row0)
-                    contributions[members[h.place]].append(tr)
-                    load[members[h.place]] += tr.numel
+                    contributions[m].append(tr)
+                    load[m] += tr.numel
             if len(group) == 1:  # t_g == t and p == 1: the rank already holds its whole rollout shard
                 local[group[0]].extend(contributions[group[0]])
                 continue
@@ -434,25 +463,29 @@ def _global_plan(config: ModelConfig, training: AnyTrainingLayout, rollout: Roll
             gather_chunks[group] = [[c[b] if b < len(c) else [] for c in per_member] for b in range(count)]
     else:
         for dst in range(n):
-            s_dst, dp, r_dst = training.coords(dst)
+            _, dp, _ = training.coords(dst)
             j = groups.rollout_tp_rank[dst]
             for template, found in _sources(tables, j):
-                own = [h for h in found if h.place == (s_dst, r_dst)]
+                own = [h for h in found if _holds(training, dst, h)]
                 if own:
                     local[dst].append(_from(template, own[0]))
                     continue
-                src = pick([training.rank(h.stage, d, h.tp) for h in found for d in range(training.dp)], dp)
-                holder = next(h for h in found if h.place == _place(training, src))
+                src = pick([r for h in found for r in _holder_ranks(training, h)], dp)
+                holder = next(h for h in found if _holds(training, src, h))
                 a2a.append(_Route(src, dst, _from(template, holder)))
                 load[src] += template.numel
+    expert_payload = [0] * rollout.tp
     for j in range(rollout.tp):
-        payload[j] = sum(template.numel for template, _ in _sources(tables, j))
+        for template, found in _sources(tables, j):
+            payload[j] += template.numel
+            if found[0].ep is not None:
+                expert_payload[j] += template.numel
     # FSDP's per-rank bound on what a rank must receive, from the layouts alone (not from the choices above).
     held = [sum(t.numel for t, found in _sources(tables, groups.rollout_tp_rank[rank])
-                if any(h.place == _place(training, rank) for h in found))
+                if any(_holds(training, rank, h) for h in found))
             for rank in range(n)] if isinstance(training, FSDPLayout) else []
     return _Global(groups, local, gather_chunks, _a2a_buckets(a2a, max(1, bucket_elems // 2)),
-                   {j: _zero_fill(tables, j) for j in range(rollout.tp)}, payload, held)
+                   {j: _zero_fill(tables, j) for j in range(rollout.tp)}, payload, expert_payload, held)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -561,17 +594,21 @@ def plan_reshard(
     for transfers in g.a2a_buckets:
         buckets.append(_a2a_bucket(len(buckets), training.world_size, transfers, rank))
     model_elems = sum(g.payload)
+    expert_elems = sum(g.expert_payload)
     formula = None
     if isinstance(training, FSDPLayout):
         formula = float((g.payload[j] - g.held[rank]) * element_size)
-    elif groups.case == HYBRIDFLOW:
-        pt, tg = training.pp * training.tp, rollout.tp
-        formula = (pt - tg) / (tg * pt) * model_elems * element_size
+    elif groups.case == HYBRIDFLOW and training.expert_tp == training.tp:
+        # Dense: the micro-DP group of p*t/t_g ranks holds the rollout shard, each rank 1/(p*t/t_g) of it. Experts
+        # (etp = t): the group holds only its EP rank's 1/ep of them, the rest comes from the other EP ranks.
+        pt, tg, ep = training.pp * training.tp, rollout.tp, training.ep
+        formula = ((pt - tg) / (tg * pt) * (model_elems - expert_elems)
+                   + (pt * ep - tg) / (tg * pt * ep) * expert_elems) * element_size
     return ReshardPlan(
         rank=rank, case=groups.case, reason=groups.reason, training=training, rollout=rollout,
         rollout_tp_rank=j, rollout_tp_group=groups.rollout_tp_group_of(rank), micro_dp_group=micro,
         dtype=dtype, bucket_bytes=bucket_bytes,
         local=_merge([_segment(tr, None, None) for tr in g.local[rank]]),
         buckets=tuple(buckets), zero_fill=tuple(g.zero_fill[j]),
-        model_bytes=model_elems * element_size, bytes_formula=formula,
+        model_bytes=model_elems * element_size, expert_bytes=expert_elems * element_size, bytes_formula=formula,
     )

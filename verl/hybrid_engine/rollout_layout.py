@@ -63,6 +63,8 @@ def check_rollout_tp(config: ModelConfig, tp_size: int) -> None:
         problems.append(f"num_key_value_heads={kv} (tp must divide it or be a multiple of it)")
     if config.intermediate_size % tp_size:
         problems.append(f"intermediate_size={config.intermediate_size}")
+    if config.is_moe and config.moe_intermediate_size % tp_size:
+        problems.append(f"moe_intermediate_size={config.moe_intermediate_size} (every expert is split over tp)")
     if padded_vocab_size(config.vocab_size) % tp_size:
         problems.append(f"padded vocab {padded_vocab_size(config.vocab_size)}")
     if problems:

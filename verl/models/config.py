@@ -1,7 +1,13 @@
 """The HF-style model config every component shares (Megatron builder, reshard planner, rollout).
 
-Only the decoder-only families that have a model spec (``verl.models.spec``: Qwen2, Llama) are
-accepted; the config is validated once, at load, with messages that name the key.
+Only the decoder-only families that have a model spec (``verl.models.spec``: Qwen2, Llama, Qwen3,
+Qwen3-MoE) are accepted; the config is validated once, at load, with messages that name the key.
+
+Mixture of experts (Qwen3-MoE): ``num_experts`` routed experts of ``moe_intermediate_size`` each, the
+top ``num_experts_per_tok`` chosen per token from a softmax over all experts (renormalised over the
+chosen ones when ``norm_topk_prob``). Layer ``i`` is sparse unless it is in ``mlp_only_layers`` or
+``(i + 1) % decoder_sparse_step != 0`` (transformers' rule); dense layers keep the SwiGLU MLP of
+``intermediate_size``. ``moe_layers`` lists the sparse ones.
 """
 
 from __future__ import annotations
@@ -37,6 +43,13 @@ class ModelConfig:
     rope_theta: float
     tie_word_embeddings: bool
     attention_bias: bool  # qkv bias: always on for Qwen2, `attention_bias` for Llama
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before RoPE
+    num_experts: int = 0   # 0: a dense model
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[int, ...] = ()
+    router_aux_loss_coef: float = 0.0
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -53,6 +66,26 @@ class ModelConfig:
                 f"num_key_value_heads: expected a divisor of num_attention_heads="
                 f"{self.num_attention_heads}, found {self.num_key_value_heads}"
             )
+        if self.num_experts:
+            for key in ("num_experts_per_tok", "moe_intermediate_size"):
+                value = getattr(self, key)
+                if not isinstance(value, int) or value <= 0:
+                    raise ModelConfigError(f"{key}: expected a positive integer for an MoE model, found {value!r}")
+            if self.num_experts_per_tok > self.num_experts:
+                raise ModelConfigError(f"num_experts_per_tok: expected at most num_experts={self.num_experts}, "
+                                       f"found {self.num_experts_per_tok}")
+            bad = [i for i in self.moe_layers if not 0 <= i < self.num_hidden_layers]
+            if bad:
+                raise ModelConfigError(f"moe layers: expected indices below num_hidden_layers="
+                                       f"{self.num_hidden_layers}, found {bad}")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0 and bool(self.moe_layers)
+
+    def layer_is_moe(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` (global index) has routed experts instead of the dense MLP."""
+        return layer in self.moe_layers
 
     @property
     def num_query_groups(self) -> int:
@@ -75,8 +108,29 @@ class ModelConfig:
         if rope_type != "default":
             raise ModelConfigError(f"rope_parameters.rope_type: expected 'default' (RoPE scaling is not supported), "
                                    f"found {rope_type!r}")
+        if model_type == "qwen3_moe" and cfg.get("shared_expert_intermediate_size"):
+            raise ModelConfigError("shared_expert_intermediate_size: expected 0 for qwen3_moe (no shared expert), "
+                                   f"found {cfg['shared_expert_intermediate_size']}")
         try:
             heads = int(cfg["num_attention_heads"])
+            moe = {}
+            if model_type == "qwen3_moe":
+                layers = int(cfg["num_hidden_layers"])
+                step = int(cfg.get("decoder_sparse_step", 1))
+                if step <= 0:
+                    raise ModelConfigError(f"decoder_sparse_step: expected a positive integer, found {step}")
+                dense = set(cfg.get("mlp_only_layers") or ())
+                moe = dict(
+                    num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
+                    num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                    moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                    norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                    moe_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0),
+                    router_aux_loss_coef=float(cfg.get("router_aux_loss_coef", 0.0)),
+                )
+                if moe["num_experts"] <= 0:
+                    raise ModelConfigError(f"num_experts: expected a positive integer for qwen3_moe, "
+                                           f"found {cfg.get('num_experts')!r}")
             hidden = int(cfg["hidden_size"])
             head_dim = cfg.get("head_dim") or hidden // heads
             return cls(
@@ -93,6 +147,8 @@ class ModelConfig:
                 rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=True if model_type == "qwen2" else bool(cfg.get("attention_bias", False)),
+                qk_norm=model_type in ("qwen3", "qwen3_moe"),
+                **moe,
             )
         except KeyError as exc:
             raise ModelConfigError(f"model config: expected the key {exc.args[0]!r}, found it missing") from None

@@ -18,24 +18,27 @@ import torch.distributed as dist
 from verl.models.config import ModelConfig
 from verl.models.hf_io import DEFAULT_MAX_SHARD_BYTES, generation_config, read_config, write_hf_dir
 
-ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 def export_model_hf(module: torch.nn.Module, config: ModelConfig, out_dir: str, hf_config: dict,
                     tokenizer: Any | None = None, generation: dict | None = None, head: str = "lm",
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, replace: bool = True,
                     gather: bool = True) -> str | None:
-    """Collective over the model-parallel group of ``module`` (ranks with ``gather`` False skip it):
-    its (tp 0, pp 0) rank writes ``out_dir`` from the tensors streamed to it; returns the path there,
-    None elsewhere."""
-    from verl.models.mcore.weights import iter_hf_from_model
-
-    if not gather:
-        return None
-    stream = iter_hf_from_model(module, config, head)
+    """Collective over the model-parallel group of ``module`` (ranks with ``gather`` False skip it, unless
+    the experts live beyond that group: then every rank takes part): its (tp 0, pp 0) rank of the first DP
+    replica writes ``out_dir`` from the tensors streamed to it; returns the path there, None elsewhere."""
     from megatron.core import parallel_state as mpu
 
-    if mpu.get_tensor_model_parallel_rank() != 0 or mpu.get_pipeline_model_parallel_rank() != 0:
+    from verl.models.mcore.weights import export_spans_data_parallel, iter_hf_from_model
+
+    spans = export_spans_data_parallel()
+    if not gather and not spans:
+        return None
+    stream = iter_hf_from_model(module, config, head)
+    if (mpu.get_tensor_model_parallel_rank() != 0 or mpu.get_pipeline_model_parallel_rank() != 0
+            or (spans and mpu.get_data_parallel_rank() != 0)):
         for _ in stream:  # sends this rank's shards; yields nothing here
             pass
         return None

@@ -1,4 +1,5 @@
-"""megatron-core GPTModel for Qwen2 / Llama, built from the shared HF-style :class:`ModelConfig`.
+"""megatron-core GPTModel for Qwen2 / Llama / Qwen3 / Qwen3-MoE, built from the shared HF-style
+:class:`ModelConfig`.
 
 Local layer spec (torch or apex norms, megatron's own attention): Qwen2 and Llama are the same
 transformer — RMSNorm, RoPE (theta from the config), SwiGLU MLP without biases, grouped-query
@@ -7,7 +8,14 @@ attention — and differ only in the qkv bias, which the config carries. Three h
   value  critic: one scalar per token
   score  reward model: one scalar per token, read at each sequence's last valid token
 
-The TP / PP layout comes from megatron's ``parallel_state`` (initialise it first).
+Qwen3 adds megatron's ``qk_layernorm``. Qwen3-MoE layers are megatron's MoELayer (local spec: a
+SequentialMLP of the rank's experts) with the router HF uses: softmax over all experts, top k
+(``moe_router_pre_softmax``) unless ``norm_topk_prob``, where top-k then softmax over the chosen logits is
+the same renormalised weights; dense layers (``mlp_only_layers``) come from ``moe_layer_freq``. Tokens
+reach their experts through the ``allgather`` dispatcher on CPU (megatron's ``alltoall`` one needs CUDA
+streams) and ``alltoall`` on GPU.
+
+The TP / PP / EP layout comes from megatron's ``parallel_state`` (initialise it first).
 """
 
 from __future__ import annotations
@@ -32,28 +40,77 @@ def padded_vocab_size(vocab_size: int, tp_size: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
-def check_parallel_layout(config: ModelConfig, tp_size: int, pp_size: int) -> None:
-    """One clear line for a (tp, pp) that does not divide the model."""
-    for key, value, size, what in (
+def check_parallel_layout(config: ModelConfig, tp_size: int, pp_size: int, ep_size: int = 1,
+                          etp_size: int | None = None, world_size: int | None = None) -> None:
+    """One clear line for a (tp, pp, ep, etp) that does not divide the model (or the world, when given).
+    ``etp_size`` None: megatron's default, the dense tp."""
+    etp_size = tp_size if etp_size is None else etp_size
+    checks = [
         ("num_attention_heads", config.num_attention_heads, tp_size, "tp"),
         ("num_key_value_heads", config.num_key_value_heads, tp_size, "tp"),
         ("intermediate_size", config.intermediate_size, tp_size, "tp"),
         ("num_hidden_layers", config.num_hidden_layers, pp_size, "pp"),
-    ):
-        if not isinstance(size, int) or size <= 0:
+    ]
+    if config.is_moe:
+        checks += [("num_experts", config.num_experts, ep_size, "ep"),
+                   ("moe_intermediate_size", config.moe_intermediate_size, etp_size, "etp")]
+    for key, value, size, what in checks:
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise ModelLayoutError(f"{what}: expected a positive integer, found {size!r}")
         if value % size:
             raise ModelLayoutError(f"{what}={size}: expected a divisor of {key}={value}, "
                                    f"found remainder {value % size}")
+    if not config.is_moe and (ep_size, etp_size) != (1, tp_size):
+        raise ModelLayoutError(f"ep={ep_size}, etp={etp_size}: expected ep=1 and etp=tp for a dense "
+                               f"{config.model_type} model (it has no experts)")
+    if world_size is not None:
+        if world_size % (tp_size * pp_size):
+            raise ModelLayoutError(f"tp*pp={tp_size * pp_size}: expected a divisor of the world size {world_size}")
+        dense_ranks = world_size // pp_size  # tp * dp ranks of one stage; megatron carves ep x etp from them
+        if dense_ranks % (ep_size * etp_size):
+            raise ModelLayoutError(f"ep*etp={ep_size * etp_size}: expected a divisor of the {dense_ranks} "
+                                   f"ranks of a pipeline stage (tp*dp = world {world_size} / pp {pp_size})")
+
+
+def moe_settings(config: ModelConfig, ep_size: int, etp_size: int, on_gpu: bool) -> dict:
+    """megatron's MoE TransformerConfig keys for a Qwen3-MoE config (empty for a dense model)."""
+    if not config.is_moe:
+        return {}
+    return dict(
+        num_moe_experts=config.num_experts,
+        moe_router_topk=config.num_experts_per_tok,
+        moe_ffn_hidden_size=config.moe_intermediate_size,
+        moe_layer_freq=[int(config.layer_is_moe(i)) for i in range(config.num_hidden_layers)],
+        moe_router_score_function="softmax",
+        # HF: softmax over all experts, then top k; renormalised = softmax over the top-k logits.
+        moe_router_pre_softmax=not config.norm_topk_prob,
+        moe_router_load_balancing_type="aux_loss",
+        moe_aux_loss_coeff=config.router_aux_loss_coef,
+        moe_token_dispatcher_type="alltoall" if on_gpu else "allgather",
+        moe_grouped_gemm=False,
+        expert_model_parallel_size=ep_size,
+        expert_tensor_parallel_size=etp_size,
+    )
+
+
+def _router_gemm_without_te() -> None:
+    """megatron-core 0.16.1's router gemm reads ``te_general_gemm``, which its moe_utils binds only when
+    Transformer Engine imports (a NameError otherwise, on CPU and on GPU hosts without TE); None selects its
+    own torch.mm path."""
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def transformer_config(config: ModelConfig, tp_size: int, pp_size: int, *,
                        params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False,
-                       **overrides):
+                       ep_size: int = 1, etp_size: int | None = None, **overrides):
     """megatron TransformerConfig for ``config``: fusions off on CPU, dropout 0 (RL fine-tuning)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    check_parallel_layout(config, tp_size, pp_size)
+    etp_size = tp_size if etp_size is None else etp_size
+    check_parallel_layout(config, tp_size, pp_size, ep_size, etp_size)
     on_gpu = torch.cuda.is_available()
     kwargs = dict(
         num_layers=config.num_hidden_layers,
@@ -68,6 +125,7 @@ def transformer_config(config: ModelConfig, tp_size: int, pp_size: int, *,
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=config.attention_bias,
+        qk_layernorm=config.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tp_size,
@@ -85,6 +143,7 @@ def transformer_config(config: ModelConfig, tp_size: int, pp_size: int, *,
         bias_dropout_fusion=on_gpu,
         apply_rope_fusion=False,
         persist_layer_norm=False,
+        **moe_settings(config, ep_size, etp_size, on_gpu),
     )
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
@@ -133,20 +192,28 @@ def build_gpt_model(config: ModelConfig, head: str = "lm", *, params_dtype: torc
     """This rank's GPTModel stage for ``config`` under the initialised megatron parallel state."""
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 
     if head not in HEADS:
         raise ValueError(f"model head: expected one of {HEADS}, found {head!r}")
     tp_size = mpu.get_tensor_model_parallel_world_size()
     pp_size = mpu.get_pipeline_model_parallel_world_size()
     tf_config = transformer_config(config, tp_size, pp_size, params_dtype=params_dtype,
-                                   sequence_parallel=sequence_parallel, **config_overrides)
+                                   sequence_parallel=sequence_parallel,
+                                   ep_size=mpu.get_expert_model_parallel_world_size(),
+                                   etp_size=mpu.get_expert_tensor_parallel_world_size(), **config_overrides)
+    if config.is_moe:
+        _router_gemm_without_te()
+        # Per-layer specs: MoE layers and moe_layer_freq's dense ones, local (non-TE) modules.
+        layer_spec = get_gpt_decoder_block_spec(tf_config, use_transformer_engine=False, normalization="RMSNorm")
+    else:
+        layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_norm)
     pre_process = mpu.is_pipeline_first_stage() if pre_process is None else pre_process
     post_process = mpu.is_pipeline_last_stage() if post_process is None else post_process
     tied = head == "lm" and config.tie_word_embeddings
     model = GPTModel(
         config=tf_config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=layer_spec,
         vocab_size=padded_vocab_size(config.vocab_size, tp_size),
         max_sequence_length=config.max_position_embeddings,
         pre_process=pre_process,

@@ -1,4 +1,4 @@
-"""HF safetensors <-> per-rank megatron-core GPTModel shards, for any (tp, pp).
+"""HF safetensors <-> per-rank megatron-core GPTModel shards, for any (tp, pp) and, with experts, (ep, etp).
 
 The mapping comes from the architecture's model spec (``verl.models.spec``): each megatron parameter
 names the HF tensor(s) it is made of, and its fusion + training TP placement pick a layout rule that
@@ -10,14 +10,16 @@ says how one TP rank's shard is cut from them (and how the shards merge back):
   qkv         rows regrouped per query group [q heads of the group; k; v], groups split across TP
   gate_up     [gate shard; up shard]
 
-Rules are listed in GPTModel state-dict order (``ModelSpec.mcore_params``).
+Rules are listed in GPTModel state-dict order (``ModelSpec.mcore_params``). An expert's rule (``expert``
+set) holds global expert ``expert``: its rank is the EP rank ``expert // (E/ep)`` and it is cut over the
+expert-tensor-parallel ranks (etp) instead of the dense tp ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -117,6 +119,7 @@ class WeightRule:
     mcore: str
     hf: tuple[str, ...]
     layout: Layout
+    expert: int | None = None  # the global expert of an expert parameter
 
 
 # The rule of each (fusion, training TP placement) a spec uses.
@@ -129,11 +132,13 @@ _RULES = {
 }
 
 
-def weight_rules(config: ModelConfig, pp_size: int, pp_rank: int, head: str = "lm") -> list[WeightRule]:
-    """The rules for every parameter of pipeline stage ``pp_rank``, in GPTModel state-dict order."""
-    check_parallel_layout(config, 1, pp_size)
-    return [WeightRule(p.mcore, p.hf, _RULES[p.fusion, p.train_tp])
-            for p in model_spec(config.model_type).mcore_params(config, pp_size, pp_rank, head)]
+def weight_rules(config: ModelConfig, pp_size: int, pp_rank: int, head: str = "lm", ep_size: int = 1,
+                 ep_rank: int = 0) -> list[WeightRule]:
+    """The rules for every parameter of pipeline stage ``pp_rank`` (and EP rank ``ep_rank``), in GPTModel
+    state-dict order."""
+    check_parallel_layout(config, 1, pp_size, ep_size, 1)
+    return [WeightRule(p.mcore, p.hf, _RULES[p.fusion, p.train_tp], p.expert)
+            for p in model_spec(config.model_type).mcore_params(config, pp_size, pp_rank, head, ep_size, ep_rank)]
 
 
 def hf_names(config: ModelConfig, head: str = "lm") -> list[str]:
@@ -144,39 +149,20 @@ def hf_names(config: ModelConfig, head: str = "lm") -> list[str]:
     return names
 
 
-# ----------------------------------------------------------------------------- shard <-> merge
+# ----------------------------------------------------------------------------- shard
 def to_mcore_shard(config: ModelConfig, get_hf: Callable[[str], torch.Tensor], tp_size: int, pp_size: int,
-                   tp_rank: int, pp_rank: int, head: str = "lm") -> OrderedDict[str, torch.Tensor]:
-    """This rank's megatron state dict (parameters only) from HF tensors fetched by name."""
-    check_parallel_layout(config, tp_size, pp_size)
+                   tp_rank: int, pp_rank: int, head: str = "lm", ep_size: int = 1, ep_rank: int = 0,
+                   etp_size: int | None = None, etp_rank: int | None = None) -> OrderedDict[str, torch.Tensor]:
+    """This rank's megatron state dict (parameters only) from HF tensors fetched by name. ``etp`` None:
+    experts are split over the dense tp ranks (megatron's default)."""
+    etp_size, etp_rank = (tp_size, tp_rank) if etp_size is None else (etp_size, etp_rank)
+    check_parallel_layout(config, tp_size, pp_size, ep_size, etp_size)
     out: OrderedDict[str, torch.Tensor] = OrderedDict()
-    for rule in weight_rules(config, pp_size, pp_rank, head):
+    for rule in weight_rules(config, pp_size, pp_rank, head, ep_size, ep_rank):
         full = [get_hf(name) for name in rule.hf]
-        out[rule.mcore] = rule.layout.shard(full, config, tp_size, tp_rank).clone()
+        size, rank = (tp_size, tp_rank) if rule.expert is None else (etp_size, etp_rank)
+        out[rule.mcore] = rule.layout.shard(full, config, size, rank).clone()
     return out
-
-
-def to_hf(config: ModelConfig, shards: Mapping[tuple[int, int], Mapping[str, torch.Tensor]], tp_size: int,
-          pp_size: int, head: str = "lm") -> dict[str, torch.Tensor]:
-    """HF tensors from every rank's megatron state dict, keyed by (tp_rank, pp_rank)."""
-    check_parallel_layout(config, tp_size, pp_size)
-    missing = [(t, p) for p in range(pp_size) for t in range(tp_size) if (t, p) not in shards]
-    if missing:
-        raise WeightsError(f"megatron shards: expected all (tp_rank, pp_rank) of tp={tp_size} pp={pp_size}, "
-                           f"found none for {missing}")
-    out: dict[str, torch.Tensor] = {}
-    for pp_rank in range(pp_size):
-        for rule in weight_rules(config, pp_size, pp_rank, head):
-            if all(name in out for name in rule.hf):
-                continue  # the tied output-layer copy on the last stage
-            try:
-                parts = [shards[(t, pp_rank)][rule.mcore] for t in range(tp_size)]
-            except KeyError:
-                raise WeightsError(f"megatron shard (pp_rank={pp_rank}): expected {rule.mcore}, "
-                                   "found it missing") from None
-            for name, tensor in zip(rule.hf, rule.layout.merge(parts, config), strict=False):
-                out[name] = tensor.contiguous()
-    return {name: out[name] for name in hf_names(config, head)}
 
 
 # ----------------------------------------------------------------------------- live model
@@ -187,7 +173,9 @@ def load_hf_into_model(model: torch.nn.Module, config: ModelConfig, get_hf: Call
 
     shard = to_mcore_shard(config, get_hf, mpu.get_tensor_model_parallel_world_size(),
                            mpu.get_pipeline_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank(),
-                           mpu.get_pipeline_model_parallel_rank(), head)
+                           mpu.get_pipeline_model_parallel_rank(), head,
+                           mpu.get_expert_model_parallel_world_size(), mpu.get_expert_model_parallel_rank(),
+                           mpu.get_expert_tensor_parallel_world_size(), mpu.get_expert_tensor_parallel_rank())
     params = dict(model.named_parameters())
     if set(params) != set(shard):
         raise WeightsError(f"model parameters: expected {sorted(shard)}, found {sorted(params)}")
@@ -198,50 +186,93 @@ def load_hf_into_model(model: torch.nn.Module, config: ModelConfig, get_hf: Call
             params[name].copy_(tensor)
 
 
+def export_spans_data_parallel() -> bool:
+    """Whether one model copy's experts live beyond the first DP replica's TP/PP group (ep * etp > tp):
+    then every rank takes part in :func:`iter_hf_from_model`."""
+    from megatron.core import parallel_state as mpu
+
+    return (mpu.get_expert_model_parallel_world_size() * mpu.get_expert_tensor_parallel_world_size()
+            > mpu.get_tensor_model_parallel_world_size())
+
+
+def _stage_rules(config: ModelConfig, pp: int, stage: int, head: str, ep: int) -> list[WeightRule]:
+    """Stage ``stage``'s rules over every EP rank: each run of expert rules lists EP rank 0's experts, then
+    rank 1's, ... (every expert once, in order); the other rules once."""
+    per_ep = [weight_rules(config, pp, stage, head, ep, e) for e in range(ep)]
+    out: list[WeightRule] = []
+    i = 0
+    while i < len(per_ep[0]):
+        if per_ep[0][i].expert is None:
+            out.append(per_ep[0][i])
+            i += 1
+            continue
+        j = i
+        while j < len(per_ep[0]) and per_ep[0][j].expert is not None:
+            j += 1
+        for rules in per_ep:
+            out += rules[i:j]
+        i = j
+    return out
+
+
 def iter_hf_from_model(model: torch.nn.Module, config: ModelConfig,
                        head: str = "lm") -> Iterator[tuple[str, torch.Tensor]]:
-    """Full HF tensors, one at a time, gathered from every TP/PP rank's shard (collective over the
-    model-parallel group: every rank of it iterates to the end). They are yielded on the group's
-    (tp 0, pp 0) rank only, in HF order; elsewhere the iterator yields nothing. Peak extra memory is
-    one HF tensor and its shards, whatever the model size."""
+    """Full HF tensors, one at a time, gathered from every TP/PP (and EP/ETP) rank's shard. Collective over
+    the model-parallel group, or over every rank when the experts live beyond it
+    (:func:`export_spans_data_parallel`): every rank of it iterates to the end. The tensors are yielded on
+    the lowest global rank with (tp 0, pp 0) only; elsewhere the iterator yields nothing. Each shard comes
+    from the lowest rank holding it (the first DP / expert-DP replica). Peak extra memory
+    is one HF tensor and its shards, whatever the model size."""
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
 
     tp, pp = mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size()
-    tp_rank, pp_rank = mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank()
-    group = mpu.get_model_parallel_group()
+    ep, etp = mpu.get_expert_model_parallel_world_size(), mpu.get_expert_tensor_parallel_world_size()
+    group = None if export_spans_data_parallel() else mpu.get_model_parallel_group()
     params = dict(model.named_parameters())
-    # Who holds what: (tp, pp) -> (global rank, {mcore name: (shape, dtype)}); small, once.
-    mine = (tp_rank, pp_rank, dist.get_rank(), {n: (tuple(p.shape), str(p.dtype)) for n, p in params.items()})
-    everyone = [None] * (tp * pp)
+    # Who holds what: one small record per rank, once.
+    mine = dict(rank=dist.get_rank(), tp=mpu.get_tensor_model_parallel_rank(),
+                pp=mpu.get_pipeline_model_parallel_rank(), dp=mpu.get_data_parallel_rank(),
+                ep=mpu.get_expert_model_parallel_rank(), etp=mpu.get_expert_tensor_parallel_rank(),
+                edp=mpu.get_expert_data_parallel_rank() if config.is_moe else 0,
+                meta={n: (tuple(p.shape), str(p.dtype)) for n, p in params.items()})
+    everyone = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)
-    where = {(t, p): (rank, meta) for t, p, rank, meta in everyone}
-    dst = where[(0, 0)][0]
-    is_dst = dist.get_rank() == dst
+    dense: dict[tuple[int, int], dict] = {}
+    experts: dict[tuple[int, int, int], dict] = {}
+    for r in sorted(everyone, key=lambda r: r["rank"]):  # the lowest rank holding each shard sends it
+        dense.setdefault((r["tp"], r["pp"]), r)
+        experts.setdefault((r["etp"], r["ep"], r["pp"]), r)
+    dst = dense[(0, 0)]["rank"]
+    me = dist.get_rank()
     device = next(iter(params.values())).device
+    per_ep = config.num_experts // ep if config.is_moe else 1
     emitted: set[str] = set()
     for stage in range(pp):
-        for rule in weight_rules(config, pp, stage, head):
+        for rule in _stage_rules(config, pp, stage, head, ep):
             if all(name in emitted for name in rule.hf):
                 continue  # the tied output-layer copy on the last stage
             emitted.update(rule.hf)
-            missing = [t for t in range(tp) if rule.mcore not in where[(t, stage)][1]]
+            if rule.expert is None:
+                holders = [dense[(t, stage)] for t in range(tp)]
+            else:
+                holders = [experts[(k, rule.expert // per_ep, stage)] for k in range(etp)]
+            missing = [h["rank"] for h in holders if rule.mcore not in h["meta"]]
             if missing:
-                raise WeightsError(f"megatron shard (pp_rank={stage}, tp_rank={missing[0]}): expected "
+                raise WeightsError(f"megatron shard (pp_rank={stage}, rank {missing[0]}): expected "
                                    f"{rule.mcore}, found it missing")
-            if stage == pp_rank and not is_dst:
-                dist.send(params[rule.mcore].detach().contiguous(), dst=dst, group=group)
-            if not is_dst:
+            if me != dst:
+                if any(h["rank"] == me for h in holders):
+                    dist.send(params[rule.mcore].detach().contiguous(), dst=dst)
                 continue
             parts = []
-            for t in range(tp):
-                if (t, stage) == (tp_rank, pp_rank):
+            for h in holders:
+                if h["rank"] == me:
                     parts.append(params[rule.mcore].detach())
                     continue
-                src, meta = where[(t, stage)]
-                shape, dtype = meta[rule.mcore]
+                shape, dtype = h["meta"][rule.mcore]
                 buffer = torch.empty(shape, dtype=getattr(torch, dtype.removeprefix("torch.")), device=device)
-                dist.recv(buffer, src=src, group=group)
+                dist.recv(buffer, src=h["rank"])
                 parts.append(buffer)
             merged = rule.layout.merge(parts, config)
             del parts

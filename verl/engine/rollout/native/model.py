@@ -1,4 +1,5 @@
-"""Qwen2/Llama decoder forward over one rank's rollout-layout weights, with rollout tensor parallelism.
+"""Qwen2/Llama/Qwen3(-MoE) decoder forward over one rank's rollout-layout weights, with rollout tensor
+parallelism.
 
 Weights are looked up by the model spec's roles (``verl.models.spec``), under its rollout names.
 Per rank (G = rollout TP size): the fused QKV and gate/up weights are column-parallel (this rank's
@@ -6,6 +7,11 @@ heads / FFN slice, no communication); the attention and MLP output weights are r
 (partial sums, all-reduced over the TP group); the embedding is vocab-parallel (rows outside this rank's vocab
 slice contribute zeros, then all-reduce) and so are the logits (all-gathered to the full vocab for
 sampling). Numerics follow HF: RMSNorm in float32, RoPE tables computed in float32 and cast.
+
+Mixture-of-experts layers (SGLang's fused-MoE layout, ``ep_size=1``): every rank holds every expert
+with its ``moe_intermediate_size / G`` slice (``w13`` [E, 2I/G, H] = [gate; up] rows, ``w2`` [E, H, I/G]);
+the router is replicated, so every rank picks the same experts; each rank runs its slice of the chosen
+experts and one all-reduce sums the slices, as for the dense MLP.
 
 Shapes: ``B`` batch, ``S`` new tokens this call, ``L`` cache slots in use, ``D`` head dim.
 """
@@ -20,9 +26,6 @@ from verl.hybrid_engine.rollout_layout import kv_heads_per_rank, padded_vocab_si
 from verl.models.config import ModelConfig
 from verl.models.spec.registry import model_spec
 
-# One decoder layer's weights, in the order forward() unpacks them (qkv_bias may be absent).
-LAYER_ROLES = ("attn_norm", "qkv", "qkv_bias", "attn_out", "mlp_norm", "gate_up", "mlp_out")
-
 
 class RolloutTransformer:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], tp_size: int = 1, tp_rank: int = 0,
@@ -35,6 +38,7 @@ class RolloutTransformer:
         self.q_rows = self.q_heads * self.head_dim
         self.kv_rows = self.kv_heads * self.head_dim
         self.ffn = config.intermediate_size // tp_size
+        self.expert_ffn = config.moe_intermediate_size // tp_size
         self.vocab_rows = padded_vocab_size(config.vocab_size) // tp_size
         self.vocab_start = tp_rank * self.vocab_rows
         self.scale = self.head_dim ** -0.5
@@ -43,11 +47,14 @@ class RolloutTransformer:
         self.embed = weights[spec.rollout_name("embedding")]
         self.output = self.embed if config.tie_word_embeddings else weights[spec.rollout_name("output")]
         self.final_norm = weights[spec.rollout_name("final_norm")]
-        self.layers: list[tuple] = []
+        # Per layer: role -> weight (roles a layer lacks, e.g. qkv_bias or q_norm, are absent).
+        self.layers: list[dict[str, torch.Tensor]] = []
         for i in range(config.num_hidden_layers):
-            names = [spec.rollout_name(role, i) for role in LAYER_ROLES]
-            self.layers.append(tuple(weights.get(n) if role == "qkv_bias" else weights[n]
-                                     for role, n in zip(LAYER_ROLES, names, strict=True)))
+            layer = {role: weights[name] for role, name in spec.rollout_layer(config, i).items()}
+            for role in ("expert_fc1", "expert_fc2"):  # SGLang's [E, rows, cols] view of the stacked experts
+                if role in layer:
+                    layer[role] = layer[role].view(config.num_experts, -1, layer[role].shape[-1])
+            self.layers.append(layer)
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         self.cos = self.sin = torch.empty(0, self.head_dim, dtype=self.dtype, device=self.device)  # see prepare()
@@ -94,6 +101,29 @@ class RolloutTransformer:
         # HF order for low precision: normalise in float32, cast back, then scale.
         return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.config.rms_norm_eps).to(x.dtype)
 
+    def _head_norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        """Qwen3's per-head RMSNorm over the last (head_dim) axis; identity when the model has none."""
+        return x if weight is None else self._rms_norm(x, weight)
+
+    # ---------------------------------------------------------------- mixture of experts
+    def _moe(self, x: torch.Tensor, layer: dict[str, torch.Tensor]) -> torch.Tensor:
+        """x [N, H] -> this rank's partial sum [N, H] of the chosen experts' outputs, weighted as HF's
+        router weights them (softmax over all experts in float32, top k, renormalised if norm_topk_prob)."""
+        c = self.config
+        probs = F.linear(x, layer["router"]).float().softmax(dim=-1)
+        weights, chosen = probs.topk(c.num_experts_per_tok, dim=-1)
+        if c.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(x)
+        w13, w2 = layer["expert_fc1"], layer["expert_fc2"]
+        for expert in chosen.unique().tolist():
+            token, slot = (chosen == expert).nonzero(as_tuple=True)
+            gate_up = F.linear(x[token], w13[expert])
+            h = F.silu(gate_up[:, :self.expert_ffn]) * gate_up[:, self.expert_ffn:]
+            out.index_add_(0, token, F.linear(h, w2[expert]) * weights[token, slot, None])
+        return out
+
     # ---------------------------------------------------------------- attention
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    allowed: torch.Tensor) -> torch.Tensor:
@@ -123,18 +153,26 @@ class RolloutTransformer:
         sin = self.sin[positions].unsqueeze(2)
         half = self.head_dim // 2
         qk_heads = self.q_heads + self.kv_heads
-        for layer, (ln1, w_qkv, b_qkv, w_o, ln2, w_gate_up, w_down) in enumerate(self.layers):
-            qkv = F.linear(self._rms_norm(hidden, ln1), w_qkv, b_qkv)
+        for index, layer in enumerate(self.layers):
+            qkv = F.linear(self._rms_norm(hidden, layer["attn_norm"]), layer["qkv"], layer.get("qkv_bias"))
             qk = qkv[..., :self.q_rows + self.kv_rows].reshape(B, S, qk_heads, self.head_dim)
+            if "q_norm" in layer:
+                qk = torch.cat([self._head_norm(qk[:, :, :self.q_heads], layer["q_norm"]),
+                                self._head_norm(qk[:, :, self.q_heads:], layer["k_norm"])], dim=2)
             rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
             qk = qk * cos + rotated * sin
             q = qk[:, :, :self.q_heads].transpose(1, 2)
-            keys[layer, :, :, start:end] = qk[:, :, self.q_heads:].transpose(1, 2)
-            values[layer, :, :, start:end] = qkv[..., self.q_rows + self.kv_rows:].reshape(
+            keys[index, :, :, start:end] = qk[:, :, self.q_heads:].transpose(1, 2)
+            values[index, :, :, start:end] = qkv[..., self.q_rows + self.kv_rows:].reshape(
                 B, S, self.kv_heads, self.head_dim).transpose(1, 2)
-            attn = self._attention(q, keys[layer, :, :, :end], values[layer, :, :, :end], allowed)
-            hidden = hidden + self._all_reduce(F.linear(attn.transpose(1, 2).reshape(B, S, self.q_rows), w_o))
-            gate_up = F.linear(self._rms_norm(hidden, ln2), w_gate_up)
-            mlp = F.silu(gate_up[..., :self.ffn]) * gate_up[..., self.ffn:]
-            hidden = hidden + self._all_reduce(F.linear(mlp, w_down))
+            attn = self._attention(q, keys[index, :, :, :end], values[index, :, :, :end], allowed)
+            hidden = hidden + self._all_reduce(F.linear(attn.transpose(1, 2).reshape(B, S, self.q_rows),
+                                                        layer["attn_out"]))
+            normed = self._rms_norm(hidden, layer["mlp_norm"])
+            if "router" in layer:
+                mlp_out = self._moe(normed.reshape(B * S, -1), layer).view(B, S, -1)
+            else:
+                gate_up = F.linear(normed, layer["gate_up"])
+                mlp_out = F.linear(F.silu(gate_up[..., :self.ffn]) * gate_up[..., self.ffn:], layer["mlp_out"])
+            hidden = hidden + self._all_reduce(mlp_out)
         return self._logits(self._rms_norm(hidden[:, -1], self.final_norm))

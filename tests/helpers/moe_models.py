@@ -1,0 +1,45 @@
+"""Tiny random Qwen3 and Qwen3-MoE checkpoints (transformers' own classes are the oracle).
+
+"qwen3_moe" mixes layer kinds: layer 1 is a dense MLP (``mlp_only_layers``), the others route each token
+to 2 of 4 experts with the top-k weights renormalised; "qwen3_moe_raw" keeps HF's default
+``norm_topk_prob=False``. A wide init (0.2) keeps both the router's top-k and the greedy tokens away
+from ties that another fp32 summation order could flip.
+"""
+
+from __future__ import annotations
+
+import torch
+
+VOCAB = 200  # not a multiple of 64 or 128: both vocab paddings are exercised
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=8, max_position_embeddings=128, rms_norm_eps=1e-6,
+              initializer_range=0.2, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+              pad_token_id=0)
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, router_aux_loss_coef=0.01)
+
+CONFIGS = {
+    "qwen3": dict(model_type="qwen3", **COMMON),
+    "qwen3_moe": dict(model_type="qwen3_moe", **COMMON, **MOE, norm_topk_prob=True, mlp_only_layers=[1]),
+    "qwen3_moe_raw": dict(model_type="qwen3_moe", **COMMON, **MOE, norm_topk_prob=False),
+}
+
+
+def hf_model(name: str, seed: int = 0):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs = dict(CONFIGS[name])
+    config = AutoConfig.for_model(kwargs.pop("model_type"), attn_implementation="eager", **kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():  # HF inits norms to ones; random ones make a swapped q/k norm visible
+        for pname, param in model.named_parameters():
+            if "norm" in pname:
+                param.add_(torch.randn_like(param) * 0.1)
+    return model
+
+
+def save_model(name: str, path, seed: int = 0):
+    model = hf_model(name, seed)
+    model.save_pretrained(str(path))
+    return model

@@ -1,0 +1,72 @@
+"""Qwen3 (dense) and Qwen3-MoE: the dense family plus per-head q/k RMSNorm, and routed experts.
+
+Qwen3 is Qwen2 without the qkv bias and with ``q_norm`` / ``k_norm`` (an RMSNorm over each head's
+``head_dim`` features, before RoPE; one weight shared by all heads, so it is replicated under TP).
+Qwen3-MoE replaces the MLP of its sparse layers (``ModelConfig.moe_layers``) by a top-k router over
+``num_experts`` SwiGLU experts without a shared expert. Per MoE layer:
+
+  role        Megatron (decoder.layers.{k}.mlp.)    HF (model.layers.{i}.mlp.)   rollout (SGLang)
+  router      router.weight [E, H]                 gate.weight                  gate.weight, replicated
+  expert_fc1  experts.local_experts.{j}.linear_fc1  experts.{e}.{gate,up}_proj   experts.w13_weight [E, 2I/tp, H]
+  expert_fc2  experts.local_experts.{j}.linear_fc2  experts.{e}.down_proj        experts.w2_weight [E, H, I/tp]
+
+Megatron splits the experts over expert-parallel ranks (local expert ``j`` of EP rank ``r`` is expert
+``r*E/ep + j``) and each expert over the expert-tensor-parallel ranks as its dense MLP (fc1 column-parallel
+``[gate shard; up shard]``, fc2 row-parallel). The rollout holds every expert on every rank, tensor-parallel
+inside each expert, as SGLang's fused MoE does with ``ep_size=1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from verl.models.spec.base import DENSE_LAYERS, MOE_LAYERS, TP, Fusion, ParamSpec
+from verl.models.spec.dense import DENSE
+
+_MG, _HF = "decoder.layers.{layer}.", "model.layers.{layer}."
+
+
+def _head_norm(x: str) -> ParamSpec:
+    return ParamSpec(f"{x}_norm", _MG + f"self_attention.{x}_layernorm.weight", (_HF + f"self_attn.{x}_norm.weight",),
+                     lambda c: ((c.head_dim,),), TP.REPLICATED, _HF + f"self_attn.{x}_norm.weight", TP.REPLICATED)
+
+
+def _layer(with_experts: bool) -> tuple[ParamSpec, ...]:
+    out = []
+    for p in DENSE.layer:
+        if p.role in ("gate_up", "mlp_out") and with_experts:
+            p = dataclasses.replace(p, layers=DENSE_LAYERS)
+        out.append(p)
+        if p.role == "attn_out":
+            out += [_head_norm("q"), _head_norm("k")]
+    if with_experts:
+        out += [
+            ParamSpec("router", _MG + "mlp.router.weight", (_HF + "mlp.gate.weight",),
+                      lambda c: ((c.num_experts, c.hidden_size),), TP.REPLICATED, _HF + "mlp.gate.weight",
+                      TP.REPLICATED, layers=MOE_LAYERS),
+            ParamSpec("expert_fc1", _MG + "mlp.experts.local_experts.{expert}.linear_fc1.weight",
+                      (_HF + "mlp.experts.{expert}.gate_proj.weight", _HF + "mlp.experts.{expert}.up_proj.weight"),
+                      lambda c: ((c.moe_intermediate_size, c.hidden_size),) * 2, TP.COLUMN,
+                      _HF + "mlp.experts.w13_weight", TP.COLUMN, Fusion.GATE_UP, layers=MOE_LAYERS, expert=True),
+            ParamSpec("expert_fc2", _MG + "mlp.experts.local_experts.{expert}.linear_fc2.weight",
+                      (_HF + "mlp.experts.{expert}.down_proj.weight",),
+                      lambda c: ((c.hidden_size, c.moe_intermediate_size),), TP.ROW, _HF + "mlp.experts.w2_weight",
+                      TP.ROW, layers=MOE_LAYERS, expert=True),
+        ]
+    return tuple(out)
+
+
+def _mcore_order(with_experts: bool) -> tuple[str, ...]:
+    order = []
+    for role in DENSE.mcore_layer_order:
+        order.append(role)
+        if role == "qkv_bias":  # Megatron builds q_layernorm / k_layernorm after linear_qkv
+            order += ["q_norm", "k_norm"]
+    return tuple(order) + (("router", "expert_fc1", "expert_fc2") if with_experts else ())
+
+
+QWEN3 = dataclasses.replace(DENSE, model_types=("qwen3",), layer=_layer(False), mcore_layer_order=_mcore_order(False))
+QWEN3_MOE = dataclasses.replace(DENSE, model_types=("qwen3_moe",), layer=_layer(True),
+                                mcore_layer_order=_mcore_order(True))
+
+SPECS = (QWEN3, QWEN3_MOE)
