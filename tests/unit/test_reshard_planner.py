@@ -63,8 +63,9 @@ def training_shard(hf, config, training, rank):
     if isinstance(training, FSDPLayout):
         shard = fsdp_shard(hf, training.shard, t)
         return shard, [(name, tuple(x.shape)) for name, x in shard.items()]
-    return (megatron_shard(hf, config, training.tp, training.pp, t, s),
-            training_param_specs(config, training.tp, training.pp, t, s))
+    _, e, et = training.expert_coords(rank)
+    return (megatron_shard(hf, config, training.tp, training.pp, t, s, training.ep, e, training.etp, et),
+            training_param_specs(config, training.tp, training.pp, t, s, training.ep, e, training.etp, et))
 
 
 def simulate(config, training, tg, bucket_bytes):
@@ -148,6 +149,64 @@ def test_hybridflow_training_shard_inside_rollout_shard_and_bytes_match_formula(
     mean = sum(pl.bytes_received for pl in plans) / len(plans)
     assert mean == pytest.approx(plans[0].bytes_formula, rel=1e-12)
     assert plans[0].bytes_formula == (p * t - tg) / (tg * p * t) * plans[0].model_bytes
+
+
+def tiny_moe(layers=4, experts=8, tied=False):
+    """Qwen3-MoE: layer 1 dense (mlp_only_layers), the rest route to 2 of ``experts`` experts."""
+    return ModelConfig.from_dict(dict(
+        model_type="qwen3_moe", vocab_size=1024, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=4, tie_word_embeddings=tied, num_experts=experts,
+        num_experts_per_tok=2, moe_intermediate_size=8, mlp_only_layers=[1]))
+
+
+MOE_MATRIX = [  # (p, t, d, ep, etp, t_g): etp None = t
+    (1, 1, 2, 2, None, 1), (1, 2, 2, 2, None, 2), (1, 2, 2, 2, None, 1), (2, 2, 2, 2, None, 2),
+    (2, 2, 4, 4, None, 1), (1, 2, 8, 8, None, 2), (1, 2, 2, 4, 1, 1), (1, 2, 2, 4, 1, 2), (1, 4, 2, 2, 2, 2),
+    (1, 2, 1, 1, 1, 2), (1, 2, 2, 2, None, 4), (2, 1, 2, 2, None, 2),
+]
+
+
+@pytest.mark.parametrize("p,t,d,ep,etp,tg", MOE_MATRIX,
+                         ids=[f"p{p}t{t}d{d}ep{ep}etp{etp}-tg{g}" for p, t, d, ep, etp, g in MOE_MATRIX])
+def test_experts_reshard_to_the_reference_and_expert_bytes_match_the_formula(p, t, d, ep, etp, tg):
+    """Every rollout element (each rank holds every expert, TP inside each) written once with the reference
+    value from a training layout whose experts sit on EP ranks (and etp ranks); with etp = t and t_g | t the
+    mean bytes received equal the formula with the dense and expert parts apart (docs/moe.md)."""
+    config = tiny_moe(tied=p == 2)
+    training = TrainingLayout(tp=t, pp=p, dp=d, ep=ep, etp=etp)
+    plans, rollout, expected, _, writes = simulate(config, training, tg, bucket_bytes=4096)
+    for r in range(training.world_size):
+        assert torch.equal(rollout[r], expected[r]), f"rank {r} rollout differs from the reference"
+        assert writes[r] == rollout[r].numel(), f"rank {r}: {writes[r]} writes for {rollout[r].numel()} elements"
+    plan = plans[0]
+    assert 0 < plan.expert_bytes < plan.model_bytes
+    if t % tg == 0 and (etp is None or etp == t):
+        assert plan.case == HYBRIDFLOW
+        mean = sum(pl.bytes_received for pl in plans) / len(plans)
+        m, x = plan.model_bytes, plan.expert_bytes
+        assert mean == pytest.approx((p * t - tg) / (tg * p * t) * (m - x) + (p * t * ep - tg) / (tg * p * t * ep) * x,
+                                     rel=1e-12)
+        assert plan.bytes_formula == pytest.approx(mean, rel=1e-12)
+
+
+def test_an_expert_every_micro_dp_member_holds_is_copied_not_received():
+    """etp=1 with ep=1: every tp rank holds every expert whole; at t_g = 1 no expert byte moves."""
+    config = tiny_moe()
+    plans, rollout, expected, _, _ = simulate(config, TrainingLayout(tp=2, pp=1, dp=1, ep=1, etp=1), 1, 4096)
+    assert all(torch.equal(a, b) for a, b in zip(rollout, expected, strict=True))
+    dense = plans[0].model_bytes - plans[0].expert_bytes
+    assert all(pl.bytes_received <= dense for pl in plans)
+
+
+def test_bad_expert_layouts_are_refused():
+    with pytest.raises(LayoutError, match="expected a divisor of the 4 ranks of a pipeline stage"):
+        TrainingLayout(tp=2, pp=1, dp=2, ep=8)
+    with pytest.raises(LayoutError, match="expected ep | num_experts=8"):
+        TrainingLayout(tp=1, pp=1, dp=3, ep=3).params(tiny_moe(), 0)
+    with pytest.raises(LayoutError, match="expected ep=1 and etp=tp for a dense model"):
+        TrainingLayout(tp=1, pp=1, dp=2, ep=2).params(tiny(), 0)
+    with pytest.raises(LayoutError, match="use the megatron strategy"):
+        FSDPLayout(2).params(tiny_moe())
 
 
 def test_vocab_rows_across_padding_boundaries_move_by_all_to_all():

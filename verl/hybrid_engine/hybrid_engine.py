@@ -71,6 +71,15 @@ def fsdp_reshard_sources(module: torch.nn.Module, dtype: torch.dtype, device: to
     return out
 
 
+def megatron_reshard_sources(module: torch.nn.Module, dtype: torch.dtype, device: torch.device | str
+                             ) -> dict[str, torch.Tensor]:
+    """``{parameter name: this rank's Megatron shard, 1-D}``: views where dtype and device already match (the
+    usual case: the reshard reads the training weights in place), cast/moved copies otherwise."""
+    with torch.no_grad():
+        return {name: p.detach().to(device=device, dtype=dtype).contiguous().reshape(-1)
+                for name, p in module.named_parameters()}
+
+
 def _reshard(module: torch.nn.Module) -> None:
     """Back to sharded parameters, whose local tensors are what the plan addresses: a forward outside
     backward leaves the root's parameters unsharded (FSDP2 does not reshard the root after forward)."""
@@ -139,27 +148,41 @@ class HybridEngine:
         process_groups = ReshardProcessGroups(self.groups)
         self.summary = plan.summary()
         self.executor: ReshardExecutor | None = None
-        self._fsdp_module = None
+        # Set when the training tensors are handed to every transition by name (not one flat buffer).
+        self._sources_of: Any = None
+        self._dtype = torch_dtype(dtype)
+        self._bind = (plan, specs, process_groups)
         if isinstance(training, FSDPLayout):
             check_fsdp_module(actor_engine.module, model_config, training, rank)
-            self._fsdp_module = actor_engine.module
-            self._dtype = torch_dtype(dtype)
-            self._bind = (plan, specs, process_groups)
+            module = actor_engine.module
+            self._sources_of = lambda into: fsdp_reshard_sources(module, into.dtype, into.device)
         else:
             from megatron.core import parallel_state as mpu
 
-            flat, offsets = self._bind_training_buffer(actor_engine, model_config, training, mpu)
-            self.executor = ReshardExecutor(plan, flat, offsets, specs, process_groups)
+            bound = self._bind_training_buffer(actor_engine, model_config, training, mpu)
+            if bound is None:
+                module = actor_engine.module
+                self._sources_of = lambda into: megatron_reshard_sources(module, into.dtype, into.device)
+            else:
+                self.executor = ReshardExecutor(plan, bound[0], bound[1], specs, process_groups)
 
     @staticmethod
     def _bind_training_buffer(engine: Any, model_config: ModelConfig, training: TrainingLayout, mpu):
+        """(flat buffer, offsets) the parameters are views of: Megatron's one param buffer (distributed
+        optimizer), else one this rebinds them into. None when the distributed optimizer keeps them in several
+        buffers (an MoE model's dense and expert parameters): the transitions then read them by name."""
         params = dict(engine.module.named_parameters())
-        buffers = getattr(engine.model, "buffers", None) or []
+        buffers = [*(getattr(engine.model, "buffers", None) or []),
+                   *(getattr(engine.model, "expert_parallel_buffers", None) or [])]
         param_data = [b.param_data for b in buffers if getattr(b, "param_data", None) is not None]
         if len(param_data) == 1:  # distributed optimizer: parameters already live in one buffer
             return param_data[0], offsets_from_views(param_data[0], params)
-        specs = training_param_specs(model_config, training.tp, training.pp,
-                                     mpu.get_tensor_model_parallel_rank(), mpu.get_pipeline_model_parallel_rank())
+        if len(param_data) > 1:  # rebinding would detach them from the optimizer's buffers
+            return None
+        _, ep_rank, etp_rank = training.expert_coords(dist.get_rank())
+        specs = training_param_specs(model_config, training.tp, training.pp, mpu.get_tensor_model_parallel_rank(),
+                                     mpu.get_pipeline_model_parallel_rank(), training.ep, ep_rank, training.etp,
+                                     etp_rank)
         missing = [name for name, _ in specs if name not in params]
         if missing:
             raise KeyError(f"hybrid engine: expected Megatron parameters {missing[:3]}, found {sorted(params)[:6]}...")
@@ -182,13 +205,13 @@ class HybridEngine:
         into the buffer the engine is then handed (SGLang: ``push_weights``, timed on its own)."""
         self.rollout.resume()
         into = self.rollout.weight_buffer()
-        if self._fsdp_module is None:
+        if self._sources_of is None:
             stats = self.executor.to_rollout(into=into)
         else:
             if into.dtype != self._dtype:
                 raise LayoutError(f"hybrid engine: expected the rollout buffer in {self._dtype}, found {into.dtype}")
             fetch = time.perf_counter()
-            sources = fsdp_reshard_sources(self._fsdp_module, into.dtype, into.device)
+            sources = self._sources_of(into)
             fetch = time.perf_counter() - fetch
             if self.executor is None:
                 self.executor = ReshardExecutor(self._bind[0], sources, None, self._bind[1], self._bind[2])

@@ -69,7 +69,9 @@ class MegatronEngine(TrainingEngine):
         sets them. ``spec.model``'s activation recompute only for an engine that trains (it saves backward
         memory)."""
         layout = (spec.layout_role or spec.role).megatron
-        ensure_megatron(layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size, layout.seed)
+        ensure_megatron(layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size, layout.seed,
+                        getattr(layout, "expert_model_parallel_size", 1),
+                        getattr(layout, "expert_tensor_parallel_size", None))
         mega = spec.role.megatron
         optim = None if spec.optim is None else optim_config(spec.optim, spec.total_training_steps,
                                                               mega.use_distributed_optimizer)
@@ -177,8 +179,12 @@ class MegatronEngine(TrainingEngine):
 
         from verl.hybrid_engine.layouts import TrainingLayout
 
-        return TrainingLayout(tp=mpu.get_tensor_model_parallel_world_size(),
-                              pp=mpu.get_pipeline_model_parallel_world_size(), dp=mpu.get_data_parallel_world_size())
+        tp, ep, etp = (mpu.get_tensor_model_parallel_world_size(), mpu.get_expert_model_parallel_world_size(),
+                       mpu.get_expert_tensor_parallel_world_size())
+        if not self.config.is_moe:  # a dense model ignores the process's expert groups
+            ep, etp = 1, tp
+        return TrainingLayout(tp=tp, pp=mpu.get_pipeline_model_parallel_world_size(),
+                              dp=mpu.get_data_parallel_world_size(), ep=ep, etp=None if etp == tp else etp)
 
     # ------------------------------------------------------------------ weights on disk
     def save_checkpoint(self, path: str) -> None:

@@ -198,10 +198,12 @@ def build_gpt_model(config: ModelConfig, head: str = "lm", *, params_dtype: torc
         raise ValueError(f"model head: expected one of {HEADS}, found {head!r}")
     tp_size = mpu.get_tensor_model_parallel_world_size()
     pp_size = mpu.get_pipeline_model_parallel_world_size()
+    # A dense model (a critic or reward model beside an MoE actor) ignores the process's expert groups.
+    ep_size, etp_size = ((mpu.get_expert_model_parallel_world_size(), mpu.get_expert_tensor_parallel_world_size())
+                         if config.is_moe else (1, tp_size))
     tf_config = transformer_config(config, tp_size, pp_size, params_dtype=params_dtype,
-                                   sequence_parallel=sequence_parallel,
-                                   ep_size=mpu.get_expert_model_parallel_world_size(),
-                                   etp_size=mpu.get_expert_tensor_parallel_world_size(), **config_overrides)
+                                   sequence_parallel=sequence_parallel, ep_size=ep_size, etp_size=etp_size,
+                                   **config_overrides)
     if config.is_moe:
         _router_gemm_without_te()
         # Per-layer specs: MoE layers and moe_layer_freq's dense ones, local (non-TE) modules.

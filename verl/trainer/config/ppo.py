@@ -110,10 +110,6 @@ REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
       for role in (f"{ARR}.actor", f"{ARR}.ref", "critic")),
     *((f"{role}.megatron.context_parallel_size", lambda v: v != 1, "context parallelism is not implemented: set 1")
       for role in (f"{ARR}.actor", f"{ARR}.ref", "critic")),
-    *((f"{role}.megatron.expert_model_parallel_size", lambda v: v != 1,
-       "verl-hpc's models are dense (no experts): set 1") for role in (f"{ARR}.actor", f"{ARR}.ref", "critic")),
-    (f"{ARR}.actor.megatron.expert_tensor_parallel_size", lambda v: v not in (None, 1),
-     "verl-hpc's models are dense (no experts): set null"),
     # The actor's and the reference's offload while the rollout generates (verl.engine.offload); the critic
     # has no idle phase of its own in this loop yet.
     *((f"critic.megatron.{key}", lambda v: v and _cuda(),
@@ -379,6 +375,9 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
     world = world_size(cfg)
     tp, pp = model_parallel_sizes(cfg)
     if is_fsdp(cfg):
+        if model.is_moe:
+            raise ConfigError(f"{ARR}.actor.strategy: expected megatron for the MoE model {model.model_type} (FSDP "
+                              f"here trains dense models: transformers fuses the experts), found {actor['strategy']!r}")
         fsdp_size = actor["fsdp_config"]["fsdp_size"]
         if fsdp_size not in (-1, 0) and fsdp_size < world:
             _check_divides(f"{ARR}.actor.fsdp_config.fsdp_size", fsdp_size, "trainer.nnodes * trainer.n_gpus_per_node",
@@ -389,7 +388,8 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
     else:
         prefix = "actor_rollout_ref.actor.megatron."
         try:
-            check_parallel_layout(model, tp, pp)
+            check_parallel_layout(model, tp, pp, actor["megatron"]["expert_model_parallel_size"],
+                                  actor["megatron"]["expert_tensor_parallel_size"], world_size=world)
         except ModelLayoutError as err:
             raise ConfigError(f"{prefix}{err}") from None
         _check_divides(prefix + "tensor_model_parallel_size * pipeline_model_parallel_size", tp * pp,
@@ -403,7 +403,8 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
     else:
         _check_divides("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp, "world size", world)
     for key, value in (("num_attention_heads", model.num_attention_heads),
-                       ("intermediate_size", model.intermediate_size)):
+                       ("intermediate_size", model.intermediate_size),
+                       *((("moe_intermediate_size", model.moe_intermediate_size),) if model.is_moe else ())):
         _check_divides("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp, key, value)
     dp = world // (tp * pp)
     rollout_dp = world // rollout_tp
@@ -510,7 +511,8 @@ def _check_role_layouts(cfg: dict[str, Any]) -> None:
     actor = cfg[ARR]["actor"]["megatron"]
     for name, section in sections.items():
         mega = section["megatron"]
-        for key in LAYOUT_KEYS:
+        # The reward model's section has no expert keys: a dense model ignores the process's expert groups.
+        for key in LAYOUT_KEYS + (("expert_model_parallel_size",) if "expert_model_parallel_size" in mega else ()):
             if used[name] and mega[key] != actor[key]:
                 raise ConfigError(f"{name}.megatron.{key}: expected the actor's {actor[key]!r} (colocated roles share "
                                   f"one Megatron parallel state per process), found {mega[key]!r}")
