@@ -27,7 +27,9 @@ stopped at. Ctrl-C during data or SFT stops that stage; a rerun redoes it.
 Before any stage runs (and before anything is written or cleared), both trainer configs are composed
 with every override and checked: a bad override or ``--config`` is one line and exit 2, as ``verl train``
 reports it. The RL config gets every check but the existence of the data (the data stage writes it),
-with the SFT config's model architecture standing in for the SFT export.
+with the SFT config's model architecture standing in for the SFT export. SFT trains the architecture the
+RL config names (its ``actor_rollout_ref.model.path`` config.json): ``--config
+configs/grpo_qwen3moe_tiny.yaml`` warm-starts a Qwen3-MoE.
 
 Exit code: 0 when every stage succeeded, 2 for a bad config, the failing stage's exit code otherwise,
 130 after Ctrl-C.
@@ -333,8 +335,9 @@ def format_summary(summary: dict[str, Any], out: str, algo: str) -> str:
 # --------------------------------------------------------------------------- main
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="launch/quickstart.sh", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=os.environ.get("VERL_OUTPUT_DIR") or DEFAULT_OUT,
-                   help=f"output directory (default $VERL_OUTPUT_DIR or {DEFAULT_OUT})")
+    p.add_argument("--out", default=os.environ.get("VERL_OUTPUT_DIR"),
+                   help=f"output directory (default $VERL_OUTPUT_DIR, else {DEFAULT_OUT} for the default config and "
+                        f"{DEFAULT_OUT}_<config name> for another)")
     p.add_argument("--config", default=DEFAULT_RL_CONFIG, help=f"RL trainer config (default {DEFAULT_RL_CONFIG}); "
                    "configs/ppo_arith_tiny.yaml runs PPO with a critic")
     p.add_argument("--sft-config", default=DEFAULT_SFT_CONFIG, help=f"SFT config (default {DEFAULT_SFT_CONFIG})")
@@ -364,6 +367,31 @@ def _checkpointed_step(out: str) -> int:
         return 0
     with open(latest, encoding="utf-8") as fh:
         return int(fh.read().strip())
+
+
+def default_out(rl_config: str) -> str:
+    """Each RL config gets its own output directory, so running another config keeps the first one's results."""
+    if os.path.normpath(rl_config) == os.path.normpath(DEFAULT_RL_CONFIG):
+        return DEFAULT_OUT
+    return f"{DEFAULT_OUT}_{os.path.splitext(os.path.basename(rl_config))[0]}"
+
+
+def rl_architecture(rl_config: str) -> str | None:
+    """The model architecture the RL config names (its ``actor_rollout_ref.model.path``, resolved against the
+    repository) when it is a config.json or model directory: the SFT stage trains that architecture, so an
+    MoE RL config gets an MoE warm start. None: the SFT config's own model."""
+    import yaml
+
+    try:
+        with open(rl_config, encoding="utf-8") as fh:
+            tree = yaml.safe_load(fh) or {}
+        path = tree["actor_rollout_ref"]["model"]["path"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None  # check_configs reports an unreadable config in its own words
+    if not isinstance(path, str):
+        return None
+    path = path if os.path.isabs(path) else os.path.join(REPO, path)
+    return path if os.path.exists(path) else None
 
 
 def rl_overrides(data_dir: str, model_path: str, out: str, user: Sequence[str]) -> list[str]:
@@ -403,12 +431,14 @@ def check_configs(sft_config: str, sft_overrides: Sequence[str], rl_config: str,
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    out = os.path.abspath(args.out)
+    out = os.path.abspath(args.out or default_out(args.config))
     py = sys.executable
     data_dir, sft_dir, logs = os.path.join(out, "data"), os.path.join(out, "sft"), os.path.join(out, "logs")
     rl_config, sft_config = os.path.join(REPO, args.config), os.path.join(REPO, args.sft_config)
+    architecture = rl_architecture(rl_config)
     sft_overrides = [f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
-                     f"model.tokenizer_path={data_dir}/tokenizer", f"trainer.output_dir={sft_dir}", *args.sft_override]
+                     f"model.tokenizer_path={data_dir}/tokenizer", f"trainer.output_dir={sft_dir}",
+                     *([f"model.path={architecture}"] if architecture else []), *args.sft_override]
     try:
         rl_checked = check_configs(sft_config, sft_overrides, rl_config, data_dir, out, args.overrides)
     except ConfigError as err:

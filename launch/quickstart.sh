@@ -6,6 +6,7 @@
 #   bash launch/quickstart.sh                           # -> outputs/quickstart/{metrics.jsonl,metrics.png,...}
 #   bash launch/quickstart.sh --fresh                   # start over instead of resuming
 #   bash launch/quickstart.sh --config configs/ppo_arith_tiny.yaml --out outputs/quickstart_ppo   # PPO + critic
+#   bash launch/quickstart.sh --config configs/grpo_qwen3moe_tiny.yaml   # Qwen3-MoE, EP=2 -> outputs/quickstart_grpo_qwen3moe_tiny
 #   bash launch/quickstart.sh trainer.total_training_steps=50   # extra args: verl train overrides
 #   bash launch/quickstart.sh actor_rollout_ref.rollout.name=sglang   # SGLang rollout (sets up .venv-sglang)
 #

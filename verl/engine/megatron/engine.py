@@ -219,6 +219,10 @@ class MegatronEngine(TrainingEngine):
             raise InputError(f"max_token_len={max_token_len}: token-budget micro-batches vary in rows, which "
                              f"pipeline stages cannot exchange: expected pipeline_model_parallel_size 1, found "
                              f"{mpu.get_pipeline_model_parallel_world_size()}")
+        if self._token_exchange_group() is not None:
+            raise InputError(f"max_token_len={max_token_len}: token-budget micro-batches vary in rows and count per "
+                             f"rank, which the MoE token dispatcher's ranks cannot exchange: expected "
+                             f"expert_model_parallel_size 1, found {mpu.get_expert_model_parallel_world_size()}")
         groups = token_budget_groups(batch["attention_mask"], max_token_len)
         micro_batches = [{k: v[torch.tensor(g, device=v.device)] for k, v in batch.items()} for g in groups]
         return micro_batches, torch.tensor([row for group in groups for row in group])
@@ -235,7 +239,22 @@ class MegatronEngine(TrainingEngine):
         width = aligned_mask.size(1)
         keep = width if mpu.get_pipeline_model_parallel_world_size() > 1 \
             else min(width, max(1, int(aligned_mask.sum(dim=1).max())))
+        group = self._token_exchange_group()
+        if group is not None:  # every rank of the MoE dispatcher's group gathers the same [s, b] tokens
+            agreed = torch.tensor([keep], dtype=torch.int64, device=aligned_mask.device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+            keep = int(agreed)
         return self._sequence_parallel_width(keep)
+
+    def _token_exchange_group(self):
+        """The group whose ranks exchange tokens in every MoE layer (megatron's expert-tensor-and-model
+        group, EP x ETP), when it has several ranks; None otherwise. Its allgather dispatcher gathers equal
+        shapes, so its ranks run micro-batches of one agreed width."""
+        from megatron.core import parallel_state as mpu
+
+        if not self.config.is_moe or mpu.get_expert_tensor_and_model_parallel_world_size() == 1:
+            return None
+        return mpu.get_expert_tensor_and_model_parallel_group()
 
     def _sequence_parallel_width(self, columns: int) -> int:
         if not self.tf_config.sequence_parallel:
@@ -265,7 +284,10 @@ class MegatronEngine(TrainingEngine):
             keep = self._kept_columns(mask)
             run_ids, run_mask = _to_columns(ids, keep), _to_columns(mask, keep)
             positions = torch.arange(keep, device=ids.device).expand(ids.size(0), keep)
-            output = model(run_ids, positions, attention_mask_4d(run_mask))
+            # MoE: padding tokens stay out of the router's load-balancing loss (megatron's padding_mask, True =
+            # padding); they would otherwise pull the router and, through it, the pad positions' embeddings.
+            extra = {"padding_mask": ~run_mask.bool()} if self.config.is_moe else {}
+            output = model(run_ids, positions, attention_mask_4d(run_mask), **extra)
             if self.is_last_stage:  # earlier stages pass on [s(/tp), b, h] hidden states as they are
                 output = _output_to_columns(output, keep, ids.size(1))
 

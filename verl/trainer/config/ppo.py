@@ -392,6 +392,10 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
                                   actor["megatron"]["expert_tensor_parallel_size"], world_size=world)
         except ModelLayoutError as err:
             raise ConfigError(f"{prefix}{err}") from None
+        if model.is_moe and tp > 1 and not actor["megatron"]["sequence_parallel"]:
+            raise ConfigError(f"{prefix}sequence_parallel: expected true for the MoE model with "
+                              f"tensor_model_parallel_size={tp} (megatron trains MoE under TP only with sequence "
+                              "parallelism), found false")
         _check_divides(prefix + "tensor_model_parallel_size * pipeline_model_parallel_size", tp * pp,
                        "trainer.nnodes * trainer.n_gpus_per_node", world)
     _check_role_layouts(cfg)
