@@ -3,13 +3,14 @@
 One spawned job trains the same HF initialisation (tests/helpers/moe_models.py "qwen3_moe": a dense layer
 among MoE layers, top-2 of 4 experts) on the same global batch for a few optimizer steps at EP1 x DP4 (the
 reference), EP2 and EP4 (each rank holds 2 and 1 of the 4 experts), EP2 with the distributed optimizer
-(dense and expert parameters in two buffers), TP2 x EP2 (with sequence parallelism) and PP2 x EP2. The router's load-balancing loss
-(coefficient 0.01, megatron's aux-loss autoscaler) is part of every backward, so a layout that dropped or
-double-counted it, or reduced an expert's gradient over the wrong group, leaves the reference curve.
+(dense and expert parameters in two buffers), TP2 x EP2 (with sequence parallelism) and PP2 x EP2. The
+router's load-balancing loss (coefficient 0.01, megatron's aux-loss autoscaler) is part of every backward, so
+a layout that dropped or double-counted it, counted padding tokens in it (EP ranks run micro-batches padded to
+one agreed width: before padding_mask, a pad token's gradient moved the embedding's grad norm 2.9 -> 47), or
+reduced an expert's gradient over the wrong group, leaves the reference curve.
 """
 
 import pytest
-import torch
 
 pytest.importorskip("megatron.core")
 

@@ -43,3 +43,45 @@ def save_model(name: str, path, seed: int = 0):
     model = hf_model(name, seed)
     model.save_pretrained(str(path))
     return model
+
+
+def hf_logits_with_routing(model, input_ids, attention_mask, position_ids, routed):
+    """HF logits [B, S, V] with every MoE layer's top-k replaced by ``routed`` [B, S, MoE layers, k] (the
+    routing-replay oracle): the router still weights the forced experts by its own softmax (renormalised over
+    them when norm_topk_prob), as megatron's replay and transformers' router do for their own choices."""
+    import torch.nn.functional as F
+
+    routers = [layer.mlp.gate for layer in model.model.layers if hasattr(layer.mlp, "gate")]
+    originals = [r.forward for r in routers]
+
+    def forced(router, indices):
+        def forward(hidden_states):
+            hidden_states = hidden_states.reshape(-1, router.hidden_dim)
+            logits = F.linear(hidden_states, router.weight)
+            probs = torch.softmax(logits, dtype=torch.float, dim=-1)
+            chosen = indices.reshape(-1, indices.shape[-1]).long()
+            weights = probs.gather(1, chosen)
+            if router.norm_topk_prob:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+            return logits, weights.to(logits.dtype), chosen
+        return forward
+
+    try:
+        for i, router in enumerate(routers):
+            router.forward = forced(router, routed[:, :, i])
+        with torch.no_grad():
+            return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits.float()
+    finally:
+        for router, original in zip(routers, originals, strict=True):
+            router.forward = original
+
+
+def hf_routing(model, input_ids, attention_mask, position_ids):
+    """The experts HF's own routers choose [B, S, MoE layers, k] for a batch (teacher-forced)."""
+    k = model.config.num_experts_per_tok
+    with torch.no_grad():
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                    output_router_logits=True)
+    B, S = input_ids.shape
+    return torch.stack([logits.float().softmax(-1).topk(k, dim=-1).indices.view(B, S, k)
+                        for logits in out.router_logits], dim=2)

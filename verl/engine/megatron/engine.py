@@ -61,6 +61,17 @@ class MegatronEngine(TrainingEngine):
         else:
             self.model, self.optimizer, self.scheduler = self._wrap_for_training(module, optim, params_dtype)
         self.is_last_stage = mpu.is_pipeline_last_stage()
+        # Routing replay (verl's actor.router_replay.mode=R3): forward passes route each token to the experts a
+        # batch's ``routed_experts`` recorded (the rollout's choice) instead of this model's own top k.
+        self.replay_routing = False
+        self._routers = [m.router_replay for m in module.modules() if getattr(m, "router_replay", None) is not None]
+        per_stage = config.num_hidden_layers // mpu.get_pipeline_model_parallel_world_size()
+        first = mpu.get_pipeline_model_parallel_rank() * per_stage
+        # This stage's MoE layers as positions along routed_experts' layer axis (the model's MoE layers).
+        self._stage_moe_layers = [i for i, layer in enumerate(config.moe_layers) if first <= layer < first + per_stage]
+        if len(self._stage_moe_layers) != len(self._routers):
+            raise RuntimeError(f"routing replay: expected one router per MoE layer of this stage "
+                               f"({len(self._stage_moe_layers)}), found {len(self._routers)}")
 
     @classmethod
     def from_spec(cls, spec: EngineSpec) -> MegatronEngine:
@@ -287,6 +298,8 @@ class MegatronEngine(TrainingEngine):
             # MoE: padding tokens stay out of the router's load-balancing loss (megatron's padding_mask, True =
             # padding); they would otherwise pull the router and, through it, the pad positions' embeddings.
             extra = {"padding_mask": ~run_mask.bool()} if self.config.is_moe else {}
+            if self.replay_routing and "routed_experts" in micro_batch:
+                self._replay(micro_batch["routed_experts"], shifts, keep)
             output = model(run_ids, positions, attention_mask_4d(run_mask), **extra)
             if self.is_last_stage:  # earlier stages pass on [s(/tp), b, h] hidden states as they are
                 output = _output_to_columns(output, keep, ids.size(1))
@@ -304,13 +317,41 @@ class MegatronEngine(TrainingEngine):
 
         self.model.train(not forward_only)
         context = torch.no_grad() if forward_only else torch.enable_grad()
-        with context:
-            return get_forward_backward_func()(
-                forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.model],
-                num_microbatches=len(micro_batches),
-                # The width the pipeline stages exchange (the full width under pp > 1, see _kept_columns).
-                seq_length=self._sequence_parallel_width(batch["input_ids"].size(1)),
-                micro_batch_size=micro_batch_size, forward_only=forward_only, collect_non_loss_data=forward_only)
+        try:
+            with context:
+                return get_forward_backward_func()(
+                    forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.model],
+                    num_microbatches=len(micro_batches),
+                    # The width the pipeline stages exchange (the full width under pp > 1, see _kept_columns).
+                    seq_length=self._sequence_parallel_width(batch["input_ids"].size(1)),
+                    micro_batch_size=micro_batch_size, forward_only=forward_only, collect_non_loss_data=forward_only)
+        finally:
+            for router in self._routers:
+                router.clear_indices()
+                router.clear_router_replay_action()
+
+    def _replay(self, routed: torch.Tensor, shifts: torch.Tensor, keep: int) -> None:
+        """Hand every router of this stage its tokens' recorded experts: ``routed`` [b, S, MoE layers, k] is
+        aligned with the micro-batch's columns; the model runs them left-aligned over ``keep`` columns, and a
+        router sees tokens in megatron's [s, b] order (its sequence shard under sequence parallelism)."""
+        from megatron.core import parallel_state as mpu
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        from verl.engine.megatron.padding import rotate
+
+        b, width, _, k = routed.shape
+        aligned = rotate(routed, shifts)[:, :keep, self._stage_moe_layers]
+        if keep > width:  # columns past the batch's width are padding: any distinct experts do
+            pad = torch.arange(k, dtype=aligned.dtype, device=aligned.device).expand(
+                b, keep - width, aligned.size(2), k)
+            aligned = torch.cat([aligned, pad], dim=1)
+        tokens = aligned.transpose(0, 1)  # [keep, b, layers, k]
+        if self.tf_config.sequence_parallel:
+            tokens = tokens.chunk(mpu.get_tensor_model_parallel_world_size())[mpu.get_tensor_model_parallel_rank()]
+        for index, router in enumerate(self._routers):
+            router.clear_indices()
+            router.set_target_indices(tokens[:, :, index].reshape(-1, k).long())
+            router.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
 
     def _from_last_stage(self, value):
         """Hand the last pipeline stage's (small) result to every stage."""

@@ -235,8 +235,13 @@ class BaseRollout(abc.ABC):
         pad = self.pad_token_id if pad_token_id is None else pad_token_id
         responses, response_mask, log_probs = self.generate_responses(input_ids, attention_mask, sampling_params, pad)
         n = sampling_params.n
-        return assemble_rollout_batch(input_ids.repeat_interleave(n, 0), attention_mask.repeat_interleave(n, 0),
-                                      responses, response_mask, log_probs)
+        out = assemble_rollout_batch(input_ids.repeat_interleave(n, 0), attention_mask.repeat_interleave(n, 0),
+                                     responses, response_mask, log_probs)
+        routed = getattr(self, "routed_experts", None)
+        if getattr(self, "record_routing", False) and routed is not None:
+            # Recorded over the longest response; the batch's responses are that long too.
+            out["routed_experts"] = routed[:, :out["input_ids"].shape[1]]
+        return out
 
     def generate_sequences(self, prompts: Any, sampling_params: SamplingParams) -> Any:
         """DataProto-like batch (``.batch`` with input_ids/attention_mask, ``.non_tensor_batch``,

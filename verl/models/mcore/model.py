@@ -88,6 +88,8 @@ def moe_settings(config: ModelConfig, ep_size: int, etp_size: int, on_gpu: bool)
         moe_aux_loss_coeff=config.router_aux_loss_coef,
         moe_token_dispatcher_type="alltoall" if on_gpu else "allgather",
         moe_grouped_gemm=False,
+        # Each router gets a RouterReplay: idle unless the engine hands it a rollout's routing to replay.
+        moe_enable_routing_replay=True,
         expert_model_parallel_size=ep_size,
         expert_tensor_parallel_size=etp_size,
     )

@@ -30,6 +30,15 @@ from verl.models.config import ModelConfig
 from verl.utils.device import get_device
 
 
+def empty_routing(rows: int, length: int, config: ModelConfig, device) -> torch.Tensor:
+    """A routed_experts buffer [rows, length, MoE layers, top k] (int16) whose every token picks experts
+    0..k-1: what a position no forward pass routed (padding; the last response token, which is sampled but
+    never fed back) replays as, a valid distinct choice whose output no valid token reads."""
+    k = config.num_experts_per_tok
+    return torch.arange(k, dtype=torch.int16, device=device).expand(
+        rows, length, len(config.moe_layers), k).contiguous()
+
+
 class NativeRollout(BaseRollout):
     """One rollout TP rank. ``tp_group`` None means TP 1 (no process group needed).
 
@@ -49,6 +58,9 @@ class NativeRollout(BaseRollout):
         self.model = RolloutTransformer(config, self.params.views, self.tp_size, self.tp_rank, tp_group)
         self.kv_cache = KVCache(config.num_hidden_layers, kv_heads_per_rank(config, self.tp_size), config.head_dim,
                                 dtype, self.device)
+        # verl's rollout.enable_rollout_routing_replay: the last call's routed_experts (see generate_responses).
+        self.record_routing = False
+        self.routed_experts: torch.Tensor | None = None
 
     # ---------------------------------------------------------------- weights and memory
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -89,7 +101,10 @@ class NativeRollout(BaseRollout):
                            sampling_params: SamplingParams, pad_token_id: int, limits: torch.Tensor | None = None,
                            stop: SegmentStop | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``limits`` [B*n]: each row's own token budget (<= response_length; a resumed partial rollout has
-        used part of it); ``stop``: end the call early, before every row finished (partial rollout)."""
+        used part of it); ``stop``: end the call early, before every row finished (partial rollout).
+        With ``record_routing`` (an MoE model) ``routed_experts`` [B*n, P+R, MoE layers, top k] then holds
+        the experts every prompt and response token was routed to, aligned with prompt + response columns
+        (verl's ``routed_experts``)."""
         if self.params.released:
             raise RuntimeError("native rollout: expected weights in memory, found them released; call resume() "
                                "and write the weights first")
@@ -102,6 +117,9 @@ class NativeRollout(BaseRollout):
         keys, values = self.kv_cache.reserve(batch, prompt_len + steps)
         positions = prompt_position_ids(prompt_valid)
         self.model.prepare(int(positions[:, -1].max()) + steps + 1)
+        record = self.record_routing and self.config.is_moe
+        self.model.record_routing = record
+        routed = None
 
         key_valid = torch.zeros(batch, prompt_len + steps, dtype=torch.bool, device=device)
         key_valid[:, :prompt_len] = prompt_valid
@@ -109,6 +127,9 @@ class NativeRollout(BaseRollout):
         # Padding queries see only themselves, so their softmax rows stay finite (and unused).
         allowed = (causal & prompt_valid[:, None, None, :]) | torch.eye(prompt_len, dtype=torch.bool, device=device)
         logits = self.model.forward(input_ids, positions, keys, values, 0, allowed)
+        if record:
+            routed = empty_routing(batch, prompt_len + steps, self.config, device)
+            routed[:, :prompt_len] = self.model.routing
 
         generator = None if sp.greedy else self._generator(sp.seed)
         stop_ids = torch.tensor(sp.stop_ids, dtype=torch.int64, device=device)
@@ -137,6 +158,10 @@ class NativeRollout(BaseRollout):
             key_valid[:, slot] = True
             logits = self.model.forward(tokens[:, None], next_positions, keys, values, slot,
                                         key_valid[:, None, None, :slot + 1])
+            if record:
+                routed[:, slot] = self.model.routing[:, 0]
             next_positions += 1
         response_mask = torch.arange(steps, device=device)[None, :] < lengths[:, None]
+        self.model.record_routing = False
+        self.routed_experts = None if routed is None else routed.cpu()
         return responses.cpu(), response_mask.cpu(), log_probs.cpu()

@@ -57,6 +57,10 @@ class RolloutTransformer:
             self.layers.append(layer)
         self.dtype = self.embed.dtype
         self.device = self.embed.device
+        # Routing replay: when True, forward() leaves each new token's chosen experts in ``routing``
+        # ([B, S, MoE layers, top k] int16, HF's expert ids).
+        self.record_routing = False
+        self.routing: torch.Tensor | None = None
         self.cos = self.sin = torch.empty(0, self.head_dim, dtype=self.dtype, device=self.device)  # see prepare()
 
     def prepare(self, max_positions: int) -> None:
@@ -112,6 +116,8 @@ class RolloutTransformer:
         c = self.config
         probs = F.linear(x, layer["router"]).float().softmax(dim=-1)
         weights, chosen = probs.topk(c.num_experts_per_tok, dim=-1)
+        if self.record_routing:
+            self._choices.append(chosen.to(torch.int16))
         if c.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(x.dtype)
@@ -148,6 +154,7 @@ class RolloutTransformer:
         """
         B, S = input_ids.shape
         end = start + S
+        self._choices: list[torch.Tensor] = []
         hidden = self._embed(input_ids)
         cos = self.cos[positions].unsqueeze(2)  # [B, S, 1, D]
         sin = self.sin[positions].unsqueeze(2)
@@ -175,4 +182,6 @@ class RolloutTransformer:
                 gate_up = F.linear(normed, layer["gate_up"])
                 mlp_out = F.linear(F.silu(gate_up[..., :self.ffn]) * gate_up[..., self.ffn:], layer["mlp_out"])
             hidden = hidden + self._all_reduce(mlp_out)
+        if self.record_routing:
+            self.routing = torch.stack(self._choices, dim=1).view(B, S, len(self._choices), -1)
         return self._logits(self._rms_norm(hidden[:, -1], self.final_norm))
