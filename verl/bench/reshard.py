@@ -1,6 +1,7 @@
 """`verl bench reshard`: the 3D-HybridEngine against the naive gather-everything path, verified.
 
     verl bench reshard --model CONFIG.json --train tp=T,pp=P,dp=D --rollout tp=G --nproc N --json PATH
+    verl bench reshard --model MOE.json --train tp=T,pp=P,dp=D,ep=E[,etp=F] --rollout tp=G --nproc N
     verl bench reshard --model CONFIG.json --train fsdp=S[,replicate=R] --rollout tp=G --nproc S*R
     verl bench reshard ... --rollout tp=G --rollout-replicas R --placement separate --nproc N_train+G*R
         (a standalone rollout pool: verl.bench.weight_sync)
@@ -117,11 +118,14 @@ def naive_reshard(rank: int, config: ModelConfig, training, rollout_tp: int, tra
 
     tp, pp = training.tp, training.pp
     my_stage, dp, r = training.coords(rank)
+    _, my_ep, my_etp = training.expert_coords(rank)
     targets = rollout_targets(config, rollout_tp, derive_groups(training, rollout_tp).rollout_tp_rank[rank])
     copied: set[str] = set()  # a tied output layer on the last stage repeats the embedding
     for stage in range(pp):
-        specs = training_param_specs(config, tp, pp, r, stage)
-        for rule, (name, shape) in zip(weight_rules(config, pp, stage), specs, strict=True):
+        specs = training_param_specs(config, tp, pp, r, stage, training.ep, 0, training.etp, 0)
+        for rule, (name, shape) in zip(weight_rules(config, pp, stage, "lm", training.ep, 0), specs, strict=True):
+            if rule.expert is not None:
+                continue  # experts below
             split = tp > 1 and rule.layout is not REPLICATED
             if stage == my_stage:
                 local = train[name]
@@ -140,6 +144,21 @@ def naive_reshard(rank: int, config: ModelConfig, training, rollout_tp: int, tra
             for hf_name, t in zip(rule.hf, merged, strict=True):
                 if hf_name not in copied:
                     copied.add(hf_name)
+                    copy_into_rollout(hf_name, t, targets, rollout_params)
+        # Experts: each full expert tensor from its first expert-DP replica's etp ranks, broadcast to everyone.
+        etp, base = training.expert_tp, stage * tp * training.dp
+        for e in range(training.ep):
+            specs = training_param_specs(config, tp, pp, r, stage, training.ep, e, training.etp, 0)
+            for rule, (name, shape) in zip(weight_rules(config, pp, stage, "lm", training.ep, e), specs, strict=True):
+                if rule.expert is None:
+                    continue
+                parts = []
+                for k in range(etp):
+                    holder = base + e * etp + k
+                    part = train[name] if rank == holder else torch.empty(shape, dtype=next(iter(train.values())).dtype)
+                    dist.broadcast(part, src=holder)
+                    parts.append(part)
+                for hf_name, t in zip(rule.hf, rule.layout.merge(parts, config), strict=True):
                     copy_into_rollout(hf_name, t, targets, rollout_params)
 
 
@@ -179,7 +198,9 @@ def build_training_buffer(config: ModelConfig, training, rank: int, shard: dict[
     from verl.hybrid_engine.layouts import training_param_specs
 
     stage, _, r = training.coords(rank)
-    specs = training_param_specs(config, training.tp, training.pp, r, stage)
+    _, ep_rank, etp_rank = training.expert_coords(rank)
+    specs = training_param_specs(config, training.tp, training.pp, r, stage, training.ep, ep_rank, training.etp,
+                                 etp_rank)
     found = [(n, tuple(t.shape)) for n, t in shard.items()]
     if [(s.name, tuple(s.shape)) for s in specs] != found:
         raise RuntimeError(f"training layout: expected the reference Megatron shard {found}, found specs {specs}")
@@ -212,7 +233,9 @@ def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int
 
     hf = random_hf_weights(config, seed, dtype)
     stage, _, r = training.coords(rank)
-    shard = to_mcore_shard(config, hf.__getitem__, training.tp, training.pp, r, stage)
+    _, ep_rank, etp_rank = training.expert_coords(rank)
+    shard = to_mcore_shard(config, hf.__getitem__, training.tp, training.pp, r, stage, "lm", training.ep, ep_rank,
+                           training.expert_tp, etp_rank)
     train_flat, offsets, train_views = build_training_buffer(config, training, rank, shard, dtype)
     del shard
     plan = plan_reshard(config, training, RolloutLayout(rollout_tp), rank, bucket_bytes, dtype_name)
@@ -227,6 +250,7 @@ def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int
     result = {"rank": rank, "rollout_tp_rank": j, "case": plan.case, "verified": not mismatched,
               "mismatched": mismatched[:5], "bytes_received": plan.bytes_received, "bytes_sent": plan.bytes_sent,
               "bytes_formula": plan.bytes_formula, "model_bytes": plan.model_bytes,
+              "expert_bytes": plan.expert_bytes,
               "peak_extra_bytes": stats.peak_extra_bytes, "metrics": stats.metrics(),
               "summary": plan.summary() if rank == 0 else None}
     # Executor released and reacquired between timings, as in a PPO iteration.
@@ -338,7 +362,8 @@ def fsdp_reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp
     mismatched = [n for n, t in reference.items() if n not in got or not torch.equal(got[n], t)]
     result = {"rank": rank, "rollout_tp_rank": j, "case": plan.case, "verified": not mismatched,
               "mismatched": mismatched[:5], "bytes_received": plan.bytes_received, "bytes_sent": plan.bytes_sent,
-              "bytes_formula": plan.bytes_formula, "model_bytes": plan.model_bytes, "sources_in_place": in_place,
+              "bytes_formula": plan.bytes_formula, "model_bytes": plan.model_bytes,
+              "expert_bytes": plan.expert_bytes, "sources_in_place": in_place,
               "peak_extra_bytes": stats.peak_extra_bytes, "metrics": stats.metrics(),
               "summary": plan.summary() if rank == 0 else None}
     executor.release()
@@ -400,9 +425,10 @@ def _parse_sizes(text: str, keys: Sequence[str], what: str) -> dict[str, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="verl bench reshard", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="HF-style config.json (Qwen2/Llama)")
+    p.add_argument("--model", required=True, help="HF-style config.json (Qwen2/Llama/Qwen3/Qwen3-MoE)")
     p.add_argument("--train", required=True,
-                   help="training layout: Megatron tp=2,pp=2,dp=1 or FSDP2 fsdp=4 (HSDP: fsdp=2,replicate=2)")
+                   help="training layout: Megatron tp=2,pp=2,dp=1 (MoE: ,ep=2[,etp=1]) or FSDP2 fsdp=4 (HSDP: "
+                        "fsdp=2,replicate=2)")
     p.add_argument("--rollout", required=True, help="rollout layout, e.g. tp=2")
     p.add_argument("--nproc", type=int, required=True, help="local gloo ranks to spawn (= tp*pp*dp or fsdp*replicate)")
     p.add_argument("--json", help="write the result here")
@@ -446,12 +472,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.push:
                 raise InputError("--push: expected a Megatron --train layout (tp/pp/dp), found fsdp")
         else:
-            train = _parse_sizes(args.train, ("tp", "pp", "dp"), "--train")
-            training = TrainingLayout(train["tp"], train["pp"], train["dp"])
+            train = _parse_sizes(args.train, ("tp", "pp", "dp", "ep", "etp"), "--train")
+            if "etp=" not in args.train:
+                train["etp"] = train["tp"]  # megatron's default
+            training = TrainingLayout(train["tp"], train["pp"], train["dp"], train["ep"],
+                                      None if train["etp"] == train["tp"] else train["etp"])
+            training.check(config)
             if args.train_dtype not in (None, args.dtype):
                 raise InputError(f"--train-dtype: expected it only with --train fsdp=..., found {args.train_dtype} "
                                  "with a Megatron layout (its bench trains in --dtype)")
         if args.placement == "separate":
+            if not fsdp and (training.ep > 1 or training.etp is not None):
+                raise InputError("--placement separate: expected ep=1 (the cross-pool sync of experts is not "
+                                 f"benchmarked yet), found ep={training.ep} etp={training.expert_tp}")
             return _separate(args, config, train, training, rollout_tp)
         if args.rollout_replicas != 1 or args.delta_after_steps:
             raise InputError("--rollout-replicas/--delta-after-steps: expected them only with --placement separate")
@@ -486,7 +519,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   args.bucket_bytes, args.seed, args.repeats, not args.no_naive), args.timeout)
     else:
         ranks = spawn_gloo_ranks(reshard_rank, args.nproc,
-                                 (cfg, (training.tp, training.pp, training.dp), rollout_tp, args.dtype,
+                                 (cfg, (training.tp, training.pp, training.dp, training.ep, training.etp), rollout_tp,
+                                  args.dtype,
                                   args.bucket_bytes, args.seed, args.repeats, not args.no_naive,
                                   os.path.abspath(args.model) if args.push else None), args.timeout)
     first = ranks[0]
@@ -501,7 +535,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         naive_bytes = (1 - 1 / training.shard) * params * DTYPES[train_dtype].itemsize
     else:
         formula = first["bytes_formula"]
-        naive_bytes = (1 - 1 / (training.tp * training.pp)) * first["model_bytes"]
+        # Dense tensors: the TP all-gather and PP broadcast; experts: every full expert broadcast to everyone.
+        experts = first["expert_bytes"]
+        naive_bytes = ((1 - 1 / (training.tp * training.pp)) * (first["model_bytes"] - experts)
+                       + (1 - 1 / (training.pp * training.ep * training.expert_tp)) * experts)
     result = {
         "model": os.path.abspath(args.model),
         "train": train, "rollout": {"tp": rollout_tp}, "nproc": args.nproc, "dtype": args.dtype,
@@ -512,6 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bytes_received_mean": sum(received) / len(received),
         "bytes_formula": formula,
         "model_bytes": first["model_bytes"],
+        **({"expert_bytes": first["expert_bytes"]} if not fsdp else {}),
         "naive_bytes_per_rank": naive_bytes,
         "seconds": seconds,
         "memcpy_seconds": first["memcpy_seconds"],

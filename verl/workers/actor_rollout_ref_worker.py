@@ -121,6 +121,11 @@ def _copy_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
 
 
 # --------------------------------------------------------------------------- the worker
+def _routing(data: DataProto) -> tuple[str, ...]:
+    """The rollout's recorded experts travel with the actor's fields when it recorded them (routing replay)."""
+    return ("routed_experts",) if "routed_experts" in data.batch.keys() else ()
+
+
 class ActorRolloutRefWorker(Worker):
     """``role``: "actor_rollout_ref" (with reference policy) or "actor_rollout". Besides its section, from the
     rest of the config: ``seed`` (trainer.seed), ``bucket_bytes`` (the reshard's bucket), ``response_length``
@@ -152,6 +157,9 @@ class ActorRolloutRefWorker(Worker):
             ref_engine = build_engine(self.strategy, dataclasses.replace(spec, role=arr.ref, optim=None,
                                                                          load_weights=False))
         training = engine.training_layout()
+        # R3 routing replay: the actor's forward passes route by the rollout's recorded experts (the reference
+        # policy routes on its own, as a fixed model should).
+        engine.replay_routing = arr.actor.router_replay.mode == "R3"
         self.actor = Actor(engine, micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu,
                            max_token_len=self.log_prob_max_token_len)
         self.ref = None
@@ -192,6 +200,7 @@ class ActorRolloutRefWorker(Worker):
         else:
             self.rollout = NativeRollout(self.model_config, tp_group=tp_group, dtype=DTYPES[arr.rollout.dtype],
                                          pad_token_id=pad_id)
+            self.rollout.record_routing = arr.rollout.enable_rollout_routing_replay
         self.hybrid_engine = HybridEngine(engine, self.rollout, self.model_config, training, rollout_tp,
                                           bucket_bytes, arr.rollout.dtype)
         self.hybrid_engine.to_training()  # start with the rollout memory released
@@ -356,7 +365,7 @@ class ActorRolloutRefWorker(Worker):
     def _actor_params(self) -> list[torch.Tensor]:
         return [p.to_local() if hasattr(p, "to_local") else p for p in self.actor.engine.module.parameters()]
 
-    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO, reads=ACTOR_FIELDS)
+    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO, reads=ACTOR_FIELDS + ("routed_experts",))
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """old_log_probs [B, R] and entropys [B, R] under the current actor at the rollout temperature; under
         the snapshot of :meth:`snapshot_old_policy` instead when meta_info ``old_policy`` is set."""
@@ -370,8 +379,8 @@ class ActorRolloutRefWorker(Worker):
                     current = [p.detach().clone() for p in params]
                     for p, old in zip(params, self._old_policy, strict=True):
                         p.copy_(old)
-            out = self.actor.compute_log_prob(batch_fields(data, ACTOR_FIELDS), calculate_entropy=True,
-                                              temperature=self.log_prob_temperature)
+            out = self.actor.compute_log_prob(batch_fields(data, ACTOR_FIELDS + _routing(data)),
+                                              calculate_entropy=True, temperature=self.log_prob_temperature)
         finally:
             if current is not None:
                 with torch.no_grad():
@@ -391,7 +400,7 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ policy update
     @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO,
               reads=ACTOR_FIELDS + ("response_mask", "old_log_probs", "advantages", "ref_log_prob",
-                                    "rollout_is_weights"))
+                                    "rollout_is_weights", "routed_experts"))
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO epochs over mini-batches (ppo_mini_batch_size prompts x n responses, split over DP).
 
@@ -399,7 +408,7 @@ class ActorRolloutRefWorker(Worker):
         the optimizer steps.
         """
         cfg = self.actor_config
-        keys = ACTOR_FIELDS + ("response_mask", "old_log_probs", "advantages")
+        keys = ACTOR_FIELDS + ("response_mask", "old_log_probs", "advantages") + _routing(data)
         if cfg.use_kl_loss:
             keys += ("ref_log_prob",)
         if "rollout_is_weights" in data.batch.keys():

@@ -63,9 +63,7 @@ def check_parallel_layout(config: ModelConfig, tp_size: int, pp_size: int, ep_si
     if not config.is_moe and (ep_size, etp_size) != (1, tp_size):
         raise ModelLayoutError(f"ep={ep_size}, etp={etp_size}: expected ep=1 and etp=tp for a dense "
                                f"{config.model_type} model (it has no experts)")
-    if world_size is not None:
-        if world_size % (tp_size * pp_size):
-            raise ModelLayoutError(f"tp*pp={tp_size * pp_size}: expected a divisor of the world size {world_size}")
+    if world_size is not None and world_size % (tp_size * pp_size) == 0:  # (the caller names a tp*pp misfit)
         dense_ranks = world_size // pp_size  # tp * dp ranks of one stage; megatron carves ep x etp from them
         if dense_ranks % (ep_size * etp_size):
             raise ModelLayoutError(f"ep*etp={ep_size * etp_size}: expected a divisor of the {dense_ranks} "

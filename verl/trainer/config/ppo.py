@@ -399,6 +399,7 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
         _check_divides(prefix + "tensor_model_parallel_size * pipeline_model_parallel_size", tp * pp,
                        "trainer.nnodes * trainer.n_gpus_per_node", world)
     _check_role_layouts(cfg)
+    _check_routing_replay(cfg, model)
     rollout_tp = rollout["tensor_model_parallel_size"]
     pool = rollout_pool_size(cfg)
     if pool:
@@ -487,6 +488,34 @@ def _check_token_budgets(cfg: dict[str, Any], roles: list[tuple[str, Any]], pp: 
         if budget is None or budget < longest:
             raise ConfigError(f"{key}={budget}: expected at least data.max_prompt_length + data.max_response_length"
                               f"={longest} (one sequence per micro-batch at least) with {use_key}=true")
+
+
+def _check_routing_replay(cfg: dict[str, Any], model: Any) -> None:
+    """verl's MoE routing replay: R3 (the actor replays the rollout's routing), recorded by the native engine in
+    a colocated, synchronous run."""
+    replay, rollout = cfg[ARR]["actor"]["router_replay"], cfg[ARR]["rollout"]
+    key = f"{ARR}.rollout.enable_rollout_routing_replay"
+    if replay["mode"] == "R2":
+        raise ConfigError(f"{ARR}.actor.router_replay.mode: R2 (replaying the actor's own old-log-prob routing) is "
+                          f"not implemented: use R3 with {key}=true, or disabled")
+    for name in ("record_file", "replay_file"):
+        if replay[name] is not None:
+            raise ConfigError(f"{ARR}.actor.router_replay.{name}: expected null (routing travels with the batch "
+                              f"here, not through files), found {replay[name]!r}")
+    if replay["mode"] == "R3" and not rollout["enable_rollout_routing_replay"]:
+        raise ConfigError(f"{key}: expected true with actor.router_replay.mode=R3 (the actor replays what the "
+                          "rollout records), found false")
+    if not rollout["enable_rollout_routing_replay"]:
+        return
+    if not model.is_moe:
+        raise ConfigError(f"{key}: expected false for the dense model {model.model_type} (it has no router)")
+    if rollout["name"] != "native":
+        raise ConfigError(f"{key}: expected rollout.name=native (the engine that records routing here), found "
+                          f"{rollout['name']!r}")
+    if rollout_pool_size(cfg) or trainer_mode(cfg) != "sync":
+        raise ConfigError(f"{key}: expected a colocated synchronous run (routing is recorded by the colocated "
+                          f"native engine in one pass), found rollout.nnodes={rollout['nnodes']} and trainer mode "
+                          f"{trainer_mode(cfg)}")
 
 
 LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "dtype")

@@ -30,6 +30,16 @@ class PolicyLossConfig(Section):
 
 
 @frozen
+class RouterReplayConfig(Section):
+    """``actor.router_replay``: MoE routing replay. R3 routes the actor's log-prob and update forward passes by
+    the rollout's recorded experts (``rollout.enable_rollout_routing_replay``)."""
+
+    mode: str = checked(choices=("disabled", "R2", "R3"))
+    record_file: str | None
+    replay_file: str | None
+
+
+@frozen
 class ActorConfig(Section):
     """``actor_rollout_ref.actor``: PPO's policy update and the training engine it runs on."""
 
@@ -44,6 +54,7 @@ class ActorConfig(Section):
     clip_ratio_high: float = checked(gt=0)
     clip_ratio_c: float = checked(gt=1)
     policy_loss: PolicyLossConfig
+    router_replay: RouterReplayConfig
     loss_agg_mode: str = checked(choices=LOSS_AGG_MODES)
     loss_scale_factor: float | None = checked(gt=0)
     entropy_coeff: float = checked(ge=0)

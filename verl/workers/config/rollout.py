@@ -80,6 +80,7 @@ class RolloutConfig(Section):
     log_prob_max_token_len_per_gpu: int
     disable_log_stats: bool
     calculate_log_probs: bool
+    enable_rollout_routing_replay: bool
     engine_kwargs: EngineKwargsConfig
     val_kwargs: ValKwargsConfig
     multi_turn: MultiTurnConfig
