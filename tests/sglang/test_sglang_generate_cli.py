@@ -70,3 +70,31 @@ def test_bad_sglang_inputs_give_one_error_line_before_sglang_starts(model_dir, t
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("verl generate: error:") and message in lines[0], proc.stderr
+
+
+def test_sglang_runs_an_all_sparse_qwen3_moe_as_transformers_and_refuses_dense_layers(sglang_python, tmp_path):
+    """Qwen3-MoE through SGLang's fused-MoE layer on CPU (norm_topk_prob on and off, every layer sparse): greedy
+    ids = transformers'; a checkpoint with a dense layer among MoE ones is one line and exit 2 (SGLang 0.5.x
+    diverges from transformers on it)."""
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from helpers.moe_models import CONFIGS, save_model
+
+    CONFIGS.setdefault("qwen3_moe_all_sparse_norm", dict(CONFIGS["qwen3_moe_raw"], norm_topk_prob=True))
+    prompt = [11, 12, 13, 40]
+    for name in ("qwen3_moe_raw", "qwen3_moe_all_sparse_norm"):
+        model = save_model(name, tmp_path / name)
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=0)
+        out = tmp_path / f"{name}.json"
+        cmd = [sys.executable, "-m", "verl.trainer.main_generation", "--engine", "sglang", "--model",
+               str(tmp_path / name), "--json", str(out), "--tp", "1", "--temperature", "0", "--max-new-tokens",
+               str(NEW_TOKENS), "--input-ids", ",".join(map(str, prompt))]
+        env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", VERL_SGLANG_PYTHON=sglang_python)
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert json.loads(out.read_text())["output_ids"] == [hf[0, len(prompt):].tolist()], name
+    save_model("qwen3_moe", tmp_path / "mixed")
+    cmd[cmd.index("--model") + 1] = str(tmp_path / "mixed")
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "expected every layer sparse for the SGLang rollout" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

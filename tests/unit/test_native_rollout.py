@@ -438,3 +438,25 @@ def test_qwen3_and_moe_greedy_ids_and_log_probs_equal_hf(tmp_path, name):
     tol = log_prob_tolerance(torch.float32, width=64, num_layers=4, vocab=config.vocab_size,
                              scale=max(1.0, float(log_probs.abs().max())))
     assert (out["rollout_log_probs"] - log_probs).abs().max() <= tol
+
+
+def test_recorded_routing_is_transformers_choice_for_every_token(tmp_path):
+    """rollout.enable_rollout_routing_replay: routed_experts [B, P+R, MoE layers, k] holds, for every prompt and
+    fed response token, the experts HF's routers pick when teacher-forced on the same sequence (sampled, n=2)."""
+    from helpers.moe_models import hf_routing, save_model
+
+    model = save_model("qwen3_moe", tmp_path / "moe")
+    config = ModelConfig.from_pretrained(str(tmp_path / "moe"))
+    engine = native_engine(str(tmp_path / "moe"), config)
+    engine.record_routing = True
+    out = engine.generate(PROMPTS, MASK, SamplingParams(temperature=1.0, response_length=8, n=2, seed=3))
+    routed = out["routed_experts"]
+    assert routed.shape == (*out["input_ids"].shape, len(config.moe_layers), config.num_experts_per_tok)
+    expected = hf_routing(model, out["input_ids"], out["attention_mask"], out["position_ids"])
+    # Every valid token but each row's last one (sampled, never fed back through the model).
+    valid = out["attention_mask"].bool().clone()
+    last = valid.long().cumsum(1).argmax(1)
+    valid[torch.arange(valid.size(0)), last] = False
+    assert torch.equal(routed.long().sort(-1).values[valid], expected.sort(-1).values[valid])
+    engine.record_routing = False
+    assert "routed_experts" not in engine.generate(PROMPTS, MASK, SamplingParams(temperature=0, response_length=4))

@@ -460,3 +460,67 @@ def test_the_critic_engine_reads_the_critic_model_keys(data_args, monkeypatch, s
         critic_worker.CriticWorker(CriticConfig.from_tree(config.critic, "critic"), rollout_n=1, seed=1)
     model = seen["fsdp"][4] if strategy == "fsdp" else seen["megatron"][1]
     assert model.enable_gradient_checkpointing is True and model.use_remove_padding is False
+
+
+MOE = os.path.join(REPO, "configs", "grpo_qwen3moe_tiny.yaml")
+ARR = "actor_rollout_ref"
+
+
+def test_the_moe_config_validates_and_bad_expert_layouts_are_one_line(data_args, no_ranks, capsys):
+    assert main_ppo.main(["--config", MOE, *data_args]) == 0
+    assert main_ppo.main(["--config", MOE, *data_args, f"{ARR}.actor.router_replay.mode=R3",
+                          f"{ARR}.rollout.enable_rollout_routing_replay=true"]) == 0
+    expect_exit_2(capsys, ["--config", MOE, *data_args, f"{ARR}.actor.megatron.expert_model_parallel_size=3"],
+                  "ep=3: expected a divisor of num_experts=8")
+    expect_exit_2(capsys, ["--config", MOE, *data_args, f"{ARR}.actor.megatron.expert_model_parallel_size=4"],
+                  "ep*etp=4: expected a divisor of the 2 ranks of a pipeline stage")
+    expect_exit_2(capsys, ["--config", MOE, *data_args, f"{ARR}.actor.megatron.tensor_model_parallel_size=2",
+                           f"{ARR}.actor.megatron.expert_model_parallel_size=1"],
+                  "sequence_parallel: expected true for the MoE model")
+    expect_exit_2(capsys, ["--config", MOE, *data_args, f"{ARR}.actor.strategy=fsdp"],
+                  "actor.strategy: expected megatron for the MoE model qwen3_moe")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, f"{ARR}.actor.megatron.tensor_model_parallel_size=1",
+                           f"{ARR}.actor.megatron.expert_model_parallel_size=2"],
+                  "expected ep=1 and etp=tp for a dense qwen2 model")
+
+
+@pytest.mark.parametrize("overrides,fragment", [
+    ([f"{ARR}.actor.router_replay.mode=R3"], "enable_rollout_routing_replay: expected true with"),
+    ([f"{ARR}.actor.router_replay.mode=R2"], "R2 (replaying the actor's own old-log-prob routing) is not implemented"),
+    ([f"{ARR}.actor.router_replay.record_file=/tmp/x"], "router_replay.record_file: expected null"),
+    ([f"{ARR}.rollout.enable_rollout_routing_replay=true", "trainer.use_v1=true",
+      "trainer.v1.trainer_mode=colocate_async"], "expected a colocated synchronous run"),
+])
+def test_routing_replay_misconfigurations_are_one_line(data_args, no_ranks, capsys, overrides, fragment):
+    expect_exit_2(capsys, ["--config", MOE, *data_args, *overrides], fragment)
+
+
+def test_routing_replay_needs_an_moe_model(data_args, no_ranks, capsys):
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, f"{ARR}.rollout.enable_rollout_routing_replay=true"],
+                  "expected false for the dense model qwen2")
+
+
+def test_the_qwen3_30b_a3b_gpu_config_validates_and_its_memory_estimate_follows_the_layout(data_args):
+    """configs/grpo_qwen3moe_30b_a3b_gpu.yaml (Qwen3-30B-A3B's shape, 2 x 8 GPUs, TP2 PP2 EP8 ETP1) passes every
+    config check on CPU; the dry run's estimate counts a rank's share: 30.5B parameters in all, of which the
+    fullest rank (the first stage, with the embedding) holds its 24 layers' dense parts over TP 2 and 16 of
+    their 128 experts whole."""
+    from verl.models.config import ModelConfig
+    from verl.models.memory import estimate_rank_memory
+    from verl.models.spec.registry import model_spec
+    from verl.trainer.main_ppo import actor_memory_estimate
+
+    config = load_config(os.path.join(REPO, "configs", "grpo_qwen3moe_30b_a3b_gpu.yaml"), data_args)
+    mega = config.actor_rollout_ref.actor.megatron
+    assert (mega.expert_model_parallel_size, mega.expert_tensor_parallel_size, mega.sequence_parallel) == (8, 1, True)
+    model = ModelConfig.from_pretrained(os.path.join(REPO, config.actor_rollout_ref.model.path))
+    total = sum(a * (b if len(s) > 1 else 1) for s in model_spec("qwen3_moe").hf_shapes(model).values()
+                for a, b in [(s[0], s[-1])])
+    assert 30.4e9 < total < 30.6e9
+    estimate = estimate_rank_memory(model, tp=2, pp=2, dp=4, ep=8, etp=1, rollout_tp=4)
+    h, e = model.hidden_size, model.moe_intermediate_size
+    assert estimate.expert_params == 24 * 16 * 3 * h * e
+    assert estimate.weights_bytes == 2 * estimate.params and estimate.grad_bytes == 4 * estimate.params
+    line = actor_memory_estimate(config)
+    assert line.startswith("estimated memory per rank: 2.20B training params (1.81B in experts)"), line
+    assert "tp=2 pp=2 ep=8" in line

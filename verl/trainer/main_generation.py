@@ -165,10 +165,11 @@ def _run_rank(args: argparse.Namespace) -> int:
 
 
 def _run_sglang(args: argparse.Namespace, argv: list[str]) -> int:
-    from verl.engine.rollout.sglang_rollout import check_cpu_tp
+    from verl.engine.rollout.sglang_rollout import check_cpu_tp, check_sglang_model
     from verl.utils.sglang_env import REPO, sglang_importable, sglang_python
 
     config = prepare(args)[0]  # fail here, once, before SGLang starts
+    check_sglang_model(config)
     if not torch.cuda.is_available():
         check_cpu_tp(config, args.tp)
     if sglang_importable():

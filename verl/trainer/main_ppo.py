@@ -180,6 +180,26 @@ def _open_log_dir(log_dir: str):
         raise SystemExit(EXIT_CONFIG_ERROR) from None
 
 
+def actor_memory_estimate(config) -> str:
+    """The actor's estimated memory per rank for the config's layout (``verl.models.memory``), one line."""
+    from verl.models.config import ModelConfig
+    from verl.models.memory import estimate_rank_memory
+    from verl.trainer.config.derived import actor_dp_size, is_fsdp, model_parallel_sizes
+    from verl.utils.torch_dtypes import DTYPES
+
+    arr = config.actor_rollout_ref
+    if is_fsdp(config):
+        return "estimated memory per rank: printed for the megatron strategy only"
+    tp, pp = model_parallel_sizes(config)
+    mega = arr.actor.megatron
+    estimate = estimate_rank_memory(
+        ModelConfig.from_pretrained(arr.model.path), tp=tp, pp=pp, dp=actor_dp_size(config),
+        ep=mega.expert_model_parallel_size, etp=mega.expert_tensor_parallel_size,
+        dtype_bytes=DTYPES[mega.dtype].itemsize, distributed_optimizer=mega.use_distributed_optimizer,
+        rollout_tp=arr.rollout.tensor_model_parallel_size, rollout_dtype_bytes=DTYPES[arr.rollout.dtype].itemsize)
+    return f"{estimate.summary()} (tp={tp} pp={pp} ep={mega.expert_model_parallel_size})"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_intermixed_args(argv)  # flags and key=value overrides in any order
@@ -224,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:  # PreflightError, DatasetError, CheckpointError, ModelConfigError, ...
         print(f"verl train: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    if args.dry_run:
+        print(actor_memory_estimate(config), flush=True)
     world = job_size(config)  # the training ranks, then a standalone rollout pool's (rollout.nnodes > 0)
     if launched or world == 1:
         return run_rank(config, args.dry_run)

@@ -1,8 +1,9 @@
 """``verl convert``: HF safetensors <-> megatron dist checkpoints (any tp, pp).
 
-  hf-to-mcore --hf-dir D --out C --tp T --pp P [--head lm|value|score]
-      spawns T*P local ranks; each loads its shard from D and the ranks save a model-only
-      dist checkpoint C (loadable at any tp/pp). The HF config.json travels in C's manifest.
+  hf-to-mcore --hf-dir D --out C --tp T --pp P [--ep E --etp F] [--head lm|value|score]
+      spawns T*P local ranks (times the DP replicas expert parallelism needs: E*F ranks per stage); each
+      loads its shard from D and the ranks save a model-only dist checkpoint C (loadable at any tp/pp/ep).
+      The HF config.json travels in C's manifest.
   mcore-to-hf --ckpt C --out D [--max-shard-bytes N]
       loads C at tp=pp=1 and streams D: config.json + model.safetensors (or shards + index past N bytes).
 
@@ -25,13 +26,14 @@ from verl.models.mcore.weights import WeightsError
 USAGE_ERROR = 2
 
 
-def _hf_to_mcore_rank(hf_dir: str, out: str, tp: int, pp: int, head: str, hf_config: dict) -> bool:
+def _hf_to_mcore_rank(hf_dir: str, out: str, tp: int, pp: int, head: str, hf_config: dict, ep: int = 1,
+                      etp: int | None = None) -> bool:
     from verl.engine.megatron.checkpoint import save_checkpoint
     from verl.engine.megatron.engine import MegatronEngine
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.models.mcore.weights import load_hf_into_model
 
-    initialize_megatron(tp, pp)
+    initialize_megatron(tp, pp, ep_size=ep, etp_size=etp)
     config = ModelConfig.from_dict(hf_config)
     engine = MegatronEngine(config, head)
     load_hf_into_model(engine.module, config, HFCheckpoint(hf_dir).get, head)
@@ -64,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     to_mcore.add_argument("--out", required=True)
     to_mcore.add_argument("--tp", type=int, default=1)
     to_mcore.add_argument("--pp", type=int, default=1)
+    to_mcore.add_argument("--ep", type=int, default=1, help="expert parallel size (MoE models)")
+    to_mcore.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (default: --tp)")
     to_mcore.add_argument("--head", choices=HEADS, default="lm")
     to_hf = sub.add_parser("mcore-to-hf", help="megatron dist checkpoint -> HF safetensors")
     to_hf.add_argument("--ckpt", required=True)
@@ -83,11 +87,14 @@ def hf_to_mcore(args) -> None:
 
     hf_config = read_config(args.hf_dir)
     config = ModelConfig.from_dict(hf_config)  # validates, with messages that name the key
-    check_parallel_layout(config, args.tp, args.pp)
+    from verl.engine.megatron.generate import _default_nproc
+
+    nproc = _default_nproc(args.tp, args.pp, args.ep, args.etp)
+    check_parallel_layout(config, args.tp, args.pp, args.ep, args.etp, world_size=nproc)
     HFCheckpoint(args.hf_dir)  # every shard present
     _check_out(args.out)
-    run_ranks(_hf_to_mcore_rank, args.tp * args.pp, os.path.abspath(args.hf_dir), os.path.abspath(args.out),
-              args.tp, args.pp, args.head, hf_config, timeout_s=600)
+    run_ranks(_hf_to_mcore_rank, nproc, os.path.abspath(args.hf_dir), os.path.abspath(args.out),
+              args.tp, args.pp, args.head, hf_config, args.ep, args.etp, timeout_s=600)
 
 
 def mcore_to_hf(args) -> None:

@@ -1,6 +1,6 @@
 """Greedy generation on the megatron engine: the (slow, cache-free) parity oracle for rollout engines.
 
-``verl generate --engine megatron --model D --tp T --pp P --input-ids 1,2,3 --max-new-tokens K
+``verl generate --engine megatron --model D --tp T --pp P [--ep E --etp F] --input-ids 1,2,3 --max-new-tokens K
 --temperature 0 --json PATH`` writes ``{"output_ids": [[...]], "logprobs": [[...]]}``: the new token
 ids and their log-probabilities. Every step re-runs the full sequence (no KV cache). Argmax and
 log-prob come from the vocab-parallel logits, so no rank builds the full vocabulary.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -65,13 +66,14 @@ def greedy_generate(engine: MegatronEngine, prompt: list[int], max_new_tokens: i
     return new_ids, log_probs
 
 
-def _generate_rank(model_dir: str, tp: int, pp: int, prompt: list[int], max_new_tokens: int) -> dict:
+def _generate_rank(model_dir: str, tp: int, pp: int, prompt: list[int], max_new_tokens: int, ep: int = 1,
+                   etp: int | None = None) -> dict:
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.models.config import ModelConfig
     from verl.models.hf_io import HFCheckpoint
     from verl.models.mcore.weights import load_hf_into_model
 
-    initialize_megatron(tp, pp)
+    initialize_megatron(tp, pp, ep_size=ep, etp_size=etp)
     config = ModelConfig.from_pretrained(model_dir)
     engine = MegatronEngine(config)
     load_hf_into_model(engine.module, config, HFCheckpoint(model_dir).get)
@@ -80,11 +82,21 @@ def _generate_rank(model_dir: str, tp: int, pp: int, prompt: list[int], max_new_
     return {"output_ids": [output_ids], "logprobs": [logprobs]}
 
 
+def _default_nproc(tp: int, pp: int, ep: int, etp: int | None) -> int:
+    """tp*pp ranks, times the data-parallel replicas expert parallelism needs (ep*etp ranks per stage)."""
+    per_stage = ep * (tp if etp is None else etp)
+    return pp * math.lcm(tp, per_stage)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl generate --engine megatron", description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="HF model directory (config.json + safetensors)")
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--ep", type=int, default=1, help="expert parallel size (MoE models)")
+    parser.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (default: --tp)")
+    parser.add_argument("--nproc", type=int, default=None,
+                        help="ranks to spawn (default tp*pp, or the smallest multiple of it ep*etp fits in)")
     parser.add_argument("--input-ids", required=True, help="comma-separated prompt token ids")
     parser.add_argument("--max-new-tokens", type=int, required=True)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -110,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             raise InputError(f"--input-ids: expected comma-separated integers, found {args.input_ids!r}") from None
         config = ModelConfig.from_pretrained(args.model)
-        check_parallel_layout(config, args.tp, args.pp)
+        nproc = args.nproc or _default_nproc(args.tp, args.pp, args.ep, args.etp)
+        check_parallel_layout(config, args.tp, args.pp, args.ep, args.etp, world_size=nproc)
+        if nproc % (args.tp * args.pp):
+            raise InputError(f"--nproc: expected a multiple of tp*pp={args.tp * args.pp}, found {nproc}")
         bad = [t for t in prompt if not 0 <= t < config.vocab_size]
         if bad:
             raise InputError(f"--input-ids: expected ids in [0, {config.vocab_size}), found {bad}")
@@ -118,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"verl generate: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    result = run_ranks(_generate_rank, args.tp * args.pp, os.path.abspath(args.model), args.tp, args.pp,
-                       prompt, args.max_new_tokens, timeout_s=600)[0]
+    result = run_ranks(_generate_rank, nproc, os.path.abspath(args.model), args.tp, args.pp,
+                       prompt, args.max_new_tokens, args.ep, args.etp, timeout_s=600)[0]
     staging = args.json + ".tmp"
     with open(staging, "w", encoding="utf-8") as fh:
         json.dump(result, fh)

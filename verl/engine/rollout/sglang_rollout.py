@@ -90,6 +90,17 @@ def check_cpu_tp(config: ModelConfig, tp_size: int) -> None:
         )
 
 
+def check_sglang_model(config: ModelConfig) -> None:
+    """Qwen3-MoE through SGLang 0.5.x: every layer sparse runs and matches transformers' greedy ids (tested);
+    a dense layer among them (``mlp_only_layers`` / ``decoder_sparse_step`` > 1) does not (measured: greedy ids
+    diverge from transformers' at the first token on such a layer), so it is refused."""
+    if config.is_moe and len(config.moe_layers) != config.num_hidden_layers:
+        dense = sorted(set(range(config.num_hidden_layers)) - set(config.moe_layers))
+        raise SGLangConfigError(f"{config.model_type} with dense layers {dense}: expected every layer sparse for the "
+                                f"SGLang rollout (SGLang diverges from transformers on Qwen3-MoE's dense layers); use "
+                                f"the native engine")
+
+
 def kv_pool_tokens(rows: int, seq_len: int) -> int:
     """A KV pool for ``rows`` sequences of up to ``seq_len`` tokens (``max_total_tokens``): SGLang
     otherwise sizes it from free host memory on CPU (GBs, seconds to allocate)."""

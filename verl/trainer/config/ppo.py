@@ -400,6 +400,10 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
                        "trainer.nnodes * trainer.n_gpus_per_node", world)
     _check_role_layouts(cfg)
     _check_routing_replay(cfg, model)
+    if model.is_moe and rollout["name"] == "sglang":
+        raise ConfigError(f"{ARR}.rollout.name: expected native for the MoE model {model.model_type} (pushing the "
+                          "stacked experts into SGLang's fused-MoE weights is not wired yet; `verl generate --engine "
+                          "sglang` runs the checkpoint), found 'sglang'")
     rollout_tp = rollout["tensor_model_parallel_size"]
     pool = rollout_pool_size(cfg)
     if pool:
