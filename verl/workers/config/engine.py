@@ -65,6 +65,8 @@ TRANSFORMER_OVERRIDE_RULES = {  # the actor's override_transformer_config keys t
     "recompute_granularity": rule(str, choices=("full", "selective")),
     "recompute_method": rule(str, choices=("uniform", "block")),
     "recompute_num_layers": rule(int, ge=1),
+    "moe_aux_loss_coeff": rule(float, ge=0),
+    "moe_router_load_balancing_type": rule(str, choices=("aux_loss", "seq_aux_loss", "global_aux_loss", "none")),
 }
 
 
