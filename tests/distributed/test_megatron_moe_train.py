@@ -56,7 +56,8 @@ def _train_job(hf_dir, batch):
         my_batch = {k: v[dp_rank * share:(dp_rank + 1) * share] for k, v in batch.items()}
         actor = Actor(engine, micro_batch_size=MICRO_BATCH)
         steps = [actor.update_policy(my_batch, sft_loss) for _ in range(STEPS)]
-        curves[name] = {"loss": [m["loss"] for m in steps], "grad_norm": [m["grad_norm"] for m in steps]}
+        curves[name] = {"loss": [m["loss"] for m in steps], "grad_norm": [m["grad_norm"] for m in steps],
+                        "router": {k: v for k, v in steps[0].items() if k.startswith("actor/moe/")}}
         destroy_megatron()
     return curves
 
@@ -86,3 +87,21 @@ def test_expert_parallel_layouts_follow_the_ep1_curve(curves, run):
         worst = max(abs(a - b) for a, b in zip(reference, found, strict=True))
         assert worst <= 1e-5 * max(1.0, max(abs(x) for x in reference)), \
             f"{run} vs ep1: max |{key} difference| over {STEPS} steps = {worst:.3e}"
+
+
+@pytest.mark.parametrize("run", list(RUNS))
+def test_router_metrics_count_every_token_once_whatever_the_layout(curves, run):
+    """actor/moe/*: per MoE layer (0, 2, 3: layer 1 is dense) the load-balancing loss and the spread of the routed
+    tokens over the 4 experts, the same at every layout on the first step (same weights, same tokens: a layout
+    that counted a token twice or missed a DP rank's would move the fractions)."""
+    reference, found = curves[0]["ep1"]["router"], curves[0][run]["router"]
+    assert sorted(found) == sorted(reference)
+    assert {k.split("/")[2] for k in found if k.count("/") == 3} == {"layer_0", "layer_2", "layer_3"}
+    for key, value in reference.items():
+        assert abs(found[key] - value) <= 1e-6 * max(1.0, abs(value)), (key, value, found[key])
+    for layer in (0, 2, 3):
+        assert 0.0 <= found[f"actor/moe/layer_{layer}/load_min"] <= 0.25 <= found[f"actor/moe/layer_{layer}/load_max"]
+        assert found[f"actor/moe/layer_{layer}/load_imbalance"] == pytest.approx(
+            4 * found[f"actor/moe/layer_{layer}/load_max"])
+        assert found[f"actor/moe/layer_{layer}/load_balancing_loss"] >= 1.0  # E * sum(f_i * P_i) >= 1, = 1 if uniform
+    assert found["actor/moe/load_imbalance_max"] >= 1.0

@@ -24,6 +24,7 @@ rank passes its own share. Results are returned on every rank of the pipeline.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -64,7 +65,12 @@ class MegatronEngine(TrainingEngine):
         # Routing replay (verl's actor.router_replay.mode=R3): forward passes route each token to the experts a
         # batch's ``routed_experts`` recorded (the rollout's choice) instead of this model's own top k.
         self.replay_routing = False
-        self._routers = [m.router_replay for m in module.modules() if getattr(m, "router_replay", None) is not None]
+        routers = [m for m in module.modules() if getattr(m, "router_replay", None) is not None]
+        self._routers = [m.router_replay for m in routers]
+        # Router statistics of a training step: tokens routed to each expert, per MoE layer of this stage.
+        self._expert_counts: torch.Tensor | None = None
+        for index, router in enumerate(routers):
+            router.register_forward_hook(functools.partial(self._count_routed_tokens, index))
         per_stage = config.num_hidden_layers // mpu.get_pipeline_model_parallel_world_size()
         first = mpu.get_pipeline_model_parallel_rank() * per_stage
         # This stage's MoE layers as positions along routed_experts' layer axis (the model's MoE layers).
@@ -330,6 +336,60 @@ class MegatronEngine(TrainingEngine):
                 router.clear_indices()
                 router.clear_router_replay_action()
 
+    def _count_routed_tokens(self, index: int, router, args, output) -> None:
+        """Forward hook of the stage's ``index``-th router: add its valid tokens' choices to the counts."""
+        if self._expert_counts is None:
+            return
+        routing_map = output[1]  # [tokens, experts] bool, tokens in [s, b] order
+        padding = args[1] if len(args) > 1 else None  # megatron's padding_mask, True = padding
+        if padding is not None:
+            routing_map = routing_map[~padding.reshape(-1)]
+        self._expert_counts[index] += routing_map.sum(dim=0).to(self._expert_counts.dtype)
+
+    def _router_metrics(self, micro_batches: int) -> dict[str, float]:
+        """Per MoE layer: the load-balancing loss (megatron's tracker, per micro-batch, before its coefficient)
+        and the routed tokens' spread over the experts (fractions of the layer's tokens; uniform = 1/E), summed
+        over DP ranks (and the sequence shards of TP under sequence parallelism), every stage's layers on
+        every rank. Names under ``actor/moe/`` (verl logs none for routers)."""
+        from megatron.core import parallel_state as mpu
+        from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, get_moe_layer_wise_logging_tracker
+
+        counts = self._expert_counts
+        self._expert_counts = None
+        tracker = get_moe_layer_wise_logging_tracker().get("load_balancing_loss")
+        layers = [self.config.moe_layers[i] for i in self._stage_moe_layers]
+        # Each rank's loss per micro-batch: a sequence shard's part of it under sequence parallelism (megatron
+        # sums those over TP, as its own logging does), then the mean over DP ranks.
+        losses = (tracker["values"][layers].to(counts) / micro_batches if tracker is not None
+                  else torch.zeros(len(layers), dtype=counts.dtype, device=counts.device))
+        if self.tf_config.sequence_parallel:
+            dist.all_reduce(counts, group=mpu.get_tensor_model_parallel_group())
+            dist.all_reduce(losses, group=mpu.get_tensor_model_parallel_group())
+        dist.all_reduce(counts, group=mpu.get_data_parallel_group())
+        dist.all_reduce(losses, group=mpu.get_data_parallel_group())
+        losses /= mpu.get_data_parallel_world_size()
+        clear_aux_losses_tracker()
+        per_layer = {}
+        for index, layer in enumerate(layers):
+            fractions = counts[index] / counts[index].sum().clamp(min=1)
+            entry = {"load_max": float(fractions.max()), "load_min": float(fractions.min()),
+                     "load_imbalance": float(fractions.max() * fractions.numel())}
+            if tracker is not None:
+                entry["load_balancing_loss"] = float(losses[index])
+            per_layer[layer] = entry
+        if mpu.get_pipeline_model_parallel_world_size() > 1:
+            stages = [None] * mpu.get_pipeline_model_parallel_world_size()
+            dist.all_gather_object(stages, per_layer, group=mpu.get_pipeline_model_parallel_group())
+            per_layer = {layer: entry for stage in stages for layer, entry in stage.items()}
+        metrics = {f"actor/moe/layer_{layer}/{name}": value for layer, entry in sorted(per_layer.items())
+                   for name, value in entry.items()}
+        imbalance = [entry["load_imbalance"] for entry in per_layer.values()]
+        metrics["actor/moe/load_imbalance_max"] = max(imbalance)
+        losses = [entry["load_balancing_loss"] for entry in per_layer.values() if "load_balancing_loss" in entry]
+        if losses:
+            metrics["actor/moe/load_balancing_loss"] = sum(losses) / len(losses)
+        return metrics
+
     def _replay(self, routed: torch.Tensor, shifts: torch.Tensor, keep: int) -> None:
         """Hand every router of this stage its tokens' recorded experts: ``routed`` [b, S, MoE layers, k] is
         aligned with the micro-batch's columns; the model runs them left-aligned over ``keep`` columns, and a
@@ -401,8 +461,12 @@ class MegatronEngine(TrainingEngine):
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         micro_batches, _ = self._micro_batches(batch, micro_batch_size, max_token_len)
+        if self._routers:
+            self._expert_counts = torch.zeros(len(self._routers), self.config.num_experts, dtype=torch.float64,
+                                              device=get_device())
         per_micro_batch = self._schedule(batch, micro_batch_size, output_fn, loss_fn, global_loss,
                                          micro_batches=micro_batches)
+        router_metrics = self._router_metrics(len(micro_batches)) if self._routers else {}
         updated, grad_norm, _ = self.optimizer.step()
         if updated:
             self.scheduler.step(increment=1)
@@ -419,7 +483,7 @@ class MegatronEngine(TrainingEngine):
         metrics["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["update_successful"] = bool(updated)
-        return metrics
+        return {**metrics, **router_metrics}
 
 
 def engine_options(megatron: Any, model: Any = None) -> dict[str, Any]:
