@@ -164,3 +164,21 @@ def test_the_first_step_fails_loudly_past_the_rollout_dtype_bound():
         check_rollout_probs_diff({"training/rollout_probs_diff_max": 0.01}, "float32")
     with pytest.raises(RolloutMismatchError):
         check_rollout_probs_diff({"training/rollout_probs_diff_max": 0.97}, "bfloat16")
+
+
+@pytest.mark.parametrize("training,tg,replicas", [
+    (TrainingLayout(tp=1, pp=1, dp=2, ep=2), 1, 2), (TrainingLayout(tp=2, pp=1, dp=2, ep=2), 2, 1),
+    (TrainingLayout(tp=1, pp=2, dp=2, ep=2), 2, 2), (TrainingLayout(tp=2, pp=1, dp=2, ep=4, etp=1), 2, 1),
+], ids=["ep2-tg1-R2", "tp2ep2-tg2-R1", "pp2ep2-tg2-R2", "tp2ep4etp1-tg2-R1"])
+def test_a_standalone_pool_receives_every_expert_from_the_ranks_that_hold_it(training, tg, replicas):
+    """Qwen3-MoE across pools: each rollout rank (every expert, TP inside each) gets exactly its shard once, the
+    experts from the EP ranks (and ETP slices) that hold them."""
+    from test_reshard_planner import tiny_moe
+
+    config = tiny_moe(tied=training.pp == 2)
+    placement = PoolPlacement(training, tg, replicas)
+    plans, rollout, expected = simulate(config, placement, bucket_bytes=2048)
+    for r in rollout:
+        assert torch.equal(rollout[r], expected[r]), f"bridge rank {r}: rollout differs from the reference"
+    received = [plans[r].bytes for r in range(placement.n_training, placement.world_size)]
+    assert received == plans[0].formula()["received_per_rank"]

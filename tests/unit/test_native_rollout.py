@@ -460,3 +460,27 @@ def test_recorded_routing_is_transformers_choice_for_every_token(tmp_path):
     assert torch.equal(routed.long().sort(-1).values[valid], expected.sort(-1).values[valid])
     engine.record_routing = False
     assert "routed_experts" not in engine.generate(PROMPTS, MASK, SamplingParams(temperature=0, response_length=4))
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3_moe"])
+def test_a_swapped_in_weight_buffer_is_what_every_layer_reads(tmp_path, name):
+    """A standalone pool fills a staging buffer and swaps it in (FlatParams.swap rebinds the views): every weight
+    the forward reads, the stacked experts included, must come from the new buffer (a kept derived view of the
+    old one once left the experts on stale memory: the pool's first step failed its rollout check)."""
+    if name == "qwen2":
+        model, path, config = build_hf(tmp_path)
+    else:
+        from helpers.moe_models import save_model
+
+        model = save_model(name, tmp_path / name)
+        path = str(tmp_path / name)
+        config = ModelConfig.from_pretrained(path)
+    engine = NativeRollout(config, pad_token_id=PAD)
+    loaded = native_engine(path, config).weight_buffer().clone()
+    engine.weight_buffer().fill_(float("nan"))
+    old = engine.swap_weight_buffer(loaded)
+    assert torch.isnan(old).all()
+    old.fill_(float("nan"))  # the old buffer must not be read any more
+    out = engine.generate(PROMPTS, MASK, SamplingParams(temperature=0, response_length=6))
+    responses, _ = hf_greedy(model, 6)
+    assert torch.equal(out["responses"], responses)

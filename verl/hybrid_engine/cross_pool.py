@@ -42,6 +42,7 @@ from verl.hybrid_engine.planner import (
     Segment,
     _a2a_buckets,
     _from,
+    _holder_ranks,
     _merge,
     _Route,
     _segment,
@@ -217,7 +218,7 @@ def _global_pool_plan(config: ModelConfig, placement: PoolPlacement, bucket_elem
             for template, found in _sources(tables, j):
                 if k == 0:
                     payload[j] += template.numel
-                holders = sorted({(training.rank(h.stage, d, h.tp), h) for h in found for d in range(training.dp)},
+                holders = sorted({(r, h) for h in found for r in _holder_ranks(training, h)},
                                  key=lambda item: (load[item[0]], item[0]))
                 n = min(len(holders), template.rows)
                 for i, (src, holder) in enumerate(holders[:n]):

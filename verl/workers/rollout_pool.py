@@ -59,20 +59,29 @@ class RolloutPoolLink:
             for dst in range(self.placement.n_training, self.placement.world_size):
                 self.bridge.send_object({"op": "init", "placement": self.placement, "bucket_bytes": bucket_bytes,
                                          "dtype": rollout_config.dtype, "verify": ce.verify, "delta": ce.delta}, dst)
-        self._module = None
+        # The training tensors: one flat buffer bound once (Megatron), or read by name at every sync (FSDP's
+        # shards; Megatron's when the distributed optimizer keeps dense and expert parameters apart).
+        self._sources_of = None
+        self._plan, self._ce = plan, ce
+        self.sender: PoolSender | None = None  # bound at the first sync when sources come by name
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         if isinstance(training, FSDPLayout):
-            from verl.hybrid_engine.hybrid_engine import check_fsdp_module
+            from verl.hybrid_engine.hybrid_engine import check_fsdp_module, fsdp_reshard_sources
 
             check_fsdp_module(engine.module, model_config, training, dist.get_rank())
-            self._module, self._plan, self._ce = engine.module, plan, ce
-            self.sender: PoolSender | None = None  # bound at the first sync, when the shards are known
+            module = engine.module
+            self._sources_of = lambda: fsdp_reshard_sources(module, self.dtype, device)
         else:
             from megatron.core import parallel_state as mpu
 
-            from verl.hybrid_engine.hybrid_engine import HybridEngine
+            from verl.hybrid_engine.hybrid_engine import HybridEngine, megatron_reshard_sources
 
-            flat, offsets = HybridEngine._bind_training_buffer(engine, model_config, training, mpu)
-            self.sender = PoolSender(plan, flat, offsets, self.bridge, verify=ce.verify, delta=ce.delta)
+            bound = HybridEngine._bind_training_buffer(engine, model_config, training, mpu)
+            if bound is None:
+                module = engine.module
+                self._sources_of = lambda: megatron_reshard_sources(module, self.dtype, device)
+            else:
+                self.sender = PoolSender(plan, bound[0], bound[1], self.bridge, verify=ce.verify, delta=ce.delta)
         self.summary = plan.summary()
 
     def _command(self, command: dict) -> None:
@@ -84,12 +93,10 @@ class RolloutPoolLink:
         ``version``: the model version the weights are (a streaming pool tags the tokens it generates with it)."""
         if self.rank == 0:
             self._command({"op": "sync", "version": version})
-        if self._module is None:
+        if self._sources_of is None:
             stats = self.sender.send()
         else:
-            from verl.hybrid_engine.hybrid_engine import fsdp_reshard_sources
-
-            sources = fsdp_reshard_sources(self._module, self.dtype, "cuda" if torch.cuda.is_available() else "cpu")
+            sources = self._sources_of()
             if self.sender is None:
                 self.sender = PoolSender(self._plan, sources, None, self.bridge, verify=self._ce.verify,
                                          delta=self._ce.delta)

@@ -50,11 +50,9 @@ class RolloutTransformer:
         # Per layer: role -> weight (roles a layer lacks, e.g. qkv_bias or q_norm, are absent).
         self.layers: list[dict[str, torch.Tensor]] = []
         for i in range(config.num_hidden_layers):
-            layer = {role: weights[name] for role, name in spec.rollout_layer(config, i).items()}
-            for role in ("expert_fc1", "expert_fc2"):  # SGLang's [E, rows, cols] view of the stacked experts
-                if role in layer:
-                    layer[role] = layer[role].view(config.num_experts, -1, layer[role].shape[-1])
-            self.layers.append(layer)
+            # The weight buffer's own views: a standalone pool swaps the buffer under them (FlatParams.swap
+            # rebinds these very tensors), so no derived view is kept.
+            self.layers.append({role: weights[name] for role, name in spec.rollout_layer(config, i).items()})
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         # Routing replay: when True, forward() leaves each new token's chosen experts in ``routing``
@@ -122,7 +120,9 @@ class RolloutTransformer:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(x.dtype)
         out = torch.zeros_like(x)
-        w13, w2 = layer["expert_fc1"], layer["expert_fc2"]
+        # SGLang's [E, rows, cols] view of the stacked experts, taken per call (see __init__).
+        w13 = layer["expert_fc1"].view(c.num_experts, -1, layer["expert_fc1"].shape[-1])
+        w2 = layer["expert_fc2"].view(c.num_experts, -1, layer["expert_fc2"].shape[-1])
         for expert in chosen.unique().tolist():
             token, slot = (chosen == expert).nonzero(as_tuple=True)
             gate_up = F.linear(x[token], w13[expert])
