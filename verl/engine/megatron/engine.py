@@ -461,12 +461,12 @@ class MegatronEngine(TrainingEngine):
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         micro_batches, _ = self._micro_batches(batch, micro_batch_size, max_token_len)
-        if self._routers:
+        if self.config.is_moe:  # every stage, even one without MoE layers: the metrics gather over PP
             self._expert_counts = torch.zeros(len(self._routers), self.config.num_experts, dtype=torch.float64,
                                               device=get_device())
         per_micro_batch = self._schedule(batch, micro_batch_size, output_fn, loss_fn, global_loss,
                                          micro_batches=micro_batches)
-        router_metrics = self._router_metrics(len(micro_batches)) if self._routers else {}
+        router_metrics = self._router_metrics(len(micro_batches)) if self.config.is_moe else {}
         updated, grad_norm, _ = self.optimizer.step()
         if updated:
             self.scheduler.step(increment=1)
