@@ -140,3 +140,38 @@ def test_a_spec_must_order_every_layer_role_and_fuse_as_many_tensors_as_it_says(
     assert isinstance(spec, ModelSpec) and spec.rollout_name("qkv", 3).endswith(".3.self_attn.qkv_proj.weight")
     with pytest.raises(KeyError, match="score"):
         spec.rollout_name("score")  # the rollout holds no value/score head
+
+
+@pytest.mark.parametrize("change,message", [
+    ("drop", "expected model.layers.2.mlp.experts.3.down_proj.weight (num_experts=4), found it missing"),
+    ("extra_expert", "found model.layers.0.mlp.experts.4.down_proj.weight"),
+    ("dense_layer", "found model.layers.1.mlp.experts.0.down_proj.weight"),
+])
+def test_a_checkpoint_with_a_missing_or_extra_expert_is_refused_naming_it(tmp_path, change, message):
+    """Expert tensors are checked by name and count against the config before any is loaded (verl #2319: wrong
+    expert keys loaded silently); the native loader and the megatron loaders share the check."""
+    import shutil
+
+    from helpers.moe_models import save_model
+    from safetensors.torch import load_file, save_file
+
+    from verl.engine.rollout.native.engine import NativeRollout
+    from verl.models.mcore.weights import WeightsError, check_expert_tensors
+
+    save_model("qwen3_moe", tmp_path / "good")  # layer 1 dense, 4 experts
+    tensors = load_file(str(tmp_path / "good" / "model.safetensors"))
+    down = tensors["model.layers.2.mlp.experts.3.down_proj.weight"]
+    if change == "drop":
+        del tensors["model.layers.2.mlp.experts.3.down_proj.weight"]
+    elif change == "extra_expert":
+        tensors["model.layers.0.mlp.experts.4.down_proj.weight"] = down.clone()
+    else:
+        tensors["model.layers.1.mlp.experts.0.down_proj.weight"] = down.clone()
+    (tmp_path / "bad").mkdir()
+    shutil.copy(tmp_path / "good" / "config.json", tmp_path / "bad" / "config.json")
+    save_file(tensors, str(tmp_path / "bad" / "model.safetensors"))
+    config = ModelConfig.from_pretrained(str(tmp_path / "bad"))
+    with pytest.raises(WeightsError, match=message.replace("(", "\\(").replace(")", "\\)")):
+        check_expert_tensors(config, tensors)
+    with pytest.raises(WeightsError, match="HF checkpoint: expected"):
+        NativeRollout(config).load_hf_checkpoint(str(tmp_path / "bad"))

@@ -65,7 +65,8 @@ class SFTTrainer:
             lr_warmup_steps=int(optim["warmup_steps_ratio"] * self.steps), total_training_steps=self.steps,
             lr_decay_style=optim["lr_scheduler"]))
         if has_hf_weights(cfg["model"]["path"]):
-            load_hf_into_model(self.engine.module, self.model_config, HFCheckpoint(cfg["model"]["path"]).get)
+            checkpoint = HFCheckpoint(cfg["model"]["path"])
+            load_hf_into_model(self.engine.module, self.model_config, checkpoint.get, names=checkpoint.files)
         self.actor = Actor(self.engine, cfg["data"]["micro_batch_size_per_gpu"])
 
     def _global_batches(self):

@@ -36,7 +36,8 @@ def _hf_to_mcore_rank(hf_dir: str, out: str, tp: int, pp: int, head: str, hf_con
     initialize_megatron(tp, pp, ep_size=ep, etp_size=etp)
     config = ModelConfig.from_dict(hf_config)
     engine = MegatronEngine(config, head)
-    load_hf_into_model(engine.module, config, HFCheckpoint(hf_dir).get, head)
+    checkpoint = HFCheckpoint(hf_dir)
+    load_hf_into_model(engine.module, config, checkpoint.get, head, names=checkpoint.files)
     save_checkpoint(engine, out, iteration=0, with_optimizer=False, extra_manifest={"hf_config": hf_config})
     destroy_megatron()
     return True

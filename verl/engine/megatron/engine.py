@@ -117,7 +117,7 @@ class MegatronEngine(TrainingEngine):
                 return torch.zeros(score_head.shapes[score_head.hf.index(name)])
             return checkpoint.get(name)
 
-        load_hf_into_model(self.module, self.config, get_hf, self.head)
+        load_hf_into_model(self.module, self.config, get_hf, self.head, names=checkpoint.files)
 
     def swap_hf_weights(self, spec: EngineSpec) -> MegatronEngine:
         """In place when the architecture is the same (no optimizer state to lose), else a new engine."""

@@ -76,7 +76,8 @@ def _generate_rank(model_dir: str, tp: int, pp: int, prompt: list[int], max_new_
     initialize_megatron(tp, pp, ep_size=ep, etp_size=etp)
     config = ModelConfig.from_pretrained(model_dir)
     engine = MegatronEngine(config)
-    load_hf_into_model(engine.module, config, HFCheckpoint(model_dir).get)
+    checkpoint = HFCheckpoint(model_dir)
+    load_hf_into_model(engine.module, config, checkpoint.get, names=checkpoint.files)
     output_ids, logprobs = greedy_generate(engine, prompt, max_new_tokens)
     destroy_megatron()
     return {"output_ids": [output_ids], "logprobs": [logprobs]}

@@ -18,8 +18,9 @@ expert-tensor-parallel ranks (etp) instead of the dense tp ones.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -165,11 +166,33 @@ def to_mcore_shard(config: ModelConfig, get_hf: Callable[[str], torch.Tensor], t
     return out
 
 
+_EXPERT_NAME = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
+
+
+def check_expert_tensors(config: ModelConfig, names: Iterable[str]) -> None:
+    """The checkpoint's expert tensors, by name and count, against the config: a missing one, or one of an
+    expert or layer the config does not have (``experts.{E}``, a dense layer's experts), is one error naming it."""
+    expected = {n for n in hf_names(config) if _EXPERT_NAME.match(n)}
+    found = {n for n in names if _EXPERT_NAME.match(n)}
+    extra, missing = sorted(found - expected), sorted(expected - found)
+    if extra:
+        raise WeightsError(f"HF checkpoint: expected the {len(expected)} expert tensors of num_experts="
+                           f"{config.num_experts} on MoE layers {list(config.moe_layers)}, found {extra[0]}"
+                           + (f" and {len(extra) - 1} more" if len(extra) > 1 else ""))
+    if missing:
+        raise WeightsError(f"HF checkpoint: expected {missing[0]}" + (f" and {len(missing) - 1} more expert tensors"
+                           if len(missing) > 1 else "") + f" (num_experts={config.num_experts}), found it missing")
+
+
 # ----------------------------------------------------------------------------- live model
 def load_hf_into_model(model: torch.nn.Module, config: ModelConfig, get_hf: Callable[[str], torch.Tensor],
-                       head: str = "lm") -> None:
-    """Copy HF tensors into this rank's model in place (keeps DDP / optimizer views valid)."""
+                       head: str = "lm", names: Iterable[str] | None = None) -> None:
+    """Copy HF tensors into this rank's model in place (keeps DDP / optimizer views valid). ``names``: every
+    tensor name of the checkpoint, to check its experts (:func:`check_expert_tensors`) first."""
     from megatron.core import parallel_state as mpu
+
+    if names is not None:
+        check_expert_tensors(config, names)
 
     shard = to_mcore_shard(config, get_hf, mpu.get_tensor_model_parallel_world_size(),
                            mpu.get_pipeline_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank(),

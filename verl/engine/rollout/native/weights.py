@@ -15,6 +15,7 @@ from verl.hybrid_engine.layouts import fill_local, hf_tensor_shapes
 from verl.hybrid_engine.rollout_layout import RolloutLayout
 from verl.models.config import ModelConfig
 from verl.models.hf_io import HFCheckpoint
+from verl.models.mcore.weights import check_expert_tensors
 from verl.models.spec.registry import model_spec
 from verl.utils.checkpoint import CheckpointError
 
@@ -27,6 +28,7 @@ def load_hf_checkpoint(model_dir: str, config: ModelConfig, tp_size: int, tp_ran
     unsupported = [n for n in ckpt.files if n.endswith(spec.unsupported_hf)]
     if unsupported:
         raise CheckpointError(f"HF checkpoint: {spec.unsupported_note}, found {unsupported[0]}")
+    check_expert_tensors(config, ckpt.files)
     shapes = hf_tensor_shapes(config)
     for param in RolloutLayout(tp_size).params(config):
         fill_local(param, shapes, tp_size, tp_rank, views[param.name], lambda name: ckpt.slice(name, shapes[name]))
