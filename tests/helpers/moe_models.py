@@ -1,8 +1,9 @@
-"""Tiny random Qwen3 and Qwen3-MoE checkpoints (transformers' own classes are the oracle).
+"""Tiny random Qwen3, Qwen3-MoE and Mixtral checkpoints (transformers' own classes are the oracle).
 
 "qwen3_moe" mixes layer kinds: layer 1 is a dense MLP (``mlp_only_layers``), the others route each token
 to 2 of 4 experts with the top-k weights renormalised; "qwen3_moe_raw" keeps HF's default
-``norm_topk_prob=False``. A wide init (0.2) keeps both the router's top-k and the greedy tokens away
+``norm_topk_prob=False``; "mixtral" is the other MoE family (every layer sparse, experts of
+``intermediate_size``, no q/k norms). A wide init (0.2) keeps both the router's top-k and the greedy tokens away
 from ties that another fp32 summation order could flip.
 """
 
@@ -22,6 +23,9 @@ CONFIGS = {
     "qwen3": dict(model_type="qwen3", **COMMON),
     "qwen3_moe": dict(model_type="qwen3_moe", **COMMON, **MOE, norm_topk_prob=True, mlp_only_layers=[1]),
     "qwen3_moe_raw": dict(model_type="qwen3_moe", **COMMON, **MOE, norm_topk_prob=False),
+    # Mixtral: every layer sparse, experts intermediate_size (16) wide, no q/k norms.
+    "mixtral": dict(model_type="mixtral", **dict(COMMON, intermediate_size=16), num_local_experts=4,
+                    num_experts_per_tok=2, router_aux_loss_coef=0.01),
 }
 
 
@@ -51,7 +55,8 @@ def hf_logits_with_routing(model, input_ids, attention_mask, position_ids, route
     them when norm_topk_prob), as megatron's replay and transformers' router do for their own choices."""
     import torch.nn.functional as F
 
-    routers = [layer.mlp.gate for layer in model.model.layers if hasattr(layer.mlp, "gate")]
+    routers = [getattr(layer, "mlp", getattr(layer, "block_sparse_moe", None)).gate for layer in model.model.layers
+               if hasattr(getattr(layer, "mlp", getattr(layer, "block_sparse_moe", None)), "gate")]
     originals = [r.forward for r in routers]
 
     def forced(router, indices):

@@ -23,6 +23,7 @@ CASES = {
     "qwen3-tied": dict(MOE_CONFIGS["qwen3"], tie_word_embeddings=True),
     "qwen3_moe-mixed": MOE_CONFIGS["qwen3_moe"],
     "qwen3_moe-sparse-step-2": dict(MOE_CONFIGS["qwen3_moe_raw"], decoder_sparse_step=2),
+    "mixtral": MOE_CONFIGS["mixtral"],
 }
 
 
@@ -126,7 +127,7 @@ def test_unknown_model_type_is_refused_in_one_line():
     with pytest.raises(UnknownModelTypeError) as err:
         model_spec("mistral")
     assert str(err.value) == f"model_type: expected one of {model_types()}, found 'mistral'"
-    assert model_types() == ("qwen2", "llama", "qwen3", "qwen3_moe")
+    assert model_types() == ("qwen2", "llama", "mixtral", "qwen3", "qwen3_moe")
     with pytest.raises(ModelConfigError, match="expected one of \\(.*'qwen3_moe'\\), found 'mistral'"):
         ModelConfig.from_dict(dict(MODELS["llama"], model_type="mistral"))
 

@@ -421,7 +421,7 @@ def test_generate_cli_bad_input_is_one_line_and_exit_2(qwen, capsys, args, messa
     assert len(err.splitlines()) == 1 and message in err, err
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "qwen3_moe_raw"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "qwen3_moe_raw", "mixtral"])
 def test_qwen3_and_moe_greedy_ids_and_log_probs_equal_hf(tmp_path, name):
     """Qwen3's per-head q/k norms and Qwen3-MoE's router + experts (a dense layer among MoE ones; the
     top-k weights renormalised or raw) in the native engine: greedy ids = HF generate's."""

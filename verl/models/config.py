@@ -1,13 +1,14 @@
 """The HF-style model config every component shares (Megatron builder, reshard planner, rollout).
 
 Only the decoder-only families that have a model spec (``verl.models.spec``: Qwen2, Llama, Qwen3,
-Qwen3-MoE) are accepted; the config is validated once, at load, with messages that name the key.
+Qwen3-MoE, Mixtral) are accepted; the config is validated once, at load, with messages that name the key.
 
 Mixture of experts (Qwen3-MoE): ``num_experts`` routed experts of ``moe_intermediate_size`` each, the
 top ``num_experts_per_tok`` chosen per token from a softmax over all experts (renormalised over the
 chosen ones when ``norm_topk_prob``). Layer ``i`` is sparse unless it is in ``mlp_only_layers`` or
 ``(i + 1) % decoder_sparse_step != 0`` (transformers' rule); dense layers keep the SwiGLU MLP of
-``intermediate_size``. ``moe_layers`` lists the sparse ones.
+``intermediate_size``. ``moe_layers`` lists the sparse ones. Mixtral: every layer sparse, experts of
+``intermediate_size``, the top-k weights always renormalised.
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ class ModelConfig:
         if rope_type != "default":
             raise ModelConfigError(f"rope_parameters.rope_type: expected 'default' (RoPE scaling is not supported), "
                                    f"found {rope_type!r}")
+        if model_type == "mixtral" and cfg.get("sliding_window") is not None:
+            raise ModelConfigError(f"sliding_window: expected null for mixtral (sliding-window attention is not "
+                                   f"supported), found {cfg['sliding_window']}")
         if model_type == "qwen3_moe" and cfg.get("shared_expert_intermediate_size"):
             raise ModelConfigError("shared_expert_intermediate_size: expected 0 for qwen3_moe (no shared expert), "
                                    f"found {cfg['shared_expert_intermediate_size']}")
@@ -131,6 +135,15 @@ class ModelConfig:
                 if moe["num_experts"] <= 0:
                     raise ModelConfigError(f"num_experts: expected a positive integer for qwen3_moe, "
                                            f"found {cfg.get('num_experts')!r}")
+            elif model_type == "mixtral":  # every layer sparse; the experts are intermediate_size wide
+                moe = dict(
+                    num_experts=int(cfg["num_local_experts"]),
+                    num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                    moe_intermediate_size=int(cfg["intermediate_size"]),
+                    norm_topk_prob=True,
+                    moe_layers=tuple(range(int(cfg["num_hidden_layers"]))),
+                    router_aux_loss_coef=float(cfg.get("router_aux_loss_coef", 0.0)),
+                )
             hidden = int(cfg["hidden_size"])
             head_dim = cfg.get("head_dim") or hidden // heads
             return cls(

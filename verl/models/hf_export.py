@@ -19,7 +19,7 @@ from verl.models.config import ModelConfig
 from verl.models.hf_io import DEFAULT_MAX_SHARD_BYTES, generation_config, read_config, write_hf_dir
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "qwen3_moe": "Qwen3MoeForCausalLM"}
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
 
 
 def export_model_hf(module: torch.nn.Module, config: ModelConfig, out_dir: str, hf_config: dict,

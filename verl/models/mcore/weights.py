@@ -166,7 +166,8 @@ def to_mcore_shard(config: ModelConfig, get_hf: Callable[[str], torch.Tensor], t
     return out
 
 
-_EXPERT_NAME = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
+# An expert's HF tensor: model.layers.{i}.<mlp | block_sparse_moe>.experts.{e}.<...>
+_EXPERT_NAME = re.compile(r"^model\.layers\.\d+\.\w+\.experts\.\d+\.")
 
 
 def check_expert_tensors(config: ModelConfig, names: Iterable[str]) -> None:
