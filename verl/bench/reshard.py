@@ -27,7 +27,6 @@ The independent pure-torch oracle of the layouts themselves is in the tests (``t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -224,7 +223,7 @@ def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int
     from verl.hybrid_engine.planner import plan_reshard
     from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
 
-    config = ModelConfig.from_dict(cfg)
+    config = ModelConfig.from_fields(cfg)
     training = TrainingLayout(*train)
     dtype = DTYPES[dtype_name]
     groups = derive_groups(training, rollout_tp)
@@ -339,7 +338,7 @@ def fsdp_reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp
     from verl.hybrid_engine.planner import plan_reshard
     from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
 
-    config = ModelConfig.from_dict(cfg)
+    config = ModelConfig.from_fields(cfg)
     training = FSDPLayout(*train)
     dtype, train_dtype = DTYPES[dtype_name], DTYPES[train_dtype_name]
     groups = derive_groups(training, rollout_tp)
@@ -510,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as exc:  # ModelConfigError, LayoutError, RolloutLayoutError, the flag checks above
         print(f"verl bench reshard: {exc}", file=sys.stderr)
         return 2
-    cfg = dataclasses.asdict(config)
+    cfg = config.to_fields()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if fsdp:
         train_dtype = args.train_dtype or args.dtype
@@ -606,7 +605,7 @@ def _separate(args, config: ModelConfig, train: dict, training, rollout_tp: int)
     plan_cross_pool(config, placement, 0, args.bucket_bytes, args.dtype)  # a layout the model cannot take: exit 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ranks = spawn_gloo_ranks(separate_rank, args.nproc,
-                             (dataclasses.asdict(config), train, rollout_tp, args.rollout_replicas, args.dtype,
+                             (config.to_fields(), train, rollout_tp, args.rollout_replicas, args.dtype,
                               args.bucket_bytes, args.seed, args.repeats, not args.no_naive, args.delta_after_steps,
                               args.lr, not args.no_verify), args.timeout)
     result = report(ranks, placement, args, config)

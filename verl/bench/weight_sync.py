@@ -146,7 +146,7 @@ def separate_rank(rank: int, nproc: int, cfg: dict, train: dict, rollout_tp: int
     from verl.hybrid_engine.weight_sync import PoolReceiver, PoolSender
     from verl.launcher.pools import Bridge
 
-    config = ModelConfig.from_dict(cfg)
+    config = ModelConfig.from_fields(cfg)
     placement = PoolPlacement(_layout(train), rollout_tp, replicas)
     dtype = DTYPES[dtype_name]
     bridge = Bridge(dist.distributed_c10d._get_default_group(), rank, nproc)

@@ -166,6 +166,14 @@ class ModelConfig:
         except KeyError as exc:
             raise ModelConfigError(f"model config: expected the key {exc.args[0]!r}, found it missing") from None
 
+    def to_fields(self) -> dict[str, Any]:
+        """The config as plain JSON values (a manifest, a message to spawned ranks); ``from_fields`` inverts it."""
+        return {**dataclasses.asdict(self), "moe_layers": list(self.moe_layers)}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any]) -> ModelConfig:
+        return cls(**{**fields, "moe_layers": tuple(fields.get("moe_layers", ()))})
+
     @classmethod
     def from_pretrained(cls, path: str) -> ModelConfig:
         """Load from an HF model directory or a config.json path."""

@@ -9,11 +9,10 @@ the directory, so a crash never leaves a half-written ``<dir>``. RNG states are 
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch.distributed as dist
 
 from verl.engine.fsdp.engine import FSDPEngine
+from verl.models.config import ModelConfig
 from verl.utils.checkpoint import CheckpointError, save_engine_checkpoint
 from verl.utils.checkpoint import read_engine_manifest as read_manifest
 
@@ -42,7 +41,7 @@ def save_checkpoint(engine: FSDPEngine, path: str, iteration: int, with_optimize
                 "fsdp_size": engine.mesh.shard_size, "head": engine.head, "with_optimizer": with_optimizer,
                 "fresh_optimizer": fresh_optimizer, "with_rng": False,
                 "scheduler": engine.scheduler.state_dict() if engine.scheduler is not None else None,
-                "model_config": dataclasses.asdict(engine.config), "files": files}
+                "model_config": engine.config.to_fields(), "files": files}
 
     save_engine_checkpoint(path, lambda staging: dcp.save(_state(engine, with_optimizer), checkpoint_id=staging),
                            manifest)
@@ -59,7 +58,8 @@ def load_checkpoint(engine: FSDPEngine, path: str, with_optimizer: bool = True) 
                               f"{manifest.get('strategy', 'megatron')} one")
     if manifest["head"] != engine.head:
         raise CheckpointError(f"checkpoint {path}: expected a {engine.head!r} model, found {manifest['head']!r}")
-    if manifest["model_config"] != dataclasses.asdict(engine.config):
+    # Fields a manifest predates take their defaults (a dense model's), so older checkpoints still resume.
+    if ModelConfig.from_fields(manifest["model_config"]) != engine.config:
         raise CheckpointError(f"checkpoint {path}: expected the model of {engine.config.model_type} hidden "
                               f"{engine.config.hidden_size} x {engine.config.num_hidden_layers} layers, found "
                               f"another model config")

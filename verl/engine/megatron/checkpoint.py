@@ -12,8 +12,6 @@ spawn-context Manager that re-imports ``__main__`` (without the guard it hangs).
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from verl.engine.megatron.engine import MegatronEngine
@@ -83,7 +81,7 @@ def save_checkpoint(engine: MegatronEngine, path: str, iteration: int, with_opti
                 "pp": mpu.get_pipeline_model_parallel_world_size(), "head": engine.head,
                 "with_optimizer": with_optimizer and engine.optimizer is not None,
                 "fresh_optimizer": fresh_optimizer, "with_rng": with_rng,
-                "model_config": dataclasses.asdict(engine.config), "files": files, **(extra_manifest or {})}
+                "model_config": engine.config.to_fields(), "files": files, **(extra_manifest or {})}
 
     save_engine_checkpoint(path, write, manifest)
 
