@@ -490,6 +490,10 @@ def test_the_moe_config_validates_and_bad_expert_layouts_are_one_line(data_args,
     ([f"{ARR}.actor.router_replay.record_file=/tmp/x"], "router_replay.record_file: expected null"),
     ([f"{ARR}.rollout.enable_rollout_routing_replay=true", "trainer.use_v1=true",
       "trainer.v1.trainer_mode=colocate_async"], "expected a colocated synchronous run"),
+    ([f"{ARR}.rollout.enable_rollout_routing_replay=true", f"{ARR}.actor.router_replay.mode=R3",
+      f"{ARR}.actor.megatron.pipeline_model_parallel_size=2", f"{ARR}.actor.megatron.expert_model_parallel_size=1",
+      f"{ARR}.model.enable_gradient_checkpointing=true"],
+     "with activation recompute and pipeline_model_parallel_size=2"),
 ])
 def test_routing_replay_misconfigurations_are_one_line(data_args, no_ranks, capsys, overrides, fragment):
     expect_exit_2(capsys, ["--config", MOE, *data_args, *overrides], fragment)

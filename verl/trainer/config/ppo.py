@@ -516,6 +516,13 @@ def _check_routing_replay(cfg: dict[str, Any], model: Any) -> None:
     if rollout["name"] != "native":
         raise ConfigError(f"{key}: expected rollout.name=native (the engine that records routing here), found "
                           f"{rollout['name']!r}")
+    mega = cfg[ARR]["actor"]["megatron"]
+    recompute = (mega["override_transformer_config"].get("recompute_granularity") is not None
+                 or cfg[ARR]["model"]["enable_gradient_checkpointing"])
+    if replay["mode"] == "R3" and recompute and mega["pipeline_model_parallel_size"] > 1:
+        raise ConfigError(f"{ARR}.actor.router_replay.mode=R3 with activation recompute and pipeline_model_parallel_"
+                          f"size={mega['pipeline_model_parallel_size']}: not supported (the pipeline schedule "
+                          "recomputes a micro-batch after the next one's forward set its routing); drop one of them")
     if rollout_pool_size(cfg) or trainer_mode(cfg) != "sync":
         raise ConfigError(f"{key}: expected a colocated synchronous run (routing is recorded by the colocated "
                           f"native engine in one pass), found rollout.nnodes={rollout['nnodes']} and trainer mode "
