@@ -18,9 +18,15 @@ from helpers.moe_models import CONFIGS, hf_model  # noqa: E402
 
 from verl.launcher.spawn import run_ranks  # noqa: E402
 
-# (tp, pp, ep, etp) on 4 ranks; etp None is megatron's default (= tp).
-LAYOUTS = ((1, 1, 1, None), (1, 1, 2, None), (2, 1, 2, None), (1, 2, 2, None), (2, 1, 4, 1))
-DENSE_LAYOUTS = ((2, 2, 1, None),)
+# (tp, pp, ep, etp) on 4 ranks; etp None is megatron's default (= tp). The mixed Qwen3-MoE at EP2 alone, with TP2
+# and with PP2; Mixtral at EP2 and at EP4 over ETP1 (whole experts on TP ranks); the rest where they differ (the
+# router, the names), not the layout.
+LAYOUTS = {
+    "qwen3": ((2, 2, 1, None),),
+    "qwen3_moe": ((1, 1, 2, None), (2, 1, 2, None), (1, 2, 2, None)),
+    "qwen3_moe_raw": ((1, 1, 2, None),),
+    "mixtral": ((1, 1, 2, None), (2, 1, 4, 1)),
+}
 GREEDY_PROMPT, GREEDY_TOKENS = [5, 17, 42, 99], 6
 
 
@@ -29,8 +35,7 @@ def _layout_name(tp, pp, ep, etp):
 
 
 def _cases():
-    return [f"{name} {_layout_name(*layout)}" for name in CONFIGS
-            for layout in (DENSE_LAYOUTS if name == "qwen3" else LAYOUTS)]
+    return [f"{name} {_layout_name(*layout)}" for name in CONFIGS for layout in LAYOUTS[name]]
 
 
 def _job(hf_dirs, hf_logits, batch, hf_greedy):
@@ -52,7 +57,7 @@ def _job(hf_dirs, hf_logits, batch, hf_greedy):
     mask = batch["attention_mask"].bool()
     report = {}
     for name, hf_dir in hf_dirs.items():
-        for tp, pp, ep, etp in DENSE_LAYOUTS if name == "qwen3" else LAYOUTS:
+        for tp, pp, ep, etp in LAYOUTS[name]:
             initialize_megatron(tp, pp, seed=1, ep_size=ep, etp_size=etp)
             from verl.models.config import ModelConfig
 
