@@ -121,6 +121,27 @@ class ParamSpec:
         )
 
 
+def moe_layer_params(block: str, gate: str, up: str, down: str) -> tuple[ParamSpec, ParamSpec, ParamSpec]:
+    """An MoE layer's router and experts as megatron's MoELayer holds them (``mlp.router``, local experts'
+    ``linear_fc1`` = [gate shard; up shard], ``linear_fc2``), from the HF block ``block`` (``model.layers.{layer}.``
+    plus the MLP's module name) with its router ``gate.weight`` and the expert tensors ``experts.{expert}.<gate>``,
+    ``<up>``, ``<down>``; the rollout stacks the experts as SGLang's fused MoE (``experts.w13_weight`` /
+    ``w2_weight``)."""
+    mg, experts = "decoder.layers.{layer}.mlp.", block + "experts.{expert}."
+    return (
+        ParamSpec("router", mg + "router.weight", (block + "gate.weight",),
+                  lambda c: ((c.num_experts, c.hidden_size),), TP.REPLICATED, block + "gate.weight", TP.REPLICATED,
+                  layers=MOE_LAYERS),
+        ParamSpec("expert_fc1", mg + "experts.local_experts.{expert}.linear_fc1.weight",
+                  (experts + f"{gate}.weight", experts + f"{up}.weight"),
+                  lambda c: ((c.moe_intermediate_size, c.hidden_size),) * 2, TP.COLUMN,
+                  block + "experts.w13_weight", TP.COLUMN, Fusion.GATE_UP, layers=MOE_LAYERS, expert=True),
+        ParamSpec("expert_fc2", mg + "experts.local_experts.{expert}.linear_fc2.weight", (experts + f"{down}.weight",),
+                  lambda c: ((c.hidden_size, c.moe_intermediate_size),), TP.ROW, block + "experts.w2_weight",
+                  TP.ROW, layers=MOE_LAYERS, expert=True),
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Param:
     """One parameter of one model: a :class:`ParamSpec` with its layer index and shapes filled in."""

@@ -11,28 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from verl.models.spec.base import MOE_LAYERS, TP, Fusion, ParamSpec
+from verl.models.spec.base import moe_layer_params
 from verl.models.spec.dense import DENSE
-
-_MG, _HF = "decoder.layers.{layer}.", "model.layers.{layer}."
-_MOE = _HF + "block_sparse_moe."
 
 MIXTRAL = dataclasses.replace(
     DENSE,
     model_types=("mixtral",),
-    layer=tuple(p for p in DENSE.layer if p.role not in ("gate_up", "mlp_out")) + (
-        ParamSpec("router", _MG + "mlp.router.weight", (_MOE + "gate.weight",),
-                  lambda c: ((c.num_experts, c.hidden_size),), TP.REPLICATED, _MOE + "gate.weight", TP.REPLICATED,
-                  layers=MOE_LAYERS),
-        ParamSpec("expert_fc1", _MG + "mlp.experts.local_experts.{expert}.linear_fc1.weight",
-                  (_MOE + "experts.{expert}.w1.weight", _MOE + "experts.{expert}.w3.weight"),
-                  lambda c: ((c.moe_intermediate_size, c.hidden_size),) * 2, TP.COLUMN,
-                  _MOE + "experts.w13_weight", TP.COLUMN, Fusion.GATE_UP, layers=MOE_LAYERS, expert=True),
-        ParamSpec("expert_fc2", _MG + "mlp.experts.local_experts.{expert}.linear_fc2.weight",
-                  (_MOE + "experts.{expert}.w2.weight",),
-                  lambda c: ((c.hidden_size, c.moe_intermediate_size),), TP.ROW, _MOE + "experts.w2_weight",
-                  TP.ROW, layers=MOE_LAYERS, expert=True),
-    ),
+    layer=tuple(p for p in DENSE.layer if p.role not in ("gate_up", "mlp_out"))
+    + moe_layer_params("model.layers.{layer}.block_sparse_moe.", "w1", "w3", "w2"),
     mcore_layer_order=tuple(r for r in DENSE.mcore_layer_order if r not in ("gate_up", "mlp_out"))
     + ("router", "expert_fc1", "expert_fc2"),
 )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from verl.models.spec.base import DENSE_LAYERS, MOE_LAYERS, TP, Fusion, ParamSpec
+from verl.models.spec.base import DENSE_LAYERS, TP, ParamSpec, moe_layer_params
 from verl.models.spec.dense import DENSE
 
 _MG, _HF = "decoder.layers.{layer}.", "model.layers.{layer}."
@@ -40,19 +40,7 @@ def _layer(with_experts: bool) -> tuple[ParamSpec, ...]:
         if p.role == "attn_out":
             out += [_head_norm("q"), _head_norm("k")]
     if with_experts:
-        out += [
-            ParamSpec("router", _MG + "mlp.router.weight", (_HF + "mlp.gate.weight",),
-                      lambda c: ((c.num_experts, c.hidden_size),), TP.REPLICATED, _HF + "mlp.gate.weight",
-                      TP.REPLICATED, layers=MOE_LAYERS),
-            ParamSpec("expert_fc1", _MG + "mlp.experts.local_experts.{expert}.linear_fc1.weight",
-                      (_HF + "mlp.experts.{expert}.gate_proj.weight", _HF + "mlp.experts.{expert}.up_proj.weight"),
-                      lambda c: ((c.moe_intermediate_size, c.hidden_size),) * 2, TP.COLUMN,
-                      _HF + "mlp.experts.w13_weight", TP.COLUMN, Fusion.GATE_UP, layers=MOE_LAYERS, expert=True),
-            ParamSpec("expert_fc2", _MG + "mlp.experts.local_experts.{expert}.linear_fc2.weight",
-                      (_HF + "mlp.experts.{expert}.down_proj.weight",),
-                      lambda c: ((c.hidden_size, c.moe_intermediate_size),), TP.ROW, _HF + "mlp.experts.w2_weight",
-                      TP.ROW, layers=MOE_LAYERS, expert=True),
-        ]
+        out += moe_layer_params(_HF + "mlp.", "gate_proj", "up_proj", "down_proj")
     return tuple(out)
 
 
