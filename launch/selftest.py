@@ -9,6 +9,9 @@ Options exercise what a trainer needs from its launcher:
 - ``--steps N --step-seconds X --checkpoint-dir D``: N steps of one all-reduce each, resumable.
   On SIGUSR1/SIGTERM every rank finishes the current step, rank 0 writes D/selftest_state.json
   atomically, and the job exits 0; the next run resumes after the saved step.
+- ``--save-every K --save-seconds S``: a periodic checkpoint every K steps that takes S seconds (a
+  stand-in for a large model's save); ``--metrics FILE``: rank 0 appends the trainer's
+  ``timing_s/step`` and ``timing_s/save_checkpoint`` per step, as the batch scripts' deadline timer reads them.
 """
 
 from __future__ import annotations
@@ -35,11 +38,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=0, help="number of resumable steps (default 0)")
     p.add_argument("--step-seconds", type=float, default=0.1, help="sleep per step (default 0.1)")
     p.add_argument("--checkpoint-dir", default=None, help="where the step counter is saved")
+    p.add_argument("--save-every", type=int, default=0, help="periodic checkpoint every K steps (0: none)")
+    p.add_argument("--save-seconds", type=float, default=0.0, help="time a checkpoint save takes (default 0)")
+    p.add_argument("--metrics", default=None, help="rank 0 appends timing_s/step and timing_s/save_checkpoint here")
     p.add_argument("--megatron", metavar="TP,PP", default=None,
                    help="also build Megatron's parallel groups and report the hosts each of this rank's groups spans")
     args = p.parse_args(argv)
     if args.steps < 0:
         p.error(f"--steps: expected >= 0, found {args.steps}")
+    if args.save_every < 0 or args.save_seconds < 0:
+        p.error(f"--save-every/--save-seconds: expected >= 0, found {args.save_every}/{args.save_seconds}")
     if args.steps and args.checkpoint_dir is None:
         p.error("--steps: expected --checkpoint-dir as well (preemption writes a checkpoint there)")
     return args
@@ -68,6 +76,19 @@ def save_state_atomically(checkpoint_dir: str, state: dict) -> str:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
+
+
+def save_checkpoint(args, state: dict) -> tuple[str, float]:
+    """(path, seconds): the state written atomically after --save-seconds of simulated work."""
+    t0 = time.monotonic()
+    time.sleep(args.save_seconds)
+    return save_state_atomically(args.checkpoint_dir, state), time.monotonic() - t0
+
+
+def append_metrics(path: str | None, record: dict) -> None:
+    if path:
+        with open(path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
 
 
 def check_all_reduce(rank: int, world: int) -> float:
@@ -136,20 +157,29 @@ def run_steps(args, rank: int, world: int) -> None:
         emit(event="resumed", rank=rank, step=state["step"])
     with PreemptionHandler() as preempt:
         for step in range(start, args.steps):
+            t0 = time.monotonic()
             time.sleep(args.step_seconds)
             work = torch.tensor([float(step)])
             dist.all_reduce(work)
             if work.item() != step * world:
                 raise RuntimeError(f"step {step}: expected {step * world}, found {work.item()}")
+            record = {"step": step, "timing_s/step": time.monotonic() - t0}
             if rank == 0:
                 emit(event="step", rank=rank, step=step)
             if preempt.should_stop():
                 if rank == 0:
-                    path = save_state_atomically(args.checkpoint_dir, {"step": step, "world_size": world})
+                    path, _ = save_checkpoint(args, {"step": step, "world_size": world})
                     emit(event="preempted", rank=rank, step=step, checkpoint=path,
                          signal=preempt.received_signal)
+                    append_metrics(args.metrics, record)
                 dist.barrier()  # the job ends only once the checkpoint exists
                 return
+            if args.save_every and (step + 1) % args.save_every == 0:
+                if rank == 0:
+                    _, record["timing_s/save_checkpoint"] = save_checkpoint(args, {"step": step, "world_size": world})
+                dist.barrier()
+            if rank == 0:
+                append_metrics(args.metrics, record)
     if rank == 0:
         save_state_atomically(args.checkpoint_dir, {"step": args.steps - 1, "world_size": world})
         emit(event="done", rank=rank, steps=args.steps, resumed_from=start)

@@ -23,7 +23,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLURM_DIR = os.path.join(REPO, "slurm")
-SCRIPTS = ["quickstart_cpu.sbatch", "ppo_multinode_gpu.sbatch", "multinode_cpu.sbatch", "local/start.sh",
+SCRIPTS = ["quickstart_cpu.sbatch", "ppo_multinode_gpu.sbatch", "multinode_cpu.sbatch", "lib/step.sh", "local/start.sh",
            "local/stop.sh", "local/login.sh", "local/cluster.sh", "local/multinode.sh"]
 DAEMONS = {"slurmctld", "slurmscriptd", "slurmd", "slurmstepd", "munged"}
 CANNOT_INSTALL = 3  # start.sh: packages missing and apt-get failed
@@ -396,7 +396,7 @@ def test_gpu_template_dry_cpu_run_preempts_requeues_and_resumes(slurm, qwen2_7b_
     out = slurm.out_dir / "ppo.out"
     proc = subprocess.run(
         ["sbatch", "--parsable", f"--job-name={slurm.job_name()}", f"--output={out}", "--nodes=1",
-         "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0", "--time=10",
+         "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0", "--time=20",
          os.path.join(SLURM_DIR, "ppo_multinode_gpu.sbatch")], cwd=REPO, capture_output=True,
         text=True, timeout=60,
         env=slurm.env(VERL_DRY_RUN_CPU="1", VERL_RUN_DIR=str(run_dir), VERL_TP="2", VERL_PP="1",
@@ -404,7 +404,7 @@ def test_gpu_template_dry_cpu_run_preempts_requeues_and_resumes(slurm, qwen2_7b_
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip().split(";")[0]
     wait_for(output_has(out, '"event": "step"'), 90, "the job's first step", out)
-    # What --signal=B:USR1@120 does before the time limit: signal the batch shell only.
+    # What the header's --signal=B:USR1@900 does before the time limit: signal the batch shell only.
     subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], check=True, timeout=30)
     wait_for(lambda: job_state(job_id).get("Restarts") == "1", 60, "the job to requeue itself", out)
     # Slurm's own requeue path, unforced: the local cluster's cred_expire=30 holds the requeued job
@@ -429,3 +429,65 @@ def test_gpu_template_dry_cpu_run_preempts_requeues_and_resumes(slurm, qwen2_7b_
     assert (config.trainer.nnodes, config.trainer.n_gpus_per_node) == (1, 2)
     assert config.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == 2
     assert config.trainer.default_local_dir == str(run_dir / "checkpoints")
+
+
+def submit_gpu_dry_run(slurm, name, *sbatch_args, **env):
+    """ppo_multinode_gpu.sbatch in its CPU dry run, 1 node x 2 tasks: the job id and its output file."""
+    out = slurm.out_dir / f"{name}.out"
+    proc = subprocess.run(
+        ["sbatch", "--parsable", f"--job-name={slurm.job_name()}", f"--output={out}", "--nodes=1",
+         "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0", *sbatch_args,
+         os.path.join(SLURM_DIR, "ppo_multinode_gpu.sbatch")], cwd=REPO, capture_output=True, text=True,
+        timeout=60, env=slurm.env(VERL_DRY_RUN_CPU="1", VERL_RUN_DIR=str(slurm.out_dir / name), VERL_TP="1",
+                                  VERL_PP="1", VERL_ROLLOUT_TP="1", **env))
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0], out
+
+
+def test_gpu_template_checkpoints_before_the_time_limit_by_the_measured_save_time(slurm):
+    """A run whose checkpoint save (8 s, measured by its periodic save) outgrows the header's --signal lead
+    (here 2 s) is asked to checkpoint earlier by the deadline timer: lead = 1.5 x (step + 2 saves) + margin,
+    from its metrics.jsonl; it checkpoints and exits 0 before Slurm's 1-minute limit (no TIMEOUT)."""
+    wait_for_idle_cluster()
+    run_dir = slurm.out_dir / "deadline"
+    cmd = (f"{REPO}/.venv/bin/python -m launch.selftest --steps 1000 --step-seconds 0.5 --save-every 4"
+           f" --save-seconds 8 --checkpoint-dir {run_dir}/checkpoints --metrics {run_dir}/metrics.jsonl")
+    job_id, out = submit_gpu_dry_run(slurm, "deadline", "--time=1", "--signal=B:USR1@2", VERL_CMD=cmd,
+                                     VERL_MAX_REQUEUES="0", VERL_PREEMPT_MARGIN_S="5", VERL_PREEMPT_POLL_S="1")
+    wait_for(lambda: job_state(job_id).get("JobState") in (None, "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"),
+             150, "the job to end", out)
+    text = out.read_text()
+    assert job_state(job_id).get("JobState") in (None, "COMPLETED"), text
+    assert "below the measured lead of" in text and "[ppo] step finished with exit code 0" in text, text
+    assert "not requeueing: 0 restarts reached VERL_MAX_REQUEUES" in text, text
+    preempted = [e for e in events(out) if e["event"] == "preempted"]
+    assert len(preempted) == 1 and preempted[0]["signal"] == 10, text  # SIGUSR1, from the timer via the shell
+    lead = int(text.split("below the measured lead of ", 1)[1].split("s", 1)[0])
+    assert lead >= 1.5 * (0.5 + 2 * 8) + 5, text  # the measured save time, not the header's 2 s
+
+
+def test_gpu_template_sigterm_checkpoints_and_does_not_requeue(slurm):
+    """scancel's SIGTERM to the batch shell: forwarded to the tasks as a checkpoint request; the job ends 0
+    with the checkpoint written and is not requeued (a cancel means stop)."""
+    wait_for_idle_cluster()
+    run_dir = slurm.out_dir / "term"
+    cmd = (f"{REPO}/.venv/bin/python -m launch.selftest --steps 1000 --step-seconds 0.3"
+           f" --checkpoint-dir {run_dir}/checkpoints")
+    job_id, out = submit_gpu_dry_run(slurm, "term", "--time=10", VERL_CMD=cmd)
+    wait_for(output_has(out, '"event": "step"'), 90, "the job's first step", out)
+    subprocess.run(["scancel", "--batch", "--signal=TERM", job_id], check=True, timeout=30)
+    wait_for(lambda: job_state(job_id).get("JobState") in (None, "COMPLETED", "FAILED", "CANCELLED"), 60,
+             "the job to end", out)
+    text = out.read_text()
+    assert "[ppo] SIGTERM: asking the tasks to checkpoint" in text and "exit code 0" in text, text
+    assert "not requeueing (SIGTERM" in text and job_state(job_id).get("Restarts", "0") == "0", text
+    preempted = [e for e in events(out) if e["event"] == "preempted"]
+    assert len(preempted) == 1 and os.path.exists(preempted[0]["checkpoint"]), text
+
+
+def test_both_multinode_templates_run_their_step_through_the_shared_library():
+    # The watchdog, traps, deadline timer and requeue live once, in slurm/lib/step.sh.
+    for name, tag in (("multinode_cpu.sbatch", "multinode"), ("ppo_multinode_gpu.sbatch", "ppo")):
+        text = open(os.path.join(SLURM_DIR, name)).read()
+        assert 'source "$submit_dir/slurm/lib/step.sh"' in text and f"verl_run_step {tag} " in text, name
+        assert "srun " not in text.split("verl_run_step", 1)[0].split("#SBATCH --output", 1)[1], name

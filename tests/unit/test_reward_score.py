@@ -22,6 +22,10 @@ from verl.workers.reward_manager import NaiveRewardManager, get_reward_manager_c
         ("-7", "-7", 1.0),
         ("x85", "85", 0.0),
         ("", "85", 0.0),
+        ("085", "85", 1.0),  # the same integer
+        ("-0", "0", 1.0),
+        ("9" * 5000, "85", 0.0),  # more digits than int() parses (4300): scored, not raised
+        ("9" * 5000, "9" * 5000, 1.0),
     ],
 )
 def test_arithmetic_exact_match(solution, truth, expected):

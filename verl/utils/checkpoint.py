@@ -12,12 +12,21 @@ save the actor / critic parts of older checkpoints beyond the newest N are delet
 Atomic: every part is written under ``global_step_<N>.tmp``; after a barrier rank 0 renames it and
 only then updates ``latest_checkpointed_iteration.txt`` (itself written to a temp file and renamed),
 so a run killed at any instant leaves either the previous or the new checkpoint, never a torn one.
+Staging directories a killed run left behind are removed at the next save.
+
+Disk space: a save needs room for one more checkpoint beside the kept ones (the old ones are pruned only once
+the new one is complete). Before writing, rank 0 compares the free space with the newest complete checkpoint's
+size; when it is short, older checkpoints beyond ``max_to_keep - 1`` are pruned first (never the newest complete
+one), and if that is not enough the save is refused up front. A file system that fills up during the save anyway
+(``ENOSPC``/``EDQUOT`` on any rank) ends in :class:`DiskFullError`: one line naming the last complete checkpoint,
+with the staging directory removed.
 The engines' parts (``actor/``, ``critic/``) are staged and renamed the same way by
 :func:`save_engine_checkpoint`, with their own manifest ``verl_checkpoint.json``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -44,6 +53,15 @@ ENGINE_MANIFEST = "verl_checkpoint.json"  # an engine checkpoint's (actor/, crit
 class CheckpointError(InputError):
     """A checkpoint (trainer resume target, Megatron checkpoint or HF model directory) that is missing,
     incomplete, corrupt, or for another model: the one error class for every checkpoint reader."""
+
+
+class DiskFullError(RuntimeError):
+    """The file system ran out of space or quota while a checkpoint was written: neither bad input nor a bug.
+    Its message is one line naming the last complete checkpoint; nothing of the failed save is left."""
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+SPACE_HEADROOM = 1.05  # a checkpoint's size varies a little from step to step (JSON state, manifests)
 
 
 def step_dir(root: str, step: int) -> str:
@@ -97,29 +115,129 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_trainer_checkpoint(root: str, step: int, trainer_state: dict[str, Any],
-                            save_models: Callable[[str], None]) -> str:
-    """Collective: ``save_models(staging_dir)`` writes the workers' parts; returns the final directory."""
+                            save_models: Callable[[str], None],
+                            max_to_keep: dict[str, int | None] | None = None) -> str:
+    """Collective: ``save_models(staging_dir)`` writes the workers' parts; returns the final directory.
+    ``max_to_keep`` (the trainer's ``max_*_ckpt_to_keep``) lets a save that lacks room prune first."""
     final = step_dir(root, step)
     staging = final + ".tmp"
+    problem = None
+    if _rank() == 0:
+        try:
+            os.makedirs(root, exist_ok=True)
+            clean_stale_staging(root)
+            problem = _make_room(root, step, max_to_keep or {})
+            if problem is None:
+                os.makedirs(os.path.join(staging, "rng"))
+        except OSError as err:
+            problem = _disk_full_or_raise(err)
+    _agree(problem, root, step, staging)
+    try:
+        save_models(staging)
+        torch.save(rng_state(), os.path.join(staging, "rng", f"rank{_rank()}.pt"))
+        if _rank() == 0:
+            with open(os.path.join(staging, STATE_FILE), "w", encoding="utf-8") as fh:
+                json.dump({"step": step, **trainer_state}, fh, indent=2)
+    except OSError as err:
+        problem = _disk_full_or_raise(err)
+    except DiskFullError as err:  # an engine's own staged save ran out of space
+        problem = str(err)
+    _agree(problem, root, step, staging)
+    if _rank() == 0:
+        try:
+            write_manifest(staging)  # last: a checkpoint without it (or not matching it) is incomplete
+            _replace_dir(staging, final)
+            latest = os.path.join(root, LATEST_FILE)
+            with open(latest + ".tmp", "w", encoding="utf-8") as fh:
+                fh.write(f"{step}\n")
+            os.replace(latest + ".tmp", latest)
+        except OSError as err:
+            problem = _disk_full_or_raise(err)
+            if os.path.isdir(final) and checkpoint_problem(final) is not None:
+                shutil.rmtree(final, ignore_errors=True)  # renamed but its `latest` pointer failed: not kept
+    _agree(problem, root, step, staging)
+    return final
+
+
+def clean_stale_staging(root: str) -> list[str]:
+    """Remove the ``global_step_<N>.tmp`` directories and ``latest`` temp file a killed save left under ``root``
+    (rank 0, before a save; nothing else writes there then). Returns what was removed."""
+    removed = []
+    for name in os.listdir(root) if os.path.isdir(root) else []:
+        path = os.path.join(root, name)
+        if name.startswith("global_step_") and name.endswith(".tmp") and os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        elif name == LATEST_FILE + ".tmp":
+            os.remove(path)
+            removed.append(path)
+    if removed:
+        logger.warning("checkpoints: removed staging left by an interrupted save: %s", ", ".join(removed))
+    return removed
+
+
+def _checkpoint_bytes(path: str) -> int:
+    """A complete checkpoint's size: its manifest's sum when it has one, else the files on disk."""
+    try:
+        with open(os.path.join(path, MANIFEST_FILE), encoding="utf-8") as fh:
+            return sum(int(v) for v in json.load(fh)["files"].values())
+    except (OSError, ValueError, KeyError, TypeError):
+        return sum(os.path.getsize(os.path.join(r, f)) for r, _, names in os.walk(path) for f in names)
+
+
+def _make_room(root: str, step: int, max_to_keep: dict[str, int | None]) -> str | None:
+    """None when the file system of ``root`` has room for a checkpoint as large as the newest complete one,
+    after pruning to ``max_to_keep - 1`` if needed; else the one-line reason the save cannot start."""
+    complete = _complete_checkpoints(root)
+    if not complete:
+        return None
+    needed = int(_checkpoint_bytes(complete[0]) * SPACE_HEADROOM)
+    free = shutil.disk_usage(root).free
+    if free >= needed:
+        return None
+    tighter = {part: max(1, keep - 1) for part, keep in max_to_keep.items() if keep is not None}
+    if tighter:
+        newest = int(complete[0].rpartition("_")[2])
+        removed = prune_checkpoints(root, newest, tighter)
+        free = shutil.disk_usage(root).free
+        if removed:
+            logger.warning("checkpoints: %s free for a %s checkpoint: pruned %s before saving step %d",
+                           _size(free), _size(needed), ", ".join(removed), step)
+        if free >= needed:
+            return None
+    return (f"expected {_size(needed)} free for it (the size of {complete[0]}), found {_size(free)}; "
+            f"free space or lower trainer.max_actor_ckpt_to_keep/max_critic_ckpt_to_keep")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def _disk_full_or_raise(err: OSError) -> str:
+    if err.errno not in _DISK_FULL:
+        raise err
+    return f"{os.strerror(err.errno)} writing {err.filename or 'a file'}"
+
+
+def _agree(problem: str | None, root: str, step: int | None, staging: str) -> None:
+    """Collective: every rank learns whether any rank's part of the save failed for lack of space; then each
+    raises :class:`DiskFullError` (rank 0 first removes the staging directory) or all go on."""
+    problems = [problem]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        problems = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+    failed = [(rank, p) for rank, p in enumerate(problems) if p is not None]
+    if not failed:
+        return
     if _rank() == 0:
         shutil.rmtree(staging, ignore_errors=True)
-        os.makedirs(os.path.join(staging, "rng"))
-    _barrier()
-    save_models(staging)
-    torch.save(rng_state(), os.path.join(staging, "rng", f"rank{_rank()}.pt"))
-    if _rank() == 0:
-        with open(os.path.join(staging, STATE_FILE), "w", encoding="utf-8") as fh:
-            json.dump({"step": step, **trainer_state}, fh, indent=2)
-    _barrier()
-    if _rank() == 0:
-        write_manifest(staging)  # last: a checkpoint without it (or not matching it) is incomplete
-        _replace_dir(staging, final)
-        latest = os.path.join(root, LATEST_FILE)
-        with open(latest + ".tmp", "w", encoding="utf-8") as fh:
-            fh.write(f"{step}\n")
-        os.replace(latest + ".tmp", latest)
-    _barrier()
-    return final
+    rank, why = failed[0]
+    if step is None:  # an engine's part (actor/, critic/ or a standalone `verl convert` output)
+        raise DiskFullError(f"checkpoint {staging[:-len('.tmp')]} not saved: rank {rank}: {why}; nothing of it "
+                            f"was kept")
+    last = _complete_checkpoints(root)
+    raise DiskFullError(f"checkpoint of step {step} not saved: rank {rank}: {why}; nothing of it was kept; the "
+                        f"last complete checkpoint is {last[0] if last else 'none'}")
 
 
 def _replace_dir(staging: str, final: str) -> None:
@@ -136,19 +254,29 @@ def save_engine_checkpoint(path: str, write: Callable[[str], None],
     an older one, so a crash never leaves a half-written ``path``."""
     path = os.path.abspath(path)
     staging = path + ".tmp"
-    if dist.get_rank() == 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        os.makedirs(staging)
-    dist.barrier()
-    write(staging)
-    dist.barrier()
-    if dist.get_rank() == 0:
-        files = sorted(os.path.relpath(os.path.join(root, f), staging)
-                       for root, _, names in os.walk(staging) for f in names)
-        with open(os.path.join(staging, ENGINE_MANIFEST), "w", encoding="utf-8") as fh:
-            json.dump(manifest(files), fh, indent=2)
-        _replace_dir(staging, path)
-    dist.barrier()
+    problem = None
+    try:
+        if dist.get_rank() == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            os.makedirs(staging)
+    except OSError as err:
+        problem = _disk_full_or_raise(err)
+    _agree(problem, os.path.dirname(path), None, staging)
+    try:
+        write(staging)
+    except OSError as err:  # out of space on this rank: every rank hears of it below instead of hanging
+        problem = _disk_full_or_raise(err)
+    _agree(problem, os.path.dirname(path), None, staging)
+    try:
+        if dist.get_rank() == 0:
+            files = sorted(os.path.relpath(os.path.join(root, f), staging)
+                           for root, _, names in os.walk(staging) for f in names)
+            with open(os.path.join(staging, ENGINE_MANIFEST), "w", encoding="utf-8") as fh:
+                json.dump(manifest(files), fh, indent=2)
+            _replace_dir(staging, path)
+    except OSError as err:
+        problem = _disk_full_or_raise(err)
+    _agree(problem, os.path.dirname(path), None, staging)
 
 
 def read_engine_manifest(path: str) -> dict:

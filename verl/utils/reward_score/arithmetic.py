@@ -21,4 +21,11 @@ def compute_score(solution_str: str, ground_truth: str | int, extra_info: dict |
     answer = extract_answer(solution_str)
     if answer is None:
         return 0.0
-    return 1.0 if int(answer) == int(str(ground_truth).strip()) else 0.0
+    # Compared as canonical decimal strings, not int(): Python refuses to parse more than 4300 digits, and a
+    # sampled answer may be that long.
+    return 1.0 if _canonical(answer) == _canonical(str(ground_truth).strip()) else 0.0
+
+
+def _canonical(number: str) -> str:
+    negative, digits = number.startswith("-"), number.lstrip("+-").lstrip("0") or "0"
+    return "-" + digits if negative and digits != "0" else digits
