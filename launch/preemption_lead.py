@@ -4,7 +4,8 @@ A checkpoint request is honoured at the end of the step in progress, and the che
 In the worst case the request arrives as a periodic save begins: that save, one more step and the requested save
 must all fit. So the lead is ``factor * (step + 2 * save) + margin``, from the longest step and the longest
 checkpoint save this run has measured (``timing_s/step`` and ``timing_s/save_checkpoint`` in its
-``metrics.jsonl``), the margin covering the file system's noise and the signal's way to every rank. The batch scripts' deadline timer (``slurm/lib/step.sh``) runs
+``metrics.jsonl``), the margin covering the file system's noise and the signal's way to every rank. The batch
+scripts' deadline timer (``slurm/lib/step.sh``) runs
 
     python launch/preemption_lead.py --metrics RUN/metrics.jsonl --minimum 0 --margin 60 --factor 1.5
 
