@@ -1,0 +1,105 @@
+"""Tools from verl's YAML (``tool_config_path``) and from a file of ``@function_tool`` functions
+(``function_tool_path``), as verl's ``verl.tools.tool_registry``.
+
+The YAML, read with ``yaml.safe_load``::
+
+    tools:
+      - class_name: verl.tools.calculator.CalculatorTool   # a BaseTool subclass, by module path
+        config: {type: native}                              # passed to the class as ``config``
+        tool_schema: {type: function, function: {name: ..., description: ..., parameters: {...}}}  # optional
+
+A file that does not parse, a class that does not import, a schema that does not validate: ``InputError`` with
+one line naming the file and the entry, before any rollout starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from verl.errors import InputError
+from verl.tools.base_tool import BaseTool
+from verl.tools.function_tool import FunctionTool, load_function_tools_from_path
+from verl.tools.schemas import OpenAIFunctionToolSchema
+
+
+def get_tool_class(cls_name: str) -> type:
+    """The class at ``package.module.ClassName``."""
+    module_name, _, class_name = str(cls_name).rpartition(".")
+    if not module_name:
+        raise InputError(f"tool class_name '{cls_name}' is not a module path (package.module.ClassName)")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise InputError(f"tool class_name '{cls_name}': cannot import {module_name}: {e}") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise InputError(f"tool class_name '{cls_name}': {module_name} has no {class_name}")
+    return cls
+
+
+def _one_line(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()))
+    return f"{loc}: {first.get('msg')}" if loc else str(first.get("msg"))
+
+
+def initialize_tools_from_config(tools_config_file: str) -> list[BaseTool]:
+    """Instantiate every ``BaseTool`` the YAML declares."""
+    try:
+        with open(tools_config_file) as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise InputError(f"tool_config_path {tools_config_file}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise InputError(f"tool_config_path {tools_config_file}: not valid YAML{where}: "
+                         f"{getattr(e, 'problem', None) or e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
+        raise InputError(f"tool_config_path {tools_config_file}: expected a mapping with a 'tools' list")
+    tools = []
+    for i, entry in enumerate(data["tools"]):
+        where = f"tool_config_path {tools_config_file}: tools[{i}]"
+        if not isinstance(entry, dict) or "class_name" not in entry:
+            raise InputError(f"{where}: expected a mapping with class_name, config and optional tool_schema")
+        config: dict[str, Any] = entry.get("config") or {}
+        if not isinstance(config, dict):
+            raise InputError(f"{where}: config must be a mapping, got {type(config).__name__}")
+        if str(config.get("type", "native")) != "native":
+            raise InputError(f"{where}: config.type '{config.get('type')}' is not supported (only 'native')")
+        schema = None
+        if entry.get("tool_schema") is not None:
+            try:
+                schema = OpenAIFunctionToolSchema.model_validate(entry["tool_schema"])
+            except ValidationError as e:
+                raise InputError(f"{where}: tool_schema does not parse: {_one_line(e)}") from None
+        cls = get_tool_class(entry["class_name"])
+        if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
+            raise InputError(f"{where}: {entry['class_name']} is not a verl.tools.base_tool.BaseTool subclass")
+        try:
+            tools.append(cls(config=config, tool_schema=schema))
+        except InputError:
+            raise
+        except (ValueError, TypeError, KeyError) as e:
+            raise InputError(f"{where}: {entry['class_name']}: {e}") from None
+    return tools
+
+
+def load_all_tools(tool_config_path: str | None, function_tool_path: str | None) -> list[BaseTool | FunctionTool]:
+    """The YAML's tools then the function tools; two tools of one name are refused."""
+    tools: list[BaseTool | FunctionTool] = []
+    if tool_config_path:
+        tools += initialize_tools_from_config(tool_config_path)
+    if function_tool_path:
+        tools += load_function_tools_from_path(function_tool_path)
+    seen: set[str] = set()
+    for tool in tools:
+        if tool.name in seen:
+            raise InputError(f"tool name '{tool.name}' is declared twice (tool_config_path / function_tool_path); "
+                             "each tool name must be unique")
+        seen.add(tool.name)
+    return tools
