@@ -1,0 +1,237 @@
+"""LoRA on either training engine: verl's keys, the adapter parameters' names and shards, and the reference as
+the base model with its adapters disabled.
+
+Keys (verl's): the FSDP engines read the flat ``actor_rollout_ref.model.{lora_rank (0 = off), lora_alpha,
+target_modules ("all-linear" or HF module names), exclude_modules, lora_adapter_path}`` and put PEFT's LoRA
+layers on transformers' linears (:mod:`verl.engine.lora.fsdp`); Megatron reads the block
+``actor_rollout_ref.model.lora.{rank, alpha, dropout, target_modules ([linear_qkv, linear_proj, linear_fc1,
+linear_fc2] or fnmatch patterns of full module names), exclude_modules, merge, adapter_path}`` and puts adapters on
+megatron's own column/row-parallel linears (:mod:`verl.engine.lora.megatron`). Either way the update is
+``y = W x + (alpha / r) * B (A x)``, ``A`` [r, in] random (PEFT's kaiming-uniform), ``B`` [out, r] zero, so a
+fresh adapter leaves the model unchanged. Only ``A`` and ``B`` require gradients: Megatron's DDP and its
+(distributed) optimizer build their buffers from ``requires_grad`` parameters only, and the FSDP engine's AdamW
+is handed the adapters alone, so gradients and optimizer state exist for the adapters only. The frozen base may
+be bf16 (``megatron.dtype=bfloat16``): megatron's mixed-precision optimizer keeps fp32 main copies of the
+trainable (adapter) parameters only.
+
+Names (what the adapter-only weight sync addresses; every one ends ``lora_A.weight`` / ``lora_B.weight``):
+
+* Megatron: ``<linear>.lora_A.weight`` and ``<linear>.lora_B.weight`` beside the linear's own ``weight``, e.g.
+  ``decoder.layers.0.self_attention.linear_qkv.lora_A.weight`` (stage-local layer numbers, as every Megatron
+  name). The base parameters keep their names, so the HF <-> Megatron mapping of the model spec is unchanged.
+* FSDP (PEFT): the HF module's ``base_layer.weight`` is the frozen base and ``lora_A.default.weight`` /
+  ``lora_B.default.weight`` the adapter, e.g. ``model.layers.0.self_attn.q_proj.lora_A.default.weight``;
+  :func:`hf_base_name` maps a PEFT name back to the HF tensor name.
+* On disk (PEFT's adapter format): ``base_model.model.<HF module>.lora_A.weight`` / ``.lora_B.weight``.
+
+Shards. Megatron: a column-parallel linear (``linear_qkv``, ``linear_fc1``) splits ``W`` on its output rows, so
+``B`` is split with exactly ``W``'s rows (the same QKV per-group / gate-up regrouping: a row of ``B`` belongs to
+the row of ``W`` it adds to) and ``A`` is replicated: every rank needs ``A x`` for all r ranks of the update,
+and ``W_local + s B_local A`` is this rank's rows of the merged weight. A row-parallel linear (``linear_proj``,
+``linear_fc2``) splits ``W`` on its input columns, so ``A`` is split on the input dim (the columns of ``A`` meet
+the same input slice as ``W_local``) and ``B`` is replicated: ``W_local + s B A_local`` is this rank's columns
+of the merged weight, and the update's partial ``A_local x_local`` are summed over TP (one [s, b, r] all-reduce)
+before ``B``. Under sequence parallelism the replicated factor that sees a sequence shard (``A`` of a column
+linear, ``B`` of a row linear) is marked ``sequence_parallel`` so megatron all-reduces its gradient over TP.
+Pipeline stages hold their own layers' adapters. FSDP2: ``A`` and ``B`` are ``Shard(0)`` DTensors like every
+parameter (``B``'s rows are ``W``'s rows on every rank; ``A`` is split over r and gathered for a merge).
+
+Rollout. Until the adapter-only sync lands, LoRA runs with ``merge=true`` semantics on every rollout engine:
+each transition hands the rollout the merged weights ``W + (alpha/r) B A`` by the HF names of the dense model,
+computed per training shard (exactly the rows/columns that shard holds), through today's reshard.
+
+Not yet: checkpoints of a LoRA actor (``trainer.checkpoint.save_lora_only``) and the engines' HF export as a
+PEFT directory; the config check refuses ``save_freq`` / ``export_hf_*`` with LoRA on, and the engines' save and
+export raise. The PEFT directory reader/writer (:mod:`verl.engine.lora.peft_io`) and the full-adapter gathers
+(``gather_full_adapters``, ``full_adapters``) they will use exist and are tested.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fnmatch
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from verl.utils.config_checks import ConfigError
+
+MEGATRON_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+# HF modules of each Megatron linear (the dense families' names): what "all-linear" means on FSDP too.
+HF_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADAPTER_SUFFIXES = ("lora_A.weight", "lora_B.weight", "lora_A.default.weight", "lora_B.default.weight")
+
+
+class LoRAError(ConfigError):
+    """A LoRA setting or adapter directory that does not fit the model or the engine (an InputError: one line,
+    exit 2)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRASettings:
+    """One role's LoRA, whatever the backend's keys. ``where``: the dotted key prefix messages name."""
+
+    rank: int
+    alpha: float
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ()
+    exclude_modules: tuple[str, ...] = ()
+    adapter_path: str | None = None
+    merge: bool = True
+    where: str = "actor_rollout_ref.model"
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(str(v) for v in value)
+
+
+def lora_settings(model: Any, backend: str) -> LoRASettings | None:
+    """The LoRA a role's ``model`` section asks of ``backend`` ("megatron" or "fsdp"); None when off.
+    Megatron reads the ``lora`` block, FSDP the flat ``lora_*`` keys (as verl)."""
+    if model is None:
+        return None
+    if backend == "megatron":
+        block = model.get("lora") if hasattr(model, "get") else None
+        if not block or not block.get("rank"):
+            return None
+        return LoRASettings(rank=int(block["rank"]), alpha=float(block["alpha"]), dropout=float(block["dropout"]),
+                            target_modules=_names(block["target_modules"]),
+                            exclude_modules=_names(block["exclude_modules"]), adapter_path=block["adapter_path"],
+                            merge=bool(block["merge"]), where="actor_rollout_ref.model.lora")
+    rank = model.get("lora_rank") if hasattr(model, "get") else 0
+    if not rank:
+        return None
+    return LoRASettings(rank=int(rank), alpha=float(model["lora_alpha"]),
+                        target_modules=_names(model["target_modules"]),
+                        exclude_modules=_names(model["exclude_modules"]), adapter_path=model["lora_adapter_path"])
+
+
+def check_settings(settings: LoRASettings, backend: str) -> None:
+    """The settings on their own (before any model exists): one :class:`LoRAError` line naming the key."""
+    rank_key = "rank" if backend == "megatron" else "lora_rank"
+    if settings.rank <= 0:
+        raise LoRAError(f"{settings.where}.{rank_key}: expected a positive rank with LoRA on (0 turns it off), "
+                        f"found {settings.rank}")
+    if settings.alpha <= 0:
+        key = "alpha" if backend == "megatron" else "lora_alpha"
+        raise LoRAError(f"{settings.where}.{key}: expected a positive alpha, found {settings.alpha}")
+    if not 0 <= settings.dropout < 1:
+        raise LoRAError(f"{settings.where}.dropout: expected a value in [0, 1), found {settings.dropout}")
+    if not settings.target_modules:
+        raise LoRAError(f"{settings.where}.target_modules: expected module names, found none")
+    if backend == "megatron" and not settings.merge:
+        raise LoRAError(f"{settings.where}.merge: expected true (the rollout engines take merged weights until the "
+                        "adapter-only sync lands), found false")
+
+
+def candidate_modules(model: Any, backend: str) -> list[str]:
+    """The linear modules LoRA may target in ``model`` (a ModelConfig), by the names target_modules match:
+    Megatron's (global layer numbers) or HF's."""
+    if backend == "megatron":
+        from verl.models.mcore.weights import weight_rules
+
+        return [r.mcore.removesuffix(".weight") for r in weight_rules(model, 1, 0)
+                if r.mcore.rsplit(".", 2)[-2].startswith("linear_") and r.mcore.endswith(".weight")]
+    from verl.models.spec.registry import model_spec
+
+    return [n.removesuffix(".weight") for n, shape in model_spec(model.model_type).hf_shapes(model).items()
+            if len(shape) == 2 and n.endswith(".weight") and ".layers." in n]
+
+
+def check_lora_config(cfg: Any, model: Any, backend: str) -> None:
+    """The composed config's LoRA against ``model`` before any rank starts: rank, alpha, the other backend's keys
+    set instead, targets that match nothing, MoE, and an adapter directory that does not fit."""
+    arr = cfg["actor_rollout_ref"]["model"]
+    block = arr.get("lora") or {}
+    if backend == "megatron" and arr.get("lora_rank") and not block.get("rank"):
+        raise LoRAError("actor_rollout_ref.model.lora_rank: LoRA on the megatron strategy reads verl's lora block: set "
+                        "actor_rollout_ref.model.lora.rank (and lora.alpha, lora.target_modules) instead")
+    if backend != "megatron" and block.get("rank") and not arr.get("lora_rank"):
+        raise LoRAError(f"actor_rollout_ref.model.lora.rank: LoRA on the {backend} strategy reads verl's flat keys: "
+                        "set actor_rollout_ref.model.lora_rank (and lora_alpha, target_modules) instead")
+    settings = lora_settings(arr, backend)
+    if settings is None:
+        return
+    check_settings(settings, backend)
+    if model.is_moe:
+        raise LoRAError(f"{settings.where}: LoRA on MoE models is not implemented (adapters on the experts' grouped "
+                        "linears under expert parallelism): use a dense model or LoRA off")
+    names = candidate_modules(model, backend)
+    if settings.target_modules != ("all-linear",) or backend == "megatron":
+        found = [n for n in names if matches(n, settings.target_modules) and not matches(n, settings.exclude_modules)]
+    else:
+        found = [n for n in names if not matches(n, settings.exclude_modules)]
+    if not found:
+        leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
+        raise LoRAError(f"{settings.where}.target_modules: expected modules of the model ({', '.join(leaves)} or "
+                        f"patterns of full names), found none matching {list(settings.target_modules)}"
+                        + (f" minus exclude_modules {list(settings.exclude_modules)}" if settings.exclude_modules
+                           else ""))
+    trainer = cfg.get("trainer") or {}
+    for key, on in (("save_freq", (trainer.get("save_freq") or 0) > 0),
+                    ("export_hf_every_save", bool(trainer.get("export_hf_every_save"))),
+                    ("export_hf_at_end", bool(trainer.get("export_hf_at_end")))):
+        if on:
+            raise LoRAError(f"trainer.{key}: checkpoints and HF export of a LoRA actor (save_lora_only, the PEFT "
+                            f"adapter directory) are not implemented yet: turn it off while LoRA is on "
+                            f"({settings.where})")
+    if settings.adapter_path:
+        from verl.engine.lora.peft_io import read_adapter
+
+        read_adapter(settings.adapter_path, settings, arr["path"])
+
+
+def matches(name: str, patterns: Sequence[str]) -> bool:
+    """Whether module ``name`` is one ``patterns`` names: its last component, or the whole name by fnmatch."""
+    leaf = name.rsplit(".", 1)[-1]
+    return any(p == leaf or p == name or fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def is_adapter_name(name: str) -> bool:
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def hf_base_name(name: str) -> str:
+    """The HF tensor name of a PEFT-wrapped base parameter (``q_proj.base_layer.weight`` -> ``q_proj.weight``)."""
+    return name.replace(".base_layer.", ".")
+
+
+def adapter_parameters(module: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    return {n: p for n, p in module.named_parameters() if is_adapter_name(n)}
+
+
+@contextlib.contextmanager
+def adapters_disabled(module: torch.nn.Module) -> Iterator[None]:
+    """The base model: every LoRA layer of ``module`` (ours or PEFT's) off inside the block, on again after it,
+    so the reference policy's log-probs are the base checkpoint's without a second copy of the model."""
+    layers = [m for m in module.modules() if hasattr(m, "disable_adapters") and hasattr(m, "lora_A")]
+    saved = [m.disable_adapters for m in layers]
+    try:
+        for m in layers:
+            _set_disabled(m, True)
+        yield
+    finally:
+        for m, was in zip(layers, saved, strict=True):
+            _set_disabled(m, was)
+
+
+def _set_disabled(layer: torch.nn.Module, disabled: bool) -> None:
+    # PEFT's layers expose disable_adapters as a read-only property over _disable_adapters.
+    if hasattr(layer, "_disable_adapters"):
+        layer._disable_adapters = disabled
+    else:
+        layer.disable_adapters = disabled
+
+
+def has_adapters(module: torch.nn.Module) -> bool:
+    return any(is_adapter_name(n) for n, _ in module.named_parameters())
