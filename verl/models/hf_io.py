@@ -96,6 +96,54 @@ def generation_config(model_path: str, tokenizer: Any | None = None) -> dict:
     return settings
 
 
+def _id_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, int) else [v for v in value if isinstance(v, int)]
+
+
+def _tokenizer_file_eos_id(model_dir: str) -> int | None:
+    """The eos id tokenizer_config.json names (its ``eos_token`` string looked up in the added tokens or the
+    vocabulary of tokenizer.json), without loading a tokenizer; None when the files do not say."""
+    tok_config_file = os.path.join(model_dir, "tokenizer_config.json")
+    if not os.path.isfile(tok_config_file):
+        return None
+    eos = read_config(tok_config_file).get("eos_token")
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    if not isinstance(eos, str):
+        return None
+    for token_id, entry in (read_config(tok_config_file).get("added_tokens_decoder") or {}).items():
+        if isinstance(entry, dict) and entry.get("content") == eos:
+            return int(token_id)
+    tok_file = os.path.join(model_dir, "tokenizer.json")
+    if os.path.isfile(tok_file):
+        tok = read_config(tok_file)
+        for entry in tok.get("added_tokens") or []:
+            if entry.get("content") == eos:
+                return int(entry["id"])
+        vocab = (tok.get("model") or {}).get("vocab")
+        if isinstance(vocab, dict) and isinstance(vocab.get(eos), int):
+            return vocab[eos]
+    return None
+
+
+def eos_token_ids(model_path: str, tokenizer: Any | None = None) -> tuple[int, ...]:
+    """Every id that ends a response: the union of generation_config.json's, config.json's and the tokenizer's
+    eos (real checkpoints disagree among the three: Llama 3 Instruct's config says <|end_of_text|>, its
+    tokenizer <|eot_id|>, its generation config both and <|eom_id|>). ``tokenizer`` None reads the tokenizer's
+    eos from its files in ``model_path``. Ordered as listed, without repeats."""
+    ids: list[int] = []
+    model_dir = model_path if os.path.isdir(model_path) else None
+    if model_dir is not None and os.path.isfile(os.path.join(model_dir, GENERATION_CONFIG_FILE)):
+        ids += _id_list(read_config(os.path.join(model_dir, GENERATION_CONFIG_FILE)).get("eos_token_id"))
+    ids += _id_list(read_config(model_path).get("eos_token_id"))
+    if tokenizer is not None:
+        ids += _id_list(getattr(tokenizer, "eos_token_id", None))
+    elif model_dir is not None:
+        ids += _id_list(_tokenizer_file_eos_id(model_dir))
+    return tuple(dict.fromkeys(ids))
+
+
 # ----------------------------------------------------------------------------- reading
 def has_hf_weights(model_path: str) -> bool:
     """``model_path`` is a directory holding safetensors weights (a bare config.json, or a directory with

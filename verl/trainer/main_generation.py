@@ -24,16 +24,23 @@ import tempfile
 
 import torch
 
-from verl.errors import InputError
+from verl.errors import InputError, refuse
 from verl.utils.torch_dtypes import DTYPES
 
-ENGINES = ("native", "sglang", "megatron")  # megatron is routed to verl.engine.megatron.generate
 # Set by the launching `verl generate` in each rank it spawns.
 RENDEZVOUS_ENV = "VERL_GENERATE_RENDEZVOUS"
 OUTPUT_ENV = "VERL_GENERATE_OUTPUT"
 # Set by `verl generate --engine sglang` in the command it re-runs with the SGLang environment's python.
 IN_SGLANG_ENV = "VERL_GENERATE_IN_SGLANG_ENV"
 RANK_TIMEOUT_S = 300
+
+
+def engines() -> tuple[str, ...]:
+    """The registered rollout engines (verl.engine.rollout.registry), then Megatron's own generator (not a rollout
+    engine: routed to verl.engine.megatron.generate)."""
+    from verl.engine.rollout.registry import rollout_names
+
+    return (*rollout_names(), "megatron")
 
 
 class UsageError(InputError):
@@ -47,11 +54,15 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="verl generate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine", default="native", help=f"rollout engine, one of {', '.join(ENGINES)}")
+    p.add_argument("--engine", default="native", help=f"rollout engine, one of {', '.join(engines())}")
     p.add_argument("--model", required=True, help="HF model directory (config.json + safetensors)")
     p.add_argument("--tp", type=int, default=1, help="rollout tensor-parallel size (local ranks)")
-    p.add_argument("--input-ids", action="append", required=True, metavar="ID,ID,...",
+    p.add_argument("--input-ids", action="append", metavar="ID,ID,...",
                    help="a prompt as comma-separated token ids; repeat for a batch")
+    p.add_argument("--prompt", action="append", metavar="TEXT",
+                   help="a prompt as text (instead of --input-ids; repeat for a batch): prints the decoded responses")
+    p.add_argument("--chat", action="store_true",
+                   help="with --prompt: each text is one user message through the checkpoint's chat template")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -86,13 +97,15 @@ def prepare(args: argparse.Namespace):
     from verl.engine.rollout.base import SamplingParams, check_prompts
     from verl.hybrid_engine.rollout_layout import check_rollout_tp
     from verl.models.config import ModelConfig
-    from verl.models.hf_io import HFCheckpoint
+    from verl.models.hf_io import HFCheckpoint, eos_token_ids
 
-    if args.engine not in ENGINES:
-        raise UsageError(f"--engine: expected one of {', '.join(ENGINES)}, found {args.engine!r}")
+    if args.engine not in engines():
+        raise UsageError(f"--engine: expected one of {', '.join(engines())}, found {args.engine!r}")
     config = ModelConfig.from_pretrained(args.model)
     check_rollout_tp(config, args.tp)
     HFCheckpoint(args.model)
+    if not args.input_ids:  # --prompt texts arrive here as --input-ids (verl.trainer.generate_text)
+        raise UsageError("expected --input-ids ID,ID,... or --prompt TEXT, found neither")
     prompts = [_token_list(text, f"--input-ids #{i}") for i, text in enumerate(args.input_ids)]
     for i, prompt in enumerate(prompts):
         if not prompt:
@@ -103,7 +116,7 @@ def prepare(args: argparse.Namespace):
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             response_length=args.max_new_tokens, n=args.n, seed=args.seed,
                             stop_token_ids=tuple(_token_list(args.stop_token_ids, "--stop-token-ids")),
-                            eos_token_id=tuple(_model_token_ids(args.model, "eos_token_id")),
+                            eos_token_id=eos_token_ids(args.model),
                             ignore_eos=args.ignore_eos)
     check_prompts(input_ids, attention_mask, config.vocab_size, config.max_position_embeddings,
                   params.response_length)
@@ -112,23 +125,16 @@ def prepare(args: argparse.Namespace):
 
 
 def generate_json(args: argparse.Namespace, tp_group=None) -> dict:
-    """Run the native engine on this rank; the result is the same on every rank of the TP group."""
-    from verl.engine.rollout.native.engine import NativeRollout
+    """Run the ``--engine`` engine as the rollout registry opens it on an HF checkpoint: on this rank of an SPMD
+    TP group (native; the result is the same on every rank of it), or in this process driving its own ``--tp``
+    workers (SGLang)."""
+    from verl.engine.rollout.registry import StandaloneSite, rollout_engine
 
     config, input_ids, attention_mask, params, pad = prepare(args)
-    engine = NativeRollout(config, tp_group=tp_group, dtype=DTYPES[args.dtype], pad_token_id=pad)
-    engine.load_hf_checkpoint(args.model)
-    return _output_json(engine.generate(input_ids, attention_mask, params))
-
-
-def generate_sglang_json(args: argparse.Namespace) -> dict:
-    """Run one SGLangRollout over ``--tp`` SGLang workers in this process (sglang must be importable)."""
-    from verl.engine.rollout.sglang_rollout import SGLangRollout, kv_pool_tokens
-
-    config, input_ids, attention_mask, params, pad = prepare(args)
-    pool = kv_pool_tokens(input_ids.shape[0] * params.n, input_ids.shape[1] + params.response_length)
-    with SGLangRollout(config, os.path.abspath(args.model), tp_size=args.tp, dtype=DTYPES[args.dtype],
-                       pad_token_id=pad, seed=args.seed or 0, max_total_tokens=pool) as engine:
+    site = StandaloneSite(config, args.model, args.tp, tp_group, args.dtype, pad, args.seed or 0,
+                          max_rows=input_ids.shape[0] * params.n,
+                          max_seq_len=input_ids.shape[1] + params.response_length)
+    with rollout_engine(args.engine, "--engine").open_standalone(site) as engine:
         return _output_json(engine.generate(input_ids, attention_mask, params))
 
 
@@ -165,15 +171,15 @@ def _run_rank(args: argparse.Namespace) -> int:
 
 
 def _run_sglang(args: argparse.Namespace, argv: list[str]) -> int:
-    from verl.engine.rollout.sglang_rollout import check_cpu_tp, check_sglang_model
+    from verl.engine.rollout.registry import rollout_engine
     from verl.utils.sglang_env import REPO, sglang_importable, sglang_python
 
     config = prepare(args)[0]  # fail here, once, before SGLang starts
-    check_sglang_model(config)
-    if not torch.cuda.is_available():
-        check_cpu_tp(config, args.tp)
+    check_model = rollout_engine(args.engine, "--engine").check_model
+    if check_model is not None:
+        check_model(config, args.tp)
     if sglang_importable():
-        _write(generate_sglang_json(args), args.json)
+        _write(generate_json(args), args.json)
         return 0
     python = sglang_python()
     if os.environ.get(IN_SGLANG_ENV):
@@ -224,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         from verl.launcher.spawn import without_option
 
         return megatron_generate(without_option(argv, "--engine"))
+    from verl.engine.rollout.registry import rollout_sglang_python_needed
+
     try:
         args = build_parser().parse_args(argv)
-        if args.engine == "sglang":
+        if rollout_sglang_python_needed(args.engine):
             return _run_sglang(args, argv)
         if RENDEZVOUS_ENV in os.environ:
             return _run_rank(args)
@@ -236,9 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         prepare(args)  # fail here, once, before any rank starts
         return _spawn_ranks(args, argv)
     except InputError as exc:  # UsageError, RolloutInputError, CheckpointError, SGLangConfigError, ...
-        print(f"verl generate: error: {exc}", file=sys.stderr)
-        return 2
+        return refuse("verl generate", f"error: {exc}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # verl's Hydra-key job, --prompt texts, or the token-id command above (verl.trainer.generate_text routes).
+    from verl.trainer.generate_text import main as routed_main
+
+    sys.exit(routed_main())

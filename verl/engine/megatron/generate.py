@@ -1,9 +1,10 @@
 """Greedy generation on the megatron engine: the (slow, cache-free) parity oracle for rollout engines.
 
-``verl generate --engine megatron --model D --tp T --pp P [--ep E --etp F] --input-ids 1,2,3 --max-new-tokens K
---temperature 0 --json PATH`` writes ``{"output_ids": [[...]], "logprobs": [[...]]}``: the new token
-ids and their log-probabilities. Every step re-runs the full sequence (no KV cache). Argmax and
-log-prob come from the vocab-parallel logits, so no rank builds the full vocabulary.
+``verl generate --engine megatron --model D --tp T --pp P [--ep E --etp F] --input-ids 1,2,3 [--input-ids 4,5 ...]
+--max-new-tokens K --temperature 0 --json PATH`` writes ``{"output_ids": [[...], ...], "logprobs": [[...], ...]}``:
+per prompt, in order, the new token ids and their log-probabilities, cut after the first of the model's eos ids
+(kept; ``--ignore-eos`` runs K tokens). Every step re-runs the full sequences (no KV cache). Argmax and log-prob
+come from the vocab-parallel logits, so no rank builds the full vocabulary.
 """
 
 from __future__ import annotations
@@ -51,23 +52,44 @@ def _last_token_choice(engine: MegatronEngine):
 def greedy_generate(engine: MegatronEngine, prompt: list[int], max_new_tokens: int,
                     eos_token_id: int | None = None) -> tuple[list[int], list[float]]:
     """Collective over the model-parallel group; returns (new token ids, their log-probs)."""
-    ids = list(prompt)
-    new_ids, log_probs = [], []
-    output_fn = _last_token_choice(engine)
-    for _ in range(max_new_tokens):
-        input_ids = torch.tensor([ids])
-        out = engine.forward({"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}, 1, output_fn)
-        token = int(out["token"][0])
-        new_ids.append(token)
-        log_probs.append(float(out["log_prob"][0]))
-        ids.append(token)
-        if eos_token_id is not None and token == eos_token_id:
-            break
+    stop = () if eos_token_id is None else (eos_token_id,)
+    (new_ids, log_probs), = greedy_generate_batch(engine, [prompt], max_new_tokens, stop)
     return new_ids, log_probs
 
 
-def _generate_rank(model_dir: str, tp: int, pp: int, prompt: list[int], max_new_tokens: int, ep: int = 1,
-                   etp: int | None = None) -> dict:
+def greedy_generate_batch(engine: MegatronEngine, prompts: list[list[int]], max_new_tokens: int,
+                          stop_ids: tuple[int, ...] = ()) -> list[tuple[list[int], list[float]]]:
+    """Every prompt's greedy continuation, one forward per step over the rows still running (right-padded: a
+    causal model's real tokens never see the padding after them, and the engine left-aligns rows and numbers
+    positions from each row's first token). A row stops after emitting a token of ``stop_ids`` (kept)."""
+    seqs = [list(p) for p in prompts]
+    results: list[tuple[list[int], list[float]]] = [([], []) for _ in prompts]
+    running = list(range(len(prompts)))
+    output_fn = _last_token_choice(engine)
+    for _ in range(max_new_tokens):
+        if not running:
+            break
+        width = max(len(seqs[i]) for i in running)
+        input_ids = torch.zeros(len(running), width, dtype=torch.int64)
+        attention_mask = torch.zeros(len(running), width, dtype=torch.int64)
+        for row, i in enumerate(running):
+            input_ids[row, :len(seqs[i])] = torch.tensor(seqs[i])
+            attention_mask[row, :len(seqs[i])] = 1
+        out = engine.forward({"input_ids": input_ids, "attention_mask": attention_mask}, len(running), output_fn)
+        still = []
+        for row, i in enumerate(running):
+            token = int(out["token"][row])
+            results[i][0].append(token)
+            results[i][1].append(float(out["log_prob"][row]))
+            seqs[i].append(token)
+            if token not in stop_ids:
+                still.append(i)
+        running = still
+    return results
+
+
+def _generate_rank(model_dir: str, tp: int, pp: int, prompts: list[list[int]], max_new_tokens: int, ep: int = 1,
+                   etp: int | None = None, stop_ids: tuple[int, ...] = ()) -> dict:
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.models.config import ModelConfig
     from verl.models.hf_io import HFCheckpoint
@@ -78,9 +100,17 @@ def _generate_rank(model_dir: str, tp: int, pp: int, prompt: list[int], max_new_
     engine = MegatronEngine(config)
     checkpoint = HFCheckpoint(model_dir)
     load_hf_into_model(engine.module, config, checkpoint.get, names=checkpoint.files)
-    output_ids, logprobs = greedy_generate(engine, prompt, max_new_tokens)
+    results = greedy_generate_batch(engine, prompts, max_new_tokens, tuple(stop_ids))
     destroy_megatron()
-    return {"output_ids": [output_ids], "logprobs": [logprobs]}
+    return {"output_ids": [ids for ids, _ in results], "logprobs": [lps for _, lps in results]}
+
+
+def _stop_ids(model_dir: str) -> tuple[int, ...]:
+    """Every eos id the model names: generation_config.json's, else config.json's (an int or a list)."""
+    from verl.models.hf_io import generation_config
+
+    value = generation_config(model_dir).get("eos_token_id")
+    return () if value is None else (value,) if isinstance(value, int) else tuple(value)
 
 
 def _default_nproc(tp: int, pp: int, ep: int, etp: int | None) -> int:
@@ -98,8 +128,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (default: --tp)")
     parser.add_argument("--nproc", type=int, default=None,
                         help="ranks to spawn (default tp*pp, or the smallest multiple of it ep*etp fits in)")
-    parser.add_argument("--input-ids", required=True, help="comma-separated prompt token ids")
+    parser.add_argument("--input-ids", required=True, action="append", metavar="ID,ID,...",
+                        help="a prompt as comma-separated token ids; repeat for a batch")
     parser.add_argument("--max-new-tokens", type=int, required=True)
+    parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's eos_token_id")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--json", required=True, help="output path")
     return parser
@@ -118,24 +150,33 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError(f"--temperature: expected 0 (the megatron engine is greedy), found {args.temperature}")
         if args.max_new_tokens < 1:
             raise InputError(f"--max-new-tokens: expected a positive integer, found {args.max_new_tokens}")
-        try:
-            prompt = [int(x) for x in args.input_ids.split(",")]
-        except ValueError:
-            raise InputError(f"--input-ids: expected comma-separated integers, found {args.input_ids!r}") from None
+        prompts = []
+        for i, text in enumerate(args.input_ids):
+            try:
+                prompts.append([int(x) for x in text.split(",") if x.strip()])
+            except ValueError:
+                raise InputError(f"--input-ids #{i}: expected comma-separated integers, found {text!r}") from None
+            if not prompts[-1]:
+                raise InputError(f"--input-ids #{i}: expected at least one token id, found an empty prompt")
         config = ModelConfig.from_pretrained(args.model)
         nproc = args.nproc or _default_nproc(args.tp, args.pp, args.ep, args.etp)
         check_parallel_layout(config, args.tp, args.pp, args.ep, args.etp, world_size=nproc)
         if nproc % (args.tp * args.pp):
             raise InputError(f"--nproc: expected a multiple of tp*pp={args.tp * args.pp}, found {nproc}")
-        bad = [t for t in prompt if not 0 <= t < config.vocab_size]
+        bad = [t for prompt in prompts for t in prompt if not 0 <= t < config.vocab_size]
         if bad:
             raise InputError(f"--input-ids: expected ids in [0, {config.vocab_size}), found {bad}")
+        longest = max(len(p) for p in prompts)
+        if longest + args.max_new_tokens > config.max_position_embeddings:
+            raise InputError(f"prompt length {longest} + --max-new-tokens {args.max_new_tokens} exceeds the model "
+                             f"context (max_position_embeddings={config.max_position_embeddings})")
         HFCheckpoint(args.model)
+        stop_ids = () if args.ignore_eos else _stop_ids(args.model)
     except InputError as exc:
         print(f"verl generate: {exc}", file=sys.stderr)
         return USAGE_ERROR
     result = run_ranks(_generate_rank, nproc, os.path.abspath(args.model), args.tp, args.pp,
-                       prompt, args.max_new_tokens, args.ep, args.etp, timeout_s=600)[0]
+                       prompts, args.max_new_tokens, args.ep, args.etp, list(stop_ids), timeout_s=600)[0]
     staging = args.json + ".tmp"
     with open(staging, "w", encoding="utf-8") as fh:
         json.dump(result, fh)

@@ -2,8 +2,9 @@
 :class:`ModelConfig`.
 
 Local layer spec (torch or apex norms, megatron's own attention): Qwen2 and Llama are the same
-transformer — RMSNorm, RoPE (theta from the config), SwiGLU MLP without biases, grouped-query
-attention — and differ only in the qkv bias, which the config carries. Three heads share the trunk:
+transformer — RMSNorm, RoPE (theta and scaling from the config: ``use_rope_scaling``), SwiGLU MLP without
+biases, grouped-query attention — and differ only in the qkv bias, which the config carries. Three heads share
+the trunk:
   lm     vocab-parallel output layer (tied to the embedding when the config says so)
   value  critic: one scalar per token
   score  reward model: one scalar per token, read at each sequence's last valid token
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 
 from verl.errors import InputError
 from verl.models.config import ModelConfig
+from verl.models.rope import inv_freq as rope_inv_freq
 
 # Megatron's make_vocab_size_divisible_by default; the padded vocab is a multiple of this times tp.
 MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
@@ -144,9 +146,33 @@ def transformer_config(config: ModelConfig, tp_size: int, pp_size: int, *,
         apply_rope_fusion=False,
         persist_layer_norm=False,
         **moe_settings(config, ep_size, etp_size, on_gpu),
+        **rope_attention_settings(config),
     )
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
+
+
+def rope_attention_settings(config: ModelConfig) -> dict:
+    """YaRN multiplies cos and sin by an attention factor m on both q and k, i.e. every attention logit by m**2:
+    megatron's plain RoPE path has no such factor (its YaRN module's default differs from transformers'), so it
+    goes into the softmax scale."""
+    _, scale = rope_inv_freq(config.head_dim, config.rope_theta, config.rope)
+    return {} if scale == 1.0 else {"softmax_scale": scale * scale / config.head_dim ** 0.5}
+
+
+def use_rope_scaling(model, config: ModelConfig) -> None:
+    """Replace megatron's plain RoPE frequencies with the scaled ones of ``config.rope`` (the shared function
+    every engine uses: megatron's own llama3 path hard-codes its defaults and its YaRN differs in the
+    attention factor), before the first forward caches any table."""
+    rotary = getattr(model, "rotary_pos_emb", None)
+    if config.rope is None or rotary is None:
+        return
+    inv_freq, _ = rope_inv_freq(config.head_dim, config.rope_theta, config.rope, device=rotary.inv_freq.device)
+    if inv_freq.shape != rotary.inv_freq.shape:
+        raise ValueError(f"rotary inv_freq: expected shape {tuple(rotary.inv_freq.shape)}, "
+                         f"found {tuple(inv_freq.shape)}")
+    rotary.inv_freq = inv_freq.to(rotary.inv_freq.dtype)
+    rotary.forward.cache_clear()
 
 
 class ValueHead(torch.nn.Module):
@@ -226,6 +252,7 @@ def build_gpt_model(config: ModelConfig, head: str = "lm", *, params_dtype: torc
         rotary_percent=1.0,
         rotary_base=config.rope_theta,
     )
+    use_rope_scaling(model, config)
     if head != "lm" and post_process:
         model.output_layer = ValueHead(config.hidden_size, tf_config.init_method_std, params_dtype,
                                        sequence_parallel=tf_config.sequence_parallel)

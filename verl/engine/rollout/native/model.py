@@ -22,8 +22,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from verl.hybrid_engine.rollout_layout import kv_heads_per_rank, padded_vocab_size
 from verl.models.config import ModelConfig
+from verl.models.rollout_shapes import kv_heads_per_rank, padded_vocab_size
+from verl.models.rope import inv_freq as rope_inv_freq
 from verl.models.spec.registry import model_spec
 
 
@@ -65,13 +66,12 @@ class RolloutTransformer:
         """Make the RoPE tables cover positions [0, max_positions) (grown per request, not per step)."""
         if self.cos.shape[0] >= max_positions:
             return
-        d = self.head_dim
-        arange = torch.arange(0, d, 2, dtype=torch.float32, device=self.device)
-        inv_freq = 1.0 / (self.config.rope_theta ** (arange / d))
+        # Plain or scaled RoPE from the one shared function; YaRN also scales cos and sin (HF's attention_scaling).
+        inv_freq, scale = rope_inv_freq(self.head_dim, self.config.rope_theta, self.config.rope, device=self.device)
         angles = torch.arange(max_positions, dtype=torch.float32, device=self.device)[:, None] * inv_freq[None, :]
         angles = torch.cat([angles, angles], dim=-1)
-        self.cos = angles.cos().to(self.dtype)
-        self.sin = angles.sin().to(self.dtype)
+        self.cos = (angles.cos() * scale).to(self.dtype)
+        self.sin = (angles.sin() * scale).to(self.dtype)
 
     # ---------------------------------------------------------------- tensor-parallel pieces
     def _all_reduce(self, x: torch.Tensor) -> torch.Tensor:

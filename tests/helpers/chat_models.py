@@ -1,0 +1,42 @@
+"""A tiny random chat checkpoint: helpers.tiny_models' qwen2 weights plus a character-level tokenizer whose
+specials are ChatML's (``<|im_start|>``, ``<|im_end|>`` as eos) and a ChatML chat template, so text prompts,
+chat rendering and eos handling run end to end in a second."""
+
+from __future__ import annotations
+
+import os
+import string
+
+from helpers.tiny_models import save_tiny_model
+
+SPECIALS = ["<pad>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]  # ids 0-3
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+IM_END = SPECIALS.index("<|im_end|>")
+
+
+def save_chat_tokenizer(path: str, chat_template: str | None = CHATML) -> str:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    for ch in string.printable:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(SPECIALS)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>",
+                                   bos_token=None, unk_token="<pad>")
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    fast.save_pretrained(path)
+    return path
+
+
+def save_chat_model(path: str, chat_template: str | None = CHATML, seed: int = 0) -> str:
+    """qwen2 tiny weights (vocab 320 > the tokenizer's ~104 ids) with the chat tokenizer beside them."""
+    save_tiny_model("qwen2", path, seed=seed)
+    save_chat_tokenizer(path, chat_template)
+    assert os.path.isfile(os.path.join(path, "tokenizer_config.json"))
+    return path
