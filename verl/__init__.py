@@ -2,14 +2,21 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["DataProto", "__version__"]
+__all__ = ["DataFlow", "DataProto", "HybridActor", "TrainerConfig", "__version__", "register"]
+
+# The Python API's names (docs/python_api.md), from verl.api on first use.
+_API = ("DataFlow", "HybridActor", "TrainerConfig", "register")
 
 
 def __getattr__(name: str):
     # ``from verl import DataProto`` as in verl, without importing torch and tensordict for every
-    # ``import verl`` (the CLI and the launch scripts import the package first).
+    # ``import verl`` (the CLI and the launch scripts import the package first); the same for the API's names.
     if name == "DataProto":
         from verl.protocol import DataProto
 
         return DataProto
+    if name in _API:
+        import verl.api
+
+        return getattr(verl.api, name)
     raise AttributeError(f"module 'verl' has no attribute {name!r}")

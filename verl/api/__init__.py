@@ -1,0 +1,14 @@
+"""verl-hpc as a Python library (docs/python_api.md): the objects are the engines, workers and PPO trainer that
+`verl train` runs.
+
+- :class:`DataFlow`, :func:`register`, :class:`TrainerConfig` (:mod:`verl.api.dataflow`): RL as named nodes;
+- :class:`HybridActor` (:mod:`verl.api.hybrid_actor`): one actor that generates through the rollout engine and
+  trains through the training engine, switched by the 3D-HybridEngine without reloading weights;
+- the PPO trainer itself: ``verl.trainer.ppo.PPOTrainer(config)`` with ``rollout`` / ``update``, and
+  ``verl.trainer.local_trainer.LocalPPOTrainer``.
+"""
+
+from verl.api.dataflow import DataFlow, DataFlowTrainer, TrainerConfig, register
+from verl.api.hybrid_actor import HybridActor
+
+__all__ = ["DataFlow", "DataFlowTrainer", "HybridActor", "TrainerConfig", "register"]

@@ -1,0 +1,98 @@
+"""Stepping the PPO trainer by hand (the Python API: a script or a notebook drives the steps, not ``fit``):
+
+    data = trainer.rollout(batch)      # generate + rewards + old/ref log-probs + values + advantages
+    metrics = trainer.update(data)     # critic and actor updates; metrics["loss"], trainer.global_step += 1
+
+Both run the step's own phases (:mod:`verl.trainer.ppo.step`: ``_generate``, ``_experience``, ``_update_models``)
+on the trainer's worker groups, so one rollout + update is one ``train_step`` of the sync trainer. ``reward_worker``
+is the reward-model worker under the documents' name (``load_model(path)``: the hot swap of ``reward_model.hot_swap``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl.errors import InputError
+from verl.protocol import DataProto
+
+
+class RewardWorkerHandle:
+    """The trainer's reward model: ``load_model(path)`` swaps it between steps on every rank (the checkpoints
+    record it, as a configured hot swap's); ``path``: the model in use."""
+
+    def __init__(self, trainer: Any):
+        self._trainer = trainer
+
+    @property
+    def path(self) -> str:
+        return self._trainer.rm_path
+
+    def load_model(self, path: str) -> None:
+        self._trainer.swap_reward_model(str(path))
+
+    def compute_rm_score(self, batch: DataProto) -> DataProto:
+        return self._trainer.rm_wg.compute_rm_score(batch)
+
+
+class ManualSteps:
+    """``rollout`` / ``update`` / ``reward_worker`` of the PPO trainer (reads its worker groups and sections)."""
+
+    _manual_pending: tuple[Any, dict[str, float], int] | None = None
+    _manual_batches: Any = None
+
+    @property
+    def reward_worker(self) -> RewardWorkerHandle:
+        if not self.use_rm:
+            raise InputError("reward_worker: expected reward_model.enable=true, found no reward model in the config")
+        return RewardWorkerHandle(self)
+
+    def _next_train_batch(self) -> dict[str, Any]:
+        if self._manual_batches is None:
+            self._manual_batches = iter(self.train_dataloader)
+        try:
+            return next(self._manual_batches)
+        except StopIteration:  # a new epoch of the seeded sampler
+            self._manual_batches = iter(self.train_dataloader)
+            return next(self._manual_batches)
+
+    def rollout(self, batch: Any = None) -> DataProto:
+        """Step ``global_step + 1``'s experience from ``batch`` (a train-dataloader batch dict, or a DataProto of
+        prompts with ``input_ids``/``attention_mask``/``position_ids`` and the reward's non-tensor fields; None:
+        the next batch of the train dataloader): ``responses``, ``rollout_log_probs``, ``old_log_probs``,
+        ``token_level_scores`` / ``token_level_rewards``, ``advantages`` (and ``ref_log_prob``, ``values``)."""
+        if batch is None:
+            batch = self._next_train_batch()
+        if isinstance(batch, DataProto):
+            missing = [k for k in ("input_ids", "attention_mask", "position_ids") if k not in batch.batch.keys()]
+            if missing:
+                raise InputError(f"rollout(batch): expected the prompt fields {missing}, found only "
+                                 f"{sorted(batch.batch.keys())}")
+            batch = {**{k: batch.batch[k] for k in batch.batch.keys()}, **batch.non_tensor_batch}
+        elif not isinstance(batch, dict) or "input_ids" not in batch:
+            raise InputError(f"rollout(batch): expected a DataProto or a dataloader batch dict with input_ids, found "
+                             f"{type(batch).__name__}")
+        step = self.global_step + 1
+        self._timing, metrics = {}, {}
+        with self._timer("step"):
+            gen = self._prompt_batch(batch, step, validate=False)
+            data = self._experience(self._generate(gen, step, metrics), metrics, step)
+        self._manual_pending = (data, metrics, step)
+        return data
+
+    def update(self, rollout_data: Any) -> dict[str, float]:
+        """The critic and actor updates on ``rollout_data`` (what :meth:`rollout` returned); returns the step's
+        metrics (verl's names, and ``loss``: the actor's ``actor/pg_loss``) and advances ``global_step``."""
+        pending = self._manual_pending
+        if pending is None or pending[0] is not rollout_data:
+            raise InputError("update(rollout_data): expected the batch the last trainer.rollout() returned, found "
+                             + ("no rollout yet" if pending is None else "another batch"))
+        data, metrics, step = pending
+        self._manual_pending = None
+        with self._timer("step"):
+            data = self._update_models(data, metrics, step)
+        metrics = self._step_end_metrics(data, metrics, on_policy=True)
+        self.global_step = step
+        metrics["training/global_step"] = step
+        if "actor/pg_loss" in metrics:
+            metrics["loss"] = metrics["actor/pg_loss"]
+        return metrics
