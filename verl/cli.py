@@ -13,15 +13,16 @@ import os
 import sys
 
 import verl
-from verl.errors import InputError
+from verl.errors import EXIT_INTERNAL_ERROR, InputError, refuse
 
 # command -> (module with main(argv), one-line help). Nested groups map a sub-command name too.
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("verl.trainer.main_ppo", "RL post-training (PPO, GRPO, RLOO, REINFORCE++) from a YAML config"),
     "sft": ("verl.trainer.main_sft", "supervised fine-tuning on the Megatron engine (the RL warm start)"),
     "eval": ("verl.trainer.evaluate", "greedy held-out accuracy of an HF checkpoint with the native engine"),
-    "generate": ("verl.trainer.main_generation",
-                 "generate from token-id prompts with the native, sglang or megatron engine"),
+    "generate": ("verl.trainer.generate_text",
+                 "generate from token-id or text prompts (--prompt, --chat) with the native, sglang or megatron "
+                 "engine; verl's Hydra keys run verl's generation job"),
     "convert": ("verl.engine.megatron.convert", "convert weights: hf-to-mcore (any tp/pp) and mcore-to-hf"),
     "plot": ("verl.utils.plotting", "plot reward / accuracy / KL / response length per step from a metrics.jsonl"),
     "check-env": ("verl.utils.env_check",
@@ -87,8 +88,7 @@ def _run(module: str, argv: list[str], name: str = "verl") -> int:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
     except INPUT_ERRORS as err:
-        print(f"{name}: {_one_line(err)}", file=sys.stderr)
-        return 2
+        return refuse(name, _one_line(err))
     except Exception as err:  # noqa: BLE001 - one line for the user, the traceback in a file
         import tempfile
         import traceback
@@ -98,7 +98,7 @@ def _run(module: str, argv: list[str], name: str = "verl") -> int:
             fh.write("".join(traceback.format_exception(err)))
         print(f"{name}: internal error: {type(err).__name__}: {_one_line(err)} (traceback: {path}; "
               f"{FULL_ERROR_ENV}=1 prints it)", file=sys.stderr)
-        return 1
+        return EXIT_INTERNAL_ERROR
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,11 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         if not rest or rest[0] in ("-h", "--help"):
             parser.parse_args([command, "--help"])
             return 0
-        print(f"verl {command}: expected one of {', '.join(children)}, found {rest[0]!r}", file=sys.stderr)
-        return 2
+        return refuse(f"verl {command}", f"expected one of {', '.join(children)}, found {rest[0]!r}")
     known = ", ".join(list(COMMANDS) + list(GROUPS))
-    print(f"verl: expected a command ({known}), found {command!r}", file=sys.stderr)
-    return 2
+    return refuse("verl", f"expected a command ({known}), found {command!r}")
 
 
 def console_main() -> None:

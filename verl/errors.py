@@ -18,3 +18,22 @@ class InputError(ValueError):
 
 class OutputExistsError(InputError, FileExistsError):
     """An output path that already exists where a command would write a new one (``--out`` of convert, export)."""
+
+
+# The exit codes of every entry point (``verl <command>``, ``verl train``'s ranks, the benches, the quickstart).
+EXIT_INTERNAL_ERROR = 1
+EXIT_INPUT_ERROR = 2
+
+
+def exit_code(err: BaseException) -> int:
+    """The exit code an entry point ends with for ``err``: 2 for the user's input, 1 for anything else."""
+    return EXIT_INPUT_ERROR if isinstance(err, InputError) else EXIT_INTERNAL_ERROR
+
+
+def refuse(prog: str, message: object) -> int:
+    """Bad input: ``prog: message`` as one line on stderr; returns its exit code (``return refuse(...)``)."""
+    import sys
+
+    text = (str(message).strip().splitlines() or [""])[0]
+    print(f"{prog}: {text}", file=sys.stderr)
+    return EXIT_INPUT_ERROR

@@ -74,6 +74,8 @@ def test_colocate_async_learns_offpolicy_and_resumes_after_sigkill_without_losin
                     "algorithm.rollout_correction.rollout_rs_threshold=4.0")
     run_until_step_then_kill(cmd, out, 3)
     before = ledger(out)
+    with open(out / "prompt_ledger.jsonl", "a", encoding="utf-8") as fh:  # a line the kill cut short
+        fh.write('{"step": 4, "trained": ["0-1", "0-')
     run_train(cmd)
     metrics = read_metrics(out)
     assert sorted(metrics) == list(range(1, 8))

@@ -67,7 +67,7 @@ def _model_job(hf_dir, ckpt_dir, export_dir, world):
     from verl.engine.fsdp.hf_export import export_actor_hf
     from verl.engine.fsdp.parallel import fsdp_mesh
     from verl.engine.megatron.engine import OptimConfig
-    from verl.engine.megatron.padding import restore
+    from verl.engine.padding import restore
     from verl.engine.roles import Actor
 
     rank = dist.get_rank()

@@ -28,7 +28,7 @@ STEPS = 6
 def _full_logits(engine):
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
-    from verl.engine.megatron.padding import restore
+    from verl.engine.padding import restore
 
     def output_fn(logits, aligned_ids, shifts, micro_batch):
         return {"logits": restore(gather_from_tensor_model_parallel_region(logits), shifts)}

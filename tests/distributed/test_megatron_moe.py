@@ -44,8 +44,8 @@ def _job(hf_dirs, hf_logits, batch, hf_greedy):
 
     from verl.engine.megatron.engine import MegatronEngine
     from verl.engine.megatron.generate import greedy_generate
-    from verl.engine.megatron.padding import restore
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
+    from verl.engine.padding import restore
     from verl.models.hf_io import HFCheckpoint
     from verl.models.mcore.weights import (
         export_spans_data_parallel,

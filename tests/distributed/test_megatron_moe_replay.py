@@ -25,8 +25,8 @@ def _job(hf_dir, batch):
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
     from verl.engine.megatron.engine import MegatronEngine
-    from verl.engine.megatron.padding import restore
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
+    from verl.engine.padding import restore
     from verl.models.config import ModelConfig
     from verl.models.hf_io import HFCheckpoint
     from verl.models.mcore.weights import load_hf_into_model

@@ -23,7 +23,7 @@ def _full_vocab_outputs(engine):
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
     from verl.engine.megatron.actor import token_log_probs
-    from verl.engine.megatron.padding import restore
+    from verl.engine.padding import restore
 
     actor_outputs = token_log_probs(engine, compute_entropy=True)
 

@@ -63,14 +63,13 @@ def _ids(config):
 
 
 def _run_cases(rank, world, cases):
-    import types
-
     import torch.distributed as dist
     from helpers.reshard_oracle import fsdp_shard, random_hf_weights, sglang_shard
 
     from verl.bench.reshard import build_fsdp_model
+    from verl.engine.fsdp.reshard import FSDPReshardSource, fsdp_reshard_sources
     from verl.hybrid_engine.groups import derive_groups
-    from verl.hybrid_engine.hybrid_engine import HybridEngine, fsdp_reshard_sources
+    from verl.hybrid_engine.hybrid_engine import HybridEngine
     from verl.hybrid_engine.layouts import FSDPLayout
     from verl.hybrid_engine.rollout_layout import rollout_param_specs
     from verl.models.config import ModelConfig
@@ -90,7 +89,7 @@ def _run_cases(rank, world, cases):
 
         j = derive_groups(training, tg).rollout_tp_rank[rank]
         rollout = _BufferRollout(sum(s.numel for s in rollout_param_specs(config, tg, j)), dtype)
-        hybrid = HybridEngine(types.SimpleNamespace(module=model), rollout, config, training, tg,
+        hybrid = HybridEngine(FSDPReshardSource(model), rollout, config, training, tg,
                               bucket_bytes=1024, dtype=dtype_name)
         hybrid.to_training()  # as the worker does: start released, before any executor exists
         before = {n: p.to_local().clone() for n, p in params.items()}

@@ -77,8 +77,8 @@ def reference_rm_scores(model, batch):
 
 def _job(lm_dir, rm_a, rm_b, export_dir, batch):
     from verl.engine.megatron.engine import MegatronEngine
-    from verl.engine.megatron.padding import restore
     from verl.engine.megatron.parallel import initialize_megatron
+    from verl.engine.padding import restore
     from verl.engine.roles import Actor
     from verl.engine.rollout.base import SamplingParams
     from verl.engine.rollout.native.engine import NativeRollout

@@ -61,8 +61,8 @@ def _train_and_logits(cfg, train, val, out_root):
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
     from transformers import AutoTokenizer
 
-    from verl.engine.megatron.padding import restore
     from verl.engine.megatron.parallel import destroy_megatron
+    from verl.engine.padding import restore
 
     tokenizer = AutoTokenizer.from_pretrained(cfg["model"]["tokenizer_path"])
     batch = val.batch(torch.arange(8))

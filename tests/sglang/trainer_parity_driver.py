@@ -24,8 +24,8 @@ def megatron_greedy_check(worker, gen: dict) -> tuple[int, int, float]:
     """(response tokens, tokens that are not Megatron's argmax, max |SGLang - Megatron| log-prob)."""
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-    from verl.engine.megatron.padding import restore
     from verl.engine.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy
+    from verl.engine.padding import restore
 
     engine = worker.actor.engine
     vocab = engine.config.vocab_size

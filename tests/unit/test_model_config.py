@@ -36,7 +36,7 @@ def test_head_dim_defaults_to_hidden_over_heads_and_kv_heads_to_heads():
     (dict(model_type="gpt2"), "model_type: expected one of"),
     (dict(num_key_value_heads=3), "num_key_value_heads: expected a divisor"),
     (dict(hidden_size=0), "hidden_size: expected a positive integer"),
-    (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0}), "RoPE scaling is not supported"),
+    (dict(rope_parameters={"rope_type": "longrope", "factor": 4.0}), "rope_type: expected one of"),
 ])
 def test_bad_configs_name_the_key(change, fragment):
     cfg = dict(model_type="qwen2", **_hf())

@@ -3,11 +3,13 @@ drop evicts finished groups older than the threshold and draws exactly one promp
 sampling for in-flight groups at the threshold), oldest-first sampling, exact prompt accounting, and a
 checkpoint round trip that keeps finished groups and reissues the in-flight prompts."""
 
+import dataclasses
 import json
 
 import pytest
 
 from verl.engine.rollout.partial import PromptGroup
+from verl.errors import InputError
 from verl.trainer.v1.replay_buffer import PromptStream, ReplayBuffer
 from verl.utils.dataset.rl_dataset import ResumableSampler
 
@@ -93,7 +95,7 @@ def test_checkpoint_keeps_finished_groups_and_reissues_in_flight_prompts():
     finish(groups[0], version=0)
     groups[1].trajectories[0].tokens = [5, 6]  # running, partially generated
     buf.collect_finished()
-    state = json.loads(json.dumps(buf.state_dict()))  # what the checkpoint stores (JSON)
+    state = json.loads(json.dumps(buf.state_dict(trajectories_inline=True)))  # older checkpoints: all in JSON
     restored = buffer(threshold=8, samples=6)
     restored.load_state_dict(state, step=4)
     assert [g.uid for g in restored.finished] == [groups[0].uid]
@@ -106,3 +108,61 @@ def test_checkpoint_keeps_finished_groups_and_reissues_in_flight_prompts():
     rest = {g.index for g in restored.submit(2, step=4)}
     assert rest.isdisjoint({g.index for g in groups})
     assert rest | {g.index for g in groups} == set(range(6))
+
+
+def run_wait_steps(threshold, warmup, steps=6, batch=2):
+    """The trainer's schedule under wait: warm-up batches before step 1, one batch a step, every in-flight group
+    finishing within its step; the ages each step trained."""
+    buf = buffer(threshold=threshold, strategy="wait", samples=100)
+    buf.submit(warmup * batch, step=1)
+    ages = []
+    for step in range(1, steps + 1):
+        buf.submit(batch, step)
+        for g in list(buf.in_flight.values()):
+            finish(g, version=step - 1)
+        buf.collect_finished()
+        ages.append(max(buf.age(g, step) for g in buf.sample(batch, step)))
+    return ages
+
+
+def test_wait_bounds_the_age_when_the_warmup_is_below_the_threshold_and_trips_otherwise():
+    # The buffer stays warmup + 1 batches deep and wait evicts nothing: groups train at age warmup + 1.
+    assert run_wait_steps(threshold=2, warmup=1) == [1, 2, 2, 2, 2, 2]
+    assert max(run_wait_steps(threshold=3, warmup=0)) == 1
+    # warmup >= threshold (refused by the config check): sampling past the threshold is an error, never silent.
+    with pytest.raises(RuntimeError, match="sampled a group of age 3 > threshold 2"):
+        run_wait_steps(threshold=2, warmup=2)
+
+
+def test_ledger_truncation_on_resume_drops_a_torn_line_and_later_steps(tmp_path, caplog):
+    from verl.trainer.v1.colocate_async import truncate_ledger
+
+    path = tmp_path / "prompt_ledger.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "trained": [f"0-{s}"]}) + "\n" for s in (1, 2, 3))
+                    + '{"step": 4, "trained": ["0-')
+    truncate_ledger(str(path), 2)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
+    assert "dropped 1 line(s)" in caplog.text
+
+
+def test_checkpoint_writes_trajectories_as_tensor_shards_and_reads_them_at_any_world_size(tmp_path):
+    buf = buffer(threshold=8, samples=40)
+    groups = buf.submit(5, step=1)
+    for k, g in enumerate(groups):
+        for j, t in enumerate(g.trajectories):
+            t.tokens = list(range(k * 100, k * 100 + 3 + j))
+            t.log_probs = [-0.1 / (k + 1) - 1e-17 * j] * len(t.tokens)  # float64 values that float32 would round
+            t.finished, t.min_version, t.max_version, t.segments = True, k, k + 1, 1 + j
+    buf.collect_finished()
+    state = json.loads(json.dumps(buf.state_dict()))
+    assert all("trajectories" not in g for g in state["finished"])  # the JSON keeps no token
+    for rank in range(2):  # two ranks holding the same buffer each write half
+        buf.save_trajectories(str(tmp_path), rank, 2)
+    assert sorted(p.name for p in (tmp_path / "replay_buffer").iterdir()) == ["shard0-of-2.pt", "shard1-of-2.pt"]
+    restored = buffer(threshold=8, samples=40)
+    restored.load_state_dict(state, step=2, trajectories=ReplayBuffer.load_trajectories(str(tmp_path)))
+    assert [[dataclasses.asdict(t) for t in g.trajectories] for g in restored.finished] == \
+        [[dataclasses.asdict(t) for t in g.trajectories] for g in buf.finished]
+    (tmp_path / "replay_buffer" / "shard1-of-2.pt").unlink()
+    with pytest.raises(InputError, match="shard<r>-of-<w>.pt for every r < w"):
+        ReplayBuffer.load_trajectories(str(tmp_path))

@@ -411,6 +411,13 @@ def test_v1_trainer_modes_pick_their_trainer_and_check_their_placement(data_args
     # verl's legacy trainer (use_v1=false) never reads the mode: the synchronous loop.
     config = load_config(GRPO, [*data_args, "trainer.use_v1=false", "trainer.v1.trainer_mode=colocate_async"])
     assert trainer_class(config) is PPOTrainer
+    # wait bounds staleness only while the buffer is shallower than the threshold (warm-up batches + 1 deep).
+    wait = ["trainer.v1.trainer_mode=colocate_async", "trainer.v1.sampler.max_off_policy_strategy=wait",
+            "trainer.v1.sampler.max_off_policy_threshold=2"]
+    assert trainer_class(load_config(GRPO, [*data_args, *wait, "trainer.v1.colocate_async.num_warmup_batches=1"]))
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, *wait, "trainer.v1.colocate_async.num_warmup_batches=2"],
+                  "trainer.v1.colocate_async.num_warmup_batches=2: expected < trainer.v1.sampler."
+                  "max_off_policy_threshold (2) with max_off_policy_strategy=wait")
     assert not no_ranks
 
 

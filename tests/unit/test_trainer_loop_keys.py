@@ -240,3 +240,83 @@ def test_resume_with_dataloader_workers_continues_with_the_next_unconsumed_batch
     _, rest = _run_fit(monkeypatch, data_args, tmp_path / "cut", 8, workers=2, resume=True)
     assert first + rest == full
     assert len({tuple(ids) for _, ids in full[:5]}) == 5  # five different batches in the first epoch
+
+
+# ----------------------------------------------------------------------------- batch sources
+def test_a_batch_source_supplies_the_steps_and_checkpoints_its_state(monkeypatch, data_args, tmp_path):
+    from verl.trainer.ppo.batch_source import SyncBatchSource
+
+    calls = []
+
+    class Recording(SyncBatchSource):
+        def start(self):
+            calls.append(("start", self.trainer.global_step))
+
+        def trained(self, generated, batch):
+            calls.append(("trained", len(batch), generated.on_policy))
+
+        def end_step(self, step, metrics, trained):
+            calls.append(("end_step", step))
+            return super().end_step(step, metrics, trained)
+
+        def state_dict(self):
+            return {**super().state_dict(), "recording": len(calls)}
+
+        def load_state_dict(self, state):
+            calls.append(("load", state["recording"], self.trainer.global_step))
+            super().load_state_dict(state)
+
+    monkeypatch.setattr(trainer_module.PPOTrainer, "batch_source_class", Recording)
+
+    def fit(steps, resume):
+        trainer, _ = make_trainer(monkeypatch, GRPO, small("grpo") + [
+            f"trainer.total_training_steps={steps}", "trainer.save_freq=100", f"trainer.output_dir={tmp_path}",
+            f"trainer.resume_mode={'auto' if resume else 'disable'}", "trainer.test_freq=-1"], data_args)
+        assert isinstance(trainer.source, Recording) and trainer.fit() == 0
+
+    fit(2, resume=False)
+    assert calls == [("start", 0), ("trained", 64, True), ("end_step", 1), ("trained", 64, True), ("end_step", 2)]
+    state = json.loads((tmp_path / "checkpoints" / "global_step_2" / "trainer_state.json").read_text())
+    assert state["recording"] == 5 and (state["sampler"]["epoch"], state["sampler"]["position"]) == (0, 16)
+    calls.clear()
+    fit(3, resume=True)
+    assert calls == [("load", 5, 2), ("start", 2), ("trained", 64, True), ("end_step", 3)]
+
+
+def test_async_trainers_differ_from_the_sync_trainer_only_by_their_batch_source():
+    from verl.trainer.v1.colocate_async import ColocateAsyncTrainer, ReplayBufferSource
+    from verl.trainer.v1.separate_async import PoolSource, SeparateAsyncTrainer
+
+    for cls, source in ((ColocateAsyncTrainer, ReplayBufferSource), (SeparateAsyncTrainer, PoolSource)):
+        assert cls.__bases__ == (trainer_module.PPOTrainer,)
+        assert {name for name in vars(cls) if not name.startswith("__")} == {"batch_source_class"}
+        assert cls.batch_source_class is source and source.off_policy
+
+
+# ----------------------------------------------------------------------------- metrics vs checkpoints
+def test_a_step_checkpointed_but_never_logged_is_logged_from_its_checkpoint_on_resume(monkeypatch, data_args,
+                                                                                      tmp_path):
+    from verl.utils.tracking import read_metrics
+
+    def fit(steps, resume, fail_logging_at=None):
+        trainer, _ = make_trainer(monkeypatch, GRPO, small("grpo") + [
+            f"trainer.total_training_steps={steps}", "trainer.save_freq=2", f"trainer.output_dir={tmp_path}",
+            f"trainer.resume_mode={'auto' if resume else 'disable'}", "trainer.test_freq=-1",
+            "trainer.val_before_train=false"], data_args)
+        trainer.train_step = lambda batch_dict, step: {"critic/score/mean": 0.25 * step}
+        if fail_logging_at is not None:
+            log = trainer._log
+
+            def failing_log(metrics, step):
+                if step == fail_logging_at:
+                    raise OSError(28, "No space left on device")  # after step 2's checkpoint was saved
+                log(metrics, step)
+            trainer._log = failing_log
+        return trainer.fit()
+
+    with pytest.raises(OSError):
+        fit(3, resume=False, fail_logging_at=2)
+    assert [r["step"] for r in read_metrics(str(tmp_path))] == [1]
+    assert fit(3, resume=True) == 0
+    records = {r["step"]: r for r in read_metrics(str(tmp_path))}
+    assert sorted(records) == [1, 2, 3] and records[2]["critic/score/mean"] == 0.5

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from verl.errors import refuse
 from verl.ops.copy_program import make_program, run_copy_program, validate_program
 from verl.utils.torch_dtypes import DTYPES
 
@@ -266,23 +267,18 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("verl bench kernels: --device cuda: expected a CUDA device, found none", file=sys.stderr)
-        return 2
+        return refuse("verl bench kernels", "--device cuda: expected a CUDA device, found none")
     try:
         sizes = [int(s) for s in args.sizes_mb.split(",") if s]
     except ValueError:
-        print(f"verl bench kernels: --sizes-mb: expected integers like 1,16,64, found {args.sizes_mb!r}",
-              file=sys.stderr)
-        return 2
+        return refuse("verl bench kernels", f"--sizes-mb: expected integers like 1,16,64, found {args.sizes_mb!r}")
     if args.repeats < 1:
-        print(f"verl bench kernels: --repeats: expected >= 1, found {args.repeats}", file=sys.stderr)
-        return 2
+        return refuse("verl bench kernels", f"--repeats: expected >= 1, found {args.repeats}")
     kinds = [k for k in args.cases.split(",") if k]
     unknown = [k for k in kinds if k not in CASE_GENERATORS]
     if unknown or not sizes or min(sizes) <= 0:
-        print(f"verl bench kernels: expected cases from {list(CASE_GENERATORS)} and positive sizes, "
-              f"found cases {kinds}, sizes {sizes}", file=sys.stderr)
-        return 2
+        return refuse("verl bench kernels", f"expected cases from {list(CASE_GENERATORS)} and positive sizes, "
+                      f"found cases {kinds}, sizes {sizes}")
     from tqdm import tqdm
 
     total = sum(1 for s in sizes for k in kinds if s <= MAX_SIZE_MB.get(k, s))

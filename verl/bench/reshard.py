@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import torch
 
-from verl.errors import InputError
+from verl.errors import InputError, refuse
 from verl.hybrid_engine.planner import DEFAULT_BUCKET_BYTES
 from verl.models.config import ModelConfig
 from verl.utils.torch_dtypes import DTYPES
@@ -331,9 +331,9 @@ def fsdp_reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp
                       train_dtype_name: str, bucket_bytes: int, seed: int, repeats: int, with_naive: bool) -> dict:
     """FSDP2 -> rollout on this rank: reshard what HybridEngine reads (fsdp_reshard_sources), verify
     bit-exactly against the reference, and time it, the naive path and a memcpy."""
+    from verl.engine.fsdp.reshard import check_fsdp_module, fsdp_reshard_sources
     from verl.hybrid_engine.executor import ReshardExecutor, ReshardProcessGroups
     from verl.hybrid_engine.groups import derive_groups
-    from verl.hybrid_engine.hybrid_engine import check_fsdp_module, fsdp_reshard_sources
     from verl.hybrid_engine.layouts import FSDPLayout
     from verl.hybrid_engine.planner import plan_reshard
     from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
@@ -507,8 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 except SGLangRolloutError as err:
                     raise InputError(f"--push sglang: {err}") from None
     except InputError as exc:  # ModelConfigError, LayoutError, RolloutLayoutError, the flag checks above
-        print(f"verl bench reshard: {exc}", file=sys.stderr)
-        return 2
+        return refuse("verl bench reshard", exc)
     cfg = config.to_fields()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if fsdp:

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from verl.errors import refuse
 from verl.utils.torch_dtypes import DTYPES
 
 
@@ -104,16 +105,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     for key in ("batch", "prompt_len", "new_tokens", "repeats", "threads"):
         if getattr(args, key) < 1:
-            print(f"verl bench rollout: --{key.replace('_', '-')} expected >= 1, found {getattr(args, key)}",
-                  file=sys.stderr)
-            return 2
+            return refuse("verl bench rollout", f"--{key.replace('_', '-')} expected >= 1, found {getattr(args, key)}")
     from verl.models.config import ModelConfig, ModelConfigError
 
     try:
         config = ModelConfig.from_pretrained(args.model)
     except ModelConfigError as exc:
-        print(f"verl bench rollout: {exc}", file=sys.stderr)
-        return 2
+        return refuse("verl bench rollout", exc)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="verl-bench-rollout-") as workdir:
         model_dir = checkpoint_dir(args.model, workdir, args.seed, args.dtype)

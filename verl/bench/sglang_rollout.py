@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from verl.engine.rollout.sglang_rollout import kv_pool_tokens
-from verl.errors import InputError
+from verl.errors import InputError, refuse
 from verl.utils.sglang_env import REPO, sglang_importable, sglang_python
 from verl.utils.torch_dtypes import DTYPES
 
@@ -137,8 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for key in ("batch", "prompt_len", "new_tokens", "tp", "repeats"):
         if getattr(args, key) < 1:
-            print(f"sglang bench: --{key.replace('_', '-')} expected >= 1, found {getattr(args, key)}", file=sys.stderr)
-            return 2
+            return refuse("sglang bench", f"--{key.replace('_', '-')} expected >= 1, found {getattr(args, key)}")
     try:
         if args.request:
             with open(args.request, encoding="utf-8") as fh:
@@ -157,8 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result.update(batch=args.batch, prompt_len=args.prompt_len, tp=args.tp, dtype=args.dtype,
                               model=args.model or "tiny-qwen2(random)")
     except (SGLangBenchError, InputError) as exc:
-        print(f"sglang bench: {exc}", file=sys.stderr)
-        return 2
+        return refuse("sglang bench", exc)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=2)

@@ -14,7 +14,10 @@ passes the same batch; each DP replica passes its own share. Two callables plug 
 
 An engine is built from an :class:`EngineSpec` (the role's verl config sections) by
 :func:`verl.engine.registry.build_engine`, which picks the backend from the role's ``strategy``.
-Checkpoints (model + optimizer; RNG states stay the trainer's) and HF export belong to each engine.
+Checkpoints (model + optimizer; RNG states stay the trainer's) and HF export belong to each engine, and so do
+the 3D-HybridEngine's sources: the engine's :meth:`TrainingEngine.training_layout`, and its weights either bound
+to one flat buffer (:meth:`TrainingEngine.bind_reshard`) or handed by name at every transition
+(:meth:`TrainingEngine.reshard_sources`), so that the hybrid engine and the rollout pool never name a backend.
 Between phases an engine's parameters, gradients and optimizer state can leave device memory
 (:meth:`TrainingEngine.offload`, verl's ``param_offload`` / ``grad_offload`` / ``optimizer_offload``) and come
 back bit for bit (:meth:`TrainingEngine.onload`); an offloaded engine refuses to compute.
@@ -25,7 +28,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -33,6 +36,9 @@ import torch.distributed as dist
 from verl.engine.offload import StateOffload, local_tensor, optimizer_tensors
 from verl.errors import InputError
 from verl.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from verl.hybrid_engine.layouts import AnyTrainingLayout
 
 Batch = Mapping[str, torch.Tensor]
 OutputFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Batch], dict[str, torch.Tensor]]
@@ -93,6 +99,14 @@ class EngineSpec:
     seed: int = 0  # trainer.seed: the random init of a model given by its config alone
     load_weights: bool = True  # False: the caller sets the weights (the reference copies the actor's)
     layout_role: Any = None  # the role whose parallel layout this process follows; None: ``role``
+
+
+class BoundBuffer(NamedTuple):
+    """Training weights that are views of one flat buffer: the reshard binds its copy programs to ``flat`` once
+    and addresses each parameter at ``offsets[name]`` (elements)."""
+
+    flat: torch.Tensor
+    offsets: dict[str, int]
 
 
 class TrainingEngine(abc.ABC):
@@ -162,9 +176,23 @@ class TrainingEngine(abc.ABC):
     def is_output_rank(self) -> bool:
         """Whether this rank's results are the ones its DP replica returns to the controller."""
 
+    # ------------------------------------------------------------------ the 3D-HybridEngine's sources
     @abc.abstractmethod
-    def training_layout(self) -> Any:
+    def training_layout(self) -> AnyTrainingLayout:
         """The layout the 3D-HybridEngine reads this engine's shards in (:mod:`verl.hybrid_engine.layouts`)."""
+
+    @abc.abstractmethod
+    def bind_reshard(self, model_config: ModelConfig, training: AnyTrainingLayout) -> BoundBuffer | None:
+        """Check this rank's weights against ``training`` (the layout the reshard plan was made for) and
+        return the one flat buffer they are views of, binding them into one where the backend can (once; a
+        second call returns the same buffer); None when the reshard must read them by name at every
+        transition (:meth:`reshard_sources`). Called once by the hybrid engine and by the rollout pool's link."""
+
+    @abc.abstractmethod
+    def reshard_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """``{parameter name: this rank's local shard, 1-D}`` in the rollout's ``dtype`` on ``device``: views of
+        the training weights where they already match, copies (dropped after the transition) otherwise. Read
+        anew at every transition when :meth:`bind_reshard` returned None."""
 
     # ------------------------------------------------------------------ weights on disk
     @abc.abstractmethod

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from verl.engine.base import Batch
-from verl.engine.megatron.padding import restore
+from verl.engine.padding import restore
 from verl.errors import InputError
 
 

@@ -18,9 +18,12 @@ log-softmax).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from verl.engine.base import Batch, LossFn, TrainingEngine
+from verl.engine.lora import adapters_disabled, has_adapters
 from verl.engine.micro_batches import response_outputs
 
 
@@ -40,19 +43,26 @@ def _expect_head(engine: TrainingEngine, head: str, role: str) -> None:
 
 class Actor:
     """verl's actor (or, built on an engine without an optimizer, the reference policy).
-    ``max_token_len``: token-budget micro-batches (verl's ``use_dynamic_bsz``), else ``micro_batch_size`` rows."""
+    ``max_token_len``: token-budget micro-batches (verl's ``use_dynamic_bsz``), else ``micro_batch_size`` rows.
+    ``adapters_off``: the reference policy of a LoRA actor, on the actor's own engine: its forward passes run the
+    base model with every adapter disabled (verl's LoRA reference; no second copy of the model)."""
 
-    def __init__(self, engine: TrainingEngine, micro_batch_size: int = 1, max_token_len: int | None = None):
+    def __init__(self, engine: TrainingEngine, micro_batch_size: int = 1, max_token_len: int | None = None,
+                 adapters_off: bool = False):
         _expect_head(engine, "lm", "actor")
+        if adapters_off and not has_adapters(engine.module):
+            raise ValueError("reference with adapters off: expected an engine with LoRA adapters, found none")
         self.engine = engine
         self.micro_batch_size = micro_batch_size
         self.max_token_len = max_token_len
+        self.adapters_off = adapters_off
 
     def compute_log_prob(self, batch: Batch, calculate_entropy: bool = True,
                          temperature: float = 1.0) -> dict[str, torch.Tensor]:
-        return self.engine.forward(batch, self.micro_batch_size,
-                                   self.engine.token_log_probs(calculate_entropy, temperature),
-                                   max_token_len=self.max_token_len)
+        with adapters_disabled(self.engine.module) if self.adapters_off else contextlib.nullcontext():
+            return self.engine.forward(batch, self.micro_batch_size,
+                                       self.engine.token_log_probs(calculate_entropy, temperature),
+                                       max_token_len=self.max_token_len)
 
     def update_policy(self, batch: Batch, loss_fn: LossFn, calculate_entropy: bool = True,
                       temperature: float = 1.0, **loss_aggregation) -> dict[str, float]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from verl.hybrid_engine.layouts import AnyTrainingLayout, FSDPLayout, LayoutError, describe_training
+from verl.hybrid_engine.layouts import AnyTrainingLayout, LayoutError, describe_training
 
 HYBRIDFLOW = "hybridflow"
 GENERAL = "general"
@@ -76,33 +76,15 @@ def derive_groups(training: AnyTrainingLayout, rollout_tp: int) -> ReshardGroups
     rollout_tp_groups = tuple(sorted(
         tuple(order[j * replicas + k] for j in range(rollout_tp)) for k in range(replicas)
     ))
-    fsdp = isinstance(training, FSDPLayout)
-    if (rollout_tp == 1) if fsdp else (t % rollout_tp == 0):
+    if training.gathers_in_place(rollout_tp):
         block = t // rollout_tp
         micro = []
         for dp in range(training.dp):
             for j in range(rollout_tp):
                 micro.append(tuple(sorted(training.rank(s, dp, r) for s in range(training.pp)
                                           for r in range(j * block, (j + 1) * block))))
-        m = training.pp * block
-        if fsdp:
-            reason = (f"t_g=1: every rank needs the whole model; all-gather inside each replicate's shard "
-                      f"group of {t} ranks (the micro-DP group); every FSDP shard is part of the full model")
-        else:
-            reason = (f"t_g={rollout_tp} divides t={t}: rollout tp rank = tp rank // {block}; all-gather inside "
-                      f"micro-DP groups of p*t/t_g={m} ranks; every training shard is part of its rollout shard")
         case, groups = HYBRIDFLOW, tuple(micro)
-    elif fsdp:
-        case, groups = GENERAL, ()
-        reason = (f"t_g={rollout_tp} > 1 over FSDP shard={t}: FSDP shards are row blocks of every HF tensor, "
-                  f"not parts of rollout TP shards (row-parallel weights split on dim 1); each rank copies what it "
-                  f"holds of its rollout shard locally, the rest moves by all-to-all from the least-loaded holder")
     else:
-        relation = "is larger than" if rollout_tp > t else "does not divide"
-        case, reason = GENERAL, (
-            f"t_g={rollout_tp} {relation} t={t}: no zero-redundancy grouping exists; each rollout shard "
-            f"goes to a rank whose training tp slice overlaps it (local slices first), the rest moves by "
-            f"an all-to-all among the holders"
-        )
-        groups = ()
+        case, groups = GENERAL, ()
+    reason = training.reshard_reason(rollout_tp)
     return ReshardGroups(training, rollout_tp, case, reason, tuple(rollout_tp_rank), rollout_tp_groups, groups)

@@ -25,6 +25,7 @@ transformers model); the SGLang rollout layout is in :mod:`rollout_layout`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import NamedTuple
 
 from verl.errors import InputError
@@ -285,6 +286,40 @@ class TrainingLayout:
                             expert=p.expert is not None)
                 for p in model_spec(config.model_type).mcore_params(config, self.pp, pp_rank, "lm", self.ep, ep_rank)]
 
+    # What the reshard's groups and planner ask of a training layout (the FSDP layout answers the same).
+    def gathers_in_place(self, rollout_tp: int) -> bool:
+        """HybridFlow's case: every training shard is part of one rollout shard (t_g divides t)."""
+        return self.tp % rollout_tp == 0
+
+    def reshard_reason(self, rollout_tp: int) -> str:
+        """Why the reshard takes its path (the plan's summary)."""
+        t = self.tp
+        if self.gathers_in_place(rollout_tp):
+            block = t // rollout_tp
+            return (f"t_g={rollout_tp} divides t={t}: rollout tp rank = tp rank // {block}; all-gather inside "
+                    f"micro-DP groups of p*t/t_g={self.pp * block} ranks; every training shard is part of its "
+                    "rollout shard")
+        relation = "is larger than" if rollout_tp > t else "does not divide"
+        return (f"t_g={rollout_tp} {relation} t={t}: no zero-redundancy grouping exists; each rollout shard "
+                f"goes to a rank whose training tp slice overlaps it (local slices first), the rest moves by "
+                f"an all-to-all among the holders")
+
+    def received_bound(self, rollout_tp: int, model_elems: int, expert_elems: int, own_elems: int,
+                       held: Callable[[], int]) -> float | None:
+        """The elements a rank's received bytes are held to (``ReshardPlan.bytes_formula``): HybridFlow's mean
+        over ranks; the micro-DP group of p*t/t_g ranks holds the dense part of the rollout shard, each rank
+        1/(p*t/t_g) of it, and (etp = t) only its EP rank's 1/ep of the experts, the rest coming from the other
+        EP ranks. None off HybridFlow's case or with another etp."""
+        if not self.gathers_in_place(rollout_tp) or self.expert_tp != self.tp:
+            return None
+        pt, tg, ep = self.pp * self.tp, rollout_tp, self.ep
+        return (pt - tg) / (tg * pt) * (model_elems - expert_elems) + (pt * ep - tg) / (tg * pt * ep) * expert_elems
+
+    def describe(self) -> str:
+        """How summaries name the layout."""
+        experts = "" if self.ep == 1 and self.etp is None else f", ep={self.ep}, etp={self.expert_tp}"
+        return f"(p={self.pp}, t={self.tp}, d={self.dp}{experts})"
+
 
 def training_param_specs(config: ModelConfig, tp: int, pp: int, tp_rank: int, pp_rank: int, ep: int = 1,
                          ep_rank: int = 0, etp: int | None = None, etp_rank: int | None = None) -> list[ParamSpec]:
@@ -367,6 +402,28 @@ class FSDPLayout:
         self.check(config)
         return [ParamLayout(name, (name,), ChunkShard(0)) for name in hf_tensor_shapes(config)]
 
+    def gathers_in_place(self, rollout_tp: int) -> bool:
+        """t_g = 1 only: FSDP's row blocks are parts of the full model, not of row-parallel rollout shards."""
+        return rollout_tp == 1
+
+    def reshard_reason(self, rollout_tp: int) -> str:
+        t = self.shard
+        if self.gathers_in_place(rollout_tp):
+            return (f"t_g=1: every rank needs the whole model; all-gather inside each replicate's shard "
+                    f"group of {t} ranks (the micro-DP group); every FSDP shard is part of the full model")
+        return (f"t_g={rollout_tp} > 1 over FSDP shard={t}: FSDP shards are row blocks of every HF tensor, "
+                f"not parts of rollout TP shards (row-parallel weights split on dim 1); each rank copies what it "
+                f"holds of its rollout shard locally, the rest moves by all-to-all from the least-loaded holder")
+
+    def received_bound(self, rollout_tp: int, model_elems: int, expert_elems: int, own_elems: int,
+                       held: Callable[[], int]) -> int:
+        """This rank's own bound: its rollout shard (``own_elems``) minus what its FSDP shard ``held()`` of it
+        (t_g = 1, even: (S-1)/S * M)."""
+        return own_elems - held()
+
+    def describe(self) -> str:
+        return str(self)
+
     def __str__(self) -> str:
         return f"FSDP(shard={self.shard}, replicate={self.replicate})"
 
@@ -376,7 +433,4 @@ AnyTrainingLayout = TrainingLayout | FSDPLayout
 
 def describe_training(training: AnyTrainingLayout) -> str:
     """How summaries name a training layout."""
-    if isinstance(training, FSDPLayout):
-        return str(training)
-    experts = "" if training.ep == 1 and training.etp is None else f", ep={training.ep}, etp={training.expert_tp}"
-    return f"(p={training.pp}, t={training.tp}, d={training.dp}{experts})"
+    return training.describe()

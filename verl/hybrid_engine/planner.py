@@ -34,7 +34,6 @@ from verl.errors import InputError
 from verl.hybrid_engine.groups import HYBRIDFLOW, ReshardGroups, derive_groups
 from verl.hybrid_engine.layouts import (
     AnyTrainingLayout,
-    FSDPLayout,
     ParamLayout,
     Piece,
     describe_training,
@@ -338,7 +337,7 @@ class _Global:
     zero_fill: dict[int, list[tuple[str, int, int]]]                    # rollout tp rank -> padding
     payload: list[int]                                                  # per rollout tp rank
     expert_payload: list[int]                                           # of which expert parameters
-    held: list[int]          # per rank: elements of its rollout shard its own training shard holds
+    tables: _Tables
 
 
 def _zero_fill(tables: _Tables, j: int) -> list[tuple[str, int, int]]:
@@ -480,12 +479,8 @@ def _global_plan(config: ModelConfig, training: AnyTrainingLayout, rollout: Roll
             payload[j] += template.numel
             if found[0].ep is not None:
                 expert_payload[j] += template.numel
-    # FSDP's per-rank bound on what a rank must receive, from the layouts alone (not from the choices above).
-    held = [sum(t.numel for t, found in _sources(tables, groups.rollout_tp_rank[rank])
-                if any(_holds(training, rank, h) for h in found))
-            for rank in range(n)] if isinstance(training, FSDPLayout) else []
     return _Global(groups, local, gather_chunks, _a2a_buckets(a2a, max(1, bucket_elems // 2)),
-                   {j: _zero_fill(tables, j) for j in range(rollout.tp)}, payload, expert_payload, held)
+                   {j: _zero_fill(tables, j) for j in range(rollout.tp)}, payload, expert_payload, tables)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -595,15 +590,13 @@ def plan_reshard(
         buckets.append(_a2a_bucket(len(buckets), training.world_size, transfers, rank))
     model_elems = sum(g.payload)
     expert_elems = sum(g.expert_payload)
-    formula = None
-    if isinstance(training, FSDPLayout):
-        formula = float((g.payload[j] - g.held[rank]) * element_size)
-    elif groups.case == HYBRIDFLOW and training.expert_tp == training.tp:
-        # Dense: the micro-DP group of p*t/t_g ranks holds the rollout shard, each rank 1/(p*t/t_g) of it. Experts
-        # (etp = t): the group holds only its EP rank's 1/ep of them, the rest comes from the other EP ranks.
-        pt, tg, ep = training.pp * training.tp, rollout.tp, training.ep
-        formula = ((pt - tg) / (tg * pt) * (model_elems - expert_elems)
-                   + (pt * ep - tg) / (tg * pt * ep) * expert_elems) * element_size
+    # What this rank's rollout shard needs that its own training shard holds, from the layouts alone (not
+    # from the choices above): the bound of a layout that holds each rank to its own shard.
+    def held() -> int:
+        return sum(t.numel for t, found in _sources(g.tables, j) if any(_holds(training, rank, h) for h in found))
+
+    bound = training.received_bound(rollout.tp, model_elems, expert_elems, g.payload[j], held)
+    formula = None if bound is None else float(bound * element_size)
     return ReshardPlan(
         rank=rank, case=groups.case, reason=groups.reason, training=training, rollout=rollout,
         rollout_tp_rank=j, rollout_tp_group=groups.rollout_tp_group_of(rank), micro_dp_group=micro,

@@ -169,6 +169,22 @@ def expand_tasks_per_node(spec: str) -> list[int]:
     return counts
 
 
+# Each launcher's global-rank variable, in the order `discover` trusts the launchers.
+RANK_VARIABLES = (("torchrun", "RANK"), ("openmpi", "OMPI_COMM_WORLD_RANK"), ("slurm", "SLURM_PROCID"))
+
+
+def launcher_rank(environ: Mapping[str, str] | None = None) -> int:
+    """This process's global rank as its launcher names it (torchrun, Open MPI, Slurm: `discover`'s order), 0
+    outside any. Never raises: it names logs and traceback files, also when the rest of the environment is
+    malformed (`discover` reports that)."""
+    env = os.environ if environ is None else environ
+    for _, key in RANK_VARIABLES:
+        value = env.get(key, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
 def discover(environ: Mapping[str, str] | None = None) -> DistEnv:
     """Return this process's `DistEnv` from ``environ`` (default: os.environ)."""
     env = os.environ if environ is None else environ

@@ -1,14 +1,13 @@
 """The HF-style model config every component shares (Megatron builder, reshard planner, rollout).
 
 Only the decoder-only families that have a model spec (``verl.models.spec``: Qwen2, Llama, Qwen3,
-Qwen3-MoE, Mixtral) are accepted; the config is validated once, at load, with messages that name the key.
+Qwen3-MoE, Mixtral) are accepted. Each family's spec reads its HF config.json (``ModelSpec.read_hf_config``:
+RoPE, biases, q/k norm, the experts); the config is validated once, at load, with messages that name the key.
 
-Mixture of experts (Qwen3-MoE): ``num_experts`` routed experts of ``moe_intermediate_size`` each, the
-top ``num_experts_per_tok`` chosen per token from a softmax over all experts (renormalised over the
-chosen ones when ``norm_topk_prob``). Layer ``i`` is sparse unless it is in ``mlp_only_layers`` or
-``(i + 1) % decoder_sparse_step != 0`` (transformers' rule); dense layers keep the SwiGLU MLP of
-``intermediate_size``. ``moe_layers`` lists the sparse ones. Mixtral: every layer sparse, experts of
-``intermediate_size``, the top-k weights always renormalised.
+Mixture of experts: ``num_experts`` routed experts of ``moe_intermediate_size`` each, the top
+``num_experts_per_tok`` chosen per token from a softmax over all experts (renormalised over the chosen
+ones when ``norm_topk_prob``); ``moe_layers`` lists the sparse layers, the others keep the SwiGLU MLP of
+``intermediate_size`` (which layers are sparse is the family's rule, in its spec).
 """
 
 from __future__ import annotations
@@ -17,16 +16,13 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from verl.errors import InputError
 from verl.models.hf_io import read_config
-from verl.models.spec.registry import model_types
+from verl.models.rope import RopeScaling
+from verl.models.spec.base import ModelConfigError
+from verl.models.spec.registry import UnknownModelTypeError, model_spec, model_types
 from verl.utils.checkpoint import CheckpointError
 
-SUPPORTED_MODEL_TYPES = model_types()
-
-
-class ModelConfigError(InputError):
-    """An HF config.json the project cannot build a model from."""
+__all__ = ["ModelConfig", "ModelConfigError"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +39,7 @@ class ModelConfig:
     rms_norm_eps: float
     rope_theta: float
     tie_word_embeddings: bool
-    attention_bias: bool  # qkv bias: always on for Qwen2, `attention_bias` for Llama
+    attention_bias: bool  # qkv bias (the family's spec reads it: always on for Qwen2)
     qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before RoPE
     num_experts: int = 0   # 0: a dense model
     num_experts_per_tok: int = 0
@@ -51,12 +47,11 @@ class ModelConfig:
     norm_topk_prob: bool = False
     moe_layers: tuple[int, ...] = ()
     router_aux_loss_coef: float = 0.0
+    rope: RopeScaling | None = None  # RoPE scaling (verl.models.rope); None: plain RoPE of rope_theta
 
     def __post_init__(self):
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ModelConfigError(
-                f"model_type: expected one of {SUPPORTED_MODEL_TYPES}, found {self.model_type!r}"
-            )
+        if self.model_type not in model_types():  # the live registry: a registered family counts
+            raise ModelConfigError(f"model_type: expected one of {model_types()}, found {self.model_type!r}")
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
             value = getattr(self, key)
@@ -102,77 +97,26 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> ModelConfig:
+        """From an HF config.json's values; the family's spec reads them (``ModelSpec.read_hf_config``)."""
         model_type = cfg.get("model_type")
-        # transformers >= 5 writes RoPE settings under `rope_parameters`; older configs at top level.
-        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ModelConfigError(f"rope_parameters.rope_type: expected 'default' (RoPE scaling is not supported), "
-                                   f"found {rope_type!r}")
-        if model_type == "mixtral" and cfg.get("sliding_window") is not None:
-            raise ModelConfigError(f"sliding_window: expected null for mixtral (sliding-window attention is not "
-                                   f"supported), found {cfg['sliding_window']}")
-        if model_type == "qwen3_moe" and cfg.get("shared_expert_intermediate_size"):
-            raise ModelConfigError("shared_expert_intermediate_size: expected 0 for qwen3_moe (no shared expert), "
-                                   f"found {cfg['shared_expert_intermediate_size']}")
         try:
-            heads = int(cfg["num_attention_heads"])
-            moe = {}
-            if model_type == "qwen3_moe":
-                layers = int(cfg["num_hidden_layers"])
-                step = int(cfg.get("decoder_sparse_step", 1))
-                if step <= 0:
-                    raise ModelConfigError(f"decoder_sparse_step: expected a positive integer, found {step}")
-                dense = set(cfg.get("mlp_only_layers") or ())
-                moe = dict(
-                    num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
-                    num_experts_per_tok=int(cfg["num_experts_per_tok"]),
-                    moe_intermediate_size=int(cfg["moe_intermediate_size"]),
-                    norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-                    moe_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0),
-                    router_aux_loss_coef=float(cfg.get("router_aux_loss_coef", 0.0)),
-                )
-                if moe["num_experts"] <= 0:
-                    raise ModelConfigError(f"num_experts: expected a positive integer for qwen3_moe, "
-                                           f"found {cfg.get('num_experts')!r}")
-            elif model_type == "mixtral":  # every layer sparse; the experts are intermediate_size wide
-                moe = dict(
-                    num_experts=int(cfg["num_local_experts"]),
-                    num_experts_per_tok=int(cfg["num_experts_per_tok"]),
-                    moe_intermediate_size=int(cfg["intermediate_size"]),
-                    norm_topk_prob=True,
-                    moe_layers=tuple(range(int(cfg["num_hidden_layers"]))),
-                    router_aux_loss_coef=float(cfg.get("router_aux_loss_coef", 0.0)),
-                )
-            hidden = int(cfg["hidden_size"])
-            head_dim = cfg.get("head_dim") or hidden // heads
-            return cls(
-                model_type=model_type,
-                vocab_size=int(cfg["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_hidden_layers=int(cfg["num_hidden_layers"]),
-                num_attention_heads=heads,
-                num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(head_dim),
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=True if model_type == "qwen2" else bool(cfg.get("attention_bias", False)),
-                qk_norm=model_type in ("qwen3", "qwen3_moe"),
-                **moe,
-            )
+            spec = model_spec(model_type)
+        except UnknownModelTypeError as err:
+            raise ModelConfigError(str(err)) from None
+        try:
+            return cls(model_type=model_type, **spec.read_hf_config(cfg))
         except KeyError as exc:
             raise ModelConfigError(f"model config: expected the key {exc.args[0]!r}, found it missing") from None
 
     def to_fields(self) -> dict[str, Any]:
         """The config as plain JSON values (a manifest, a message to spawned ranks); ``from_fields`` inverts it."""
-        return {**dataclasses.asdict(self), "moe_layers": list(self.moe_layers)}
+        return {**dataclasses.asdict(self), "moe_layers": list(self.moe_layers)}  # (asdict: rope a plain dict)
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> ModelConfig:
-        return cls(**{**fields, "moe_layers": tuple(fields.get("moe_layers", ()))})
+        rope = fields.get("rope")
+        return cls(**{**fields, "moe_layers": tuple(fields.get("moe_layers", ())),
+                      "rope": RopeScaling(**rope) if isinstance(rope, Mapping) else rope})
 
     @classmethod
     def from_pretrained(cls, path: str) -> ModelConfig:

@@ -17,9 +17,16 @@ import torch.distributed as dist
 
 from verl.models.config import ModelConfig
 from verl.models.hf_io import DEFAULT_MAX_SHARD_BYTES, generation_config, read_config, write_hf_dir
+from verl.models.spec.registry import model_spec
 
-ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
+
+def with_architectures(hf_config: dict, model_type: str) -> dict:
+    """A copy of ``hf_config`` naming its ``architectures``: the model's own, else the family spec's (looked up
+    only then, so a config.json that names them is exported whatever its family)."""
+    hf_config = dict(hf_config)
+    if "architectures" not in hf_config:
+        hf_config["architectures"] = [model_spec(model_type).architecture]
+    return hf_config
 
 
 def export_model_hf(module: torch.nn.Module, config: ModelConfig, out_dir: str, hf_config: dict,
@@ -42,9 +49,8 @@ def export_model_hf(module: torch.nn.Module, config: ModelConfig, out_dir: str, 
         for _ in stream:  # sends this rank's shards; yields nothing here
             pass
         return None
-    hf_config = dict(hf_config)
-    hf_config.setdefault("architectures", [ARCHITECTURES[config.model_type]])
-    return write_hf_dir(out_dir, stream, hf_config, tokenizer, generation, max_shard_bytes, replace)
+    return write_hf_dir(out_dir, stream, with_architectures(hf_config, config.model_type), tokenizer, generation,
+                        max_shard_bytes, replace)
 
 
 def export_actor_hf(engine: Any, config: ModelConfig, model_path: str, out_dir: str, tokenizer: Any | None,

@@ -34,8 +34,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-EXIT_CONFIG_ERROR = 2
-EXIT_INTERNAL_ERROR = 1
+from verl.errors import EXIT_INPUT_ERROR, exit_code
+from verl.launcher.env import launcher_rank
+
+EXIT_CONFIG_ERROR = EXIT_INPUT_ERROR  # verl.errors' exit-code policy, by the name this module used
 RANK_ERROR_DIR_ENV = "VERL_RANK_ERROR_DIR"  # set by the local launcher: ranks leave their one line there
 
 
@@ -70,7 +72,7 @@ def _rank_failure(err: BaseException, config) -> int:
     import os
     import traceback
 
-    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0)
+    rank = launcher_rank()
     message = (str(err).strip().splitlines() or [""])[0]
     line = f"rank {rank}: {type(err).__name__}: {message}"
     log_dir = os.path.join(os.path.abspath(config.trainer.output_dir), "logs")
@@ -88,9 +90,7 @@ def _rank_failure(err: BaseException, config) -> int:
             fh.write(line + "\n")
     else:
         print(f"verl train: {line}", file=sys.stderr, flush=True)
-    from verl.errors import InputError
-
-    return EXIT_CONFIG_ERROR if isinstance(err, InputError) else EXIT_INTERNAL_ERROR
+    return exit_code(err)
 
 
 def _first_rank_error(error_dir: str) -> str | None:
@@ -169,7 +169,7 @@ def _open_log_dir(log_dir: str):
     ``DIR/train.rank<r>.log`` so their lines do not interleave."""
     import os
 
-    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0)
+    rank = launcher_rank()
     try:
         os.makedirs(log_dir, exist_ok=True)
         return open(os.path.join(log_dir, "train.log" if rank == 0 else f"train.rank{rank}.log"), "a",
@@ -182,22 +182,9 @@ def _open_log_dir(log_dir: str):
 
 def actor_memory_estimate(config) -> str:
     """The actor's estimated memory per rank for the config's layout (``verl.models.memory``), one line."""
-    from verl.models.config import ModelConfig
-    from verl.models.memory import estimate_rank_memory
-    from verl.trainer.config.derived import actor_dp_size, is_fsdp, model_parallel_sizes
-    from verl.utils.torch_dtypes import DTYPES
+    from verl.trainer.config.derived import actor_dp_size, backend_rules
 
-    arr = config.actor_rollout_ref
-    if is_fsdp(config):
-        return "estimated memory per rank: printed for the megatron strategy only"
-    tp, pp = model_parallel_sizes(config)
-    mega = arr.actor.megatron
-    estimate = estimate_rank_memory(
-        ModelConfig.from_pretrained(arr.model.path), tp=tp, pp=pp, dp=actor_dp_size(config),
-        ep=mega.expert_model_parallel_size, etp=mega.expert_tensor_parallel_size,
-        dtype_bytes=DTYPES[mega.dtype].itemsize, distributed_optimizer=mega.use_distributed_optimizer,
-        rollout_tp=arr.rollout.tensor_model_parallel_size, rollout_dtype_bytes=DTYPES[arr.rollout.dtype].itemsize)
-    return f"{estimate.summary()} (tp={tp} pp={pp} ep={mega.expert_model_parallel_size})"
+    return backend_rules(config).memory_estimate(config, actor_dp_size(config))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,43 +35,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from verl.errors import InputError
-from verl.trainer.config.loader import PACKAGED_CONFIG_DIR, ConfigError, Rule, compose, resolve_path, rule
+from verl.trainer.config.loader import PACKAGED_CONFIG_DIR, ConfigError, Rule, compose, resolve_path
+from verl.trainer.config.sft import SFTSections
 from verl.trainer.sft_trainer import run_rank, total_steps
 from verl.utils.dataset.sft_dataset import prepare_data
 from verl.utils.tracking import check_backends
 
 USAGE_ERROR = 2
-LABEL_NOISE_MODES = ("random", "drop_carry")
 
 CONFIG_NAME = "sft_trainer"  # verl/trainer/config/sft_trainer.yaml: the keys and their defaults
-RULES: dict[str, Rule] = {
-    "data.train_files": rule(str, list),
-    "data.val_files": rule(str, list),
-    "data.prompt_dict_keys": rule(list),
-    "data.response_dict_keys": rule(list),
-    "data.max_length": rule(ge=1),
-    "data.train_batch_size": rule(ge=1),
-    "data.micro_batch_size_per_gpu": rule(ge=1),
-    "data.label_noise": rule(ge=0),  # and < 1 (_validate)
-    "data.label_noise_mode": rule(choices=LABEL_NOISE_MODES),
-    "model.path": rule(str),
-    "model.tokenizer_path": rule(str),
-    "optim.lr": rule(gt=0),
-    "optim.weight_decay": rule(ge=0),
-    "optim.warmup_steps_ratio": rule(ge=0, le=1),
-    "optim.clip_grad": rule(ge=0),
-    "optim.lr_scheduler": rule(choices=("constant", "linear", "cosine")),
-    "optim.min_lr_ratio": rule(ge=0, le=1),
-    "megatron.tensor_model_parallel_size": rule(ge=1),
-    "megatron.pipeline_model_parallel_size": rule(ge=1),
-    "trainer.total_epochs": rule(ge=1),
-    "trainer.total_training_steps": rule(int, ge=1),
-    "trainer.nproc": rule(ge=1),
-    "trainer.logger": rule(list, str),
-    "trainer.log_freq": rule(ge=1),
-    "trainer.test_freq": rule(ge=-1),
-    "trainer.val_max_new_tokens": rule(ge=1),
-}
+# Every key's type and range, from its typed section (verl/trainer/config/sft.py).
+RULES: dict[str, Rule] = SFTSections.rules("")
 
 
 def read_sft_config_tree(path: str | None, overrides: Sequence[str] = ()) -> tuple[dict[str, Any], str]:

@@ -64,31 +64,31 @@ def check_datasets(config: PPOSections, tokenizer: Any) -> None:
 
 
 def check_rollout_engine(config: PPOSections) -> None:
-    """``rollout.name=sglang`` needs SGLang in this Python, and on CPU a rollout tp SGLang can take the
-    rollout layout with (it pads attention heads there instead of replicating KV heads)."""
-    rollout = config.actor_rollout_ref.rollout
-    if rollout.name != "sglang":
-        return
+    """The rollout engine can start here: one that needs SGLang finds it in this Python, and the engine's own
+    limits on the model and rollout tp (SGLang on CPU pads attention heads instead of replicating KV heads)."""
     import sys
 
-    from verl.engine.rollout.sglang_rollout import SGLangRolloutError, check_cpu_tp
-    from verl.utils.sglang_env import sglang_importable
+    from verl.engine.rollout.registry import rollout_engine
 
-    if not sglang_importable():
-        raise PreflightError(
-            f"actor_rollout_ref.rollout.name=sglang: expected SGLang importable by {sys.executable}, found none; "
-            "`bash launch/setup_sglang.sh` builds .venv-sglang (SGLang and Megatron), then run "
-            ".venv-sglang/bin/verl train ... (launch/quickstart.sh does both)")
-    import torch
+    rollout = config.actor_rollout_ref.rollout
+    engine = rollout_engine(rollout.name)
+    if engine.capabilities.needs_sglang_python:
+        from verl.utils.sglang_env import sglang_importable
 
+        if not sglang_importable():
+            raise PreflightError(
+                f"actor_rollout_ref.rollout.name={rollout.name}: expected SGLang importable by {sys.executable}, "
+                "found none; `bash launch/setup_sglang.sh` builds .venv-sglang (SGLang and Megatron), then run "
+                ".venv-sglang/bin/verl train ... (launch/quickstart.sh does both)")
+    if engine.check_model is None:
+        return
     from verl.models.config import ModelConfig
 
-    if not torch.cuda.is_available():
-        try:
-            check_cpu_tp(ModelConfig.from_pretrained(config.actor_rollout_ref.model.path),
-                         rollout.tensor_model_parallel_size)
-        except SGLangRolloutError as err:
-            raise PreflightError(f"actor_rollout_ref.rollout.tensor_model_parallel_size: {err}") from None
+    try:
+        engine.check_model(ModelConfig.from_pretrained(config.actor_rollout_ref.model.path),
+                           rollout.tensor_model_parallel_size)
+    except InputError as err:
+        raise PreflightError(f"actor_rollout_ref.rollout.tensor_model_parallel_size: {err}") from None
 
 
 def preflight(config: PPOSections) -> None:

@@ -1,4 +1,4 @@
-"""SFT on the Megatron engine (the trainer behind ``verl sft``, see :mod:`verl.trainer.main_sft`).
+"""SFT on the Megatron engine of the engine registry (behind ``verl sft``, see :mod:`verl.trainer.main_sft`).
 
 Loss on the response tokens and the eos after them (the prompt is masked), Adam + warmup/decay on
 Megatron (TP x PP x DP), and the final weights written as ``<trainer.output_dir>/hf`` (config.json,
@@ -20,14 +20,13 @@ from typing import Any
 
 import torch
 
+from verl.trainer.config.sft import SFTSections, sft_engine_sections, sft_total_steps
 from verl.utils.dataset.sft_dataset import SFTData
 
 
 def total_steps(cfg: dict[str, Any], num_train: int) -> int:
-    steps = cfg["trainer"]["total_training_steps"]
-    if steps is not None:
-        return steps
-    return max(1, num_train // cfg["data"]["train_batch_size"]) * cfg["trainer"]["total_epochs"]
+    """The run's optimizer steps for a validated config (``cfg``: ``verl sft``'s composed dict)."""
+    return sft_total_steps(SFTSections.from_tree(cfg, ""), num_train)
 
 
 def sft_loss(outputs: dict[str, torch.Tensor], micro_batch: dict[str, torch.Tensor]):
@@ -40,41 +39,37 @@ class SFTTrainer:
     """SFT on this rank's Megatron groups (torch.distributed initialised, megatron not yet)."""
 
     def __init__(self, cfg: dict[str, Any], train: SFTData, val: SFTData | None):
+        """``cfg``: ``verl sft``'s validated config (a plain dict, what the ranks receive); read through its
+        typed sections, ``self.sections``. The model is the ``megatron`` strategy's engine from the engine
+        registry, its HF weights loaded when ``model.path`` has any (else Megatron's seeded init)."""
         import torch.distributed as dist
         from megatron.core import parallel_state as mpu
 
-        from verl.engine.base import OptimConfig
-        from verl.engine.megatron.engine import MegatronEngine
-        from verl.engine.megatron.parallel import initialize_megatron
+        from verl.engine.base import EngineSpec
+        from verl.engine.registry import build_engine
         from verl.engine.roles import Actor
         from verl.models.config import ModelConfig
-        from verl.models.hf_io import HFCheckpoint, has_hf_weights
-        from verl.models.mcore.weights import load_hf_into_model
+        from verl.models.hf_io import has_hf_weights
 
         self.cfg, self.train_data, self.val_data = cfg, train, val
-        mcore, optim, trainer = cfg["megatron"], cfg["optim"], cfg["trainer"]
+        self.sections = sections = SFTSections.from_tree(cfg, "")
         self.rank = dist.get_rank()
-        initialize_megatron(mcore["tensor_model_parallel_size"], mcore["pipeline_model_parallel_size"],
-                            seed=trainer["seed"])
+        self.steps = sft_total_steps(sections, len(train))
+        self.model_config = ModelConfig.from_pretrained(sections.model.path)
+        role, optim = sft_engine_sections(sections, self.steps)
+        # The engine sets up Megatron's parallel state from the role's layout (seeded with trainer.seed).
+        self.engine = build_engine("megatron", EngineSpec(
+            self.model_config, sections.model.path, "lm", role, optim=optim, total_training_steps=self.steps,
+            seed=sections.trainer.seed, load_weights=has_hf_weights(sections.model.path)))
         self.dp_size, self.dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
-        self.steps = total_steps(cfg, len(train))
-        self.model_config = ModelConfig.from_pretrained(cfg["model"]["path"])
-        self.engine = MegatronEngine(self.model_config, "lm", OptimConfig(
-            lr=optim["lr"], min_lr=optim["lr"] * optim["min_lr_ratio"], weight_decay=optim["weight_decay"],
-            betas=tuple(optim["betas"]), clip_grad=optim["clip_grad"],
-            lr_warmup_steps=int(optim["warmup_steps_ratio"] * self.steps), total_training_steps=self.steps,
-            lr_decay_style=optim["lr_scheduler"]))
-        if has_hf_weights(cfg["model"]["path"]):
-            checkpoint = HFCheckpoint(cfg["model"]["path"])
-            load_hf_into_model(self.engine.module, self.model_config, checkpoint.get, names=checkpoint.files)
-        self.actor = Actor(self.engine, cfg["data"]["micro_batch_size_per_gpu"])
+        self.actor = Actor(self.engine, sections.data.micro_batch_size_per_gpu)
 
     def _global_batches(self):
         """Seeded reshuffle every epoch; the last partial batch of an epoch is dropped."""
-        size, n = self.cfg["data"]["train_batch_size"], len(self.train_data)
+        size, n = self.sections.data.train_batch_size, len(self.train_data)
         epoch = 0
         while True:
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.cfg["trainer"]["seed"] + epoch))
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.sections.trainer.seed + epoch))
             for start in range(0, n - size + 1, size):
                 yield order[start:start + size]
             epoch += 1
@@ -93,10 +88,9 @@ class SFTTrainer:
         which adds the exported model's ``val/accuracy`` to the same record)."""
         from tqdm import tqdm
 
-        trainer = self.cfg["trainer"]
-        share = self.cfg["data"]["train_batch_size"] // self.dp_size
-        tokens_per_step = int(self.train_data.attention_mask.sum()) * self.cfg["data"]["train_batch_size"] \
-            / len(self.train_data)
+        trainer, batch_size = self.sections.trainer, self.sections.data.train_batch_size
+        share = batch_size // self.dp_size
+        tokens_per_step = int(self.train_data.attention_mask.sum()) * batch_size / len(self.train_data)
         bar = tqdm(total=self.steps, desc="sft", unit="step", dynamic_ncols=True, disable=self.rank != 0)
         batches = self._global_batches()
         metrics: dict[str, Any] = {}
@@ -109,7 +103,7 @@ class SFTTrainer:
             metrics = {"train/loss": out["loss"], "train/lr": out["lr"], "train/grad_norm": out["grad_norm"],
                        "timing_s/step": elapsed, "perf/tokens_per_s": tokens_per_step / elapsed}
             last = step == self.steps
-            if last or (trainer["test_freq"] > 0 and step % trainer["test_freq"] == 0):
+            if last or (trainer.test_freq > 0 and step % trainer.test_freq == 0):
                 metrics["val/loss"] = self.val_loss()
             if last:
                 metrics["timing_s/train"] = time.perf_counter() - start
@@ -117,7 +111,7 @@ class SFTTrainer:
                 tracker.log({k: v for k, v in metrics.items() if v is not None}, step)
             bar.update(1)
             bar.set_postfix(loss=f"{out['loss']:.4f}")
-            if self.rank == 0 and (last or step % trainer["log_freq"] == 0 or step == 1):
+            if self.rank == 0 and (last or step % trainer.log_freq == 0 or step == 1):
                 bar.write(_loss_line(step, self.steps, metrics))
         bar.close()
         return metrics
@@ -130,7 +124,7 @@ class SFTTrainer:
         from verl.models.hf_export import export_model_hf
         from verl.models.hf_io import read_config, special_token_ids
 
-        hf_config = read_config(self.cfg["model"]["path"])
+        hf_config = read_config(self.sections.model.path)
         special = special_token_ids(tokenizer, {})
         hf_config.update(special)
         written = export_model_hf(self.engine.module, self.model_config, out_dir, hf_config, tokenizer,
@@ -159,8 +153,9 @@ def run_rank(cfg: dict[str, Any], train: SFTData, val: SFTData | None) -> dict[s
     # megatron's CPU fallbacks (no TE / apex) warn once per module on every rank: not the user's concern.
     warnings.filterwarnings("ignore", message=r".*(Transformer Engine|Apex) (and Apex )?(is|are) not installed.*")
     warnings.filterwarnings("ignore", message=r"full scope is deprecated")
-    trainer_cfg = cfg["trainer"]
-    output_dir = os.path.abspath(trainer_cfg["output_dir"])
+    sections = SFTSections.from_tree(cfg, "")
+    trainer_cfg = sections.trainer
+    output_dir = os.path.abspath(trainer_cfg.output_dir)
     tracker = None
     if dist.get_rank() == 0:
         os.makedirs(output_dir, exist_ok=True)
@@ -168,13 +163,13 @@ def run_rank(cfg: dict[str, Any], train: SFTData, val: SFTData | None) -> dict[s
         if os.path.exists(os.path.join(output_dir, "metrics.jsonl")):
             os.remove(os.path.join(output_dir, "metrics.jsonl"))
         shutil.rmtree(os.path.join(output_dir, "tensorboard"), ignore_errors=True)
-        backends = [b for b in trainer_cfg["logger"] if b != "console"]  # the console gets loss lines
-        tracker = Tracking(output_dir, backends, trainer_cfg["project_name"], trainer_cfg["experiment_name"])
+        backends = [b for b in trainer_cfg.logger if b != "console"]  # the console gets loss lines
+        tracker = Tracking(output_dir, backends, trainer_cfg.project_name, trainer_cfg.experiment_name)
         with open(os.path.join(output_dir, "sft_config.json"), "w", encoding="utf-8") as fh:
             json.dump(cfg, fh, indent=2)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg["model"]["tokenizer_path"])
+    tokenizer = AutoTokenizer.from_pretrained(sections.model.tokenizer_path)
     sft = SFTTrainer(cfg, train, val)
     try:
         metrics = sft.fit(tracker)
@@ -183,10 +178,10 @@ def run_rank(cfg: dict[str, Any], train: SFTData, val: SFTData | None) -> dict[s
         destroy_megatron()
     if tracker is None:
         return metrics
-    if trainer_cfg["val_accuracy"] and cfg["data"]["val_files"]:
+    if trainer_cfg.val_accuracy and sections.data.val_files:
         tick = time.perf_counter()
-        metrics["val/accuracy"] = evaluate_accuracy(hf_dir, cfg["data"]["val_files"],
-                                                    max_new_tokens=trainer_cfg["val_max_new_tokens"])
+        metrics["val/accuracy"] = evaluate_accuracy(hf_dir, sections.data.val_files,
+                                                    max_new_tokens=trainer_cfg.val_max_new_tokens)
         metrics["timing_s/val_accuracy"] = time.perf_counter() - tick
     tracker.log({k: v for k, v in metrics.items() if v is not None}, sft.steps)
     tracker.close()

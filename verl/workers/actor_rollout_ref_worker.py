@@ -24,8 +24,10 @@ import torch.distributed as dist
 
 from verl.algorithms import core_algos
 from verl.engine.base import EngineSpec
+from verl.engine.lora import has_adapters
 from verl.engine.registry import build_engine
 from verl.engine.roles import Actor
+from verl.engine.rollout import registry as rollout_registry
 from verl.hybrid_engine.groups import derive_groups
 from verl.hybrid_engine.hybrid_engine import HybridEngine, rollout_tp_process_group
 from verl.hybrid_engine.weight_sync import METRIC_BYTES as METRIC_SYNC_BYTES
@@ -34,7 +36,6 @@ from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils.logging_utils import get_logger
-from verl.utils.torch_dtypes import DTYPES
 from verl.workers.config import ActorConfig, ActorRolloutRefConfig
 from verl.workers.role_utils import (
     ACTOR_FIELDS,
@@ -135,8 +136,6 @@ class ActorRolloutRefWorker(Worker):
     def __init__(self, config: ActorRolloutRefConfig, role: str = "actor_rollout_ref", total_training_steps: int = 1,
                  tokenizer: Any = None, *, seed: int, bucket_bytes: int, response_length: int, max_seq_len: int,
                  max_batch_rows: int):
-        from verl.engine.rollout.native.engine import NativeRollout
-
         if role not in ("actor_rollout_ref", "actor_rollout"):
             raise ValueError(f"role: expected 'actor_rollout_ref' or 'actor_rollout', found {role!r}")
         self.config = arr = config  # the actor_rollout_ref section
@@ -153,7 +152,9 @@ class ActorRolloutRefWorker(Worker):
                           total_training_steps, seed=seed)
         engine = build_engine(self.strategy, spec)
         ref_engine = None
-        if role == "actor_rollout_ref":  # built after the actor, whose layout it shares
+        # LoRA: the reference is the actor's own engine with its adapters off (verl's), no second copy.
+        lora = has_adapters(engine.module)
+        if role == "actor_rollout_ref" and not lora:  # built after the actor, whose layout it shares
             ref_engine = build_engine(self.strategy, dataclasses.replace(spec, role=arr.ref, optim=None,
                                                                          load_weights=False))
         training = engine.training_layout()
@@ -163,6 +164,10 @@ class ActorRolloutRefWorker(Worker):
         self.actor = Actor(engine, micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu,
                            max_token_len=self.log_prob_max_token_len)
         self.ref = None
+        if role == "actor_rollout_ref" and lora:
+            self.ref = Actor(engine, micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
+                             max_token_len=token_budget(arr.ref, "log_prob_use_dynamic_bsz",
+                                                        "log_prob_max_token_len_per_gpu"), adapters_off=True)
         if ref_engine is not None:  # the reference policy starts as the initial actor
             _copy_weights(engine.module, ref_engine.module)
             self.ref = Actor(ref_engine, micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
@@ -187,20 +192,16 @@ class ActorRolloutRefWorker(Worker):
         rollout_tp = arr.rollout.tensor_model_parallel_size
         groups = derive_groups(training, rollout_tp)
         rank = dist.get_rank()
-        use_sglang = arr.rollout.name == "sglang"
-        # SGLang's group only moves handles between its ranks (gloo, whatever the training backend).
+        rollout_engine = rollout_registry.rollout_engine(arr.rollout.name)
         self.rollout_dp_rank, my_group_ranks, tp_group = rollout_tp_process_group(
-            groups, rank, backend="gloo" if use_sglang else None)
+            groups, rank, backend=rollout_engine.capabilities.group_backend)
         self.rollout_tp_rank = groups.rollout_tp_rank[rank]
         self.rollout_dp_size = len(groups.rollout_tp_groups)
-        pad_id = tokenizer.pad_token_id if tokenizer is not None else 0
-        if use_sglang:
-            self.rollout = self._sglang_rollout(my_group_ranks, tp_group, pad_id, seed, bucket_bytes, max_seq_len,
-                                                max_batch_rows)
-        else:
-            self.rollout = NativeRollout(self.model_config, tp_group=tp_group, dtype=DTYPES[arr.rollout.dtype],
-                                         pad_token_id=pad_id)
-            self.rollout.record_routing = arr.rollout.enable_rollout_routing_replay
+        # Rows one engine generates at once: its replica's share of a training or a validation batch.
+        self.rollout = rollout_engine.build(arr.rollout, rollout_registry.RolloutSite(
+            self.model_config, arr.model.path, tp_group, tuple(my_group_ranks), self.rollout_dp_rank,
+            pad_token_id=tokenizer.pad_token_id if tokenizer is not None else 0, seed=seed, bucket_bytes=bucket_bytes,
+            max_rows=-(-max_batch_rows // self.rollout_dp_size), max_seq_len=max_seq_len))
         self.hybrid_engine = HybridEngine(engine, self.rollout, self.model_config, training, rollout_tp,
                                           bucket_bytes, arr.rollout.dtype)
         self.hybrid_engine.to_training()  # start with the rollout memory released
@@ -217,24 +218,6 @@ class ActorRolloutRefWorker(Worker):
         val = arr.rollout.val_kwargs
         self.val_sampling = SamplingParams(temperature=val.temperature, top_p=val.top_p, top_k=val.top_k,
                                            do_sample=val.do_sample, n=val.n, **common)
-
-    def _sglang_rollout(self, group_ranks: tuple[int, ...], tp_group: Any, pad_id: int, seed: int, bucket_bytes: int,
-                        max_seq_len: int, max_batch_rows: int):
-        """One SGLang engine per rollout TP group, owned by the group's first rank (see sglang_group)."""
-        from verl.engine.rollout.sglang_group import SGLangGroupRollout
-        from verl.launcher.env import discover
-
-        rollout = self.config.rollout
-        # Rows one engine generates at once: its replica's share of a training or a validation batch.
-        rows = -(-max_batch_rows // self.rollout_dp_size)
-        local_groups = max(1, discover().local_world_size // len(group_ranks))
-        return SGLangGroupRollout(
-            self.model_config, self.config.model.path, group_ranks, tp_group,
-            dtype=DTYPES[rollout.dtype], bucket_bytes=bucket_bytes, pad_token_id=pad_id,
-            seed=seed, group_index=self.rollout_dp_rank % local_groups, num_groups=local_groups,
-            max_rows=rows, max_seq_len=max_seq_len,
-            mem_fraction_static=rollout.gpu_memory_utilization, free_cache_engine=rollout.free_cache_engine,
-            engine_kwargs=dict(rollout.engine_kwargs.sglang))
 
     def shutdown(self) -> None:
         """Stop what outlives a step: the SGLang engine this rank owns (nothing for the native engine), or the
@@ -295,7 +278,8 @@ class ActorRolloutRefWorker(Worker):
             return out
         metrics = {} if self._rollout_synced else self.hybrid_engine.to_rollout()
         start = time.perf_counter()
-        engines = [self.actor.engine] + ([self.ref.engine] if self.ref is not None else [])
+        engines = [self.actor.engine] + ([self.ref.engine] if self.ref is not None
+                                         and self.ref.engine is not self.actor.engine else [])
         try:
             # While the rollout generates, the state the config's *_offload keys name waits in host memory.
             offloaded = sum(engine.offload_idle_state() for engine in engines)

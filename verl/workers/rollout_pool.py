@@ -27,7 +27,6 @@ import torch.distributed as dist
 
 from verl.errors import InputError
 from verl.hybrid_engine.cross_pool import PoolPlacement, plan_cross_pool
-from verl.hybrid_engine.layouts import FSDPLayout
 from verl.hybrid_engine.weight_sync import METRIC_BYTES, METRIC_DELTA_FRACTION, PoolReceiver, PoolSender
 from verl.launcher.pools import current_bridge
 from verl.launcher.spawn import FORWARDED_SIGNALS
@@ -59,29 +58,17 @@ class RolloutPoolLink:
             for dst in range(self.placement.n_training, self.placement.world_size):
                 self.bridge.send_object({"op": "init", "placement": self.placement, "bucket_bytes": bucket_bytes,
                                          "dtype": rollout_config.dtype, "verify": ce.verify, "delta": ce.delta}, dst)
-        # The training tensors: one flat buffer bound once (Megatron), or read by name at every sync (FSDP's
+        # The training tensors: one flat buffer the engine bound once, or read by name at every sync (FSDP's
         # shards; Megatron's when the distributed optimizer keeps dense and expert parameters apart).
         self._sources_of = None
         self._plan, self._ce = plan, ce
         self.sender: PoolSender | None = None  # bound at the first sync when sources come by name
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        if isinstance(training, FSDPLayout):
-            from verl.hybrid_engine.hybrid_engine import check_fsdp_module, fsdp_reshard_sources
-
-            check_fsdp_module(engine.module, model_config, training, dist.get_rank())
-            module = engine.module
-            self._sources_of = lambda: fsdp_reshard_sources(module, self.dtype, device)
+        bound = engine.bind_reshard(model_config, training)
+        if bound is None:
+            self._sources_of = lambda: engine.reshard_sources(self.dtype, device)
         else:
-            from megatron.core import parallel_state as mpu
-
-            from verl.hybrid_engine.hybrid_engine import HybridEngine, megatron_reshard_sources
-
-            bound = HybridEngine._bind_training_buffer(engine, model_config, training, mpu)
-            if bound is None:
-                module = engine.module
-                self._sources_of = lambda: megatron_reshard_sources(module, self.dtype, device)
-            else:
-                self.sender = PoolSender(plan, bound[0], bound[1], self.bridge, verify=ce.verify, delta=ce.delta)
+            self.sender = PoolSender(plan, bound[0], bound[1], self.bridge, verify=ce.verify, delta=ce.delta)
         self.summary = plan.summary()
 
     def _command(self, command: dict) -> None:
@@ -200,34 +187,28 @@ class RolloutPoolLink:
                 self.bridge = None
 
 
-def _engine(config: Any, tokenizer: Any, replica: int, tp_group: Any, group_ranks: tuple[int, ...], dtype):
+def _engine(config: Any, tokenizer: Any, replica: int, tp_group: Any, group_ranks: tuple[int, ...],
+            bucket_bytes: int):
+    """This rank's engine, built as the colocated worker builds it (the registry's constructor); a replica serves
+    at most a whole training or validation batch."""
+    from verl.engine.rollout.registry import RolloutSite, rollout_engine
     from verl.models.config import ModelConfig
 
-    arr = config.actor_rollout_ref
+    arr, data = config.actor_rollout_ref, config.data
     model_config = ModelConfig.from_pretrained(arr.model.path)
+    rows = max(data.train_batch_size * arr.rollout.n, (data.val_batch_size or data.train_batch_size)
+               * arr.rollout.val_kwargs.n)
     pad_id = tokenizer.pad_token_id if tokenizer is not None else 0
-    if arr.rollout.name == "sglang":
-        from verl.engine.rollout.sglang_group import SGLangGroupRollout
-        from verl.launcher.env import discover
-
-        data = config.data
-        rows = max(data.train_batch_size * arr.rollout.n, (data.val_batch_size or data.train_batch_size)
-                   * arr.rollout.val_kwargs.n)
-        local_groups = max(1, discover().local_world_size // len(group_ranks))
-        return model_config, SGLangGroupRollout(
-            model_config, arr.model.path, group_ranks, tp_group, dtype=dtype, bucket_bytes=1 << 22,
-            pad_token_id=pad_id, seed=int(config.trainer.seed), group_index=replica % local_groups,
-            num_groups=local_groups, max_rows=rows, max_seq_len=data.max_prompt_length + data.max_response_length,
-            mem_fraction_static=arr.rollout.gpu_memory_utilization, free_cache_engine=False,
-            engine_kwargs=dict(arr.rollout.engine_kwargs.sglang))
-    from verl.engine.rollout.native.engine import NativeRollout
-
-    return model_config, NativeRollout(model_config, tp_group=tp_group, dtype=dtype, pad_token_id=pad_id)
+    site = RolloutSite(model_config, arr.model.path, tp_group, tuple(group_ranks), replica, pad_token_id=pad_id,
+                       seed=int(config.trainer.seed), bucket_bytes=bucket_bytes, max_rows=rows,
+                       max_seq_len=data.max_prompt_length + data.max_response_length, pool=True)
+    return model_config, rollout_engine(arr.rollout.name).build(arr.rollout, site)
 
 
 def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
     """A rollout rank's life: build the engine, then serve the controller's commands until ``stop``."""
-    from verl.hybrid_engine.rollout_layout import rollout_param_specs
+    from verl.engine.rollout.registry import rollout_capabilities
+    from verl.models.rollout_shapes import rollout_param_specs
 
     bridge = current_bridge()
     # A preemption signal (Ctrl-C, SIGTERM, SIGUSR1) reaches every rank: the training ranks finish the step and
@@ -239,15 +220,14 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
     pool_rank, pool_size = dist.get_rank(), dist.get_world_size()
     replica, tp_rank = divmod(pool_rank, tp)
     tp_group, group_ranks = None, (pool_rank,)
+    group_backend = rollout_capabilities(arr.rollout.name).group_backend
     for k in range(pool_size // tp):  # every rank creates every group, in order
         ranks = tuple(range(k * tp, (k + 1) * tp))
-        group = dist.new_group(list(ranks), backend="gloo" if arr.rollout.name == "sglang" else None) \
-            if tp > 1 else None
+        group = dist.new_group(list(ranks), backend=group_backend) if tp > 1 else None
         if k == replica:
             tp_group, group_ranks = group, ranks
     init = bridge.recv_object(0, timeout=COMMAND_WAIT)
-    dtype = DTYPES[init["dtype"]]
-    model_config, engine = _engine(config, tokenizer, replica, tp_group, group_ranks, dtype)
+    model_config, engine = _engine(config, tokenizer, replica, tp_group, group_ranks, init["bucket_bytes"])
     try:
         plan = plan_cross_pool(model_config, init["placement"], bridge.rank, init["bucket_bytes"], init["dtype"])
         specs = [(s.name, s.shape) for s in rollout_param_specs(model_config, tp, tp_rank)]

@@ -6,7 +6,7 @@ The same contract as :class:`verl.engine.megatron.engine.MegatronEngine`, so the
 not change with the backend: ``forward(batch, micro_batch_size, output_fn, max_token_len)`` and
 ``train_step(batch, micro_batch_size, output_fn, loss_fn, global_loss=..., summed_metrics=...,
 max_token_len=...)`` with ``output_fn(logits, aligned_ids, shifts, micro_batch)`` seeing rows left-aligned
-by :func:`verl.engine.megatron.padding.left_align` (full-vocab logits here) and ``loss_fn`` returning shares
+by :func:`verl.engine.padding.left_align` (full-vocab logits here) and ``loss_fn`` returning shares
 of a globally normalised loss when ``global_loss`` (see the Megatron engine's docstring).
 
 Data parallelism is the whole world: every rank gets its own share of the batch and FSDP averages the
@@ -39,8 +39,9 @@ from verl.engine.fsdp.model import (
     reset_rotary_tables,
 )
 from verl.engine.fsdp.parallel import FSDPMesh, fsdp_mesh
-from verl.engine.megatron.padding import left_align
+from verl.engine.lora import LoRASettings, lora_settings
 from verl.engine.micro_batches import split_micro_batches, token_budget_groups
+from verl.engine.padding import left_align
 from verl.models.config import ModelConfig
 from verl.models.hf_io import has_hf_weights
 from verl.utils.device import get_device, is_cuda_available, to_device
@@ -102,7 +103,7 @@ class FSDPEngine(TrainingEngine):
                  optim: OptimConfig | None = None, *, model_dtype: torch.dtype = torch.float32,
                  param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
                  offload: bool = False, reshard_after_forward: bool = True, gradient_checkpointing: bool = False,
-                 remove_padding: bool = False, seed: int = 0):
+                 remove_padding: bool = False, seed: int = 0, lora: LoRASettings | None = None):
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         self.config = config
@@ -117,6 +118,12 @@ class FSDPEngine(TrainingEngine):
         streamed = has_hf_weights(model_path)
         model = build_empty_hf_model(model_path, head, model_dtype) if streamed \
             else build_hf_model(model_path, head, model_dtype, seed)
+        # LoRA (verl.engine.lora.fsdp): PEFT's layers go in before fully_shard, so FSDP shards the adapters too.
+        self.lora = lora
+        if lora is not None:
+            from verl.engine.lora import fsdp as lora_fsdp
+
+            lora_fsdp.inject(model, lora)
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
@@ -131,19 +138,31 @@ class FSDPEngine(TrainingEngine):
         # buffers) are always on the compute device.
         if streamed:
             model.to_empty(device="cpu" if offload else self.device)
-            load_sharded_weights(model, model_path, head)
+            if lora is not None:
+                lora_fsdp.load_base_weights(model, model_path)
+            else:
+                load_sharded_weights(model, model_path, head)
             reset_rotary_tables(model, self.device)
         elif not offload:
             model.to(self.device)
         else:
             reset_rotary_tables(model, self.device)
+        if lora is not None:
+            full = None
+            if lora.adapter_path:
+                from verl.engine.lora.peft_io import read_adapter
+
+                full = read_adapter(lora.adapter_path, lora, model_path)
+            lora_fsdp.init_adapters(model, seed, full)
         self.model = model
         self.optimizer = None
         self.scheduler = None
         if optim is not None:
             # fused: one kernel over every shard. The CPU default loops over parameters, each update a dozen
             # DTensor dispatches: a quarter of a tiny model's update (0.74M Qwen2, one rank: 72 -> 54 ms).
-            self.optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+            # requires_grad only: with LoRA the adapters alone get optimizer state.
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            self.optimizer = torch.optim.AdamW(trainable, lr=optim.lr, betas=tuple(optim.betas),
                                                weight_decay=optim.weight_decay, fused=True)
             self.scheduler = LRSchedule(self.optimizer, optim)
         self.is_last_stage = True  # no pipeline stages: every rank holds the whole (sharded) model
@@ -165,7 +184,8 @@ class FSDPEngine(TrainingEngine):
         read from ``spec.model_path`` (each rank loads its shards), whoever sets them afterwards."""
         optim = None if spec.optim is None else optim_config(spec.optim, spec.total_training_steps,
                                                               clip_grad=spec.role.grad_clip)
-        engine = fsdp_engine(spec.model_config, spec.model_path, spec.head, spec.role, spec.model, optim, spec.seed)
+        engine = fsdp_engine(spec.model_config, spec.model_path, spec.head, spec.role, spec.model, optim, spec.seed,
+                             lora=lora_settings(spec.model, "fsdp"))
         # param_offload is FSDP2's CPUOffloadPolicy here (shards and gradients live in host memory throughout)
         engine.idle_offload = {"params": False, "grads": False,
                                "optimizer": bool(spec.role.fsdp_config.get("optimizer_offload"))}
@@ -190,9 +210,31 @@ class FSDPEngine(TrainingEngine):
 
         return FSDPLayout(shard=self.mesh.shard_size, replicate=self.mesh.replicate_size)
 
+    def bind_reshard(self, model_config: ModelConfig, training: Any) -> None:
+        """Nothing is rebound (FSDP owns the parameter objects): the local shards are checked against
+        ``training`` and read by name at every transition."""
+        from verl.engine.fsdp.reshard import FSDPReshardSource
+
+        if self.lora is not None:  # the dense model's names: the rollout takes merged weights
+            from verl.engine.lora.fsdp import BaseNamesView
+
+            return FSDPReshardSource(BaseNamesView(self.module)).bind_reshard(model_config, training)
+        return FSDPReshardSource(self.module).bind_reshard(model_config, training)
+
+    def reshard_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
+        if self.lora is not None:
+            from verl.engine.lora.fsdp import merged_reshard_sources
+
+            return merged_reshard_sources(self.module, dtype, device)
+        from verl.engine.fsdp.reshard import fsdp_reshard_sources
+
+        return fsdp_reshard_sources(self.module, dtype, device)
+
     # ------------------------------------------------------------------ weights on disk
     def save_checkpoint(self, path: str) -> None:
         """DCP (loadable at another world size); RNG states are the trainer's."""
+        if self.lora is not None:  # refused by the config check too; a preemption save lands here
+            raise RuntimeError("save_checkpoint: LoRA checkpoints / PEFT export are not implemented yet")
         self.require_onloaded("save_checkpoint")
         from verl.engine.fsdp import checkpoint
 
@@ -206,6 +248,8 @@ class FSDPEngine(TrainingEngine):
 
     def export_hf(self, model_path: str, out_dir: str, tokenizer: Any | None) -> None:
         """One full parameter at a time to rank 0 (:func:`verl.engine.fsdp.hf_export.export_actor_hf`)."""
+        if self.lora is not None:  # refused by the config check too; a preemption save lands here
+            raise RuntimeError("export_hf: LoRA checkpoints / PEFT export are not implemented yet")
         self.require_onloaded("export_hf")
         from verl.engine.fsdp.hf_export import export_actor_hf
 
@@ -313,7 +357,7 @@ class FSDPEngine(TrainingEngine):
 
 
 def fsdp_engine(model_config: ModelConfig, model_path: str, head: str, role: Any, model: Any = None,
-                optim: OptimConfig | None = None, seed: int = 0) -> FSDPEngine:
+                optim: OptimConfig | None = None, seed: int = 0, lora: LoRASettings | None = None) -> FSDPEngine:
     """An FSDPEngine from a role's verl keys: ``fsdp_config`` (``fsdp_size``, ``model_dtype``,
     ``mixed_precision.{param,reduce}_dtype``, ``offload_policy``, ``reshard_after_forward``) and the
     actor's ``model`` section (``enable_gradient_checkpointing``, ``use_remove_padding``)."""
@@ -334,4 +378,4 @@ def fsdp_engine(model_config: ModelConfig, model_path: str, head: str, role: Any
         offload=bool(fsdp.get("offload_policy") or fsdp.param_offload),
         reshard_after_forward=bool(fsdp.reshard_after_forward),
         gradient_checkpointing=model is not None and bool(model.enable_gradient_checkpointing),
-        remove_padding=model is not None and bool(model.use_remove_padding), seed=seed)
+        remove_padding=model is not None and bool(model.use_remove_padding), seed=seed, lora=lora)

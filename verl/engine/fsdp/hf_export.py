@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from verl.engine.fsdp.engine import FSDPEngine
-from verl.models.hf_export import ARCHITECTURES
+from verl.models.hf_export import with_architectures
 from verl.models.hf_io import generation_config, read_config, write_hf_dir
 
 
@@ -24,8 +24,7 @@ def iter_full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tens
 
 def export_actor_hf(engine: FSDPEngine, model_path: str, out_dir: str, tokenizer: Any | None) -> None:
     """Collective over every rank; rank 0 writes ``out_dir`` (replaced atomically)."""
-    hf_config = read_config(model_path)
-    hf_config.setdefault("architectures", [ARCHITECTURES[engine.config.model_type]])
+    hf_config = with_architectures(read_config(model_path), engine.config.model_type)
     generation = generation_config(model_path, tokenizer)
     stream = iter_full_tensors(engine.module)
     if dist.get_rank() == 0:

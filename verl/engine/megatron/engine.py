@@ -4,7 +4,7 @@ dist_checkpointing checkpoints, HF export. Roles (actor, critic, reward model) p
 
   output_fn(output, aligned_ids, shifts, micro_batch) -> {name: tensor}
       turns the last stage's model output ([b, S, V/tp] logits or [b, S, 1] values, rows left-aligned
-      by ``padding.left_align``) into per-sample results (log-probs, entropy, values, ...);
+      by ``verl.engine.padding.left_align``) into per-sample results (log-probs, entropy, values, ...);
   loss_fn(outputs, micro_batch) -> (loss, {metric: scalar tensor})
       the policy / value loss hook (PPO, GRPO, ...), called on the last stage during training:
       by default the micro-batch's own mean loss (averaged over micro-batches and DP); with
@@ -32,10 +32,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from verl.engine.base import Batch, EngineSpec, LossFn, OptimConfig, OutputFn, TrainingEngine, optim_config
-from verl.engine.megatron.padding import attention_mask_4d, left_align
+from verl.engine.base import Batch, BoundBuffer, EngineSpec, LossFn, OptimConfig, OutputFn, TrainingEngine, optim_config
+from verl.engine.lora import LoRASettings, lora_settings
+from verl.engine.megatron.padding import attention_mask_4d
 from verl.engine.megatron.parallel import ensure_megatron
 from verl.engine.micro_batches import split_micro_batches, token_budget_groups
+from verl.engine.padding import left_align
 from verl.errors import InputError
 from verl.models.config import ModelConfig
 from verl.models.mcore.model import build_gpt_model
@@ -45,7 +47,8 @@ from verl.utils.device import get_device, to_device
 class MegatronEngine(TrainingEngine):
     def __init__(self, config: ModelConfig, head: str = "lm", optim: OptimConfig | None = None, *,
                  params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False,
-                 transformer_overrides: Mapping[str, Any] | None = None):
+                 transformer_overrides: Mapping[str, Any] | None = None, lora: LoRASettings | None = None,
+                 lora_seed: int = 0):
         from megatron.core import parallel_state as mpu
 
         self.config = config
@@ -55,6 +58,12 @@ class MegatronEngine(TrainingEngine):
         module = build_gpt_model(config, head, params_dtype=params_dtype, sequence_parallel=sequence_parallel,
                                  **dict(transformer_overrides or {}))
         self.tf_config = module.config
+        # LoRA (verl.engine.lora): the base frozen before DDP and the optimizer see it, so both hold adapters only.
+        self.lora = lora
+        if lora is not None:
+            from verl.engine.lora.megatron import apply_lora
+
+            apply_lora(module, config, lora, seed=lora_seed)
         self.optimizer = None
         self.scheduler = None
         if optim is None:
@@ -92,10 +101,14 @@ class MegatronEngine(TrainingEngine):
         mega = spec.role.megatron
         optim = None if spec.optim is None else optim_config(spec.optim, spec.total_training_steps,
                                                               mega.use_distributed_optimizer)
+        lora = lora_settings(spec.model, "megatron")
         engine = cls(spec.model_config, spec.head, optim,
-                     **engine_options(mega, spec.model if optim is not None else None))
+                     **engine_options(mega, spec.model if optim is not None else None), lora=lora,
+                     lora_seed=spec.seed)
         if spec.load_weights:
             engine.load_hf_weights(spec.model_path)
+        if lora is not None and lora.adapter_path:
+            engine.load_adapter(lora.adapter_path, spec.model_path)
         engine.idle_offload = {"params": bool(mega.get("param_offload")), "grads": bool(mega.get("grad_offload")),
                                "optimizer": bool(mega.get("optimizer_offload"))}
         return engine
@@ -117,7 +130,19 @@ class MegatronEngine(TrainingEngine):
                 return torch.zeros(score_head.shapes[score_head.hf.index(name)])
             return checkpoint.get(name)
 
+        if self.lora is not None:  # the base's tensors only; the adapters keep their own values
+            load_hf_into_model(_BaseView(self.module), self.config, get_hf, self.head, names=checkpoint.files)
+            return
         load_hf_into_model(self.module, self.config, get_hf, self.head, names=checkpoint.files)
+
+    def load_adapter(self, adapter_dir: str, model_path: str) -> None:
+        """A PEFT adapter directory (``lora.adapter_path``) into this rank's adapter shards, checked against the
+        model first (:func:`verl.engine.lora.peft_io.read_adapter`)."""
+        from verl.engine.lora.megatron import load_full_adapters
+        from verl.engine.lora.peft_io import read_adapter
+
+        tensors = read_adapter(adapter_dir, self.lora, model_path)
+        load_full_adapters(self.module, self.config, lambda name: tensors[name])
 
     def swap_hf_weights(self, spec: EngineSpec) -> MegatronEngine:
         """In place when the architecture is the same (no optimizer state to lose), else a new engine."""
@@ -203,9 +228,32 @@ class MegatronEngine(TrainingEngine):
         return TrainingLayout(tp=tp, pp=mpu.get_pipeline_model_parallel_world_size(),
                               dp=mpu.get_data_parallel_world_size(), ep=ep, etp=None if etp == tp else etp)
 
+    def bind_reshard(self, model_config: ModelConfig, training: Any) -> BoundBuffer | None:
+        """The distributed optimizer's one param buffer, or one the parameters are rebound into (once: the
+        hybrid engine and the rollout pool's link share it); None when the distributed optimizer keeps
+        them in several buffers (dense and expert), read by name then."""
+        if self.lora is not None:  # the rollout takes merged weights, computed at every transition
+            return None
+        if not hasattr(self, "_reshard_buffer"):
+            from verl.engine.megatron.reshard import bind_training_buffer
+
+            self._reshard_buffer = bind_training_buffer(self.module, self.model, model_config, training)
+        return self._reshard_buffer
+
+    def reshard_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
+        if self.lora is not None:
+            from verl.engine.lora.megatron import merged_reshard_sources
+
+            return merged_reshard_sources(self.module, dtype, device)
+        from verl.engine.megatron.reshard import megatron_reshard_sources
+
+        return megatron_reshard_sources(self.module, dtype, device)
+
     # ------------------------------------------------------------------ weights on disk
     def save_checkpoint(self, path: str) -> None:
         """dist_checkpointing (loadable at another (tp, pp)); RNG states are the trainer's."""
+        if self.lora is not None:  # refused by the config check too; a preemption save lands here
+            raise RuntimeError("save_checkpoint: LoRA checkpoints / PEFT export are not implemented yet")
         self.require_onloaded("save_checkpoint")
         from verl.engine.megatron import checkpoint
 
@@ -219,6 +267,8 @@ class MegatronEngine(TrainingEngine):
 
     def export_hf(self, model_path: str, out_dir: str, tokenizer: Any | None) -> None:
         """Streamed by the first DP replica to rank 0 (:func:`verl.models.hf_export.export_actor_hf`)."""
+        if self.lora is not None:  # refused by the config check too; a preemption save lands here
+            raise RuntimeError("export_hf: LoRA checkpoints / PEFT export are not implemented yet")
         self.require_onloaded("export_hf")
         from verl.models.hf_export import export_actor_hf
 
@@ -397,7 +447,7 @@ class MegatronEngine(TrainingEngine):
         from megatron.core import parallel_state as mpu
         from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
-        from verl.engine.megatron.padding import rotate
+        from verl.engine.padding import rotate
 
         b, width, _, k = routed.shape
         aligned = rotate(routed, shifts)[:, :keep, self._stage_moe_layers]
@@ -484,6 +534,19 @@ class MegatronEngine(TrainingEngine):
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["update_successful"] = bool(updated)
         return {**metrics, **router_metrics}
+
+
+class _BaseView(torch.nn.Module):
+    """A LoRA model's base parameters under their own names (what the HF weight loader expects to find)."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self._wrapped = [module]
+
+    def named_parameters(self, *args, **kwargs):
+        from verl.engine.lora import is_adapter_name
+
+        return ((n, p) for n, p in self._wrapped[0].named_parameters(*args, **kwargs) if not is_adapter_name(n))
 
 
 def engine_options(megatron: Any, model: Any = None) -> dict[str, Any]:

@@ -1,1 +1,3 @@
-"""Rollout engines: the embedded native generator and (later) SGLang, behind one interface (base.py)."""
+"""Rollout engines behind one interface (base.py): the embedded native generator and SGLang, each registered by
+name with its constructor and declared capabilities in ``registry`` (what the trainer, the rollout pool, the config
+check and ``verl generate`` ask instead of comparing names)."""

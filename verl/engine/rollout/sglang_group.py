@@ -44,9 +44,9 @@ from verl.engine.rollout.sglang_rollout import (
     kv_pool_tokens,
     serialize_handle,
 )
-from verl.hybrid_engine.rollout_layout import rollout_param_specs
 from verl.models.config import ModelConfig
 from verl.models.hf_io import read_config
+from verl.models.rollout_shapes import rollout_param_specs
 from verl.protocol import DataProto
 from verl.utils.shared_buffer import shared_name, unlink_if_unmapped
 

@@ -32,8 +32,8 @@ from verl.engine.rollout.base import BaseRollout, SamplingParams
 from verl.engine.rollout.sglang_cpu.loader import LOADER_PATH, bucket_name, spec_offsets
 from verl.errors import InputError
 from verl.hybrid_engine.planner import DEFAULT_BUCKET_BYTES
-from verl.hybrid_engine.rollout_layout import rollout_param_specs
 from verl.models.config import ModelConfig
+from verl.models.rollout_shapes import rollout_param_specs
 from verl.utils.torch_dtypes import NAME_OF_DTYPE
 
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_TYPES

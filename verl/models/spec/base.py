@@ -34,13 +34,102 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from verl.errors import InputError
+from verl.models.rope import SCALED_TYPES, RopeScaling, yarn_attention_factor
 
 if TYPE_CHECKING:
     from verl.models.config import ModelConfig
 
 Shape = tuple[int, ...]
+HFConfigReader = Callable[[Mapping[str, Any]], dict[str, Any]]
+
+
+class ModelConfigError(InputError):
+    """An HF config.json the project cannot build a model from."""
+
+
+def read_rope(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The ModelConfig fields of the RoPE settings (``rope_theta`` and ``rope``, the scaling or None); every
+    family reads them here. transformers >= 5 writes them under ``rope_parameters``, older configs at top level
+    and in ``rope_scaling`` (which transformers prefers when both are given; so do we)."""
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    theta = float(rope.get("rope_theta") or cfg.get("rope_theta") or 10000.0)
+    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    if partial is not None and float(partial) != 1.0:
+        # Megatron could rotate a fraction (rotary_percent), but transformers' Llama/Qwen modules (the
+        # oracle and the FSDP engine) rotate whole heads, so no engine here could be checked against them.
+        raise ModelConfigError(f"partial_rotary_factor: expected 1.0 (the Llama/Qwen families rotate whole "
+                               f"heads), found {partial!r}")
+    if rope_type == "default":
+        return {"rope_theta": theta, "rope": None}
+    if rope_type == "dynamic":
+        raise ModelConfigError("rope_parameters.rope_type 'dynamic' is not supported: NTK scaling recomputes the "
+                               "frequencies from each forward's longest position, so a token's log-prob would "
+                               "depend on its batch and a generation's cached keys on earlier steps")
+    if rope_type not in SCALED_TYPES:
+        raise ModelConfigError(f"rope_parameters.rope_type: expected one of {('default', *SCALED_TYPES)}, "
+                               f"found {rope_type!r}")
+    max_positions = int(cfg.get("max_position_embeddings", 2048))
+    # transformers: a top-level original_max_position_embeddings (Phi-3 style) wins, else the max positions.
+    original = int(cfg.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings")
+                   or max_positions)
+    factor = rope.get("factor")
+    if factor is None and rope_type == "yarn":
+        factor = max_positions / original
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+        raise ModelConfigError(f"rope_parameters.factor: expected a positive number for rope_type {rope_type!r}, "
+                               f"found {factor!r}")
+    factor = float(factor)
+    if rope_type == "linear":
+        return {"rope_theta": theta, "rope": RopeScaling("linear", factor)}
+    if rope_type == "llama3":
+        low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+        if low >= high:
+            raise ModelConfigError(f"rope_parameters.high_freq_factor: expected more than low_freq_factor={low}, "
+                                   f"found {high}")
+        return {"rope_theta": theta, "rope": RopeScaling("llama3", factor, original, low_freq_factor=low,
+                                                         high_freq_factor=high)}
+    attention_factor = rope.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = yarn_attention_factor(factor, rope.get("mscale"), rope.get("mscale_all_dim"))
+    return {"rope_theta": theta, "rope": RopeScaling(
+        "yarn", factor, original, beta_fast=float(rope.get("beta_fast") or 32),
+        beta_slow=float(rope.get("beta_slow") or 1),
+        truncate=bool(rope.get("truncate", True)), attention_factor=float(attention_factor))}
+
+
+def read_decoder(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The ModelConfig fields every decoder family shares (RoPE included), from an HF config.json; a missing
+    required key raises KeyError (``ModelConfig.from_dict`` names it). ``attention_bias``: the qkv bias as the
+    config says (families that always have it override it)."""
+    rope = read_rope(cfg)
+    heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+    return dict(
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_hidden_layers=int(cfg["num_hidden_layers"]),
+        num_attention_heads=heads,
+        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        **rope,
+    )
+
+
+def read_moe(cfg: Mapping[str, Any], num_experts: int, moe_intermediate_size: int, norm_topk_prob: bool,
+             moe_layers: tuple[int, ...]) -> dict[str, Any]:
+    """The mixture-of-experts fields of ModelConfig (each family says where its HF config keeps them)."""
+    return dict(num_experts=num_experts, num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+                moe_intermediate_size=moe_intermediate_size, norm_topk_prob=norm_topk_prob, moe_layers=moe_layers,
+                router_aux_loss_coef=float(cfg.get("router_aux_loss_coef", 0.0)))
 
 
 class Fusion(enum.Enum):
@@ -159,9 +248,12 @@ class Param:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """An architecture family: its parameters by stage membership, in HF (= rollout) order."""
+    """An architecture family: its HF names and config reading, its parameters by stage membership, in HF
+    (= rollout) order."""
 
     model_types: tuple[str, ...]         # the HF ``model_type`` values it serves
+    architecture: str                    # config.json's ``architectures`` entry an export writes
+    read_hf_config: HFConfigReader       # HF config.json -> the ModelConfig fields but model_type
     embedding: ParamSpec                 # first stage
     layer: tuple[ParamSpec, ...]         # one decoder layer, HF module order
     mcore_layer_order: tuple[str, ...]   # the layer's roles in Megatron's state-dict (module creation) order
@@ -172,6 +264,8 @@ class ModelSpec:
     unsupported_note: str = ""           # what is missing and why: "HF checkpoint: {note}, found {name}"
 
     def __post_init__(self):
+        if not self.architecture:
+            raise ValueError(f"{self.model_types}: expected an HF architecture name, found none")
         roles = [p.role for p in self.layer]
         if sorted(roles) != sorted(self.mcore_layer_order) or len(set(roles)) != len(roles):
             raise ValueError(f"{self.model_types}: expected mcore_layer_order to order the layer's roles {roles}, "

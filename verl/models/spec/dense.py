@@ -1,7 +1,7 @@
 """The dense decoder family: Qwen2 and Llama (RMSNorm, RoPE, grouped-query attention, SwiGLU MLP).
 
-They differ only in the qkv bias (always on for Qwen2, ``attention_bias`` for Llama), which the
-config carries; tied embeddings drop the lm head. Per layer (HF order; Megatron creates
+They differ only in the HF architecture name and the qkv bias (always on for Qwen2, ``attention_bias``
+for Llama), which the config carries; tied embeddings drop the lm head. Per layer (HF order; Megatron creates
 ``linear_proj`` before ``linear_qkv``, so its state dict lists the attention output first):
 
   role       Megatron (decoder.layers.{k}.)   HF (model.layers.{i}.)           tp
@@ -19,7 +19,11 @@ their HF names.
 
 from __future__ import annotations
 
-from verl.models.spec.base import TP, Fusion, ModelSpec, ParamSpec
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from verl.models.spec.base import TP, Fusion, ModelSpec, ParamSpec, read_decoder
 
 _MG, _HF = "decoder.layers.{layer}.", "model.layers.{layer}."
 
@@ -41,8 +45,10 @@ def _qkv(role: str, suffix: str, **kw) -> ParamSpec:
                      TP.COLUMN, _HF + f"self_attn.qkv_proj.{suffix}", TP.COLUMN, Fusion.QKV, **kw)
 
 
-DENSE = ModelSpec(
-    model_types=("qwen2", "llama"),
+LLAMA = ModelSpec(
+    model_types=("llama",),
+    architecture="LlamaForCausalLM",
+    read_hf_config=read_decoder,
     embedding=ParamSpec("embedding", "embedding.word_embeddings.weight", ("model.embed_tokens.weight",),
                         lambda c: ((c.vocab_size, c.hidden_size),), TP.VOCAB, "model.embed_tokens.weight", TP.VOCAB),
     layer=(
@@ -70,4 +76,13 @@ DENSE = ModelSpec(
                      "supported)",
 )
 
-SPECS = (DENSE,)
+
+
+def _read_qwen2(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {**read_decoder(cfg), "attention_bias": True}  # Qwen2's q/k/v projections always have a bias
+
+
+QWEN2 = dataclasses.replace(LLAMA, model_types=("qwen2",), architecture="Qwen2ForCausalLM",
+                            read_hf_config=_read_qwen2)
+
+SPECS = (QWEN2, LLAMA)

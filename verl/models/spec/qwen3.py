@@ -19,9 +19,19 @@ inside each expert, as SGLang's fused MoE does with ``ep_size=1``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
-from verl.models.spec.base import DENSE_LAYERS, TP, ParamSpec, moe_layer_params
-from verl.models.spec.dense import DENSE
+from verl.models.spec.base import (
+    DENSE_LAYERS,
+    TP,
+    ModelConfigError,
+    ParamSpec,
+    moe_layer_params,
+    read_decoder,
+    read_moe,
+)
+from verl.models.spec.dense import LLAMA
 
 _MG, _HF = "decoder.layers.{layer}.", "model.layers.{layer}."
 
@@ -33,7 +43,7 @@ def _head_norm(x: str) -> ParamSpec:
 
 def _layer(with_experts: bool) -> tuple[ParamSpec, ...]:
     out = []
-    for p in DENSE.layer:
+    for p in LLAMA.layer:
         if p.role in ("gate_up", "mlp_out") and with_experts:
             p = dataclasses.replace(p, layers=DENSE_LAYERS)
         out.append(p)
@@ -46,15 +56,40 @@ def _layer(with_experts: bool) -> tuple[ParamSpec, ...]:
 
 def _mcore_order(with_experts: bool) -> tuple[str, ...]:
     order = []
-    for role in DENSE.mcore_layer_order:
+    for role in LLAMA.mcore_layer_order:
         order.append(role)
         if role == "qkv_bias":  # Megatron builds q_layernorm / k_layernorm after linear_qkv
             order += ["q_norm", "k_norm"]
     return tuple(order) + (("router", "expert_fc1", "expert_fc2") if with_experts else ())
 
 
-QWEN3 = dataclasses.replace(DENSE, model_types=("qwen3",), layer=_layer(False), mcore_layer_order=_mcore_order(False))
-QWEN3_MOE = dataclasses.replace(DENSE, model_types=("qwen3_moe",), layer=_layer(True),
+def _read_qwen3(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {**read_decoder(cfg), "qk_norm": True}
+
+
+def _read_qwen3_moe(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Sparse layers: not in ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0`` (transformers' rule)."""
+    if cfg.get("shared_expert_intermediate_size"):
+        raise ModelConfigError("shared_expert_intermediate_size: expected 0 for qwen3_moe (no shared expert), "
+                               f"found {cfg['shared_expert_intermediate_size']}")
+    fields = _read_qwen3(cfg)
+    step = int(cfg.get("decoder_sparse_step", 1))
+    if step <= 0:
+        raise ModelConfigError(f"decoder_sparse_step: expected a positive integer, found {step}")
+    dense = set(cfg.get("mlp_only_layers") or ())
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    moe = read_moe(cfg, experts, int(cfg["moe_intermediate_size"]), bool(cfg.get("norm_topk_prob", False)),
+                   tuple(i for i in range(fields["num_hidden_layers"]) if i not in dense and (i + 1) % step == 0))
+    if experts <= 0:
+        raise ModelConfigError(f"num_experts: expected a positive integer for qwen3_moe, "
+                               f"found {cfg.get('num_experts')!r}")
+    return {**fields, **moe}
+
+
+QWEN3 = dataclasses.replace(LLAMA, model_types=("qwen3",), architecture="Qwen3ForCausalLM", read_hf_config=_read_qwen3,
+                            layer=_layer(False), mcore_layer_order=_mcore_order(False))
+QWEN3_MOE = dataclasses.replace(LLAMA, model_types=("qwen3_moe",), architecture="Qwen3MoeForCausalLM",
+                                read_hf_config=_read_qwen3_moe, layer=_layer(True),
                                 mcore_layer_order=_mcore_order(True))
 
 SPECS = (QWEN3, QWEN3_MOE)

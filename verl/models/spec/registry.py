@@ -1,5 +1,6 @@
 """The model specs by HF ``model_type``: every module of this package but ``base`` and ``registry`` is an
 architecture family exporting ``SPECS`` (a tuple of :class:`ModelSpec`), so adding one is one new file.
+A family defined elsewhere (a user's or a test's module) joins with :func:`register_spec` when imported.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class UnknownModelTypeError(InputError):
 
 
 @functools.cache
-def _specs() -> dict[str, ModelSpec]:
+def _package_specs() -> dict[str, ModelSpec]:
     out: dict[str, ModelSpec] = {}
     for module in sorted(m.name for m in pkgutil.iter_modules(_package.__path__)):
         if module in _NOT_FAMILIES:
@@ -33,6 +34,22 @@ def _specs() -> dict[str, ModelSpec]:
     return out
 
 
+@functools.cache
+def _specs() -> dict[str, ModelSpec]:
+    return dict(_package_specs())  # the package's families, then the registered ones
+
+
+def register_spec(spec: ModelSpec) -> ModelSpec:
+    """Serve ``spec`` for its model types from now on, in this process (a module that calls this at import
+    serves every rank that imports it). A type of this package's families is refused; registering again
+    replaces (a module imported twice)."""
+    taken = [t for t in spec.model_types if t in _package_specs()]
+    if taken:
+        raise ValueError(f"model spec: expected model types no family of verl.models.spec serves, found {taken}")
+    _specs().update(dict.fromkeys(spec.model_types, spec))
+    return spec
+
+
 def model_types() -> tuple[str, ...]:
     """Every supported HF ``model_type``."""
     return tuple(_specs())
@@ -40,7 +57,7 @@ def model_types() -> tuple[str, ...]:
 
 def model_spec(model_type: str) -> ModelSpec:
     """The spec of an HF ``model_type``; an unknown one raises :class:`UnknownModelTypeError` (one line)."""
-    try:
-        return _specs()[model_type]
-    except KeyError:
-        raise UnknownModelTypeError(f"model_type: expected one of {model_types()}, found {model_type!r}") from None
+    spec = _specs().get(model_type) if isinstance(model_type, str) else None
+    if spec is None:
+        raise UnknownModelTypeError(f"model_type: expected one of {model_types()}, found {model_type!r}")
+    return spec

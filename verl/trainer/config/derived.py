@@ -1,4 +1,4 @@
-"""What a composed PPO config implies, each fact defined once: the world size, the backend, the actor's
+"""What a composed PPO config implies, each fact defined once: the world size, the backend's config rules, the actor's
 (t, p) and DP size, the reshard's bucket bytes, and whether a critic and a reference policy run.
 
 Each function reads the composed config as a mapping (the loader's dict or the trainer's ``DictConfig``).
@@ -7,9 +7,12 @@ Each function reads the composed config as a mapping (the loader's dict or the t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl.engine import strategies
+
+if TYPE_CHECKING:
+    from verl.engine.config_rules import BackendConfigRules
 
 ARR = "actor_rollout_ref"
 MIB = 2**20
@@ -30,17 +33,14 @@ def job_size(cfg: Mapping[str, Any]) -> int:
     return world_size(cfg) + rollout_pool_size(cfg)
 
 
-def is_fsdp(cfg: Mapping[str, Any]) -> bool:
-    """Whether the roles run on FSDP (every role follows the actor's strategy)."""
-    return strategies.is_fsdp(cfg[ARR]["actor"]["strategy"])
+def backend_rules(cfg: Mapping[str, Any]) -> BackendConfigRules:
+    """The config rules of the backend the roles run on (every role follows the actor's strategy)."""
+    return strategies.config_rules(cfg[ARR]["actor"]["strategy"])
 
 
 def model_parallel_sizes(cfg: Mapping[str, Any]) -> tuple[int, int]:
     """The actor's (tp, pp): Megatron's, or (1, 1) under FSDP (every rank is a DP rank)."""
-    if is_fsdp(cfg):
-        return 1, 1
-    mega = cfg[ARR]["actor"]["megatron"]
-    return mega["tensor_model_parallel_size"], mega["pipeline_model_parallel_size"]
+    return backend_rules(cfg).model_parallel_sizes(cfg[ARR]["actor"])
 
 
 def actor_dp_size(cfg: Mapping[str, Any], world: int | None = None) -> int:

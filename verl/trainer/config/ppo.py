@@ -28,12 +28,13 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from verl.engine.strategies import FSDP_STRATEGIES
-from verl.engine.strategies import is_fsdp as is_fsdp_strategy
+from verl.engine.config_rules import check_divides as _check_divides
+from verl.engine.rollout.registry import REFUSED_ROLLOUT_NAMES, require_capability, rollout_names
+from verl.engine.strategies import STRATEGIES, config_rules, engine_name
 from verl.trainer.config.derived import (
     ARR,
     actor_dp_size,
-    is_fsdp,
+    backend_rules,
     job_size,
     model_parallel_sizes,
     reshard_bucket_bytes,
@@ -55,9 +56,10 @@ from verl.trainer.config.loader import (
     resolve_path,
     rule,
 )
-from verl.trainer.config.sections import PPOSections
+from verl.trainer.config.sections import PPOSections, import_user_modules, rules_before_user_modules
 from verl.utils.logging_utils import get_logger
 from verl.utils.tracking import check_backends
+from verl.workers.config.reward import fold_reward_section
 
 logger = get_logger(__name__)
 
@@ -94,16 +96,13 @@ def _cuda() -> bool:
 # Keys that parse but have no meaning on this stack: (key, predicate on the value that is refused, why and
 # what to use instead). Checked after the types, before anything else.
 REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
-    (f"{ARR}.rollout.name", lambda v: v == "vllm",
-     "vLLM is not part of verl-hpc: use native (the embedded engine) or sglang"),
-    (f"{ARR}.rollout.name", lambda v: v in ("hf", "trtllm"),
-     "verl-hpc's rollouts are native and sglang: use native"),
+    *((f"{ARR}.rollout.name", lambda v, name=name: v == name and name not in rollout_names(), why)
+      for name, why in REFUSED_ROLLOUT_NAMES.items()),
     (f"{ARR}.rollout.multi_turn.enable", bool, "multi-turn / tool rollouts are not implemented: set false"),
     (f"{ARR}.rollout.data_parallel_size", lambda v: v != 1, "the rollout's DP size is world / rollout tp here: set 1"),
     (f"{ARR}.rollout.pipeline_model_parallel_size", lambda v: v != 1,
      "the rollout has no pipeline stages here: set 1"),
     (f"{ARR}.hybrid_engine", lambda v: not v, "verl-hpc always colocates actor and rollout (the 3D-HybridEngine)"),
-    (f"{ARR}.model.lora_rank", lambda v: v != 0, "LoRA is not implemented: set 0"),
     (f"{ARR}.model.enable_activation_offload", bool, "activation offload is not implemented: set false"),
     *((f"{role}.megatron.virtual_pipeline_model_parallel_size", lambda v: v is not None,
        "the interleaved (virtual) pipeline schedule is not implemented: set null")
@@ -181,7 +180,8 @@ def _leaves(tree: Any, prefix: str) -> dict[str, Any]:
 
 def _warn_other_backend(cfg: dict[str, Any], defaults: dict[str, Any]) -> None:
     """Keys of the backend the actor does not use, set away from their defaults, do nothing: say so."""
-    unused = ("megatron",) if is_fsdp(cfg) else ("fsdp_config", "grad_clip")
+    own = backend_rules(cfg).sections
+    unused = tuple(dict.fromkeys(key for name in STRATEGIES for key in config_rules(name).sections if key not in own))
     strategy = cfg[ARR]["actor"]["strategy"]
     for role in FSDP_ROLES:
         section, base = deep_get(cfg, role), deep_get(defaults, role)
@@ -249,7 +249,16 @@ def _check_v1(cfg: dict[str, Any]) -> None:
                           "lending idle training ranks to the rollout is not implemented: set false")
     if mode == "sync":
         return
+    warmup, threshold = v1[mode]["num_warmup_batches"], sampler["max_off_policy_threshold"]
+    if sampler["max_off_policy_strategy"] == "wait" and warmup >= threshold:
+        # The buffer stays num_warmup_batches + 1 batches deep and wait evicts nothing, so every group trains at
+        # age num_warmup_batches + 1: the threshold would bound nothing.
+        raise ConfigError(f"trainer.v1.{mode}.num_warmup_batches={warmup}: expected < trainer.v1.sampler."
+                          f"max_off_policy_threshold ({threshold}) with max_off_policy_strategy=wait (every group "
+                          f"would train {warmup + 1} versions after its submission, past the threshold): lower "
+                          "num_warmup_batches, raise the threshold, or use max_off_policy_strategy=drop")
     rollout, pool = arr["rollout"], rollout_pool_size(cfg)
+    require_capability(rollout["name"], "partial_rollout", f"trainer.v1.trainer_mode={mode}")
     if cfg["algorithm"]["adv_estimator"] == "remax":
         raise ConfigError(f"algorithm.adv_estimator=remax with trainer.v1.trainer_mode={mode}: not supported: "
                           "ReMax's greedy baseline is generated with the current weights each step: use grpo, rloo, "
@@ -316,24 +325,17 @@ def _settle_engine(cfg: dict[str, Any], engine: str | None) -> None:
     """``model_engine`` names the backend the roles run: an explicit one must agree with an explicitly set
     ``actor.strategy``; otherwise it is the strategy's (a file with ``strategy: fsdp`` is model_engine dp)."""
     strategy = cfg[ARR]["actor"]["strategy"]
-    backend = "dp" if is_fsdp(cfg) else "megatron"
+    backend = backend_rules(cfg).model_engine
     if engine is not None and backend != engine:
-        expected = " or ".join(FSDP_STRATEGIES) if engine == "dp" else "megatron"
+        expected = " or ".join(name for name in STRATEGIES if config_rules(name).model_engine == engine)
         raise ConfigError(f"{ARR}.actor.strategy: expected {expected} with model_engine={engine} (it picks the "
                           f"backend), found {strategy!r}")
     cfg["model_engine"] = backend
 
 
 # --------------------------------------------------------------------------- semantic checks
-def _check_divides(what: str, divisor: int, total_what: str, total: int) -> None:
-    if total % divisor:
-        raise ConfigError(f"{what}={divisor}: expected a divisor of {total_what}={total}, "
-                          f"found remainder {total % divisor}")
-
-
 def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending: bool = False) -> None:
     from verl.models.config import ModelConfig, ModelConfigError
-    from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
 
     data, arr, algo, trainer = cfg["data"], cfg["actor_rollout_ref"], cfg["algorithm"], cfg["trainer"]
     actor, rollout, critic = arr["actor"], arr["rollout"], cfg["critic"]
@@ -374,36 +376,11 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
     # reward model; rollout t_g.
     world = world_size(cfg)
     tp, pp = model_parallel_sizes(cfg)
-    if is_fsdp(cfg):
-        if model.is_moe:
-            raise ConfigError(f"{ARR}.actor.strategy: expected megatron for the MoE model {model.model_type} (FSDP "
-                              f"here trains dense models: transformers fuses the experts), found {actor['strategy']!r}")
-        fsdp_size = actor["fsdp_config"]["fsdp_size"]
-        if fsdp_size not in (-1, 0) and fsdp_size < world:
-            _check_divides(f"{ARR}.actor.fsdp_config.fsdp_size", fsdp_size, "trainer.nnodes * trainer.n_gpus_per_node",
-                           world)
-        elif fsdp_size == 0:
-            raise ConfigError(f"{ARR}.actor.fsdp_config.fsdp_size: expected -1 (every rank) or a divisor of the "
-                              f"world size {world}, found 0")
-    else:
-        prefix = "actor_rollout_ref.actor.megatron."
-        try:
-            check_parallel_layout(model, tp, pp, actor["megatron"]["expert_model_parallel_size"],
-                                  actor["megatron"]["expert_tensor_parallel_size"], world_size=world)
-        except ModelLayoutError as err:
-            raise ConfigError(f"{prefix}{err}") from None
-        if model.is_moe and tp > 1 and not actor["megatron"]["sequence_parallel"]:
-            raise ConfigError(f"{prefix}sequence_parallel: expected true for the MoE model with "
-                              f"tensor_model_parallel_size={tp} (megatron trains MoE under TP only with sequence "
-                              "parallelism), found false")
-        _check_divides(prefix + "tensor_model_parallel_size * pipeline_model_parallel_size", tp * pp,
-                       "trainer.nnodes * trainer.n_gpus_per_node", world)
+    backend_rules(cfg).check_layout(cfg, model, world)
     _check_role_layouts(cfg)
     _check_routing_replay(cfg, model)
-    if model.is_moe and rollout["name"] == "sglang":
-        raise ConfigError(f"{ARR}.rollout.name: expected native for the MoE model {model.model_type} (pushing the "
-                          "stacked experts into SGLang's fused-MoE weights is not wired yet; `verl generate --engine "
-                          "sglang` runs the checkpoint), found 'sglang'")
+    if model.is_moe:
+        require_capability(rollout["name"], "moe_weights", f"the MoE model {model.model_type}")
     rollout_tp = rollout["tensor_model_parallel_size"]
     pool = rollout_pool_size(cfg)
     if pool:
@@ -513,9 +490,7 @@ def _check_routing_replay(cfg: dict[str, Any], model: Any) -> None:
         return
     if not model.is_moe:
         raise ConfigError(f"{key}: expected false for the dense model {model.model_type} (it has no router)")
-    if rollout["name"] != "native":
-        raise ConfigError(f"{key}: expected rollout.name=native (the engine that records routing here), found "
-                          f"{rollout['name']!r}")
+    require_capability(rollout["name"], "routing_recording", f"{key}=true")
     mega = cfg[ARR]["actor"]["megatron"]
     recompute = (mega["override_transformer_config"].get("recompute_granularity") is not None
                  or cfg[ARR]["model"]["enable_gradient_checkpointing"])
@@ -529,46 +504,24 @@ def _check_routing_replay(cfg: dict[str, Any], model: Any) -> None:
                           f"{trainer_mode(cfg)}")
 
 
-LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "dtype")
-
-
 def _check_role_layouts(cfg: dict[str, Any]) -> None:
     """Reference, critic and reward model run in the actor's processes: one training backend for all of them
-    (as verl asserts). Megatron's parallel state is one per process: their (tp, pp) and dtype must be the
-    actor's, and so must the rollout's dtype (the 3D-HybridEngine copies the training bytes as they are).
-    FSDP's mesh is one per process too: one ``fsdp_size``; the rollout dtype may differ from FSDP's master
-    dtype (the reshard casts this rank's shards, never the full model)."""
+    (as verl asserts), whose rules hold their layouts to the actor's (one parallel state per process)."""
     used = {f"{ARR}.ref": use_reference(cfg), "critic": use_critic(cfg), "reward_model": cfg["reward_model"]["enable"]}
     sections = {f"{ARR}.ref": cfg[ARR]["ref"], "critic": cfg["critic"], "reward_model": cfg["reward_model"]}
+    running = {name: section for name, section in sections.items() if used[name]}
     strategy = cfg[ARR]["actor"]["strategy"]
-    for name, section in sections.items():
-        if used[name] and is_fsdp_strategy(section["strategy"]) != is_fsdp(cfg):
+    for name, section in running.items():
+        if engine_name(section["strategy"]) != engine_name(strategy):
             raise ConfigError(f"{name}.strategy: expected the actor's backend ({ARR}.actor.strategy={strategy}: "
                               f"colocated roles share one process), found {section['strategy']!r}")
-    if is_fsdp(cfg):
-        size = cfg[ARR]["actor"]["fsdp_config"]["fsdp_size"]
-        for name, section in sections.items():
-            if used[name] and section["fsdp_config"]["fsdp_size"] != size:
-                raise ConfigError(f"{name}.fsdp_config.fsdp_size: expected the actor's {size} (one device mesh per "
-                                  f"process), found {section['fsdp_config']['fsdp_size']}")
-        return
-    actor = cfg[ARR]["actor"]["megatron"]
-    for name, section in sections.items():
-        mega = section["megatron"]
-        # The reward model's section has no expert keys: a dense model ignores the process's expert groups.
-        for key in LAYOUT_KEYS + (("expert_model_parallel_size",) if "expert_model_parallel_size" in mega else ()):
-            if used[name] and mega[key] != actor[key]:
-                raise ConfigError(f"{name}.megatron.{key}: expected the actor's {actor[key]!r} (colocated roles share "
-                                  f"one Megatron parallel state per process), found {mega[key]!r}")
-    rollout_dtype = cfg[ARR]["rollout"]["dtype"]
-    if rollout_dtype != actor["dtype"]:
-        raise ConfigError(f"{ARR}.rollout.dtype: expected {ARR}.actor.megatron.dtype={actor['dtype']!r} (the reshard "
-                          f"copies training bytes into the rollout in place), found {rollout_dtype!r}")
+    backend_rules(cfg).check_role_layouts(cfg, running)
 
 
 def _validate_reward_model(cfg: dict[str, Any], actor_model: Any, tp: int, pp: int, per_dp_batch: int) -> None:
     from verl.models.config import ModelConfig, ModelConfigError
     from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
+    from verl.workers.reward_model.plan import check_reward_models
 
     rm = cfg["reward_model"]
     _check_divides("reward_model.micro_batch_size_per_gpu", rm["micro_batch_size_per_gpu"],
@@ -584,12 +537,16 @@ def _validate_reward_model(cfg: dict[str, Any], actor_model: Any, tp: int, pp: i
         if path is None or not os.path.isfile(os.path.join(path, "config.json")):
             raise ConfigError(f"reward_model.{key}: expected an HF reward model directory (config.json + safetensors "
                               f"with score.weight), found {'null' if path is None else 'no config.json in ' + path}")
+        # Its head, engine and tokens (verl.workers.reward_model.plan); fills model.input_tokenizer when needed.
+        plan = check_reward_models(rm, cfg["data"]["tokenizer"])[key]
+        if plan.engine == "replicated":
+            continue  # transformers' module on every rank: no Megatron layout, its own vocabulary
         try:
             model = ModelConfig.from_pretrained(path)
             check_parallel_layout(model, tp, pp)
         except (ModelConfigError, ModelLayoutError) as err:
             raise ConfigError(f"reward_model.{key}: {err}") from None
-        if model.vocab_size != actor_model.vocab_size:
+        if not plan.retokenize and model.vocab_size != actor_model.vocab_size:
             raise ConfigError(f"reward_model.{key}: expected the actor's vocab_size={actor_model.vocab_size} (the "
                               f"reward model scores the actor's token ids), found {model.vocab_size}")
 
@@ -611,8 +568,10 @@ def _derive(cfg: dict[str, Any], base_dir: str) -> None:
     data["tokenizer"] = resolve_path(data["tokenizer"] or arr["model"]["tokenizer_path"], base_dir)
     if data["tokenizer"] is None and arr["model"]["path"] and os.path.isdir(arr["model"]["path"]):
         data["tokenizer"] = arr["model"]["path"]
+    fold_reward_section(cfg)  # verl 0.9's reward.reward_model.* -> the legacy reward_model keys
     rm = cfg["reward_model"]
     rm["model"]["path"] = resolve_path(rm["model"]["path"], base_dir)
+    rm["model"]["input_tokenizer"] = resolve_path(rm["model"]["input_tokenizer"], base_dir)
     rm["hot_swap"]["path"] = resolve_path(rm["hot_swap"]["path"], base_dir)
     cfg["critic"]["model"]["path"] = resolve_path(cfg["critic"]["model"]["path"], base_dir) or arr["model"]["path"]
     for key in ("rollout_data_dir", "validation_data_dir", "resume_from_path"):
@@ -646,7 +605,10 @@ def load_config(path: str | None = None, overrides: Sequence[str] = (), launcher
     if config_name is None:
         config_name = default_config_name(path, engine)
     _register_engine_resolver()
-    cfg, base_dir = compose(config_dir, config_name, path, overrides, RULES, IGNORED_SECTIONS, SECTION_ALIASES)
+    # The registries' names are checked once the user's modules (external_lib) have registered theirs.
+    cfg, base_dir = compose(config_dir, config_name, path, overrides, rules_before_user_modules(RULES),
+                            IGNORED_SECTIONS, SECTION_ALIASES)
+    import_user_modules(cfg, RULES)
     _settle_engine(cfg, engine)
     defaults = named_defaults(PACKAGED_CONFIG_DIR, CONFIG_NAME)
     _warn_no_effect(cfg, defaults)

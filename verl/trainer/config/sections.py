@@ -9,12 +9,15 @@ worker its own section.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from verl.algorithms.core_algos import KL_PENALTY_CHOICES, AdvantageEstimator
+from verl.algorithms.core_algos import ADV_ESTIMATOR_NAMES, KL_PENALTY_CHOICES, RegisteredNames
+from verl.utils.config_checks import ConfigError, Rule, check_value
 from verl.utils.dataset.rl_dataset import TRUNCATION_MODES
 from verl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
+from verl.workers.config.reward import RewardConfig
 from verl.workers.config.section import Section, checked
 
 frozen = dataclasses.dataclass(frozen=True)
@@ -88,7 +91,7 @@ class AlgoConfig(Section):
     rollout_correction: RolloutCorrectionConfig
     gamma: float = checked(ge=0, le=1)
     lam: float = checked(ge=0, le=1)
-    adv_estimator: str = checked(choices=tuple(e.value for e in AdvantageEstimator))
+    adv_estimator: str = checked(choices=ADV_ESTIMATOR_NAMES)  # the registry's names when checked
     norm_adv_by_std_in_grpo: bool
     use_kl_in_reward: bool
     kl_penalty: str = checked(choices=KL_PENALTY_CHOICES)
@@ -239,8 +242,43 @@ class PPOSections(Section):
     actor_rollout_ref: ActorRolloutRefConfig
     critic: CriticConfig
     reward_model: RewardModelConfig
+    reward: RewardConfig  # verl 0.9's names of reward_model keys
     custom_reward_function: CustomRewardFunctionConfig
     algorithm: AlgoConfig
     hybrid_engine: HybridEngineConfig
     transfer_queue: TransferQueueConfig
     trainer: TrainerConfig
+
+
+# verl's key for a user's module (a recipe registering estimators and losses, an HF model class): imported by
+# every process that loads the config, before the registered names are checked.
+EXTERNAL_LIB_KEY = "actor_rollout_ref.model.external_lib"
+
+
+def rules_before_user_modules(rules: Mapping[str, Rule]) -> dict[str, Rule]:
+    """``rules`` without the registries' choices (:class:`RegisteredNames`): :func:`import_user_modules` checks
+    those once the user's modules have registered their names."""
+    return {key: dataclasses.replace(r, choices=None) if isinstance(r.choices, RegisteredNames) else r
+            for key, r in rules.items()}
+
+
+def import_user_modules(cfg: Mapping[str, Any], rules: Mapping[str, Rule]) -> None:
+    """Import the module ``actor_rollout_ref.model.external_lib`` names (verl's key; a dotted module on
+    ``sys.path``), then check every registry-backed key of ``cfg`` against the registry as it is now."""
+    lib = _leaf(cfg, EXTERNAL_LIB_KEY)
+    if lib:
+        try:
+            importlib.import_module(lib)
+        except ImportError as err:
+            raise ConfigError(f"{EXTERNAL_LIB_KEY}: expected an importable module, found {lib!r} "
+                              f"({type(err).__name__}: {err})") from None
+    for key, r in rules.items():
+        if isinstance(r.choices, RegisteredNames):
+            check_value(key, _leaf(cfg, key), None, r)
+
+
+def _leaf(cfg: Mapping[str, Any], key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node

@@ -11,7 +11,7 @@ A step ``G`` (one weight sync, as in verl):
    rollout replica stops its segment once its share of whole groups finished, so the long tail of a batch does
    not hold the step, it carries over;
 3. the oldest finished groups are sampled and trained exactly as the sync trainer trains a batch
-   (:meth:`PPOTrainer._learn`);
+   (:meth:`PPOTrainer._learn`): :class:`ReplayBufferSource` is the trainer's batch source;
 4. the next generation reshards the new weights (version ``G``).
 
 Every rank holds the same replay buffer (the same prompts and the same gathered generations), as every rank
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -32,8 +33,12 @@ from verl.engine.rollout.partial import PromptGroup, groups_to_batch, merge_segm
 from verl.errors import InputError
 from verl.protocol import DataProto
 from verl.trainer import metrics as metric_utils
+from verl.trainer.ppo.batch_source import BatchSource, Generated
 from verl.trainer.ppo.trainer import PPOTrainer
-from verl.trainer.v1.replay_buffer import PromptStream, ReplayBuffer
+from verl.trainer.v1.replay_buffer import TRAJECTORY_DIR, PromptStream, ReplayBuffer
+from verl.utils.logging_utils import get_logger
+
+logger = get_logger(__name__)
 
 PROMPT_FIELDS = ("data_source", "ability", "reward_model", "extra_info", "index")
 LEDGER_FILE = "prompt_ledger.jsonl"
@@ -56,56 +61,96 @@ def off_policy_metrics(groups: list[PromptGroup], step: int) -> dict[str, float]
     return metrics
 
 
-class ColocateAsyncTrainer(PPOTrainer):
-    """``trainer.v1.trainer_mode=colocate_async`` (see the module doc)."""
+def truncate_ledger(path: str, step: int) -> None:
+    """Keep the ledger's lines of steps <= ``step`` (atomically). A line a kill cut short, or any other line that
+    is not a JSON record, is dropped with a warning: the ledger is a record of the run, not state to resume from."""
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try:
+                record = json.loads(line)
+                keep = int(record["step"]) <= step
+            except (ValueError, KeyError, TypeError):
+                dropped += 1
+                continue
+            if keep:
+                kept.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+        logger.warning("%s: dropped %d line(s) that are not whole records (a run killed mid-write)", path, dropped)
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        fh.writelines(kept)
+    os.replace(path + ".tmp", path)
 
-    def __init__(self, config: Any, tokenizer: Any, dry_run: bool = False):
-        super().__init__(config, tokenizer, dry_run)
-        cfg = self.sections
+
+class ReplayBufferSource(BatchSource):
+    """The colocated replay buffer as the trainer's batch source (see the module doc): every rank holds the same
+    buffer and generates its segments; its state (the sampler, the buffer) is checkpointed."""
+
+    off_policy = True
+
+    def __init__(self, trainer: Any):
+        super().__init__(trainer)
+        cfg = trainer.sections
         v1 = cfg.trainer.v1
         self.batch_groups = cfg.data.train_batch_size
         self.n = cfg.actor_rollout_ref.rollout.n
-        self.pad = tokenizer.pad_token_id
+        self.pad = trainer.tokenizer.pad_token_id
         self.warmup_batches = self._warmup_batches(v1)
+        self.sampler = trainer.sampler
         self.stream = PromptStream(self.sampler)
         self.buffer = ReplayBuffer(v1.sampler.max_off_policy_threshold, v1.sampler.max_off_policy_strategy,
                                    self._make_group, self.stream)
         rollout = cfg.actor_rollout_ref.rollout
-        self.rollout_dp = self.world_size // rollout.tensor_model_parallel_size
+        self.rollout_dp = trainer.world_size // rollout.tensor_model_parallel_size
         self.ledger_path = os.path.join(cfg.trainer.output_dir, LEDGER_FILE)
-        self.stop_ids = self.actor_rollout_wg.worker.train_sampling.stop_ids
-        self.off_policy = True
+        self.stop_ids = trainer.actor_rollout_wg.worker.train_sampling.stop_ids
 
     @staticmethod
     def _warmup_batches(v1: Any) -> int:
         return v1.colocate_async.num_warmup_batches
 
     def _make_group(self, index: int, epoch: int, step: int) -> PromptGroup:
-        item = self.train_dataset[index]
+        item = self.trainer.train_dataset[index]
         fields = {k: item[k] for k in PROMPT_FIELDS if k in item}
         return PromptGroup(uid=f"{epoch}-{index}", index=index, epoch=epoch, submit_step=step,
                            prompt=list(item["raw_prompt_ids"]), fields=fields, n=self.n)
 
     # ------------------------------------------------------------------ checkpoints
-    def _trainer_state(self) -> dict[str, Any]:
-        state = super()._trainer_state()
-        state["sampler"] = self.sampler.state_dict()  # the stream draws exactly what it hands out
-        state["replay_buffer"] = self.buffer.state_dict()
-        return state
+    # Every rank holds the same buffer and writes 1/world of its trajectories (a pool source: rank 0 all of them).
+    buffer_replicated = True
 
-    def _load_extra_state(self, state: dict[str, Any]) -> None:
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict(),  # the stream draws exactly what it hands out
+                "replay_buffer": self.buffer.state_dict()}
+
+    def save_files(self, staging: str) -> None:
+        """The finished groups' trajectories as tensor shards beside the trainer state (collective)."""
+        trainer = self.trainer
+        if self.buffer_replicated:
+            self.buffer.save_trajectories(staging, trainer.rank, trainer.world_size)
+        elif trainer.rank == 0:
+            self.buffer.save_trajectories(staging, 0, 1)
+
+    def load_files(self, path: str) -> None:
+        self._trajectories = ReplayBuffer.load_trajectories(path) if os.path.isdir(
+            os.path.join(path, TRAJECTORY_DIR)) else None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if "replay_buffer" not in state:
             raise InputError("checkpoint: expected the replay buffer of an asynchronous run, found a sync run's "
                                "checkpoint (resume it with trainer.v1.trainer_mode=sync)")
-        self.buffer.load_state_dict(state["replay_buffer"], self.global_step + 1)
-        if self.rank == 0 and os.path.exists(self.ledger_path):  # steps after the checkpoint are redone
-            with open(self.ledger_path, encoding="utf-8") as fh:
-                kept = [line for line in fh if json.loads(line)["step"] <= self.global_step]
-            with open(self.ledger_path + ".tmp", "w", encoding="utf-8") as fh:
-                fh.writelines(kept)
-            os.replace(self.ledger_path + ".tmp", self.ledger_path)
+        step = self.trainer.global_step
+        self.sampler.load_state_dict(state["sampler"])
+        self.buffer.load_state_dict(state["replay_buffer"], step + 1, getattr(self, "_trajectories", None))
+        if self.trainer.rank == 0 and os.path.exists(self.ledger_path):  # steps after the checkpoint are redone
+            truncate_ledger(self.ledger_path, step)
 
-    # ------------------------------------------------------------------ the loop
+    # ------------------------------------------------------------------ the steps
+    def start(self) -> None:
+        self._start_generation()
+        if self.trainer.global_step == 0 and not self.buffer.in_flight and not self.buffer.finished:
+            self._submit(self.warmup_batches * self.batch_groups, step=1)  # verl's on_train_begin
+
     def _start_generation(self) -> None:
         """Before the first step of this process (a standalone pool starts streaming here)."""
 
@@ -113,38 +158,26 @@ class ColocateAsyncTrainer(PPOTrainer):
         """Draw ``count`` prompts into the buffer, tagged ``step``; the colocated segments pick them up."""
         self.buffer.submit(count, step)
 
-    def _train_loop(self, validate: bool, preempt: Any, progress: Any) -> bool:
-        preempted = False
-        self._start_generation()
-        if self.global_step == 0 and not self.buffer.in_flight and not self.buffer.finished:
-            self._submit(self.warmup_batches * self.batch_groups, step=1)  # verl's on_train_begin
-        while self.global_step < self.total_training_steps and not preempted:
-            step = self.global_step + 1
-            metrics = self.async_step(step)
-            last, preempted = self._end_step(metrics, step, validate, preempt)
-            progress.update(1)
-            if last:
-                break
-        return preempted
-
-    def async_step(self, step: int) -> dict[str, float]:
-        with self._step(step) as metrics:
-            self._submit(self.batch_groups, step)  # verl's prepare_step: one batch a step
-            with self._timer("update_weights"):  # version G - 1 into the rollout (verl syncs at the end of G - 1)
-                metrics.update(self.actor_rollout_wg.update_weights())
-            with self._timer("gen"):  # the trainer's wait for a batch
-                metrics.update(self._generate_until_ready(step))
-            groups = self.buffer.sample(self.batch_groups, step)
-            metrics.update(off_policy_metrics(groups, step))
-            metrics.update(self.buffer.eviction_metrics())
-            metrics["training/epoch"] = float(min(g.epoch for g in groups))
-            batch = self._groups_batch(groups, step)
-            batch = self._learn(batch, metrics, step)
-            self._record(step, groups)
-            self.buffer.end_step()
+    def generate(self, step_input: Any, step: int, metrics: dict[str, float]) -> Iterator[Generated]:
+        trainer = self.trainer
+        self._submit(self.batch_groups, step)  # verl's prepare_step: one batch a step
+        with trainer._timer("update_weights"):  # version G - 1 into the rollout (verl syncs at the end of G - 1)
+            metrics.update(trainer.actor_rollout_wg.update_weights())
+        with trainer._timer("gen"):  # the trainer's wait for a batch
+            metrics.update(self._generate_until_ready(step))
+        groups = self.buffer.sample(self.batch_groups, step)
+        metrics.update(off_policy_metrics(groups, step))
+        metrics.update(self.buffer.eviction_metrics())
+        metrics["training/epoch"] = float(min(g.epoch for g in groups))
         # Off-policy trajectories differ from the actor by design; the weight-sync check needs on-policy ones.
         on_policy = all(t.min_version == step - 1 for g in groups for t in g.trajectories)
-        return self._step_end_metrics(batch, metrics, on_policy)
+        yield Generated(self._groups_batch(groups, step), metrics, on_policy, info=groups)
+
+    def end_step(self, step: int, metrics: dict[str, float], trained: list) -> tuple[Any, bool]:
+        generated, batch = trained[-1]
+        self._record(step, generated.info)
+        self.buffer.end_step()
+        return batch, generated.on_policy
 
     def _generate_until_ready(self, step: int) -> dict[str, float]:
         """Segments over the in-flight groups until a batch can be sampled (verl's sample-or-wait)."""
@@ -158,10 +191,10 @@ class ColocateAsyncTrainer(PPOTrainer):
             if not groups:
                 raise RuntimeError(f"replay buffer: expected groups in flight at step {step}, found none")
             need = max(self.batch_groups - len(self.buffer.finished), 0)
-            inputs = segment_inputs(groups, self.sections.data.max_response_length, self.pad,
+            inputs = segment_inputs(groups, self.trainer.sections.data.max_response_length, self.pad,
                                     self.buffer.required_uids(step))
-            out = self.actor_rollout_wg.generate_segment(self._segment_rows(inputs, need, len(groups), step,
-                                                                            segments))
+            out = self.trainer.actor_rollout_wg.generate_segment(self._segment_rows(inputs, need, len(groups), step,
+                                                                                    segments))
             segment_metrics = out.meta_info.pop("metrics", {})
             rows = len(inputs["limits"])
             merge_segment(groups, inputs, out.batch["responses"][:rows], out.batch["response_mask"][:rows],
@@ -189,21 +222,21 @@ class ColocateAsyncTrainer(PPOTrainer):
             fields["group"][rows:] = total
             fields["required"][rows:] = False
         data = DataProto.from_dict(fields)
-        seed = (self.sections.trainer.seed * 100003 + step) * 131 + segment
+        seed = (self.trainer.sections.trainer.seed * 100003 + step) * 131 + segment
         data.meta_info = {"need": need, "total_groups": total, "width": int(inputs["limits"].max()), "seed": seed}
         return data
 
     def _groups_batch(self, groups: list[PromptGroup], step: int):
-        data = self.sections.data
+        data = self.trainer.sections.data
         tensors, fields = groups_to_batch(groups, data.max_prompt_length, data.max_response_length, self.pad)
         batch = DataProto.from_dict(tensors, fields, {"seed": step})
-        if not self.sections.transfer_queue.enable:
+        if not self.trainer.sections.transfer_queue.enable:
             return batch
-        return self._on_data_plane(batch, step)
+        return self.trainer._on_data_plane(batch, step)
 
     def _record(self, step: int, groups: list[PromptGroup]) -> None:
         """The prompt ledger (rank 0): which prompts step ``step`` trained, and the totals so far."""
-        if self.rank != 0:
+        if self.trainer.rank != 0:
             return
         ledger = self.buffer.ledger
         record = {"step": step, "trained": [g.uid for g in groups], "evicted": ledger.step_evicted_uids,
@@ -213,3 +246,9 @@ class ColocateAsyncTrainer(PPOTrainer):
         os.makedirs(os.path.dirname(self.ledger_path) or ".", exist_ok=True)
         with open(self.ledger_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
+
+
+class ColocateAsyncTrainer(PPOTrainer):
+    """``trainer.v1.trainer_mode=colocate_async`` (see the module doc): the PPO trainer over a replay buffer."""
+
+    batch_source_class = ReplayBufferSource

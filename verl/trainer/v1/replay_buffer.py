@@ -20,13 +20,22 @@ are reissued after a resume, tagged with the step they are reissued at (verl doe
 from __future__ import annotations
 
 import dataclasses
+import glob
+import os
+import re
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from verl.engine.rollout.partial import PromptGroup, Trajectory
+from verl.errors import InputError
 
 DROP, WAIT = "drop", "wait"
 STRATEGIES = (DROP, WAIT)
+# The finished groups' trajectories in a checkpoint: tensors, sharded over the ranks that hold the buffer.
+TRAJECTORY_DIR = "replay_buffer"
+_SHARD = re.compile(r"shard(\d+)-of-(\d+)\.pt$")
 
 
 class PromptStream:
@@ -147,10 +156,11 @@ class ReplayBuffer:
         taken = order[:count]
         taken_ids = {g.uid for g in taken}
         self.finished = [g for g in self.finished if g.uid not in taken_ids]
-        if self.strategy == DROP:
-            worst = max(self.age(g, step) for g in taken)
-            if worst > self.threshold:
-                raise RuntimeError(f"replay buffer: sampled a group of age {worst} > threshold {self.threshold}")
+        # Both strategies bound the age (wait: with the config's num_warmup_batches < threshold): past it is a bug.
+        worst = max(self.age(g, step) for g in taken)
+        if worst > self.threshold:
+            raise RuntimeError(f"replay buffer ({self.strategy}): sampled a group of age {worst} > threshold "
+                               f"{self.threshold}")
         self.ledger.trained += count
         return taken
 
@@ -169,22 +179,80 @@ class ReplayBuffer:
         self.ledger.step_evicted_ages, self.ledger.step_evicted_uids = [], []
 
     # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """Finished groups whole; in-flight prompts by (index, epoch) only (they are reissued on resume)."""
+    def state_dict(self, trajectories_inline: bool = False) -> dict[str, Any]:
+        """Finished groups (their trajectories inline, or written apart by :meth:`save_trajectories`: the
+        checkpoint's JSON then stays small however long the responses); in-flight prompts by (index, epoch) only
+        (they are reissued on resume)."""
         return {"stream": self.stream.state_dict(),
-                "finished": [_group_state(g) for g in self.finished],
+                "finished": [_group_state(g, trajectories_inline) for g in self.finished],
+                "trajectories": "inline" if trajectories_inline else TRAJECTORY_DIR,
                 "in_flight": [(g.index, g.epoch) for g in self.in_flight.values()],
                 "ledger": dataclasses.asdict(self.ledger) | {"step_evicted_ages": [], "step_evicted_uids": []},
                 "finish_order": self._finish_order}
 
-    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
-        """Restore at global step ``step``: finished groups as they were; in-flight prompts reissued from the
-        start, tagged ``step``."""
+    def save_trajectories(self, directory: str, rank: int, world: int) -> str | None:
+        """Write the finished groups' trajectories under ``directory/replay_buffer``: shard ``rank`` of ``world``
+        holds groups rank, rank + world, ... as flat tensors (ranks holding identical buffers split the writing;
+        a buffer on one rank is written by it with world 1). Returns the file written, if any."""
+        positions = list(range(rank, len(self.finished), world))
+        trajectories = [t for i in positions for t in self.finished[i].trajectories]
+        shard = {
+            "positions": torch.tensor(positions, dtype=torch.int64),
+            "group_sizes": torch.tensor([len(self.finished[i].trajectories) for i in positions], dtype=torch.int64),
+            "token_lengths": torch.tensor([len(t.tokens) for t in trajectories], dtype=torch.int64),
+            "tokens": torch.tensor([x for t in trajectories for x in t.tokens], dtype=torch.int64),
+            "log_prob_lengths": torch.tensor([len(t.log_probs) for t in trajectories], dtype=torch.int64),
+            # float64: the sampled log-probs come back bit for bit (a resumed step trains on the same numbers)
+            "log_probs": torch.tensor([x for t in trajectories for x in t.log_probs], dtype=torch.float64),
+            "finished": torch.tensor([t.finished for t in trajectories], dtype=torch.bool),
+            "min_version": torch.tensor([_version(t.min_version) for t in trajectories], dtype=torch.int64),
+            "max_version": torch.tensor([_version(t.max_version) for t in trajectories], dtype=torch.int64),
+            "segments": torch.tensor([t.segments for t in trajectories], dtype=torch.int64),
+        }
+        os.makedirs(os.path.join(directory, TRAJECTORY_DIR), exist_ok=True)
+        path = os.path.join(directory, TRAJECTORY_DIR, f"shard{rank}-of-{world}.pt")
+        torch.save(shard, path)
+        return path
+
+    @staticmethod
+    def load_trajectories(directory: str) -> dict[int, list[Trajectory]]:
+        """{finished group's position: its trajectories} from every shard under ``directory/replay_buffer``
+        (written at any world size); a missing shard is a :class:`~verl.errors.InputError` naming it."""
+        files = glob.glob(os.path.join(directory, TRAJECTORY_DIR, "shard*-of-*.pt"))
+        shards = {int(m.group(1)): (int(m.group(2)), f) for f in files if (m := _SHARD.search(f))}
+        worlds = {w for w, _ in shards.values()}
+        if not shards or len(worlds) != 1 or sorted(shards) != list(range(next(iter(worlds)))):
+            raise InputError(f"checkpoint {directory}: expected the replay buffer's shards shard<r>-of-<w>.pt for "
+                             f"every r < w in {TRAJECTORY_DIR}/, found {sorted(os.path.basename(f) for f in files)}")
+        out: dict[int, list[Trajectory]] = {}
+        for _, path in shards.values():
+            shard = torch.load(path, map_location="cpu", weights_only=True)
+            tokens = iter(shard["tokens"].split(shard["token_lengths"].tolist()))
+            log_probs = iter(shard["log_probs"].split(shard["log_prob_lengths"].tolist()))
+            fields = zip(shard["finished"].tolist(), shard["min_version"].tolist(), shard["max_version"].tolist(),
+                         shard["segments"].tolist(), strict=True)
+            for position, size in zip(shard["positions"].tolist(), shard["group_sizes"].tolist(), strict=True):
+                out[position] = [Trajectory(tokens=next(tokens).tolist(), log_probs=next(log_probs).tolist(),
+                                            finished=f, min_version=_unversion(lo), max_version=_unversion(hi),
+                                            segments=seg) for f, lo, hi, seg in (next(fields) for _ in range(size))]
+        return out
+
+    def load_state_dict(self, state: dict[str, Any], step: int,
+                        trajectories: dict[int, list[Trajectory]] | None = None) -> None:
+        """Restore at global step ``step``: finished groups as they were (their trajectories from the state, or
+        ``trajectories`` read by :meth:`load_trajectories`); in-flight prompts reissued from the start, tagged
+        ``step``."""
         self.stream.load_state_dict(state["stream"])
         self.finished = []
-        for saved in state["finished"]:
+        for position, saved in enumerate(state["finished"]):
             group = self.make_group(int(saved["index"]), int(saved["epoch"]), int(saved["submit_step"]))
-            group.trajectories = [Trajectory(**t) for t in saved["trajectories"]]
+            if "trajectories" in saved:
+                group.trajectories = [Trajectory(**t) for t in saved["trajectories"]]
+            elif trajectories is not None and position in trajectories:
+                group.trajectories = trajectories[position]
+            else:
+                raise InputError(f"checkpoint: expected the trajectories of the replay buffer's finished group "
+                                 f"{group.uid} in its {TRAJECTORY_DIR}/ shards, found none")
             group.finish_order = int(saved["finish_order"])
             self.finished.append(group)
         self.in_flight = {}
@@ -196,7 +264,18 @@ class ReplayBuffer:
         self._finish_order = int(state["finish_order"])
 
 
-def _group_state(group: PromptGroup) -> dict[str, Any]:
+def _group_state(group: PromptGroup, trajectories_inline: bool) -> dict[str, Any]:
     """A finished group as JSON-able values (its prompt and fields are the dataset's, rebuilt on load)."""
-    return {"index": group.index, "epoch": group.epoch, "submit_step": group.submit_step,
-            "finish_order": group.finish_order, "trajectories": [dataclasses.asdict(t) for t in group.trajectories]}
+    state = {"index": group.index, "epoch": group.epoch, "submit_step": group.submit_step,
+             "finish_order": group.finish_order}
+    if trajectories_inline:
+        state["trajectories"] = [dataclasses.asdict(t) for t in group.trajectories]
+    return state
+
+
+def _version(version: int | None) -> int:
+    return -1 if version is None else int(version)
+
+
+def _unversion(value: int) -> int | None:
+    return None if value < 0 else value

@@ -21,6 +21,7 @@ ratio is against them, ``algorithm.rollout_correction`` corrects between them an
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,9 @@ from verl.protocol import DataProto
 from verl.single_controller import broadcast_object
 from verl.single_controller.data_plane import ShardedBatch
 from verl.trainer import metrics as metric_utils
-from verl.trainer.v1.colocate_async import ColocateAsyncTrainer, off_policy_metrics
+from verl.trainer.ppo.batch_source import Generated
+from verl.trainer.ppo.trainer import PPOTrainer
+from verl.trainer.v1.colocate_async import ReplayBufferSource, off_policy_metrics
 from verl.utils.timeline import pool_lane
 
 # How long training rank 0 waits for the pool without a single message before it calls the pool stuck; a pool
@@ -40,15 +43,19 @@ POOL_SILENCE_S = 3600.0
 SUMMED = ("training/off_policy/evicted_samples", "rollout/segment_rows", "rollout/busy_s")
 
 
-class SeparateAsyncTrainer(ColocateAsyncTrainer):
-    """``trainer.v1.trainer_mode=separate_async`` (see the module doc)."""
+class PoolSource(ReplayBufferSource):
+    """The standalone pool's stream as the trainer's batch source (see the module doc): training rank 0 holds the
+    replay buffer and hands each step ``parameter_sync_step`` mini-batches; the weights go to the pool after
+    them."""
 
-    def __init__(self, config: Any, tokenizer: Any, dry_run: bool = False):
-        super().__init__(config, tokenizer, dry_run)
-        cfg = self.sections
+    buffer_replicated = False  # training rank 0 holds the buffer
+
+    def __init__(self, trainer: Any):
+        super().__init__(trainer)
+        cfg = trainer.sections
         self.mini_groups = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
         self.sync_steps = cfg.trainer.v1.separate_async.parameter_sync_step
-        self.pool = self.actor_rollout_wg.worker.pool
+        self.pool = trainer.actor_rollout_wg.worker.pool
 
     @staticmethod
     def _warmup_batches(v1: Any) -> int:
@@ -56,61 +63,64 @@ class SeparateAsyncTrainer(ColocateAsyncTrainer):
 
     def _start_generation(self) -> None:
         """Weights of the current version to the pool, then streaming generation (rank 0 drives it)."""
-        self.actor_rollout_wg.update_weights(version=self.global_step, force=True)
-        if self.rank == 0:
+        trainer = self.trainer
+        trainer.actor_rollout_wg.update_weights(version=trainer.global_step, force=True)
+        if trainer.rank == 0:
             replicas = self.pool.placement.replicas
-            worker = self.actor_rollout_wg.worker
+            worker = trainer.actor_rollout_wg.worker
             self.pool.start_stream(worker.train_sampling, max(1, -(-self.mini_groups // replicas)),
-                                   self.sections.trainer.seed * 100003 + self.global_step, self.global_step)
+                                   trainer.sections.trainer.seed * 100003 + trainer.global_step, trainer.global_step)
             self.pool.submit(list(self.buffer.in_flight.values()))  # reissued after a resume, or nothing
 
     def _submit(self, count: int, step: int) -> None:
         """Training rank 0 draws the prompts and hands them to the pool."""
-        if self.rank == 0:
+        if self.trainer.rank == 0:
             self.pool.submit(self.buffer.submit(count, step))
 
-    def async_step(self, step: int) -> dict[str, float]:
-        per_mini: list[dict[str, float]] = []
-        batches, trained = [], []
-        with self._step(step) as metrics:
-            self._submit(self.batch_groups, step)
-            for _ in range(self.sync_steps):
-                mini: dict[str, float] = {}
-                with self._timer("gen"):  # the trainer's wait for a mini-batch of finished groups
-                    groups, waited = self._sample(step, mini)
-                batch, extra = broadcast_object(self._mini_batch(groups, step) if self.rank == 0 else None)
-                # Only the step's first mini-batch meets the actor that generated it (the next ones' old
-                # log-probs come from its snapshot, but the check reads the first): the weight-sync check.
-                on_policy = extra.pop("_on_policy") and not batches
-                mini.update(extra)
-                if batches:  # pi_old is the cycle's first actor for every mini-batch of it (verl's local trigger)
-                    batch.meta_info["old_policy"] = True
-                else:
-                    self.actor_rollout_wg.snapshot_old_policy()
-                if self.sections.transfer_queue.enable:  # row ids unique per mini-batch of the step
-                    batch = ShardedBatch.replicated(batch, first_id=(step << 32) + len(batches) * len(batch))
-                batch = self._learn(batch, mini, step)
-                if on_policy and isinstance(batch, DataProto):
-                    diff = metric_utils.compute_rollout_probs_diff_metrics(batch)
-                    if not self._probs_checked:
-                        metric_utils.check_rollout_probs_diff(diff, self.sections.actor_rollout_ref.rollout.dtype)
-                        self._probs_checked = True
-                per_mini.append(mini)
-                batches.append(batch)
-                trained.extend(groups)
-            with self._timer("update_weights"):  # version G to the pool; its running segment resumes on it
-                metrics.update(self.actor_rollout_wg.update_weights(version=step))
-            metrics.update(_merge(per_mini))
-            if self.rank == 0:
-                self._record(step, trained)
-                self.buffer.end_step()
-        batch = DataProto.concat(batches) if isinstance(batches[0], DataProto) else batches[-1]
-        return self._step_end_metrics(batch, metrics, on_policy=False)
+    def generate(self, step_input: Any, step: int, metrics: dict[str, float]) -> Iterator[Generated]:
+        trainer = self.trainer
+        self._submit(self.batch_groups, step)
+        for index in range(self.sync_steps):
+            mini: dict[str, float] = {}
+            with trainer._timer("gen"):  # the trainer's wait for a mini-batch of finished groups
+                groups, waited = self._sample(step, mini)
+            batch, extra = broadcast_object(self._mini_batch(groups, step) if trainer.rank == 0 else None)
+            # Only the step's first mini-batch meets the actor that generated it (the next ones' old
+            # log-probs come from its snapshot, but the check reads the first): the weight-sync check.
+            on_policy = extra.pop("_on_policy") and index == 0
+            mini.update(extra)
+            if index:  # pi_old is the cycle's first actor for every mini-batch of it (verl's local trigger)
+                batch.meta_info["old_policy"] = True
+            else:
+                trainer.actor_rollout_wg.snapshot_old_policy()
+            if trainer.sections.transfer_queue.enable:  # row ids unique per mini-batch of the step
+                batch = ShardedBatch.replicated(batch, first_id=(step << 32) + index * len(batch))
+            yield Generated(batch, mini, on_policy, info=groups)
+
+    def trained(self, generated: Generated, batch: Any) -> None:
+        trainer = self.trainer
+        if generated.on_policy and isinstance(batch, DataProto):
+            diff = metric_utils.compute_rollout_probs_diff_metrics(batch)
+            if not trainer._probs_checked:
+                metric_utils.check_rollout_probs_diff(diff, trainer.sections.actor_rollout_ref.rollout.dtype)
+                trainer._probs_checked = True
+
+    def end_step(self, step: int, metrics: dict[str, float], trained: list) -> tuple[Any, bool]:
+        trainer = self.trainer
+        with trainer._timer("update_weights"):  # version G to the pool; its running segment resumes on it
+            metrics.update(trainer.actor_rollout_wg.update_weights(version=step))
+        metrics.update(_merge([generated.metrics for generated, _ in trained]))
+        if trainer.rank == 0:
+            self._record(step, [group for generated, _ in trained for group in generated.info])
+            self.buffer.end_step()
+        batches = [batch for _, batch in trained]
+        # Later mini-batches met newer actors than generated them: the step's batch is not checked.
+        return (DataProto.concat(batches) if isinstance(batches[0], DataProto) else batches[-1]), False
 
     def _sample(self, step: int, metrics: dict[str, float]) -> tuple[list[PromptGroup], float]:
         """Training rank 0: wait for a mini-batch of trainable groups (evicting stale ones and drawing their
         replacements, as verl's ReplayBufferAsync), then take the oldest."""
-        if self.rank != 0:
+        if self.trainer.rank != 0:
             return [], 0.0
         start = time.perf_counter()
         segment_metrics: list[dict[str, float]] = []
@@ -145,8 +155,8 @@ class SeparateAsyncTrainer(ColocateAsyncTrainer):
         for group in message.get("groups", ()):
             if group.uid in self.buffer.in_flight:
                 self.buffer.in_flight[group.uid] = group
-        if message.get("span") and self.timeline is not None:
-            self.timeline.add(pool_lane(message["replica"]), *message["span"])
+        if message.get("span") and self.trainer.timeline is not None:
+            self.trainer.timeline.add(pool_lane(message["replica"]), *message["span"])
         if message.get("metrics"):
             segment_metrics.append({**message["metrics"], "replica": message["replica"]})
         self.buffer.collect_finished()
@@ -155,9 +165,15 @@ class SeparateAsyncTrainer(ColocateAsyncTrainer):
         extra: dict[str, Any] = dict(off_policy_metrics(groups, step))
         extra["training/epoch"] = float(min(g.epoch for g in groups))
         extra["_on_policy"] = all(t.min_version == step - 1 for g in groups for t in g.trajectories)
-        data = self.sections.data
+        data = self.trainer.sections.data
         tensors, fields = groups_to_batch(groups, data.max_prompt_length, data.max_response_length, self.pad)
         return DataProto.from_dict(tensors, fields, {"seed": step}), extra
+
+
+class SeparateAsyncTrainer(PPOTrainer):
+    """``trainer.v1.trainer_mode=separate_async`` (see the module doc): the PPO trainer over a rollout pool."""
+
+    batch_source_class = PoolSource
 
 
 def _merge(per_mini: list[dict[str, float]]) -> dict[str, float]:

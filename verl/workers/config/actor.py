@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from verl.algorithms.core_algos import KL_PENALTY_CHOICES, LOSS_AGG_MODES, POLICY_LOSS_REGISTRY
+from verl.algorithms.core_algos import KL_PENALTY_CHOICES, LOSS_AGG_MODES, POLICY_LOSS_NAMES
 from verl.engine.strategies import STRATEGIES
 from verl.workers.config.engine import (
     CheckpointConfig,
@@ -24,9 +24,10 @@ frozen = dataclasses.dataclass(frozen=True)
 
 @frozen
 class PolicyLossConfig(Section):
-    """``actor.policy_loss``: the registered policy loss (core_algos.register_policy_loss)."""
+    """``actor.policy_loss``: the registered policy loss (core_algos.register_policy_loss, also by the modules
+    ``actor_rollout_ref.model.external_lib`` names: the choices are the registry's when checked)."""
 
-    loss_mode: str = checked(choices=tuple(sorted(POLICY_LOSS_REGISTRY)))
+    loss_mode: str = checked(choices=POLICY_LOSS_NAMES)
 
 
 @frozen

@@ -20,8 +20,21 @@ frozen = dataclasses.dataclass(frozen=True)
 
 
 @frozen
+class LoRAConfig(Section):
+    """``actor_rollout_ref.model.lora``: Megatron's LoRA block (verl's keys; :mod:`verl.engine.lora`)."""
+
+    rank: int = checked(ge=0)
+    alpha: float = checked(gt=0)
+    dropout: float = checked(ge=0, le=1)
+    target_modules: list[str]
+    exclude_modules: list[str]
+    merge: bool
+    adapter_path: str | None
+
+
+@frozen
 class HFModelConfig(Section):
-    """``actor_rollout_ref.model``."""
+    """``actor_rollout_ref.model``. LoRA: the flat ``lora_*`` keys for FSDP, ``lora`` for Megatron."""
 
     path: str | None
     tokenizer_path: str | None
@@ -32,7 +45,12 @@ class HFModelConfig(Section):
     enable_activation_offload: bool
     use_remove_padding: bool
     use_fused_kernels: bool
-    lora_rank: int
+    lora_rank: int = checked(ge=0)
+    lora_alpha: float = checked(gt=0)
+    target_modules: str | list[str]
+    exclude_modules: list[str] | None
+    lora_adapter_path: str | None
+    lora: LoRAConfig
 
 
 @frozen

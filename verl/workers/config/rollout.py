@@ -1,4 +1,5 @@
-"""``actor_rollout_ref.rollout``: the rollout engine (native or SGLang), its sampling and its share of the reshard."""
+"""``actor_rollout_ref.rollout``: the rollout engine (a registered one: native, SGLang), its sampling and its
+share of the reshard."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from verl.engine.rollout.registry import ROLLOUT_NAME_CHOICES
 from verl.utils.torch_dtypes import TRAINING_DTYPES
 from verl.workers.config.section import Section, checked
 
@@ -49,7 +51,9 @@ class CheckpointEngineConfig(Section):
 
 @frozen
 class RolloutConfig(Section):
-    name: str = checked(choices=("native", "sglang", "vllm", "hf", "trtllm"))
+    # The registered rollout engines (verl.engine.rollout.registry), read when a config is checked, then the names
+    # refused with a reason.
+    name: str = checked(choices=ROLLOUT_NAME_CHOICES)
     mode: str = checked(choices=("sync", "async"))
     nnodes: int = checked(ge=0)          # 0: colocated (the hybrid engine); > 0: a standalone rollout pool
     n_gpus_per_node: int = checked(ge=1)

@@ -31,8 +31,9 @@ def dotted(key: str, name: str) -> str:
 def checked(**bounds: Any) -> Any:
     """A field's rule beyond its type: ``choices=...``, ``ge=``, ``gt=``, ``le=`` (as
     :func:`~verl.utils.config_checks.rule`)."""
-    if "choices" in bounds:
-        bounds["choices"] = tuple(bounds["choices"])
+    choices = bounds.get("choices")
+    if choices is not None and (isinstance(choices, list) or not isinstance(choices, Sequence)):
+        bounds["choices"] = tuple(choices)  # frozen; a Sequence view (a registry's live names) is kept as is
     return dataclasses.field(metadata={"rule": bounds})
 
 

@@ -25,8 +25,8 @@ from verl.engine.rollout.native.model import RolloutTransformer
 from verl.engine.rollout.native.sampler import sample_tokens
 from verl.engine.rollout.native.weights import load_hf_checkpoint
 from verl.engine.rollout.partial import SegmentStop
-from verl.hybrid_engine.rollout_layout import kv_heads_per_rank, rollout_param_specs
 from verl.models.config import ModelConfig
+from verl.models.rollout_shapes import kv_heads_per_rank, rollout_param_specs
 from verl.utils.device import get_device
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
-from verl.hybrid_engine.rollout_layout import RolloutParamSpec
+from verl.models.rollout_shapes import RolloutParamSpec
 
 
 class FlatParams:

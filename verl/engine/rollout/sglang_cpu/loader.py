@@ -17,8 +17,8 @@ from collections.abc import Iterable
 
 import torch
 
-from verl.hybrid_engine.rollout_layout import RolloutParamSpec, rollout_param_specs
 from verl.models.config import ModelConfig
+from verl.models.rollout_shapes import RolloutParamSpec, rollout_param_specs
 from verl.ops.copy_program import make_program, run_copy_program
 
 LOADER_PATH = f"{__name__}.load_rollout_bucket"

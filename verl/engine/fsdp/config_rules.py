@@ -1,0 +1,49 @@
+"""The FSDP backend's config rules (``strategy: fsdp | fsdp2``): every rank is a DP rank on one device mesh of
+``fsdp_size`` ranks per process. Torch-free (see :mod:`verl.engine.config_rules`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from verl.engine.config_rules import ARR, BackendConfigRules, check_divides
+from verl.utils.config_checks import ConfigError
+
+
+class FSDPConfigRules(BackendConfigRules):
+    model_engine = "dp"
+    sections = ("fsdp_config", "grad_clip")
+
+    def model_parallel_sizes(self, actor: Mapping[str, Any]) -> tuple[int, int]:
+        return 1, 1
+
+    def check_layout(self, cfg: Mapping[str, Any], model: Any, world: int) -> None:
+        actor = cfg[ARR]["actor"]
+        if model.is_moe:
+            raise ConfigError(f"{ARR}.actor.strategy: expected megatron for the MoE model {model.model_type} (FSDP "
+                              f"here trains dense models: transformers fuses the experts), found {actor['strategy']!r}")
+        fsdp_size = actor["fsdp_config"]["fsdp_size"]
+        if fsdp_size not in (-1, 0) and fsdp_size < world:
+            check_divides(f"{ARR}.actor.fsdp_config.fsdp_size", fsdp_size, "trainer.nnodes * trainer.n_gpus_per_node",
+                          world)
+        elif fsdp_size == 0:
+            raise ConfigError(f"{ARR}.actor.fsdp_config.fsdp_size: expected -1 (every rank) or a divisor of the "
+                              f"world size {world}, found 0")
+        from verl.engine.lora import check_lora_config  # LoRA's keys against the model (imports torch: here)
+
+        check_lora_config(cfg, model, "fsdp")
+
+    def check_role_layouts(self, cfg: Mapping[str, Any], sections: Mapping[str, Any]) -> None:
+        """One device mesh per process: one ``fsdp_size``. The rollout dtype may differ from FSDP's master dtype
+        (the reshard casts this rank's shards, never the full model)."""
+        size = cfg[ARR]["actor"]["fsdp_config"]["fsdp_size"]
+        for name, section in sections.items():
+            if section["fsdp_config"]["fsdp_size"] != size:
+                raise ConfigError(f"{name}.fsdp_config.fsdp_size: expected the actor's {size} (one device mesh per "
+                                  f"process), found {section['fsdp_config']['fsdp_size']}")
+
+    def memory_estimate(self, cfg: Mapping[str, Any], dp: int) -> str:
+        return "estimated memory per rank: printed for the megatron strategy only"
+
+
+RULES = FSDPConfigRules()

@@ -1,0 +1,241 @@
+"""One PPO step's dataflow over the worker groups (docs/architecture.md, "One PPO step"):
+
+    generated batch -> (balance) -> reward -> old log-probs (+ rollout correction) -> ref log-probs -> values
+    -> KL-in-reward / advantages -> update critic -> update actor
+
+:meth:`StepDataflow.train_step` frames a step (timings, a due reward-model swap) and asks the trainer's batch
+source (:mod:`verl.trainer.ppo.batch_source`) for the step's generated batch(es); :meth:`StepDataflow._learn`
+runs the rest on each. With ``transfer_queue.enable`` a batch is a ShardedBatch whose rows stay on the ranks
+that produced them; ``batch_ops`` reads the same on both data paths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from verl.algorithms import core_algos
+from verl.protocol import DataProto
+from verl.single_controller import data_plane
+from verl.single_controller.data_plane import ShardedBatch
+from verl.trainer import metrics as metric_utils
+from verl.trainer.ppo import batch_ops
+from verl.trainer.ppo.advantage import apply_kl_penalty, compute_response_mask
+from verl.trainer.ppo.data import PROMPT_FIELDS
+from verl.trainer.ppo.generations import generation_records, write_generations
+from verl.utils.seqlen_balancing import balanced_dp_order, seqlen_balance_metrics
+from verl.utils.torch_functional import masked_mean
+
+
+class StepDataflow:
+    """The PPO trainer's step (reads its worker groups, ``reward_fn``, ``kl_ctrl``, ``source`` and sections)."""
+
+    def train_step(self, step_input: Any, step: int) -> dict[str, float]:
+        """Step ``step`` from ``step_input`` (what the batch source handed the loop: the dataloader's batch for
+        the sync source): the source's generated batch(es), each learnt from; returns the step's metrics."""
+        trained = []
+        with self._step(step) as metrics:
+            for generated in self.source.generate(step_input, step, metrics):
+                batch = self._learn(generated.batch, generated.metrics, step)
+                self.source.trained(generated, batch)
+                trained.append((generated, batch))
+            batch, on_policy = self.source.end_step(step, metrics, trained)
+        return self._step_end_metrics(batch, metrics, on_policy)
+
+    @contextlib.contextmanager
+    def _step(self, step: int) -> Iterator[dict[str, float]]:
+        """A step's frame, the same in every trainer mode: fresh timings and data-plane counters, the whole step
+        timed as ``timing_s/step``, a due reward-model swap first; yields the step's metrics dict."""
+        metrics: dict[str, float] = {}
+        self._timing = {}
+        data_plane.STATS.reset()
+        with self._timer("step"):
+            if self.use_rm:
+                metrics.update(self._maybe_swap_reward_model(step))
+            yield metrics
+
+    def _generate(self, gen: DataProto, step: int, metrics: dict[str, float]):
+        """The prompts ``gen`` generated on the current weights (verl's sync mode): the weights resharded into
+        the rollout, one sampled batch; ReMax adds each prompt's greedy baseline reward."""
+        cfg = self.sections
+        with self._timer("update_weights"):
+            metrics.update(self.actor_rollout_wg.update_weights())
+        with self._timer("gen"):
+            batch = self.actor_rollout_wg.generate_sequences(self._on_data_plane(gen, step))
+        metrics.update(metric_utils.reduce_metrics(batch.meta_info.pop("metrics")))
+        batch.meta_info = {"seed": step}
+        if cfg.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX.value:
+            with self._timer("update_weights"):  # generation released the rollout weights
+                self.actor_rollout_wg.update_weights()
+            with self._timer("gen_max"):
+                baselines = self._greedy_baseline_rewards(gen).repeat_interleave(cfg.actor_rollout_ref.rollout.n)
+                batch_ops.add_replicated(batch, {"reward_baselines": baselines})
+        return batch
+
+    def _learn(self, batch, metrics: dict[str, float], step: int):
+        """A generated batch -> rewards, old/ref log-probs, values, advantages, critic and actor updates (the
+        step after generation, the same for every batch source)."""
+        return self._update_models(self._experience(batch, metrics, step), metrics, step)
+
+    def _experience(self, batch, metrics: dict[str, float], step: int):
+        """A generated batch -> rewards, old/ref log-probs, values and advantages (no weight changes)."""
+        cfg = self.sections
+        if cfg.trainer.balance_batch:
+            # Rows move between DP ranks only within the mini-batches' slices (see balance_layout), and
+            # the group estimators find groups by uid, not by position: the same step, reordered.
+            metrics.update(self._balance_batch(batch))
+
+        with self._timer("reward"):
+            if self.use_rm:
+                scored = self.rm_wg.compute_rm_score(batch)
+                # reward_model/truncated_frac of an RM with its own tokenizer
+                metrics.update(metric_utils.reduce_metrics(scored.meta_info.pop("metrics", None) or {}))
+                batch.union(scored)
+            batch_ops.add_fields(batch, lambda rows: {"token_level_scores": self.reward_fn(rows)},
+                                 batch.keys() if isinstance(batch, ShardedBatch) else ())
+        if self.bypass_old_log_prob:
+            # verl's rollout_correction.bypass_mode: the rollout's log-probs (same weights, same
+            # temperature) are the old policy's; no separate forward, and no actor/entropy metric.
+            batch_ops.add_fields(batch, lambda rows: {"old_log_probs": rows.batch["rollout_log_probs"]},
+                                 ["rollout_log_probs"], anchor="rollout_log_probs")
+        else:
+            with self._timer("old_log_prob"):
+                old = self.actor_rollout_wg.compute_log_prob(batch)
+                batch.union(old)
+                metrics["actor/entropy"] = batch_ops.aggregate_rows(batch, "entropys",
+                                                                    cfg.actor_rollout_ref.actor.loss_agg_mode)
+                batch_ops.pop_fields(batch, ["entropys"])
+            metrics.update(self._rollout_correction(batch))
+        if self.use_reference:
+            with self._timer("ref"):
+                batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+        if self.use_critic:
+            with self._timer("values"):
+                batch.union(self.critic_wg.compute_values(batch))
+        with self._timer("adv"):
+            if cfg.algorithm.use_kl_in_reward:
+                metrics.update(self._apply_kl_penalty(batch))
+            else:
+                batch_ops.add_fields(batch, lambda rows: {"token_level_rewards": rows.batch["token_level_scores"]},
+                                     ["token_level_scores"], anchor="token_level_scores")
+            batch = batch_ops.compute_advantages(
+                batch, cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
+                num_repeat=cfg.actor_rollout_ref.rollout.n,
+                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
+        return batch
+
+    def _update_models(self, batch, metrics: dict[str, float], step: int):
+        """The step's updates on a batch with advantages: critic, then actor (once ``critic_warmup`` allows), and
+        the generation dump."""
+        cfg = self.sections
+        if not self.dry_run:
+            if self.use_critic:
+                with self._timer("update_critic"):
+                    metrics.update(metric_utils.reduce_metrics(
+                        self.critic_wg.update_critic(batch).meta_info["metrics"]))
+            # verl: the actor trains once critic_warmup <= the step (steps count from 1).
+            if cfg.trainer.critic_warmup <= step:
+                with self._timer("update_actor"):
+                    metrics.update(metric_utils.reduce_metrics(
+                        self.actor_rollout_wg.update_actor(batch).meta_info["metrics"]))
+        if cfg.trainer.rollout_data_dir:
+            with self._timer("dump_rollout_generations"):
+                self._dump_generations(batch, step)
+        return batch
+
+    # ------------------------------------------------------------------ the step's glue
+    def _on_data_plane(self, gen: DataProto, step: int = 0) -> DataProto | ShardedBatch:
+        """The prompts as the step's first batch: on the data plane replicated (every rank's dataloader read
+        the same prompts, so no row moves to reach the rollout)."""
+        if not self.sections.transfer_queue.enable:
+            return gen
+        # Row ids: each step's prompts 2^32 apart (validation in step 0's), so a row's id is unique in a run.
+        return ShardedBatch.replicated(gen, first_id=step << 32)
+
+    def _apply_kl_penalty(self, batch) -> dict[str, float]:
+        """verl's apply_kl_penalty on both data paths: token_level_rewards with this step's beta; the KL
+        controller updated with the batch's mean per-sequence KL."""
+        if not isinstance(batch, ShardedBatch):
+            _, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, self.sections.algorithm.kl_penalty)
+            return kl_metrics
+        penalty, beta = self.sections.algorithm.kl_penalty, self.kl_ctrl.value
+        inputs = ["token_level_scores", "old_log_probs", "ref_log_prob", "responses", "attention_mask"]
+
+        def rewards(rows: DataProto) -> dict[str, torch.Tensor]:
+            mask = compute_response_mask(rows)
+            kld = core_algos.kl_penalty(rows.batch["old_log_probs"], rows.batch["ref_log_prob"],
+                                        kl_penalty=penalty) * mask
+            return {"token_level_rewards": rows.batch["token_level_scores"] - beta * kld,
+                    "sequence_kl": masked_mean(kld, mask=mask, axis=-1)}
+
+        batch_ops.add_fields(batch, rewards, inputs)
+        current_kl = batch_ops.batch_sum(batch, lambda rows: rows.batch["sequence_kl"], ["sequence_kl"]) / len(batch)
+        batch_ops.pop_fields(batch, ["sequence_kl"])
+        self.kl_ctrl.update(current_kl=current_kl, n_steps=len(batch))
+        return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+    def _rollout_correction(self, batch) -> dict[str, float]:
+        """verl's ``algorithm.rollout_correction`` (decoupled mode: old log-probs from the actor): rejection
+        sampling rewrites ``response_mask``, importance sampling adds ``rollout_is_weights`` for the policy loss;
+        the off-policy diagnostics (``rollout_corr/*``) are logged with a correction or an asynchronous trainer."""
+        from verl.algorithms.rollout_correction import apply_rollout_correction
+
+        rc = self.sections.algorithm.rollout_correction
+        correct = rc.rollout_is is not None or rc.rollout_rs is not None
+        if not correct and not self.off_policy:
+            return {}  # an on-policy run without a correction: the diagnostics would only restate probs_diff
+        fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
+        old, rollout, mask = (batch_ops.per_row(batch, lambda rows, k=k: rows.batch[k], [k]) for k in fields)
+        new_mask, weights, metrics = apply_rollout_correction(
+            old, rollout, mask, rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs, rc.rollout_rs_threshold,
+            batch_normalize=rc.rollout_is_batch_normalize)
+        if correct:
+            update = {"response_mask": new_mask.to(mask.dtype)}
+            if weights is not None:
+                update["rollout_is_weights"] = weights
+            if isinstance(batch, ShardedBatch):
+                batch_ops.pop_fields(batch, ["response_mask"])
+                batch_ops.add_replicated(batch, update)
+            else:
+                batch.batch.update(update)
+        return metrics
+
+    def _dump_generations(self, batch, step: int) -> None:
+        """trainer.rollout_data_dir: the step's generations on rank 0 (rewards recomputed there for their
+        extra info on the data plane, where no rank holds the whole batch)."""
+        rows = batch_ops.gather_to_rank0(batch)
+        if self.rank != 0 or rows is None:
+            return
+        reward = self.reward_fn(rows, return_dict=True)
+        write_generations(self.sections.trainer.rollout_data_dir, step, generation_records(
+            rows, rows.batch["token_level_scores"], reward["reward_extra_info"], self.tokenizer, step))
+
+    def _balance_batch(self, batch) -> dict[str, float]:
+        """verl's ``_balance_batch``: reorder ``batch`` in place so that each actor DP rank's share holds a
+        near-equal number of valid tokens (``attention_mask.sum(-1)``); returns ``global_seqlen/*``."""
+        lengths = batch_ops.per_row(batch, lambda rows: rows.batch["attention_mask"].sum(-1),
+                                    ["attention_mask"]).tolist()
+        order = balanced_dp_order(lengths, self.dp_size, self.balance_block)
+        if order != list(range(len(order))):
+            batch.reorder(torch.tensor(order))
+        return seqlen_balance_metrics(lengths, order, self.dp_size)
+
+    def _greedy_baseline_rewards(self, gen: DataProto) -> torch.Tensor:
+        """ReMax: the sequence reward [B] of one greedy (do_sample=False) response per prompt."""
+        baseline_gen = DataProto.from_dict({k: gen.batch[k] for k in PROMPT_FIELDS}, dict(gen.non_tensor_batch),
+                                           {**gen.meta_info, "do_sample": False})
+        baseline = self.actor_rollout_wg.generate_sequences(self._on_data_plane(baseline_gen))
+        baseline.meta_info.pop("metrics", None)
+        if self.use_rm:
+            scored = self.rm_wg.compute_rm_score(baseline)
+            scored.meta_info.pop("metrics", None)
+            baseline.union(scored)
+        return self._sequence_rewards(baseline)
+
+    def _sequence_rewards(self, batch) -> torch.Tensor:
+        """[B] sequence rewards of generated rows, on every rank (computed where the rows are)."""
+        inputs = batch.keys() if isinstance(batch, ShardedBatch) else ()
+        return batch_ops.per_row(batch, lambda rows: self.reward_fn(rows).sum(-1), inputs)
