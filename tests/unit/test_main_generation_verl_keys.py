@@ -221,3 +221,23 @@ def test_generate_prompt_bad_input_is_one_line_exit_2(case, chat_model, plain_mo
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("verl generate: error:"), err
     assert not out.exists()
+
+
+def test_verl_generate_samples_as_the_models_generation_config_says_unless_flags_say_otherwise(tmp_path, capsys):
+    """transformers' generate is greedy unless generation_config.json sets do_sample; verl generate follows it
+    (a real checkpoint run with no flag answered with a temperature-1 sample before)."""
+    import argparse
+
+    from verl.trainer.main_generation import sampling_defaults
+
+    def defaults(config, **flags):
+        (tmp_path / "generation_config.json").write_text(json.dumps(config))
+        (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        args = argparse.Namespace(model=str(tmp_path), temperature=None, top_p=None, top_k=None)
+        return sampling_defaults(argparse.Namespace(**{**vars(args), **flags}))
+
+    assert defaults({"eos_token_id": 2}) == (0.0, 1.0, -1)
+    assert "greedy" in capsys.readouterr().err
+    assert defaults({"do_sample": True, "temperature": 0.6, "top_p": 0.9}) == (0.6, 0.9, 50)  # transformers' top_k
+    assert defaults({"do_sample": True, "top_k": 0}) == (1.0, 1.0, -1)
+    assert defaults({"do_sample": True, "temperature": 0.6}, temperature=0.0, top_k=5) == (0.0, 1.0, 5)

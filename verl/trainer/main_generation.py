@@ -64,9 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true",
                    help="with --prompt: each text is one user message through the checkpoint's chat template")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0 = greedy (default: the model's generation_config.json, as transformers' generate: greedy "
+                        "unless it sets do_sample)")
+    p.add_argument("--top-p", type=float, default=None, help="default: generation_config.json's, else 1.0")
+    p.add_argument("--top-k", type=int, default=None, help="default: generation_config.json's, else -1 (off)")
     p.add_argument("--n", type=int, default=1, help="samples per prompt")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop-token-ids", default="", metavar="ID,ID,...", help="extra stop tokens")
@@ -92,6 +94,33 @@ def _model_token_ids(model_dir: str, key: str) -> list[int]:
     return [] if value is None else [value] if isinstance(value, int) else list(value)
 
 
+def sampling_defaults(args: argparse.Namespace) -> tuple[float, float, int]:
+    """(temperature, top_p, top_k): the flags given, the rest from the model's generation_config.json as
+    transformers' ``generate`` reads it: greedy unless it sets ``do_sample``, then its temperature / top_p / top_k
+    (transformers' own defaults 1.0 / 1.0 / 50 where it is silent). A real checkpoint run with no flag then answers
+    as transformers does; the choice is said on stderr when it came from the file."""
+    from verl.launcher.env import launcher_rank
+    from verl.models.hf_io import generation_config
+
+    settings = generation_config(args.model)
+    sample = bool(settings.get("do_sample", False))
+    temperature = args.temperature
+    if temperature is None:
+        temperature = float(settings.get("temperature") or 1.0) if sample else 0.0
+        how = (f"sampling at temperature {temperature:g} (generation_config.json sets do_sample)" if sample else
+               "greedy (the model's generation_config.json does not set do_sample)")
+        if launcher_rank() == 0:
+            print(f"verl generate: {how}; --temperature overrides", file=sys.stderr)
+    top_p = args.top_p
+    if top_p is None:
+        top_p = float(settings.get("top_p", 1.0)) if sample else 1.0
+    top_k = args.top_k
+    if top_k is None:
+        top_k = settings.get("top_k", 50) if sample else -1
+        top_k = -1 if top_k in (None, 0) else int(top_k)  # transformers' 0 is "off", ours is -1
+    return temperature, top_p, top_k
+
+
 def prepare(args: argparse.Namespace):
     """Validate everything a rank would trip over; return (config, input_ids, attention_mask, params, pad)."""
     from verl.engine.rollout.base import SamplingParams, check_prompts
@@ -113,7 +142,8 @@ def prepare(args: argparse.Namespace):
     width = max(len(p) for p in prompts)
     input_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], dtype=torch.int64)
     attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.int64)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+    temperature, top_p, top_k = sampling_defaults(args)
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
                             response_length=args.max_new_tokens, n=args.n, seed=args.seed,
                             stop_token_ids=tuple(_token_list(args.stop_token_ids, "--stop-token-ids")),
                             eos_token_id=eos_token_ids(args.model),
