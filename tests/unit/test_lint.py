@@ -71,3 +71,19 @@ def test_markdown_files_named_in_the_code_exist():
                         if not any(doc == ref or doc.endswith("/" + ref) for doc in docs):
                             missing.append(f"{os.path.relpath(os.path.join(root, name), REPO)}: {ref}")
     assert not missing, missing
+
+
+def test_test_module_names_are_unique_across_tiers():
+    """pytest imports test modules by basename (rootdir-relative, no packages): two tiers with the same file name
+    stop the whole suite at collection."""
+    seen: dict[str, str] = {}
+    clashes = []
+    for root, dirs, files in os.walk(os.path.join(REPO, "tests")):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            if name.startswith("test_") and name.endswith(".py"):
+                where = os.path.relpath(os.path.join(root, name), REPO)
+                if name in seen:
+                    clashes.append((seen[name], where))
+                seen[name] = where
+    assert not clashes, clashes
