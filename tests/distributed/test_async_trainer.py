@@ -147,3 +147,23 @@ def test_separate_async_pool_streams_and_preempts_with_a_checkpoint(tmp_path, ar
     assert generate and training and pool_syncs
     assert any(min(b1, b2) - max(a1, a2) > 0 for a1, b1 in generate for a2, b2 in training), \
         "no pool segment overlapped the trainer's work"
+
+
+def test_separate_async_native_pool_at_tp2_agrees_on_every_command(tmp_path, arithmetic_data):
+    """A native rollout replica of TP 2 in the pool: each pool rank takes the controller's commands on its own
+    thread, so without agreement one rank could start a segment while the other handles a sync (mismatched
+    collectives, a hang until the timeout, or tokens from TP shards of two weight versions). Pool rank 1's command
+    thread is delayed 0.3 s (fault injection) so its commands always arrive late; the run must finish, and the
+    first step's weight-sync check (rollout log-probs = the actor's on the same tokens) must hold."""
+    out = tmp_path / "pool_tp2"
+    cmd = train_cmd("grpo_arith_tiny.yaml", out, arithmetic_data, *SMALL, "trainer.total_training_steps=3",
+                    "trainer.save_freq=-1", "trainer.v1.trainer_mode=separate_async",
+                    "trainer.v1.separate_async.parameter_sync_step=2", "actor_rollout_ref.rollout.nnodes=1",
+                    "actor_rollout_ref.rollout.n_gpus_per_node=2",
+                    "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
+    env = {**train_env(), "VERL_TEST_POOL_COMMAND_DELAY": "1:0.3"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = read_metrics(out)
+    assert sorted(metrics) == [1, 2, 3]
+    assert metrics[1]["training/rollout_probs_diff_max"] < 1e-3, metrics[1]

@@ -274,7 +274,7 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
             elif op == "generate":
                 generate(command)
             elif op == "stream":
-                return _serve_stream(command, engine, replica, tp_rank, sync, generate)
+                return _serve_stream(command, engine, replica, tp_rank, tp_group, sync, generate)
             elif op == "stop":
                 return 0
             else:
@@ -285,24 +285,72 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
             stop()
 
 
-def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, sync: Any, generate: Any) -> int:
+class ReplicaCommands:
+    """The controller's commands as one rollout replica takes them. Every TP rank of the replica receives the same
+    commands in the same order, each on its own thread, so one rank may already hold a command another has not
+    seen yet. Where the replica's ranks generate together (the native engine: collectives in every layer), whether
+    to take a command or run (or go on with) a segment is agreed over the TP group -- any rank holding one means
+    all take it, the laggards blocking until it arrives -- so no rank starts a segment another skips, and no TP
+    shard generates with weights a sync already replaced on another. ``group`` None: this rank decides alone (one
+    rank, or SGLang, whose owner generates for the group)."""
+
+    def __init__(self, group: Any):
+        import queue
+
+        self.queue: queue.Queue = queue.Queue()
+        self.group = group
+        self._device = None
+        if group is not None:
+            self._device = torch.device("cuda", torch.cuda.current_device()) \
+                if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+    def any_waiting(self) -> bool:
+        """Whether any rank of the replica holds a command (collective when agreed)."""
+        waiting = not self.queue.empty()
+        if self.group is None:
+            return waiting
+        flag = torch.tensor([int(waiting)], dtype=torch.int32, device=self._device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())
+
+    def next(self, generating: bool) -> dict | None:
+        """The next command, or None to run a segment (only while ``generating``)."""
+        if generating and not self.any_waiting():
+            return None
+        return self.queue.get()
+
+
+def _command_delay(pool_rank: int) -> float:
+    """Fault injection for the tests (``VERL_TEST_POOL_COMMAND_DELAY=RANK:SECONDS``): pool rank RANK's command
+    thread holds each command that long, so its replica's ranks see commands at different times."""
+    import os
+
+    rank, _, seconds = os.environ.get("VERL_TEST_POOL_COMMAND_DELAY", "").partition(":")
+    return float(seconds) if rank.strip() and int(rank) == pool_rank else 0.0
+
+
+def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, tp_group: Any, sync: Any,
+                  generate: Any) -> int:
     """A rollout rank under verl's separate_async: generate in segments over the prompt groups in flight on this
     replica, stream finished groups to training rank 0, and take the controller's commands between segments (a
     thread receives them, so the controller never waits on a running segment; any command waiting ends the
     running segment early: its unfinished responses keep their tokens and continue in the next segment, after a
     sync on the new weights, their prefix prefilled again)."""
-    import queue
     import threading
 
     from verl.engine.rollout.partial import run_segment
 
     bridge = current_bridge()
-    commands: queue.Queue = queue.Queue()
+    # SGLang's group engine generates on its owner alone (is_owner): its ranks need no agreement on segments.
+    commands = ReplicaCommands(tp_group if tp_group is not None and not hasattr(engine, "is_owner") else None)
+    delay = _command_delay(dist.get_rank())
 
     def receive() -> None:
         while True:
             command = bridge.recv_object(0, timeout=COMMAND_WAIT)
-            commands.put(command)
+            if delay:
+                time.sleep(delay)
+            commands.queue.put(command)
             if command["op"] == "stop":
                 return
 
@@ -317,10 +365,7 @@ def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, sync: An
     member_only = not getattr(engine, "is_owner", True)
     while True:
         generating = bool(in_flight) and version is not None and not member_only
-        try:
-            command = commands.get(block=not generating)
-        except queue.Empty:
-            command = None
+        command = commands.next(generating)
         if command is not None:
             op = command["op"]
             if op == "submit":
@@ -345,7 +390,7 @@ def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, sync: An
         begin, began = time.perf_counter(), time.time()
         sampling = dataclasses.replace(params, seed=seed * 100003 + segment)
         rows = run_segment(engine, in_flight, sampling, pad, version, min_groups=min(per_segment, len(in_flight)),
-                           abort=lambda: not commands.empty())
+                           abort=lambda: not commands.queue.empty())  # SegmentStop agrees on it over TP
         segment += 1
         finished = [g for g in in_flight if g.finished]
         in_flight = [g for g in in_flight if not g.finished]
