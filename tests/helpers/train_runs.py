@@ -84,8 +84,10 @@ def train_cmd(config, output_dir, data_args, *overrides):
             *data_args, f"trainer.output_dir={output_dir}", "trainer.logger=[console,csv]", *overrides]
 
 
-def run_train(cmd):
-    proc = subprocess.run(cmd, cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+def run_train(cmd, env=None):
+    """``cmd`` to completion (exit 0 asserted); ``env``: variables added to the run's environment."""
+    proc = subprocess.run(cmd, cwd=REPO, env={**train_env(), **(env or {})}, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, f"verl train exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return proc
 

@@ -84,6 +84,8 @@ class DispatchSpec:
     collect_ranks: Callable[[DispatchInfo], list[bool]]
     mesh: str | None = None  # the DP mesh a DataProto is split over (None: not a DP-split mode)
     reads: tuple[str, ...] | None = None  # the batch fields the method reads (None: all): what the data plane moves
+    # A generation call: the ranks meet at the group's GenerationWait (the rollout's deadline) before collecting.
+    generation: bool = False
 
 
 # --------------------------------------------------------------------------- simple modes
@@ -220,12 +222,16 @@ def get_dispatch_spec(mode: Dispatch | DispatchSpec) -> DispatchSpec:
 
 
 def register(dispatch_mode: Dispatch | DispatchSpec = Dispatch.ALL_TO_ALL,
-             reads: Sequence[str] | None = None) -> Callable:
+             reads: Sequence[str] | None = None, generation: bool = False) -> Callable:
     """Mark a worker method as callable through its worker group with ``dispatch_mode``. ``reads``: the batch
-    fields it reads (those present travel on the data plane; the legacy path passes the whole batch)."""
+    fields it reads (those present travel on the data plane; the legacy path passes the whole batch).
+    ``generation``: it runs the rollout, whose wait is bounded by the rollout's deadline
+    (:mod:`verl.single_controller.generation_wait`), not the collective timeout."""
     spec = get_dispatch_spec(dispatch_mode)
     if reads is not None:
         spec = dataclasses.replace(spec, reads=tuple(reads))
+    if generation:
+        spec = dataclasses.replace(spec, generation=True)
 
     def decorator(fn: Callable) -> Callable:
         @functools.wraps(fn)

@@ -34,6 +34,7 @@ from verl.single_controller.data_plane import (
     object_group,
 )
 from verl.single_controller.decorator import DispatchInfo, DispatchSpec, MeshRank, registered_methods
+from verl.single_controller.generation_wait import GenerationWait
 from verl.single_controller.worker import Worker
 
 _PROTO_TAG = "verl.DataProto"
@@ -91,9 +92,12 @@ class WorkerGroup:
     """``worker_cls(*args, **kwargs)`` on the ranks of ``pool``; registered methods become methods here."""
 
     def __init__(self, worker_cls: type, *args: Any, pool: ResourcePool | None = None,
-                 name: str | None = None, **kwargs: Any):
+                 name: str | None = None, generation_wait: GenerationWait | None = None, **kwargs: Any):
+        """``generation_wait``: where the ranks meet after a ``@register(generation=True)`` call (the rollout's
+        deadline); without it they meet in the collect's collective (the collective timeout)."""
         if not issubclass(worker_cls, Worker):
             raise TypeError(f"WorkerGroup: expected a Worker subclass, found {worker_cls.__name__}")
+        self.generation_wait = generation_wait
         self.name = name or worker_cls.__name__
         self.rank, world = _world()
         self.pool_ranks = (pool or ResourcePool()).resolve(world)
@@ -142,6 +146,8 @@ class WorkerGroup:
                 output.check_consistency(producer=f"{self.name}.{method_name}")
             if not spec.collect_ranks(self.info)[pool_rank]:
                 output = None
+        if spec.generation and self.generation_wait is not None:
+            self.generation_wait.wait(f"{self.name}.{method_name}")
         gathered = all_gather_objects(output)
         return spec.collect(self.info, [gathered[r] for r in self.pool_ranks], state)
 
@@ -174,6 +180,8 @@ class WorkerGroup:
             elif not isinstance(output, DataProto):
                 raise ValueError(f"{self.name}.{method_name}: expected a DataProto from a data-plane call, found "
                                  f"{type(output).__name__}")
+        if spec.generation and self.generation_wait is not None:
+            self.generation_wait.wait(f"{self.name}.{method_name}")
         holders = [None] * dp
         for pool_rank, place in enumerate(mesh):
             if place.is_collect:

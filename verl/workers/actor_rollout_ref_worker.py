@@ -257,7 +257,7 @@ class ActorRolloutRefWorker(Worker):
             self.hybrid_engine.to_training()
         self._rollout_synced = False
 
-    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("rollout"))
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("rollout"), generation=True)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Prompts (input_ids/attention_mask [B, P]) -> verl rollout fields, n rows per prompt; the
         rollout memory is released afterwards.
@@ -295,7 +295,7 @@ class ActorRolloutRefWorker(Worker):
         out.meta_info["metrics"] = {**metrics, "timing_s/generate_sequences": time.perf_counter() - start}
         return out
 
-    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("rollout"))
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("rollout"), generation=True)
     def generate_segment(self, rows: DataProto) -> DataProto:
         """Partial rollout (verl's V1 asynchronous modes, colocated): continue each row -- a trajectory's prompt
         and the tokens it already has, left-padded -- for at most ``limits`` more tokens, n=1 each, and stop once

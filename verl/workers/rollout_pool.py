@@ -31,6 +31,7 @@ from verl.hybrid_engine.weight_sync import METRIC_BYTES, METRIC_DELTA_FRACTION, 
 from verl.launcher.pools import current_bridge
 from verl.launcher.spawn import FORWARDED_SIGNALS
 from verl.protocol import DataProto
+from verl.single_controller.generation_wait import GenerationTimeoutError
 from verl.utils.logging_utils import get_logger
 from verl.utils.torch_dtypes import DTYPES
 
@@ -52,6 +53,7 @@ class RolloutPoolLink:
         self.placement = PoolPlacement(training, tp, split.n_rollout // tp)
         self.rank = self.bridge.rank
         self.dtype = DTYPES[rollout_config.dtype]
+        self.generation_timeout = float(rollout_config.generation_timeout)
         ce = rollout_config.checkpoint_engine
         plan = plan_cross_pool(model_config, self.placement, self.rank, bucket_bytes, rollout_config.dtype)
         if self.rank == 0:  # the pool plans from the same placement, and learns what to check
@@ -110,7 +112,7 @@ class RolloutPoolLink:
             command = {"op": "generate", "prompts": share.to_bytes(), "params": replica_params}
             for j in range(p.rollout_tp):
                 self.bridge.send_object(command, p.rollout_rank(k, j))
-        outputs = [DataProto.from_bytes(self.bridge.recv_object(p.rollout_rank(k, 0))) for k in busy]
+        outputs = [DataProto.from_bytes(self._receive_rollouts(k)) for k in busy]
         metrics: dict[str, float] = {}
         for out in outputs:
             for key, value in out.meta_info.pop("metrics", {}).items():
@@ -118,6 +120,19 @@ class RolloutPoolLink:
         merged = DataProto.concat(outputs)
         merged.meta_info["metrics"] = metrics
         return merged
+
+    def _receive_rollouts(self, replica: int) -> bytes:
+        """Replica ``replica``'s rollouts, waited for up to the rollout's deadline (not the collective timeout)."""
+        leader = self.placement.rollout_rank(replica, 0)
+        try:
+            return self.bridge.recv_object(leader, timeout=datetime.timedelta(seconds=self.generation_timeout))
+        except RuntimeError as err:
+            if "timed out" not in str(err).lower():
+                raise
+            raise GenerationTimeoutError(
+                f"rollout pool replica {replica} (pool rank {leader}) had not returned its rollouts after "
+                f"actor_rollout_ref.rollout.generation_timeout={self.generation_timeout:g} s; raise it for longer "
+                "rollouts") from None
 
     # ------------------------------------------------------------------ streaming (separate_async)
     def start_stream(self, params: Any, groups_per_segment: int, seed: int, version: int) -> None:

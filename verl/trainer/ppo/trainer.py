@@ -69,6 +69,7 @@ from verl.algorithms import core_algos
 from verl.errors import InputError
 from verl.protocol import DataProto
 from verl.single_controller import WorkerGroup
+from verl.single_controller.generation_wait import GenerationWait
 from verl.trainer.config import use_critic, use_reference
 from verl.trainer.config.sections import PPOSections
 from verl.trainer.ppo.batch_source import BatchSource, SyncBatchSource
@@ -157,11 +158,14 @@ class PPOTrainer(RunLoop, StepDataflow, StepMetrics, Checkpointing, Validation, 
         arr, seed = sections.actor_rollout_ref, sections.trainer.seed
         role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
         val_rows = (data.val_batch_size or data.train_batch_size) * arr.rollout.val_kwargs.n
+        # After a generation call the ranks wait for the slowest rollout up to the rollout's own deadline.
+        wait = GenerationWait(arr.rollout.generation_timeout, arr.rollout.tensor_model_parallel_size)
         self.actor_rollout_wg = WorkerGroup(
             ActorRolloutRefWorker, arr, role, self.total_training_steps, tokenizer, seed=seed,
             bucket_bytes=sections.hybrid_engine.bucket_bytes, response_length=data.max_response_length,
             max_seq_len=data.max_prompt_length + data.max_response_length,
-            max_batch_rows=max(data.train_batch_size * arr.rollout.n, val_rows), name="actor_rollout_ref")
+            max_batch_rows=max(data.train_batch_size * arr.rollout.n, val_rows), name="actor_rollout_ref",
+            generation_wait=wait)
         self.critic_wg = None
         if self.use_critic:
             from verl.workers.critic_worker import CriticWorker

@@ -30,15 +30,13 @@ from verl.engine.rollout.partial import PromptGroup, groups_to_batch
 from verl.protocol import DataProto
 from verl.single_controller import broadcast_object
 from verl.single_controller.data_plane import ShardedBatch
+from verl.single_controller.generation_wait import GenerationTimeoutError
 from verl.trainer import metrics as metric_utils
 from verl.trainer.ppo.batch_source import Generated
 from verl.trainer.ppo.trainer import PPOTrainer
 from verl.trainer.v1.colocate_async import ReplayBufferSource, off_policy_metrics
 from verl.utils.timeline import pool_lane
 
-# How long training rank 0 waits for the pool without a single message before it calls the pool stuck; a pool
-# rank that dies ends the job through the launcher much sooner.
-POOL_SILENCE_S = 3600.0
 # Summed over a step's mini-batches (verl's MetricsAggregator sums these counts); the rest are averaged.
 SUMMED = ("training/off_policy/evicted_samples", "rollout/segment_rows", "rollout/busy_s")
 
@@ -84,6 +82,8 @@ class PoolSource(ReplayBufferSource):
             mini: dict[str, float] = {}
             with trainer._timer("gen"):  # the trainer's wait for a mini-batch of finished groups
                 groups, waited = self._sample(step, mini)
+                # The others wait for rank 0 here, up to the rollout's deadline (not the collective timeout).
+                trainer.actor_rollout_wg.generation_wait.wait("separate_async: a mini-batch from the pool")
             batch, extra = broadcast_object(self._mini_batch(groups, step) if trainer.rank == 0 else None)
             # Only the step's first mini-batch meets the actor that generated it (the next ones' old
             # log-probs come from its snapshot, but the check reads the first): the weight-sync check.
@@ -123,6 +123,8 @@ class PoolSource(ReplayBufferSource):
         if self.trainer.rank != 0:
             return [], 0.0
         start = time.perf_counter()
+        timeout = float(self.trainer.sections.actor_rollout_ref.rollout.generation_timeout)
+        deadline = start + timeout
         segment_metrics: list[dict[str, float]] = []
         while True:
             for message in self.pool.poll(timeout=0):
@@ -132,10 +134,13 @@ class PoolSource(ReplayBufferSource):
                 self.pool.submit(refills)
             if self.buffer.ready(self.mini_groups, step):
                 break
-            messages = self.pool.poll(timeout=POOL_SILENCE_S)
-            if not messages:
-                raise RuntimeError(f"rollout pool: no finished group for {POOL_SILENCE_S:.0f} s with "
-                                   f"{len(self.buffer.in_flight)} in flight")
+            remaining = deadline - time.perf_counter()
+            messages = self.pool.poll(timeout=max(remaining, 0.0))
+            if not messages and time.perf_counter() >= deadline:
+                raise GenerationTimeoutError(
+                    f"rollout pool: {len(self.buffer.finished)} of the {self.mini_groups} groups a mini-batch needs "
+                    f"had finished after actor_rollout_ref.rollout.generation_timeout={timeout:g} s, with "
+                    f"{len(self.buffer.in_flight)} in flight; raise it for longer rollouts")
             for message in messages:
                 self._receive(message, segment_metrics)
         groups = self.buffer.sample(self.mini_groups, step)

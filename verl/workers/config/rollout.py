@@ -89,3 +89,4 @@ class RolloutConfig(Section):
     val_kwargs: ValKwargsConfig
     multi_turn: MultiTurnConfig
     checkpoint_engine: CheckpointEngineConfig
+    generation_timeout: float = checked(gt=0)  # verl-hpc's: the wait for the slowest rollout (generation_wait)

@@ -1,0 +1,59 @@
+"""Waiting for the slowest rollout is bounded by actor_rollout_ref.rollout.generation_timeout, not by the
+collective timeout (actor_rollout_ref.nccl_timeout) that bounds every other wait (issue 44.2).
+
+A slow rollout is injected with VERL_TEST_SLOW_GENERATION=RANK:SECONDS (the rank's generation call takes that much
+longer). With the collective timeout at 15 s, a rank 25 s late used to end the job in the next collective after
+15 s with gloo's timeout; now the ranks wait for it up to the rollout's deadline, and past the deadline rank 0 says
+which ranks and rollout replicas had not finished."""
+
+import time
+
+import pytest
+
+from verl.launcher.spawn import run_ranks_with_rank
+
+pytestmark = pytest.mark.distributed
+
+
+def _meet(rank, world, timeout_s, tp):
+    from verl.single_controller.generation_wait import GenerationTimeoutError, GenerationWait
+
+    wait = GenerationWait(timeout_s, tp)
+    t0 = time.monotonic()
+    try:
+        wait.wait("actor_rollout_ref.generate_sequences")
+    except GenerationTimeoutError as err:
+        return {"error": str(err), "waited": time.monotonic() - t0}
+    return {"error": "", "waited": time.monotonic() - t0}
+
+
+def test_a_rollout_past_the_deadline_is_named_and_one_within_it_is_waited_for(monkeypatch):
+    monkeypatch.setenv("VERL_TEST_SLOW_GENERATION", "3:4")  # rank 3 (replica 1 at rollout TP 2) 4 s late
+    on_time = run_ranks_with_rank(_meet, 4, 30.0, 2, timeout_s=120)
+    assert all(not r["error"] for r in on_time) and min(r["waited"] for r in on_time[:3]) >= 3.5
+    late = run_ranks_with_rank(_meet, 4, 1.5, 2, timeout_s=120)
+    first = late[0]["error"]
+    assert first.startswith("actor_rollout_ref.generate_sequences: rank(s) [3] (rollout replica(s) [1]) had not "
+                            "finished after actor_rollout_ref.rollout.generation_timeout=1.5 s"), late
+    assert late[0]["waited"] < 4, late  # rank 0 gave up at the deadline, not when the slow rank arrived
+
+
+
+def test_verl_train_waits_for_a_rollout_longer_than_the_collective_timeout(tmp_path):
+    """The wiring: `verl train` (2 ranks, colocated GRPO) with the collective timeout at 15 s and rank 1's rollout
+    20 s late finishes its step (the collective after the rollout would have timed out before)."""
+    from helpers.tiny_models import arithmetic_data_args
+    from helpers.train_runs import read_metrics, run_train, train_cmd
+
+    out = tmp_path / "slow"
+    data = arithmetic_data_args(tmp_path / "arith")
+    cmd = train_cmd("grpo_arith_tiny.yaml", out, data, "trainer.total_training_steps=1", "trainer.save_freq=-1",
+                    "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.export_hf_at_end=false",
+                    "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+                    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+                    "actor_rollout_ref.nccl_timeout=15", "actor_rollout_ref.rollout.generation_timeout=120")
+    run_train(cmd, env={"VERL_TEST_SLOW_GENERATION": "1:20"})
+    record = read_metrics(out)[1]
+    assert record["timing_s/gen"] >= 20, record["timing_s/gen"]
