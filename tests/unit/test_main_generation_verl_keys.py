@@ -223,7 +223,7 @@ def test_generate_prompt_bad_input_is_one_line_exit_2(case, chat_model, plain_mo
     assert not out.exists()
 
 
-def test_verl_generate_samples_as_the_models_generation_config_says_unless_flags_say_otherwise(tmp_path, capsys):
+def test_verl_generate_samples_as_the_models_generation_config_says_unless_flags_say_otherwise(tmp_path):
     """transformers' generate is greedy unless generation_config.json sets do_sample; verl generate follows it
     (a real checkpoint run with no flag answered with a temperature-1 sample before)."""
     import argparse
@@ -236,8 +236,11 @@ def test_verl_generate_samples_as_the_models_generation_config_says_unless_flags
         args = argparse.Namespace(model=str(tmp_path), temperature=None, top_p=None, top_k=None)
         return sampling_defaults(argparse.Namespace(**{**vars(args), **flags}))
 
-    assert defaults({"eos_token_id": 2}) == (0.0, 1.0, -1)
-    assert "greedy" in capsys.readouterr().err
+    args = argparse.Namespace(model=str(tmp_path), temperature=None, top_p=None, top_k=None)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert sampling_defaults(args) == (0.0, 1.0, -1)
+    assert "greedy" in args.sampling_note  # said on stderr once the rest of the input is checked
     assert defaults({"do_sample": True, "temperature": 0.6, "top_p": 0.9}) == (0.6, 0.9, 50)  # transformers' top_k
     assert defaults({"do_sample": True, "top_k": 0}) == (1.0, 1.0, -1)
     assert defaults({"do_sample": True, "temperature": 0.6}, temperature=0.0, top_k=5) == (0.0, 1.0, 5)

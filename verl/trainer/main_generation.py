@@ -99,7 +99,6 @@ def sampling_defaults(args: argparse.Namespace) -> tuple[float, float, int]:
     transformers' ``generate`` reads it: greedy unless it sets ``do_sample``, then its temperature / top_p / top_k
     (transformers' own defaults 1.0 / 1.0 / 50 where it is silent). A real checkpoint run with no flag then answers
     as transformers does; the choice is said on stderr when it came from the file."""
-    from verl.launcher.env import launcher_rank
     from verl.models.hf_io import generation_config
 
     settings = generation_config(args.model)
@@ -109,8 +108,7 @@ def sampling_defaults(args: argparse.Namespace) -> tuple[float, float, int]:
         temperature = float(settings.get("temperature") or 1.0) if sample else 0.0
         how = (f"sampling at temperature {temperature:g} (generation_config.json sets do_sample)" if sample else
                "greedy (the model's generation_config.json does not set do_sample)")
-        if launcher_rank() == 0:
-            print(f"verl generate: {how}; --temperature overrides", file=sys.stderr)
+        args.sampling_note = f"verl generate: {how}; --temperature overrides"
     top_p = args.top_p
     if top_p is None:
         top_p = float(settings.get("top_p", 1.0)) if sample else 1.0
@@ -125,6 +123,7 @@ def prepare(args: argparse.Namespace):
     """Validate everything a rank would trip over; return (config, input_ids, attention_mask, params, pad)."""
     from verl.engine.rollout.base import SamplingParams, check_prompts
     from verl.hybrid_engine.rollout_layout import check_rollout_tp
+    from verl.launcher.env import launcher_rank
     from verl.models.config import ModelConfig
     from verl.models.hf_io import HFCheckpoint, eos_token_ids
 
@@ -151,6 +150,9 @@ def prepare(args: argparse.Namespace):
     check_prompts(input_ids, attention_mask, config.vocab_size, config.max_position_embeddings,
                   params.response_length)
     pad = (_model_token_ids(args.model, "pad_token_id") or [0])[0]
+    note = getattr(args, "sampling_note", None)
+    if note and launcher_rank() == 0:  # said once the input is known good: bad input stays one line
+        print(note, file=sys.stderr)
     return config, input_ids, attention_mask, params, pad
 
 
