@@ -47,7 +47,11 @@ def test_lora_keys_are_accepted_on_both_backends(data_args, no_ranks):
     assert main_ppo.main(["--config", GRPO, *data_args, *FSDP,
                           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
                           "actor_rollout_ref.model.target_modules=[q_proj,v_proj]"]) == 0
-    assert no_ranks == [2, 2]
+    # checkpoints (save_lora_only or not) and HF export of a LoRA actor are accepted
+    assert main_ppo.main(["--config", GRPO, *data_args, "actor_rollout_ref.model.lora.rank=4", "trainer.save_freq=1",
+                          "trainer.export_hf_every_save=true", "actor_rollout_ref.actor.checkpoint.save_lora_only=true",
+                          "actor_rollout_ref.actor.checkpoint.export_merged=true"]) == 0
+    assert no_ranks == [2, 2, 2]
 
 
 def test_bad_lora_input_is_one_line(data_args, no_ranks, capsys, tmp_path):
@@ -61,7 +65,6 @@ def test_bad_lora_input_is_one_line(data_args, no_ranks, capsys, tmp_path):
                   "actor_rollout_ref.model.target_modules", "q_prj")
     expect_exit_2(capsys, [*base, "actor_rollout_ref.model.lora_rank=8"], "actor_rollout_ref.model.lora_rank",
                   "lora.rank")
-    expect_exit_2(capsys, [*base, "actor_rollout_ref.model.lora.rank=4"], "trainer.save_freq", "not implemented")
     expect_exit_2(capsys, [*base, *MEGATRON, "actor_rollout_ref.model.lora.merge=false"],
                   "actor_rollout_ref.model.lora.merge")
     # An adapter of another rank, then one whose shapes are another model's.

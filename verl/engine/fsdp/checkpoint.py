@@ -19,10 +19,15 @@ from verl.utils.checkpoint import read_engine_manifest as read_manifest
 STRATEGY = "fsdp"
 
 
-def _state(engine: FSDPEngine, with_optimizer: bool) -> dict:
+def _state(engine: FSDPEngine, with_optimizer: bool, lora_only: bool = False) -> dict:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    state = {"model": get_model_state_dict(engine.model)}
+    model = get_model_state_dict(engine.model)
+    if lora_only:  # the adapters (PEFT's names); the frozen base is the HF checkpoint the engine is built from
+        from verl.engine.lora import is_adapter_name
+
+        model = {k: v for k, v in model.items() if is_adapter_name(k)}
+    state = {"model": model}
     if with_optimizer:
         state["optimizer"] = get_optimizer_state_dict(engine.model, engine.optimizer)
     return state
@@ -35,16 +40,19 @@ def save_checkpoint(engine: FSDPEngine, path: str, iteration: int, with_optimize
     # An optimizer that never stepped has no state: a fresh engine's optimizer is that state.
     fresh_optimizer = with_optimizer and engine.optimizer is not None and not engine.optimizer.state
     with_optimizer = with_optimizer and engine.optimizer is not None and not fresh_optimizer
+    # save_lora_only: adapters and their optimizer state (AdamW holds the adapters alone)
+    lora_only = engine.lora is not None and bool(getattr(engine, "save_lora_only", False))
+    lora = None if engine.lora is None else {"rank": engine.lora.rank, "alpha": engine.lora.alpha}
 
     def manifest(files: list[str]) -> dict:
         return {"strategy": STRATEGY, "iteration": iteration, "world_size": dist.get_world_size(),
                 "fsdp_size": engine.mesh.shard_size, "head": engine.head, "with_optimizer": with_optimizer,
-                "fresh_optimizer": fresh_optimizer, "with_rng": False,
+                "fresh_optimizer": fresh_optimizer, "with_rng": False, "lora_only": lora_only, "lora": lora,
                 "scheduler": engine.scheduler.state_dict() if engine.scheduler is not None else None,
                 "model_config": engine.config.to_fields(), "files": files}
 
-    save_engine_checkpoint(path, lambda staging: dcp.save(_state(engine, with_optimizer), checkpoint_id=staging),
-                           manifest)
+    save_engine_checkpoint(path, lambda staging: dcp.save(_state(engine, with_optimizer, lora_only),
+                                                          checkpoint_id=staging), manifest)
 
 
 def load_checkpoint(engine: FSDPEngine, path: str, with_optimizer: bool = True) -> int:
@@ -63,6 +71,11 @@ def load_checkpoint(engine: FSDPEngine, path: str, with_optimizer: bool = True) 
         raise CheckpointError(f"checkpoint {path}: expected the model of {engine.config.model_type} hidden "
                               f"{engine.config.hidden_size} x {engine.config.num_hidden_layers} layers, found "
                               f"another model config")
+    lora = None if engine.lora is None else {"rank": engine.lora.rank, "alpha": engine.lora.alpha}
+    lora_only = bool(manifest.get("lora_only"))
+    if manifest.get("lora") != lora and (manifest.get("lora") is not None or lora_only):
+        raise CheckpointError(f"checkpoint {path}: expected a checkpoint of this actor's LoRA {lora}, found LoRA "
+                              f"{manifest.get('lora')}")
     with_optimizer = with_optimizer and engine.optimizer is not None
     if with_optimizer and not manifest["with_optimizer"]:
         if not manifest.get("fresh_optimizer"):
@@ -71,13 +84,16 @@ def load_checkpoint(engine: FSDPEngine, path: str, with_optimizer: bool = True) 
             raise CheckpointError(f"checkpoint {path}: expected an engine that never stepped (the checkpoint's "
                                   f"optimizer never did), found one at step {engine.optimizer_steps}")
         with_optimizer = False
-    state = _state(engine, with_optimizer)
+    state = _state(engine, with_optimizer, lora_only)
     try:
         dcp.load(state, checkpoint_id=path)
     except Exception as exc:  # DCP raises a CheckpointException wrapping each rank's error
         first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint {path}: expected readable DCP shards, found {first[:300]}") from None
-    set_model_state_dict(engine.model, state["model"])
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # adapters only: the base keeps the HF checkpoint's values it was built with
+    set_model_state_dict(engine.model, state["model"], options=StateDictOptions(strict=not lora_only))
     if with_optimizer:
         set_optimizer_state_dict(engine.model, engine.optimizer, state["optimizer"])
     if engine.scheduler is not None and manifest.get("scheduler"):

@@ -39,7 +39,7 @@ from verl.engine.fsdp.model import (
     reset_rotary_tables,
 )
 from verl.engine.fsdp.parallel import FSDPMesh, fsdp_mesh
-from verl.engine.lora import LoRASettings, lora_settings
+from verl.engine.lora import LoRASettings, lora_export_options, lora_settings
 from verl.engine.micro_batches import split_micro_batches, token_budget_groups
 from verl.engine.padding import left_align
 from verl.models.config import ModelConfig
@@ -120,6 +120,7 @@ class FSDPEngine(TrainingEngine):
             else build_hf_model(model_path, head, model_dtype, seed)
         # LoRA (verl.engine.lora.fsdp): PEFT's layers go in before fully_shard, so FSDP shards the adapters too.
         self.lora = lora
+        self.save_lora_only, self.export_merged = False, False  # from_spec reads them from the config
         if lora is not None:
             from verl.engine.lora import fsdp as lora_fsdp
 
@@ -187,6 +188,7 @@ class FSDPEngine(TrainingEngine):
         engine = fsdp_engine(spec.model_config, spec.model_path, spec.head, spec.role, spec.model, optim, spec.seed,
                              lora=lora_settings(spec.model, "fsdp"))
         # param_offload is FSDP2's CPUOffloadPolicy here (shards and gradients live in host memory throughout)
+        engine.save_lora_only, engine.export_merged = lora_export_options(spec)
         engine.idle_offload = {"params": False, "grads": False,
                                "optimizer": bool(spec.role.fsdp_config.get("optimizer_offload"))}
         return engine
@@ -233,8 +235,6 @@ class FSDPEngine(TrainingEngine):
     # ------------------------------------------------------------------ weights on disk
     def save_checkpoint(self, path: str) -> None:
         """DCP (loadable at another world size); RNG states are the trainer's."""
-        if self.lora is not None:  # refused by the config check too; a preemption save lands here
-            raise RuntimeError("save_checkpoint: LoRA checkpoints / PEFT export are not implemented yet")
         self.require_onloaded("save_checkpoint")
         from verl.engine.fsdp import checkpoint
 
@@ -247,13 +247,24 @@ class FSDPEngine(TrainingEngine):
         return checkpoint.load_checkpoint(self, path)
 
     def export_hf(self, model_path: str, out_dir: str, tokenizer: Any | None) -> None:
-        """One full parameter at a time to rank 0 (:func:`verl.engine.fsdp.hf_export.export_actor_hf`)."""
-        if self.lora is not None:  # refused by the config check too; a preemption save lands here
-            raise RuntimeError("export_hf: LoRA checkpoints / PEFT export are not implemented yet")
+        """One full parameter at a time to rank 0 (:func:`verl.engine.fsdp.hf_export.export_actor_hf`). A LoRA
+        actor: a PEFT adapter directory at ``out_dir`` (its base: ``model_path``), and with ``export_merged`` the
+        merged model as an HF directory at ``<out_dir>_merged``."""
         self.require_onloaded("export_hf")
         from verl.engine.fsdp.hf_export import export_actor_hf
 
-        export_actor_hf(self, model_path, out_dir, tokenizer)
+        if self.lora is None:
+            export_actor_hf(self, model_path, out_dir, tokenizer)
+            return
+        from verl.engine.lora.fsdp import full_adapters, iter_merged_tensors
+        from verl.engine.lora.peft_io import write_adapter
+
+        adapters = full_adapters(self.module)
+        if dist.get_rank() == 0:
+            write_adapter(out_dir, adapters, self.lora, model_path, tokenizer)
+        if self.export_merged:
+            export_actor_hf(self, model_path, out_dir + "_merged", tokenizer, iter_merged_tensors(self.module))
+        dist.barrier()
 
     # ------------------------------------------------------------------ micro-batches
     def _micro_batches(self, batch: Batch, micro_batch_size: int,

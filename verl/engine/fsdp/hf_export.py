@@ -22,11 +22,13 @@ def iter_full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tens
         yield name, full.detach().to("cpu", copy=True)
 
 
-def export_actor_hf(engine: FSDPEngine, model_path: str, out_dir: str, tokenizer: Any | None) -> None:
-    """Collective over every rank; rank 0 writes ``out_dir`` (replaced atomically)."""
+def export_actor_hf(engine: FSDPEngine, model_path: str, out_dir: str, tokenizer: Any | None,
+                    stream: Iterator[tuple[str, torch.Tensor]] | None = None) -> None:
+    """Collective over every rank; rank 0 writes ``out_dir`` (replaced atomically). ``stream``: the (HF name,
+    full tensor) pairs to write instead of the module's parameters (a LoRA actor's merged weights)."""
     hf_config = with_architectures(read_config(model_path), engine.config.model_type)
     generation = generation_config(model_path, tokenizer)
-    stream = iter_full_tensors(engine.module)
+    stream = iter_full_tensors(engine.module) if stream is None else stream
     if dist.get_rank() == 0:
         write_hf_dir(out_dir, stream, hf_config, tokenizer, generation)
     else:

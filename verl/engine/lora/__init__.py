@@ -40,10 +40,15 @@ Rollout. Until the adapter-only sync lands, LoRA runs with ``merge=true`` semant
 each transition hands the rollout the merged weights ``W + (alpha/r) B A`` by the HF names of the dense model,
 computed per training shard (exactly the rows/columns that shard holds), through today's reshard.
 
-Not yet: checkpoints of a LoRA actor (``trainer.checkpoint.save_lora_only``) and the engines' HF export as a
-PEFT directory; the config check refuses ``save_freq`` / ``export_hf_*`` with LoRA on, and the engines' save and
-export raise. The PEFT directory reader/writer (:mod:`verl.engine.lora.peft_io`) and the full-adapter gathers
-(``gather_full_adapters``, ``full_adapters``) they will use exist and are tested.
+Checkpoints (``actor_rollout_ref.actor.checkpoint.save_lora_only``, verl's key): off, a LoRA actor's checkpoint
+is the engine's usual one (Megatron dist_checkpointing, FSDP DCP) with the adapters in it; on, it holds the
+adapters and their optimizer state only, and the base comes from ``model.path`` on resume (it is frozen). Either
+resumes bit-exactly. Megatron's sharded state gets the adapters' own TP sharding
+(:func:`verl.engine.lora.megatron.adapter_sharded_state`): ``B`` of a column linear split on rows (gate/up halves
+through megatron's factory), ``A`` of a row linear on columns, the other factor replicated. HF export
+(``trainer.export_hf_*``) writes a PEFT adapter directory at ``<output_dir>/actor_hf`` (``adapter_config.json``
+naming the base, ``adapter_model.safetensors``, the tokenizer), and with ``checkpoint.export_merged`` the merged
+model at ``<output_dir>/actor_hf_merged``.
 """
 
 from __future__ import annotations
@@ -116,6 +121,17 @@ def lora_settings(model: Any, backend: str) -> LoRASettings | None:
                         exclude_modules=_names(model["exclude_modules"]), adapter_path=model["lora_adapter_path"])
 
 
+def lora_export_options(spec: Any) -> tuple[bool, bool]:
+    """(``save_lora_only``, ``export_merged``) of a role's ``checkpoint`` section (the actor's: verl's
+    ``actor_rollout_ref.actor.checkpoint.save_lora_only``, verl-hpc's ``checkpoint.export_merged``); both off
+    for a role without one."""
+    checkpoint = getattr(spec.role, "checkpoint", None) if spec.optim is not None else None
+    if checkpoint is None:
+        return False, False
+    get = checkpoint.get if hasattr(checkpoint, "get") else lambda k, d=None: getattr(checkpoint, k, d)
+    return bool(get("save_lora_only", False)), bool(get("export_merged", False))
+
+
 def check_settings(settings: LoRASettings, backend: str) -> None:
     """The settings on their own (before any model exists): one :class:`LoRAError` line naming the key."""
     rank_key = "rank" if backend == "megatron" else "lora_rank"
@@ -177,14 +193,6 @@ def check_lora_config(cfg: Any, model: Any, backend: str) -> None:
                         f"patterns of full names), found none matching {list(settings.target_modules)}"
                         + (f" minus exclude_modules {list(settings.exclude_modules)}" if settings.exclude_modules
                            else ""))
-    trainer = cfg.get("trainer") or {}
-    for key, on in (("save_freq", (trainer.get("save_freq") or 0) > 0),
-                    ("export_hf_every_save", bool(trainer.get("export_hf_every_save"))),
-                    ("export_hf_at_end", bool(trainer.get("export_hf_at_end")))):
-        if on:
-            raise LoRAError(f"trainer.{key}: checkpoints and HF export of a LoRA actor (save_lora_only, the PEFT "
-                            f"adapter directory) are not implemented yet: turn it off while LoRA is on "
-                            f"({settings.where})")
     if settings.adapter_path:
         from verl.engine.lora.peft_io import read_adapter
 

@@ -126,6 +126,27 @@ def merged_reshard_sources(model: torch.nn.Module, dtype: torch.dtype, device: t
     return out
 
 
+def iter_merged_tensors(model: torch.nn.Module):
+    """(HF name, full CPU tensor) of the merged model, one parameter at a time: each base parameter gathered
+    (``full_tensor``), an adapted linear's as ``W + (alpha/r) B A`` in fp32, cast back. Collective."""
+    from torch.distributed.tensor import DTensor
+
+    def full(p):
+        return (p.full_tensor() if isinstance(p, DTensor) else p.detach()).cpu()
+
+    layers = {f"{n}.base_layer.weight": m for n, m in _layers(model).items()}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if is_adapter_name(name):
+                continue
+            value = full(param)
+            layer = layers.get(name)
+            if layer is not None:
+                delta = full(layer.lora_B["default"].weight).float() @ full(layer.lora_A["default"].weight).float()
+                value = (value.float() + layer.scaling["default"] * delta).to(value.dtype)
+            yield hf_base_name(name), value.clone()
+
+
 def full_adapters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every adapter as a full HF-named tensor on every rank. Collective."""
     from torch.distributed.tensor import DTensor

@@ -162,6 +162,28 @@ def merged_reshard_sources(module: torch.nn.Module, dtype: torch.dtype, device: 
     return out
 
 
+class MergedView(torch.nn.Module):
+    """The model as a dense one for export: base parameters by name, each adapted linear's as this rank's shard
+    of ``W + (alpha/r) B A`` (computed in fp32, cast back to ``W``'s dtype)."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self._wrapped = [module]
+
+    def named_parameters(self, *args, **kwargs):
+        module = self._wrapped[0]
+        merged = {f"{name}.weight": m for name, m in adapted_linears(module).items()}
+        with torch.no_grad():
+            for name, p in module.named_parameters(*args, **kwargs):
+                if is_adapter_name(name):
+                    continue
+                linear = merged.get(name)
+                if linear is not None:
+                    delta = linear.lora_B.weight.float() @ linear.lora_A.weight.float()
+                    p = (p.float() + linear.lora_scale * delta).to(p.dtype)
+                yield name, p
+
+
 # ----------------------------------------------------------------------------- full HF-named adapters
 def _adapter_rules(config: ModelConfig, module: torch.nn.Module):
     """(linear name, kind, A's HF names, B's HF names, the linear's weight layout) of this stage's adapters."""
@@ -240,3 +262,44 @@ def gather_full_adapters(module: torch.nn.Module, config: ModelConfig) -> dict[s
     stages: list[Mapping[str, torch.Tensor] | None] = [None] * mpu.get_pipeline_model_parallel_world_size()
     dist.all_gather_object(stages, stage, group=mpu.get_pipeline_model_parallel_group())
     return {k: v for s in stages for k, v in s.items()}
+
+
+# ----------------------------------------------------------------------------- dist_checkpointing
+def adapter_sharded_state(module: torch.nn.Module, model_state: dict, adapters_only: bool) -> dict:
+    """``module.sharded_state_dict()`` with the adapters' entries sharded as their parameters are.
+
+    megatron builds a parallel linear's entries from its whole ``state_dict``, so the adapter submodules come out
+    as plain tensors replicated over TP: only tp rank 0's copy would be written, and every rank would load it
+    back, losing the other ranks' rows of a column linear's ``B`` (and columns of a row linear's ``A``). Here the
+    split factor becomes a TP-sharded tensor on the linear's own axis (``B`` of ``linear_fc1`` under a gated
+    unit through megatron's gate/up factory, as ``W``), which also makes it loadable at another TP.
+    ``adapters_only``: the adapters' entries alone (``save_lora_only``; the base is the HF checkpoint)."""
+    from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
+    from megatron.core.utils import make_tp_sharded_tensor_for_checkpoint
+
+    linears = adapted_linears(module)
+    out = {} if adapters_only else dict(model_state)
+    found = 0
+    for key, entry in model_state.items():
+        if not is_adapter_name(key):
+            continue
+        name, factor = key.rsplit(".", 2)[0], key.rsplit(".", 2)[1]
+        linear = linears.get(name)
+        if linear is None:
+            raise RuntimeError(f"LoRA checkpoint: {key} names no adapted linear of this model")
+        found += 1
+        split = (linear.lora_kind == COLUMN and factor == "lora_B") or (linear.lora_kind == ROW and factor == "lora_A")
+        if not split:
+            out[key] = entry  # replicated over TP: megatron's default entry is right
+            continue
+        prepend = tuple((axis, entry.global_offset[axis], entry.axis_fragmentations[axis])
+                        for axis in range(entry.prepend_axis_num))
+        axis = 0 if linear.lora_kind == COLUMN else 1
+        sharded = make_tp_sharded_tensor_for_checkpoint(entry.data, entry.key, axis, prepend_offsets=prepend)
+        if linear.lora_kind == COLUMN and name.endswith("linear_fc1") and linear.config.gated_linear_unit:
+            sharded = apply_swiglu_sharded_factory(sharded, prepend)  # [gate_local; up_local], as W's rows
+        out[key] = sharded
+    if found != 2 * len(linears):
+        raise RuntimeError(f"LoRA checkpoint: expected {2 * len(linears)} adapter entries in the sharded state, "
+                           f"found {found}")
+    return out

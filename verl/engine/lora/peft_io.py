@@ -84,8 +84,11 @@ def adapter_config(settings: LoRASettings, base_path: str, target_modules: list[
             "init_lora_weights": True, "inference_mode": True}
 
 
-def write_adapter(out_dir: str, tensors: dict[str, torch.Tensor], settings: LoRASettings, base_path: str) -> None:
-    """``tensors`` (HF names) as a PEFT adapter directory at ``out_dir``, replaced atomically."""
+def write_adapter(out_dir: str, tensors: dict[str, torch.Tensor], settings: LoRASettings, base_path: str,
+                  tokenizer: Any | None = None) -> None:
+    """``tensors`` (HF names) as a PEFT adapter directory at ``out_dir``, replaced atomically; its
+    ``adapter_config.json`` names the base (``base_model_name_or_path``), and the tokenizer's files go beside it
+    when given."""
     import shutil
     import tempfile
 
@@ -99,6 +102,8 @@ def write_adapter(out_dir: str, tensors: dict[str, torch.Tensor], settings: LoRA
               os.path.join(staging, WEIGHTS), metadata={"format": "pt"})
     with open(os.path.join(staging, CONFIG), "w") as f:
         json.dump(adapter_config(settings, base_path, targets), f, indent=2)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(staging)
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
     os.replace(staging, out_dir)

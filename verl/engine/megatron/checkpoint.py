@@ -46,8 +46,13 @@ def _rng_sharded_object():
                          replica_id=mpu.get_data_parallel_rank())
 
 
-def _sharded_state(engine: MegatronEngine, with_optimizer: bool, is_loading: bool, with_rng: bool):
+def _sharded_state(engine: MegatronEngine, with_optimizer: bool, is_loading: bool, with_rng: bool,
+                   lora_only: bool = False):
     model_state = engine.module.sharded_state_dict()
+    if engine.lora is not None:  # adapters sharded as their parameters (and alone with save_lora_only)
+        from verl.engine.lora.megatron import adapter_sharded_state
+
+        model_state = adapter_sharded_state(engine.module, model_state, lora_only)
     state = {"model": model_state}
     if with_optimizer and engine.optimizer is not None:
         state["optimizer"] = engine.optimizer.sharded_state_dict(
@@ -70,9 +75,12 @@ def save_checkpoint(engine: MegatronEngine, path: str, iteration: int, with_opti
     # Never stepped: the optimizer and scheduler are as a fresh engine builds them; record that instead.
     fresh_optimizer = with_optimizer and engine.optimizer is not None and not optimizer_has_state(engine)
     with_optimizer = with_optimizer and not fresh_optimizer
+    # save_lora_only: the adapters and their optimizer state (the optimizer holds nothing else); the frozen base
+    # is the HF checkpoint the engine is built from on resume.
+    lora_only = engine.lora is not None and bool(getattr(engine, "save_lora_only", False))
 
     def write(staging: str) -> None:
-        state = _sharded_state(engine, with_optimizer, is_loading=False, with_rng=with_rng)
+        state = _sharded_state(engine, with_optimizer, is_loading=False, with_rng=with_rng, lora_only=lora_only)
         state["iteration"] = iteration
         dist_checkpointing.save(state, staging)
 
@@ -80,7 +88,8 @@ def save_checkpoint(engine: MegatronEngine, path: str, iteration: int, with_opti
         return {"iteration": iteration, "tp": mpu.get_tensor_model_parallel_world_size(),
                 "pp": mpu.get_pipeline_model_parallel_world_size(), "head": engine.head,
                 "with_optimizer": with_optimizer and engine.optimizer is not None,
-                "fresh_optimizer": fresh_optimizer, "with_rng": with_rng,
+                "fresh_optimizer": fresh_optimizer, "with_rng": with_rng, "lora_only": lora_only,
+                "lora": _lora_record(engine),
                 "model_config": engine.config.to_fields(), "files": files, **(extra_manifest or {})}
 
     save_engine_checkpoint(path, write, manifest)
@@ -112,10 +121,20 @@ def load_checkpoint(engine: MegatronEngine, path: str, with_optimizer: bool = Tr
             if hasattr(optimizer, "_init_optimizer_states_with_dummy_values"):
                 # A fresh distributed optimizer has no Adam state to load into yet.
                 optimizer._init_optimizer_states_with_dummy_values()
+    lora_only = _check_lora(engine, manifest, path)
     restore_rng = same_layout and manifest.get("with_rng", True)
-    state = _sharded_state(engine, with_optimizer, is_loading=True, with_rng=restore_rng)
+    state = _sharded_state(engine, with_optimizer, is_loading=True, with_rng=restore_rng, lora_only=lora_only)
     loaded = dist_checkpointing.load(state, path)
-    engine.module.load_state_dict(loaded["model"])
+    if lora_only:  # the base stays as loaded from the HF checkpoint
+        from verl.engine.lora import is_adapter_name
+
+        result = engine.module.load_state_dict(loaded["model"], strict=False)
+        missing = [k for k in result.missing_keys if is_adapter_name(k)]
+        if missing or result.unexpected_keys:
+            raise CheckpointError(f"checkpoint {path}: expected this model's adapters, found "
+                                  f"{len(missing)} missing and {len(result.unexpected_keys)} unknown")
+    else:
+        engine.module.load_state_dict(loaded["model"])
     if with_optimizer:
         with torch.no_grad():  # fp32 main params of the distributed optimizer are views of leaf params
             engine.optimizer.load_state_dict(loaded["optimizer"])
@@ -124,6 +143,20 @@ def load_checkpoint(engine: MegatronEngine, path: str, with_optimizer: bool = Tr
     if restore_rng:
         set_rng_state(loaded["rng_state"])
     return int(manifest["iteration"])
+
+
+def _lora_record(engine: MegatronEngine) -> dict | None:
+    lora = engine.lora
+    return None if lora is None else {"rank": lora.rank, "alpha": lora.alpha}
+
+
+def _check_lora(engine: MegatronEngine, manifest: dict, path: str) -> bool:
+    """Whether ``path`` holds adapters only; a LoRA checkpoint needs an engine with the same LoRA."""
+    saved, mine = manifest.get("lora"), _lora_record(engine)
+    if saved != mine and (saved is not None or manifest.get("lora_only")):
+        raise CheckpointError(f"checkpoint {path}: expected a checkpoint of this actor's LoRA {mine}, found "
+                              f"LoRA {saved}")
+    return bool(manifest.get("lora_only"))
 
 
 def _unshare_adam_steps(engine: MegatronEngine, iteration: int) -> None:

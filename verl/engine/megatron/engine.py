@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from verl.engine.base import Batch, BoundBuffer, EngineSpec, LossFn, OptimConfig, OutputFn, TrainingEngine, optim_config
-from verl.engine.lora import LoRASettings, lora_settings
+from verl.engine.lora import LoRASettings, lora_export_options, lora_settings
 from verl.engine.megatron.padding import attention_mask_4d
 from verl.engine.megatron.parallel import ensure_megatron
 from verl.engine.micro_batches import split_micro_batches, token_budget_groups
@@ -60,6 +60,8 @@ class MegatronEngine(TrainingEngine):
         self.tf_config = module.config
         # LoRA (verl.engine.lora): the base frozen before DDP and the optimizer see it, so both hold adapters only.
         self.lora = lora
+        # trainer-side choices for a LoRA actor's checkpoints and export (from_spec reads them from the config)
+        self.save_lora_only, self.export_merged = False, False
         if lora is not None:
             from verl.engine.lora.megatron import apply_lora
 
@@ -109,6 +111,7 @@ class MegatronEngine(TrainingEngine):
             engine.load_hf_weights(spec.model_path)
         if lora is not None and lora.adapter_path:
             engine.load_adapter(lora.adapter_path, spec.model_path)
+        engine.save_lora_only, engine.export_merged = lora_export_options(spec)
         engine.idle_offload = {"params": bool(mega.get("param_offload")), "grads": bool(mega.get("grad_offload")),
                                "optimizer": bool(mega.get("optimizer_offload"))}
         return engine
@@ -252,8 +255,6 @@ class MegatronEngine(TrainingEngine):
     # ------------------------------------------------------------------ weights on disk
     def save_checkpoint(self, path: str) -> None:
         """dist_checkpointing (loadable at another (tp, pp)); RNG states are the trainer's."""
-        if self.lora is not None:  # refused by the config check too; a preemption save lands here
-            raise RuntimeError("save_checkpoint: LoRA checkpoints / PEFT export are not implemented yet")
         self.require_onloaded("save_checkpoint")
         from verl.engine.megatron import checkpoint
 
@@ -266,13 +267,25 @@ class MegatronEngine(TrainingEngine):
         return checkpoint.load_checkpoint(self, path)
 
     def export_hf(self, model_path: str, out_dir: str, tokenizer: Any | None) -> None:
-        """Streamed by the first DP replica to rank 0 (:func:`verl.models.hf_export.export_actor_hf`)."""
-        if self.lora is not None:  # refused by the config check too; a preemption save lands here
-            raise RuntimeError("export_hf: LoRA checkpoints / PEFT export are not implemented yet")
+        """Streamed by the first DP replica to rank 0 (:func:`verl.models.hf_export.export_actor_hf`). A LoRA
+        actor: a PEFT adapter directory at ``out_dir`` (its base: ``model_path``), and with ``export_merged`` the
+        merged model (``W + (alpha/r) B A``) as an HF directory at ``<out_dir>_merged``."""
         self.require_onloaded("export_hf")
         from verl.models.hf_export import export_actor_hf
 
-        export_actor_hf(self, self.config, model_path, out_dir, tokenizer)
+        if self.lora is None:
+            export_actor_hf(self, self.config, model_path, out_dir, tokenizer)
+            return
+        from verl.engine.lora.megatron import MergedView, gather_full_adapters
+        from verl.engine.lora.peft_io import write_adapter
+
+        adapters = gather_full_adapters(self.module, self.config)
+        if dist.get_rank() == 0:
+            write_adapter(out_dir, adapters, self.lora, model_path, tokenizer)
+        if self.export_merged:
+            export_actor_hf(_Exported(MergedView(self.module)), self.config, model_path, out_dir + "_merged",
+                            tokenizer)
+        dist.barrier()
 
     # ------------------------------------------------------------------ micro-batch schedule
     def _micro_batches(self, batch: Batch, micro_batch_size: int,
@@ -534,6 +547,13 @@ class MegatronEngine(TrainingEngine):
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["update_successful"] = bool(updated)
         return {**metrics, **router_metrics}
+
+
+class _Exported:
+    """What :func:`export_actor_hf` reads of an engine: its ``module``."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
 
 
 class _BaseView(torch.nn.Module):

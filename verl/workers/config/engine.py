@@ -73,9 +73,12 @@ class OptimizerConfig(Section):
 
 @frozen
 class CheckpointConfig(Section):
-    """``*.checkpoint``."""
+    """``*.checkpoint``. LoRA: ``save_lora_only`` (verl's key: adapters and their optimizer state only) and
+    ``export_merged`` (the merged model beside the PEFT adapter directory at HF export)."""
 
     save_contents: list[str]
+    save_lora_only: bool
+    export_merged: bool
 
 
 # ------------------------------------------------------------------------------------------- megatron
