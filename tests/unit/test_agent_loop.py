@@ -378,9 +378,11 @@ def test_bad_agent_loop_config_is_one_line_input_error(tmp_path):
         AgentLoopRunner(config, None, char_tokenizer(CHATML), tools=[])
 
 
-def test_bench_concurrent_loop_beats_one_at_a_time():
+def test_bench_concurrent_loop_overlaps_the_tool_calls_one_at_a_time_does_not():
     from verl.bench.agent_loop import bench_agent_loop
 
+    # The figure (trajectories/s, its ratio) is the benchmark's to print; the test checks what makes it: the
+    # concurrent loop overlaps the trajectories' tool calls, one at a time does not.
     result = bench_agent_loop(char_tokenizer(CHATML), n_trajectories=8, calls_per_trajectory=2, tool_sleep_s=0.05)
     assert result["sequential_s"] >= 8 * 2 * 0.05
-    assert result["speedup"] >= 3, result
+    assert result["peak_tool_calls_concurrent"] == 8 and result["peak_tool_calls_sequential"] == 1, result

@@ -51,7 +51,7 @@ def test_fork_bomb_is_contained():
     t0 = time.monotonic()
     r = run(code, SandboxLimits(wall_seconds=4, max_processes=16))
     assert r.stdout.startswith("stopped") and int(r.stdout.split()[1]) < 16
-    assert time.monotonic() - t0 < 4  # the sleeping children died with the sandbox
+    assert time.monotonic() - t0 < 20  # the children sleep 30 s: they died with the sandbox, not after
 
 
 def test_disk_cannot_be_filled_and_output_is_capped():
@@ -77,7 +77,7 @@ def test_hung_program_ends_at_deadline_and_the_trajectory_goes_on():
     t0 = time.monotonic()
     out = asyncio.run(make_loop(tok, server, [tool], response_length=2000).run(
         {}, raw_prompt=[{"role": "user", "content": "go"}]))
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # the hung program sleeps 60 s: it was ended at its 1.5 s deadline
     text = tok.decode(out.response_ids, skip_special_tokens=False)
     assert "[killed: wall-clock deadline exceeded]" in text and str(2 ** 100) in text
     assert text.endswith("done<|im_end|>")

@@ -19,6 +19,7 @@ def bench_agent_loop(tokenizer, n_trajectories: int = 32, calls_per_trajectory: 
     """``{"concurrent_traj_per_s", "sequential_traj_per_s", "speedup", ...}`` for hermes tool calls rendered by
     ``tokenizer``'s chat template."""
     eos = eos if eos is not None else (tokenizer.eos_token or "")
+    in_flight = {"now": 0, "peak": 0}  # tool calls running at once: the overlap the concurrent loop is for
 
     async def wait(seconds: float) -> str:
         """Sleep like a slow tool.
@@ -26,7 +27,12 @@ def bench_agent_loop(tokenizer, n_trajectories: int = 32, calls_per_trajectory: 
         Args:
             seconds: How long.
         """
-        await asyncio.sleep(seconds)
+        in_flight["now"] += 1
+        in_flight["peak"] = max(in_flight["peak"], in_flight["now"])
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            in_flight["now"] -= 1
         return "ok"
 
     tool = FunctionTool("wait", wait, build_schema(wait, "wait"), is_async=True)
@@ -43,6 +49,7 @@ def bench_agent_loop(tokenizer, n_trajectories: int = 32, calls_per_trajectory: 
     t0 = time.perf_counter()
     batch = runner().generate_sync(rows, {})
     concurrent_s = time.perf_counter() - t0
+    peak_concurrent, in_flight["peak"] = in_flight["peak"], 0
     one = runner()
     t0 = time.perf_counter()
     for row in rows:
@@ -52,4 +59,5 @@ def bench_agent_loop(tokenizer, n_trajectories: int = 32, calls_per_trajectory: 
     return {"n_trajectories": n_trajectories, "calls_per_trajectory": calls_per_trajectory,
             "tool_sleep_s": tool_sleep_s, "concurrent_s": concurrent_s, "sequential_s": sequential_s,
             "concurrent_traj_per_s": n_trajectories / concurrent_s,
-            "sequential_traj_per_s": n_trajectories / sequential_s, "speedup": sequential_s / concurrent_s}
+            "sequential_traj_per_s": n_trajectories / sequential_s, "speedup": sequential_s / concurrent_s,
+            "peak_tool_calls_concurrent": peak_concurrent, "peak_tool_calls_sequential": in_flight["peak"]}

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -179,6 +180,7 @@ class ActorRolloutRefWorker(Worker):
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
         self._build_sampling(arr, response_length)
         self._rollout_synced = False  # the rollout engine holds the actor's current weights
+        self._agent_runner = None  # rollout.multi_turn.enable: the agent loops' runner, built on first use
         self._weights_version: int | None = None  # the asynchronous trainer's model version of those weights
         self.pool = None
         if arr.rollout.nnodes:  # a standalone rollout pool: this rank only sends weights and (rank 0) prompts
@@ -285,14 +287,66 @@ class ActorRolloutRefWorker(Worker):
             offloaded = sum(engine.offload_idle_state() for engine in engines)
             if offloaded:
                 metrics = {**metrics, "perf/offloaded_mb": offloaded / 2**20}
-            out = self.rollout.generate_sequences(prompts, params)
+            if self.rollout_config.multi_turn.enable:
+                out = self._generate_agent_loops(prompts, params)
+            else:
+                out = self.rollout.generate_sequences(prompts, params)
         finally:
             for engine in engines:
                 engine.onload()
             self._release_rollout()
         if out is None:  # an SGLang group's other ranks: the owner returns the group's rollout
             return None
-        out.meta_info["metrics"] = {**metrics, "timing_s/generate_sequences": time.perf_counter() - start}
+        out.meta_info["metrics"] = {**metrics, **out.meta_info.get("metrics", {}),  # the agent loops' own
+                                    "timing_s/generate_sequences": time.perf_counter() - start}
+        return out
+
+    def _generate_agent_loops(self, prompts: DataProto, params) -> DataProto | None:
+        """``rollout.multi_turn.enable``: one agent loop per response (the row's ``agent_name`` or
+        ``rollout.agent.default_agent_loop``) over the rollout engine's token server, all of this replica's
+        trajectories concurrently. Returns verl's rollout fields with ``response_mask`` 0 on tool / user tokens,
+        ``rollout_log_probs`` per sampled token, and verl's ``num_turns/*`` and tool metrics. Under rollout TP the
+        group's rank 0 runs the loops; the others follow its engine calls and return None."""
+        import asyncio
+
+        from verl.experimental.agent_loop import AgentLoopRunner, pad_outputs
+
+        meta = dict(prompts.meta_info or {})
+        overrides = {}
+        if meta.get("do_sample") is False:  # verl's greedy mode (ReMax baselines): one response
+            overrides.update(do_sample=False, n=1)
+        if meta.get("eos_token_id") is not None:
+            eos = meta["eos_token_id"]
+            overrides["eos_token_id"] = tuple(eos) if isinstance(eos, list | tuple) else (int(eos),)
+        params = dataclasses.replace(params, **overrides) if overrides else params
+        pad = meta.get("pad_token_id")
+        pad = self.rollout.pad_token_id if pad is None else int(pad)
+        server = self.rollout.token_server(params, pad)
+        if self.rollout_tp_rank != 0:
+            server.follow()
+            return None
+        try:
+            non_tensor = dict(prompts.non_tensor_batch or {})
+            if "raw_prompt" not in non_tensor:
+                raise RuntimeError("rollout.multi_turn.enable: expected the batch's raw_prompt (the dataset's chat "
+                                   "messages), found none")
+            n = params.n
+            keys = [k for k in ("raw_prompt", "agent_name", "extra_info", "tools_kwargs", "index", "data_source",
+                                "reward_model") if k in non_tensor]
+            rows = [{k: non_tensor[k][i] for k in keys} for i in range(len(prompts)) for _ in range(n)]
+            if self._agent_runner is None:  # tools and custom loops are loaded once per worker
+                self._agent_runner = AgentLoopRunner({"actor_rollout_ref": self.config}, server, self.tokenizer)
+            self._agent_runner.server_manager = server
+            sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+                        "logprobs": True}
+            result = asyncio.run(self._agent_runner.generate(rows, sampling))
+        finally:
+            server.close()
+        fields = pad_outputs(result.outputs, self.rollout_config.prompt_length, params.response_length, pad)
+        repeated = {k: np.repeat(v, n, axis=0) if n > 1 else v for k, v in non_tensor.items()}
+        out = DataProto(batch=fields, non_tensor_batch=repeated, meta_info=meta)
+        out.meta_info["metrics"] = {**result.metrics, "agent_loop/engine_calls": float(server.calls),
+                                    "agent_loop/turns_per_call": server.requests / max(1, server.calls)}
         return out
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("rollout"), generation=True)

@@ -32,6 +32,8 @@ class RolloutCapabilities:
     partial_rollout: bool       # generates in segments that stop early and resume on new weights (async modes)
     adapters: bool              # serves LoRA adapters
     needs_sglang_python: bool   # runs only in a Python where SGLang imports (.venv-sglang)
+    # serves verl's agent loops token in / token out (``token_server``; rollout.multi_turn.enable)
+    agent_loop: bool = False
 
 
 CAPABILITIES = tuple(f.name for f in dataclasses.fields(RolloutCapabilities))
@@ -249,7 +251,7 @@ def _check_sglang_model(config: Any, tp_size: int) -> None:
 NATIVE = RolloutEngine(
     "native",
     RolloutCapabilities(group_backend=None, vocab_padding=64, moe_weights=True, routing_recording=True,
-                        partial_rollout=True, adapters=False, needs_sglang_python=False),
+                        partial_rollout=True, adapters=False, needs_sglang_python=False, agent_loop=True),
     build=_build_native, open_standalone=_open_native,
     lacks={"adapters": "LoRA is not implemented"},
 )
@@ -262,7 +264,8 @@ SGLANG = RolloutEngine(
     lacks={"moe_weights": "pushing the stacked experts into SGLang's fused-MoE weights is not wired yet; "
                           "`verl generate --engine sglang` runs the checkpoint: use native",
            "routing_recording": "the native engine records routing here: use native",
-           "adapters": "LoRA is not implemented"},
+           "adapters": "LoRA is not implemented",
+           "agent_loop": "SGLang's token-in/token-out adapter is not wired yet: use native"},
 )
 BUILTIN_ROLLOUTS = ("native", "sglang")
 _ENGINES.update({NATIVE.name: NATIVE, SGLANG.name: SGLANG})  # checked against the layout by the unit tests

@@ -98,7 +98,6 @@ def _cuda() -> bool:
 REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     *((f"{ARR}.rollout.name", lambda v, name=name: v == name and name not in rollout_names(), why)
       for name, why in REFUSED_ROLLOUT_NAMES.items()),
-    (f"{ARR}.rollout.multi_turn.enable", bool, "multi-turn / tool rollouts are not implemented: set false"),
     (f"{ARR}.rollout.data_parallel_size", lambda v: v != 1, "the rollout's DP size is world / rollout tp here: set 1"),
     (f"{ARR}.rollout.pipeline_model_parallel_size", lambda v: v != 1,
      "the rollout has no pipeline stages here: set 1"),
@@ -280,6 +279,57 @@ def _check_v1(cfg: dict[str, Any]) -> None:
                               "of mini-batch updates)")
 
 
+def _check_multi_turn(cfg: dict[str, Any], data_pending: bool) -> None:
+    """``rollout.multi_turn.enable``: the engine serves agent loops, the tools load (verl's tool YAML, the
+    ``@function_tool`` module), the tool-call format and every agent name (the default, the custom loops' YAML,
+    the data files' ``agent_name`` column) are known; one line before any rank starts."""
+    rollout = cfg[ARR]["rollout"]
+    mt, agent = rollout["multi_turn"], rollout["agent"]
+    if not mt["enable"]:
+        return
+    from verl.errors import InputError
+    from verl.experimental.agent_loop.agent_loop import check_agent_names, load_agent_loop_config
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+    from verl.tools.tool_registry import load_all_tools
+
+    key = f"{ARR}.rollout.multi_turn"
+    require_capability(rollout["name"], "agent_loop", f"{key}.enable=true")
+    if rollout_pool_size(cfg):
+        raise ConfigError(f"{key}.enable=true: not supported with a standalone rollout pool ({ARR}.rollout.nnodes="
+                          f"{rollout['nnodes']}) yet: set nnodes=0")
+    if trainer_mode(cfg) != "sync":
+        raise ConfigError(f"{key}.enable=true: not supported with trainer.v1.trainer_mode={trainer_mode(cfg)} yet "
+                          "(partial rollouts of multi-turn trajectories): use the sync trainer")
+    if mt["format"] not in ToolParser._registry:
+        raise ConfigError(f"{key}.format={mt['format']!r}: expected a tool-call format among "
+                          f"{sorted(ToolParser._registry)} (or one registered by actor_rollout_ref.model.external_lib)")
+    try:
+        load_all_tools(mt["tool_config_path"], mt["function_tool_path"])
+        if agent["agent_loop_config_path"]:
+            load_agent_loop_config(agent["agent_loop_config_path"])
+        names = {agent["default_agent_loop"]}
+        for data_key in ("train_files", "val_files") if not data_pending else ():
+            files = cfg["data"][data_key]
+            for path in ([files] if isinstance(files, str) else files or []):
+                names |= _agent_names_in(path)
+        check_agent_names(sorted(names))
+    except InputError as err:  # the tools' and loops' own one-line messages, as the config's
+        raise ConfigError(f"{key}: {err}") from None
+
+
+def _agent_names_in(path: str) -> set[str]:
+    """The ``agent_name`` values of a parquet file (only that column is read); none when it has no such column."""
+    import pyarrow.parquet as pq
+
+    try:
+        if "agent_name" not in pq.read_schema(path).names:
+            return set()
+        column = pq.read_table(path, columns=["agent_name"]).column("agent_name").to_pylist()
+    except (OSError, ValueError):
+        return set()  # the dataset's own check names an unreadable file
+    return {str(name) for name in column if name is not None}
+
+
 # --------------------------------------------------------------------------- verl 0.9's backend selector
 def _engine_strategy(engine: Any) -> Any:
     """``${verl_engine_strategy:${model_engine}}``: the strategy every role defaults to (an unknown engine is
@@ -341,6 +391,7 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
     actor, rollout, critic = arr["actor"], arr["rollout"], cfg["critic"]
     _refuse_meaningless(cfg)
     _check_v1(cfg)
+    _check_multi_turn(cfg, data_pending)
     mode = trainer["resume_mode"]
     if mode == "resume_path":
         path = trainer["resume_from_path"]
@@ -576,6 +627,9 @@ def _derive(cfg: dict[str, Any], base_dir: str) -> None:
     cfg["critic"]["model"]["path"] = resolve_path(cfg["critic"]["model"]["path"], base_dir) or arr["model"]["path"]
     for key in ("rollout_data_dir", "validation_data_dir", "resume_from_path"):
         trainer[key] = resolve_path(trainer[key], base_dir) if trainer[key] else trainer[key]
+    mt, agent = arr["rollout"]["multi_turn"], arr["rollout"]["agent"]
+    for section, key in ((mt, "tool_config_path"), (mt, "function_tool_path"), (agent, "agent_loop_config_path")):
+        section[key] = resolve_path(section[key], base_dir) if section[key] else section[key]
     cfg["hybrid_engine"]["bucket_bytes"] = reshard_bucket_bytes(cfg)
     # verl's deprecated global micro-batch sizes, when given, become per-GPU ones (as verl's workers do).
     dp = actor_dp_size(cfg)

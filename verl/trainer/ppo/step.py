@@ -162,10 +162,11 @@ class StepDataflow:
             _, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, self.sections.algorithm.kl_penalty)
             return kl_metrics
         penalty, beta = self.sections.algorithm.kl_penalty, self.kl_ctrl.value
-        inputs = ["token_level_scores", "old_log_probs", "ref_log_prob", "responses", "attention_mask"]
+        inputs = ["token_level_scores", "old_log_probs", "ref_log_prob", "responses", "attention_mask", "response_mask"]
 
         def rewards(rows: DataProto) -> dict[str, torch.Tensor]:
-            mask = compute_response_mask(rows)
+            # response_mask as the legacy path (apply_kl_penalty): multi-turn tool tokens carry no KL
+            mask = rows.batch["response_mask"] if "response_mask" in rows.batch.keys() else compute_response_mask(rows)
             kld = core_algos.kl_penalty(rows.batch["old_log_probs"], rows.batch["ref_log_prob"],
                                         kl_penalty=penalty) * mask
             return {"token_level_rewards": rows.batch["token_level_scores"] - beta * kld,

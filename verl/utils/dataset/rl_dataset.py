@@ -224,17 +224,24 @@ class RLHFDataset(Dataset):
         input_ids = torch.tensor([self.tokenizer.pad_token_id] * pad + ids, dtype=torch.long)
         attention_mask = torch.tensor([0] * pad + [1] * len(ids), dtype=torch.long)
         extra_info = row.get("extra_info") or {}
-        return {
+        prompt = row[self.prompt_key]
+        item = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "position_ids": compute_position_id_with_mask(attention_mask),
             "raw_prompt_ids": ids,
+            # verl's agent loops render the chat messages themselves (rollout.multi_turn): the messages as read
+            "raw_prompt": [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt),
             "data_source": row["data_source"],
             "ability": row.get("ability"),
             "reward_model": row["reward_model"],
             "extra_info": extra_info,
             "index": extra_info.get("index", index) if isinstance(extra_info, dict) else index,
+            "tools_kwargs": (extra_info.get("tools_kwargs") if isinstance(extra_info, dict) else None) or {},
         }
+        if "agent_name" in row:  # verl's column (every row of a file has it): which agent loop runs this row
+            item["agent_name"] = row["agent_name"]
+        return item
 
 
 def select_max_samples(total: int, max_samples: int, shuffle: bool, seed: int | None) -> list[int]:

@@ -34,7 +34,30 @@ class EngineKwargsConfig(Section):
 
 @frozen
 class MultiTurnConfig(Section):
+    """``rollout.multi_turn``: verl's agentic rollouts (``verl.experimental.agent_loop``): tools, turn limits, the
+    tool-call format. ``tool_config_path`` (verl's tool YAML), ``function_tool_path`` (a module of
+    ``@function_tool`` functions) and ``format`` (a registered ``ToolParser``) are loaded by the config check."""
+
     enable: bool
+    tool_config_path: str | None
+    function_tool_path: str | None
+    max_assistant_turns: int | None = checked(ge=1)
+    max_user_turns: int | None = checked(ge=1)
+    max_parallel_calls: int = checked(ge=1)
+    max_tool_response_length: int = checked(ge=1)
+    tool_response_truncate_side: str = checked(choices=("left", "middle", "right"))
+    format: str
+
+
+@frozen
+class AgentConfig(Section):
+    """``rollout.agent``: which agent loop a dataset row without ``agent_name`` runs, and the YAML of custom
+    loops (``[{name, _target_, ...}]``). ``num_workers`` is verl's count of agent-loop worker processes; here each
+    rollout replica runs its trajectories as asyncio tasks in its own process, so it only has to be >= 1."""
+
+    num_workers: int = checked(ge=1)
+    default_agent_loop: str
+    agent_loop_config_path: str | None
 
 
 @frozen
@@ -69,6 +92,7 @@ class RolloutConfig(Section):
     ignore_eos: bool
     enforce_eager: bool
     free_cache_engine: bool
+    generation_timeout: float = checked(gt=0)  # verl-hpc's: the wait for the slowest rollout (generation_wait)
     load_format: str = checked(choices=("dummy", "auto", "safetensors", "hf", "megatron"))
     tensor_model_parallel_size: int = checked(ge=1)
     data_parallel_size: int
@@ -88,5 +112,5 @@ class RolloutConfig(Section):
     engine_kwargs: EngineKwargsConfig
     val_kwargs: ValKwargsConfig
     multi_turn: MultiTurnConfig
+    agent: AgentConfig
     checkpoint_engine: CheckpointEngineConfig
-    generation_timeout: float = checked(gt=0)  # verl-hpc's: the wait for the slowest rollout (generation_wait)

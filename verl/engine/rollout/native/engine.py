@@ -12,13 +12,22 @@ same tokens without a broadcast.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from verl.engine.rollout.base import BaseRollout, SamplingParams, prompt_position_ids
+from verl.engine.rollout.base import (
+    BaseRollout,
+    RolloutInputError,
+    SamplingParams,
+    check_prompts,
+    prompt_position_ids,
+)
 from verl.engine.rollout.native.flat_params import FlatParams
 from verl.engine.rollout.native.kv_cache import KVCache
 from verl.engine.rollout.native.model import RolloutTransformer
@@ -88,6 +97,10 @@ class NativeRollout(BaseRollout):
         self.params.resume()
 
     # ---------------------------------------------------------------- generation
+    def token_server(self, base: SamplingParams, pad_token_id: int | None = None) -> TokenServer:
+        """verl's token-in/token-out server over this engine for agent loops (see :class:`TokenServer`)."""
+        return TokenServer(self, base, self.pad_token_id if pad_token_id is None else pad_token_id)
+
     def _generator(self, seed: int | None) -> torch.Generator:
         if seed is None:
             drawn = torch.tensor([random.SystemRandom().randrange(2 ** 62)], dtype=torch.int64, device=self.device)
@@ -165,3 +178,152 @@ class NativeRollout(BaseRollout):
         self.model.record_routing = False
         self.routed_experts = None if routed is None else routed.cpu()
         return responses.cpu(), response_mask.cpu(), log_probs.cpu()
+
+
+# ---------------------------------------------------------------------------- token-in/token-out for agent loops
+_REQUEST_KEYS = ("temperature", "top_p", "top_k", "do_sample", "ignore_eos", "seed")
+
+
+@dataclasses.dataclass
+class _Request:
+    prompt_ids: list[int]
+    limit: int
+    params: SamplingParams
+    future: asyncio.Future
+
+
+class TokenServer:
+    """verl's token-in/token-out ``server_manager`` over one native engine (one rollout replica): ``await
+    generate(request_id=, prompt_ids=, sampling_params=)`` -> ``{"token_ids", "log_probs", "stop_reason"}``, what
+    the agent loops of ``verl.experimental.agent_loop`` call once per turn.
+
+    Batching: requests that arrive while the engine is busy (one per trajectory turn) wait and then run together
+    as one ``generate_responses`` call, left-padded, each row with its own token budget (``limits``), so many
+    trajectories share each decode step while the others run their tools. The engine call runs in a worker
+    thread: tools (coroutines, sandbox subprocesses) go on meanwhile.
+
+    ``sampling_params``: verl's names (``temperature``, ``top_p``, ``top_k``, ``do_sample``, ``ignore_eos``,
+    ``seed``) over the replica's ``base`` params, ``max_tokens`` (this turn's budget, the engine's
+    ``response_length``), ``stop_token_ids`` merged with the base's; ``logprobs`` is accepted (the log-probs always
+    come back: ``log_softmax(logits / temperature)`` at the sampled token, what the actor recomputes);
+    ``repetition_penalty`` other than 1 is refused. Requests whose parameters differ run in separate calls.
+
+    KV cache: not kept across turns. Each turn prefills the whole trajectory again (prompt, earlier turns, tool
+    results) in the call's batched prefill and then decodes. The cost is one prefill of the trajectory's prefix
+    per turn: prefill tokens grow as turns x length instead of length. The engine's cache is one contiguous
+    [batch, slots] block shared by the rows of a call (``KVCache``), so keeping a trajectory's cache while it
+    waits on a tool would hold a whole row of slots idle and pin it to one batch position; a prefill of a few
+    hundred tokens costs about as much as a few decode steps of the batch, which is the trade taken here.
+
+    Rollout TP > 1: only the group's rank 0 runs the agent loops and this server; every engine call's inputs are
+    broadcast to the other ranks of the group first, which run the same call in :meth:`follow` (the tools run
+    once, and every rank decodes exactly the same batch). :meth:`close` ends the followers' loop.
+    """
+
+    def __init__(self, rollout: NativeRollout, base: SamplingParams, pad_token_id: int):
+        self.rollout = rollout
+        self.base = dataclasses.replace(base, n=1)
+        self.pad_token_id = pad_token_id
+        self.calls = 0          # engine calls made (batched turns)
+        self.requests = 0       # turns served
+        self._pending: list[_Request] = []
+        self._driver: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ the agent loops' side
+    def request_params(self, sampling_params: Mapping[str, Any]) -> tuple[SamplingParams, int]:
+        """(the engine's params for one turn, its token budget) from a request's verl-named params."""
+        sp = dict(sampling_params)
+        penalty = sp.pop("repetition_penalty", 1.0)
+        if penalty not in (None, 1, 1.0):
+            raise RolloutInputError(f"repetition_penalty={penalty}: the native engine samples without a penalty")
+        sp.pop("logprobs", None)
+        limit = int(sp.pop("max_tokens", self.base.response_length))
+        stops = set(self.base.stop_token_ids) | set(sp.pop("stop_token_ids", None) or ())
+        unknown = sorted(set(sp) - set(_REQUEST_KEYS))
+        if unknown:
+            raise RolloutInputError(f"sampling_params: expected keys among {sorted(_REQUEST_KEYS)} + max_tokens, "
+                                    f"stop_token_ids, logprobs, repetition_penalty; found {unknown}")
+        params = dataclasses.replace(self.base, stop_token_ids=tuple(sorted(stops)), response_length=1, **sp)
+        return params, limit
+
+    async def generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: Mapping[str, Any],
+                       **_: Any) -> dict[str, Any]:
+        params, limit = self.request_params(sampling_params)
+        if len(prompt_ids) >= self.rollout.config.max_position_embeddings or limit <= 0:
+            return {"token_ids": [], "log_probs": [], "stop_reason": "length"}  # the context is full
+        request = _Request(list(prompt_ids), limit, params, asyncio.get_running_loop().create_future())
+        self._pending.append(request)
+        if self._driver is None:
+            self._driver = asyncio.ensure_future(self._drive())
+        return await request.future
+
+    async def _drive(self) -> None:
+        try:
+            while self._pending:
+                await asyncio.sleep(0)  # every trajectory ready to ask joins this call
+                pending, self._pending = self._pending, []
+                groups: dict[SamplingParams, list[_Request]] = {}
+                for request in pending:
+                    groups.setdefault(request.params, []).append(request)
+                for params, requests in groups.items():
+                    try:
+                        results = await asyncio.to_thread(self._run, params, requests)
+                    except Exception as err:  # every waiting turn sees the engine's error
+                        for request in requests:
+                            if not request.future.done():
+                                request.future.set_exception(err)
+                        continue
+                    for request, result in zip(requests, results, strict=True):
+                        if not request.future.done():
+                            request.future.set_result(result)
+        finally:
+            self._driver = None
+
+    def _run(self, params: SamplingParams, requests: list[_Request]) -> list[dict[str, Any]]:
+        context = self.rollout.config.max_position_embeddings
+        rows = len(requests)
+        width = max(len(r.prompt_ids) for r in requests)
+        input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.int64)
+        attention = torch.zeros((rows, width), dtype=torch.int64)
+        # A turn never runs past the model's context: its budget shrinks to what is left (>= 1, see generate).
+        limits = torch.tensor([min(r.limit, context - len(r.prompt_ids)) for r in requests])
+        for i, r in enumerate(requests):
+            input_ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.int64)
+            attention[i, width - len(r.prompt_ids):] = 1
+        steps = int(limits.max())
+        if params.seed is not None:  # reproducible, and a new stream each call
+            params = dataclasses.replace(params, seed=params.seed + 7919 * self.calls)
+        params = dataclasses.replace(params, response_length=steps)
+        # Each row fits the context by its own budget; the batch's longest prompt + longest budget may not.
+        check_prompts(input_ids, attention, self.rollout.config.vocab_size, width + steps, steps)
+        self.calls += 1
+        self.requests += rows
+        if self.rollout.tp_size > 1:
+            dist.broadcast_object_list([(input_ids, attention, params, limits)], group=self.rollout.tp_group,
+                                       group_src=0)
+        responses, mask, log_probs = self.rollout.generate_responses(input_ids, attention, params,
+                                                                    self.pad_token_id, limits=limits)
+        stops = set(params.stop_ids)
+        out = []
+        for i in range(rows):
+            n = int(mask[i].sum())
+            ids = responses[i, :n].tolist()
+            out.append({"token_ids": ids, "log_probs": log_probs[i, :n].tolist(),
+                        "stop_reason": "completed" if ids and ids[-1] in stops else "length"})
+        return out
+
+    # ------------------------------------------------------------------ rollout TP > 1
+    def close(self) -> None:
+        """Rank 0 of a TP group: release the followers (no-op at TP 1)."""
+        if self.rollout.tp_size > 1:
+            dist.broadcast_object_list([None], group=self.rollout.tp_group, group_src=0)
+
+    def follow(self) -> None:
+        """The other ranks of a TP group: run every call rank 0 makes until it closes."""
+        while True:
+            box = [None]
+            dist.broadcast_object_list(box, group=self.rollout.tp_group, group_src=0)
+            if box[0] is None:
+                return
+            input_ids, attention, params, limits = box[0]
+            self.rollout.generate_responses(input_ids, attention, params, self.pad_token_id, limits=limits)

@@ -1,0 +1,66 @@
+"""`verl train` with ``rollout.multi_turn.enable`` (issue 46): GRPO steps whose rollouts are tool_agent trajectories on
+the native engine, the calculator loaded from verl's tool YAML, rows' ``agent_name`` passed through the dataset.
+A random tiny model never writes a well-formed tool call, so the tool-call format is the test's (every turn one
+token, read as a calculator call: tests/helpers/forced_tool_calls.py, loaded by ``external_lib``); the token-level
+alignment of mask and log-probs is tests/unit/test_agent_loop_native.py's."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from helpers.chat_models import save_chat_model
+from helpers.train_runs import read_metrics, run_train, train_cmd
+
+pytestmark = pytest.mark.distributed
+
+
+def write_data(path, rows):
+    pq.write_table(pa.Table.from_pylist([{
+        "data_source": "arithmetic", "agent_name": "tool_agent", "ability": "math",
+        "prompt": [{"role": "user", "content": f"What is {a}*{b}? Use the calculator."}],
+        "reward_model": {"style": "rule", "ground_truth": str(a * b)},
+        "extra_info": {"index": i, "tools_kwargs": {"calculator": {"create_kwargs": {"precision": "exact"}}}}}
+        for i, (a, b) in enumerate(rows)]), path)
+
+
+# 1 rank; and 2 ranks with rollout TP 2 (rank 0 runs the loops and tools, rank 1 follows its engine calls)
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_grpo_with_tool_agent_trajectories(tmp_path, ranks):
+    model = save_chat_model(str(tmp_path / "model"), seed=3)
+    write_data(tmp_path / "train.parquet", [(6, 7), (12, 3), (9, 9), (4, 8)])
+    write_data(tmp_path / "val.parquet", [(2, 3), (5, 5)])
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: verl.tools.calculator.CalculatorTool\n    config: {type: native}\n")
+    out = tmp_path / "run"
+    run_train(train_cmd(
+        "grpo_arith_tiny.yaml", out, [f"data.train_files={tmp_path}/train.parquet",
+                                      f"data.val_files={tmp_path}/val.parquet", f"data.tokenizer={model}"],
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.model.external_lib=tests.helpers.forced_tool_calls",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+        "actor_rollout_ref.rollout.multi_turn.format=test_every_turn_calls",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+        f"trainer.n_gpus_per_node={ranks}", f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={ranks}",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={ranks}",
+        "data.max_prompt_length=48", "data.max_response_length=64",
+        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+        "trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.test_freq=-1",
+        "trainer.val_before_train=false", f"trainer.rollout_data_dir={tmp_path / 'gens'}"))
+    step = read_metrics(out)[1]
+    # user, then 3 assistant turns with 2 tool answers between them, as verl counts turns
+    assert step["num_turns/min"] == step["num_turns/max"] == 6
+    assert step["tool_call_counts/mean"] == 2 and step["tool_call_errors/max"] == 0
+    # the 8 trajectories' turns ran batched: one engine call per turn
+    assert step["agent_loop/engine_calls"] == 3
+    # the rollout's log-probs are the actor's own on the sampled tokens (the tool tokens masked out)
+    assert step["training/rollout_probs_diff_max"] < 1e-4
+    # response_length counts response_mask: only the 3 sampled tokens of each trajectory, not the tool answers
+    assert step["response_length/mean"] == step["response_length/max"] == 3
+    records = [json.loads(line) for line in (tmp_path / "gens" / "1.jsonl").read_text().splitlines()]
+    assert len(records) == 8 and all("tool42" in r["output"].replace("\n", "") for r in records
+                                     if "6*7" in r["input"])
