@@ -27,7 +27,6 @@ import datetime
 import importlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -51,8 +50,6 @@ IGNORED = {**HYDRA_IGNORED,
            "actor": "the generation job trains nothing (verl keeps the section for backward compatibility)"}
 # Set in each spawned rank: the plan file (prompts and settings) and where rank 0 writes the token ids.
 PLAN_ENV = "VERL_GENERATION_JOB_PLAN"
-# Set in the command re-run with the SGLang environment's python.
-IN_SGLANG_ENV = "VERL_GENERATION_JOB_IN_SGLANG_ENV"
 RANK_TIMEOUT_S = 600
 
 
@@ -377,23 +374,6 @@ def run(cfg: dict[str, Any]) -> str:
     return cfg["data"]["output_path"]
 
 
-def _rerun_in_sglang_env(argv: Sequence[str]) -> int:
-    from verl.launcher.spawn import child_preexec
-    from verl.utils.sglang_env import REPO, sglang_python
-
-    python = sglang_python()
-    if os.environ.get(IN_SGLANG_ENV):
-        raise InputError(f"rollout.name=sglang: expected sglang importable in {sys.executable}, found it is not")
-    if not os.path.isfile(python):
-        raise InputError(f"rollout.name=sglang: sglang is not importable here and {python} does not exist; "
-                         "run launch/setup_sglang.sh or set VERL_SGLANG_PYTHON")
-    env = dict(os.environ)
-    env[IN_SGLANG_ENV] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
-    return subprocess.run([python, "-m", "verl.trainer.main_generation", *argv], env=env,
-                          preexec_fn=child_preexec()).returncode
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -403,7 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if rollout_sglang_python_needed(cfg["rollout"]["name"]) and not sglang_importable():
             prepare(cfg)  # fail here, once, before the other environment starts
-            return _rerun_in_sglang_env(argv)
+            from verl.trainer.main_generation import rerun_under_sglang_python
+
+            return rerun_under_sglang_python(argv, "rollout.name=sglang", InputError)
         path = run(cfg)
     except InputError as exc:
         print(f"main_generation: error: {exc}", file=sys.stderr)

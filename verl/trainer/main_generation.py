@@ -204,7 +204,7 @@ def _run_rank(args: argparse.Namespace) -> int:
 
 def _run_sglang(args: argparse.Namespace, argv: list[str]) -> int:
     from verl.engine.rollout.registry import rollout_engine
-    from verl.utils.sglang_env import REPO, sglang_importable, sglang_python
+    from verl.utils.sglang_env import sglang_importable
 
     config = prepare(args)[0]  # fail here, once, before SGLang starts
     check_model = rollout_engine(args.engine, "--engine").check_model
@@ -213,17 +213,24 @@ def _run_sglang(args: argparse.Namespace, argv: list[str]) -> int:
     if sglang_importable():
         _write(generate_json(args), args.json)
         return 0
+    return rerun_under_sglang_python(argv, "--engine sglang", UsageError)
+
+
+def rerun_under_sglang_python(argv: list[str], what: str, error: type[Exception]) -> int:
+    """``python -m verl.trainer.main_generation ARGV`` again under the SGLang venv's python (this one cannot import
+    sglang); ``error(...)`` names ``what`` when that python is missing or is this one."""
+    from verl.launcher.spawn import child_preexec
+    from verl.utils.sglang_env import REPO, sglang_python
+
     python = sglang_python()
     if os.environ.get(IN_SGLANG_ENV):
-        raise UsageError(f"--engine sglang: expected sglang importable in {sys.executable}, found it is not")
+        raise error(f"{what}: expected sglang importable in {sys.executable}, found it is not")
     if not os.path.isfile(python):
-        raise UsageError(f"--engine sglang: sglang is not importable here and {python} does not exist; "
-                         "run launch/setup_sglang.sh or set VERL_SGLANG_PYTHON")
+        raise error(f"{what}: sglang is not importable here and {python} does not exist; "
+                    "run launch/setup_sglang.sh or set VERL_SGLANG_PYTHON")
     env = dict(os.environ)
     env[IN_SGLANG_ENV] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
-    from verl.launcher.spawn import child_preexec
-
     return subprocess.run([python, "-m", "verl.trainer.main_generation", *argv], env=env,
                           preexec_fn=child_preexec()).returncode
 
