@@ -1,11 +1,10 @@
 """The PPO run loop: resume, steps from the trainer's batch source until ``total_training_steps`` or a
-preemption (SIGUSR1/SIGTERM/SIGINT: finish the step, checkpoint, exit 0), validation and checkpoints when due,
+preemption (SIGUSR1/SIGTERM/SIGHUP/SIGINT: finish the step, checkpoint, exit 0), validation and checkpoints when due,
 each step's metrics logged (rank 0), and the final HF export."""
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from typing import Any
 
@@ -20,7 +19,7 @@ class RunLoop:
 
     def fit(self) -> int:
         """Train to ``total_training_steps`` (or until preempted); returns the process exit code."""
-        from verl.launcher.preemption import PreemptionHandler
+        from verl.launcher.preemption import TRAINER_SIGNALS, PreemptionHandler
 
         trainer = self.sections.trainer
         if not self.dry_run:
@@ -37,8 +36,8 @@ class RunLoop:
         # A bar only on a terminal: through pipes (spawned ranks, Slurm logs) the console line is the progress.
         progress = tqdm(total=self.total_training_steps, initial=self.global_step, desc="training", file=sys.stderr,
                         disable=self.rank != 0 or not sys.stderr.isatty(), dynamic_ncols=True)
-        # Ctrl-C (SIGINT) too: finish the step, checkpoint, exit 0 -- so an interrupted run resumes.
-        with PreemptionHandler(signals=(signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)) as preempt:
+        # Ctrl-C (SIGINT) and a lost terminal (SIGHUP) too: finish the step, checkpoint, exit 0 -- so the run resumes.
+        with PreemptionHandler(signals=TRAINER_SIGNALS) as preempt:
             preempted = self._train_loop(validate, preempt, progress)
         progress.close()
         if (trainer.export_hf_at_end and not self.dry_run and not preempted
@@ -105,10 +104,14 @@ class RunLoop:
 
         path = os.path.join(self.sections.trainer.output_dir, METRICS_FILE)
         try:
-            if os.path.isfile(path) and any(record["step"] == step for record in read_metrics(path)):
-                return
-        except MetricsError as err:  # a damaged metrics file: say so, and keep the checkpoint's record
+            logged = {record["step"] for record in read_metrics(path)} if os.path.isfile(path) else set()
+        except MetricsError as err:  # a damaged metrics file: say so, and leave it be
             self._print(f"resume: {err}")
+            return
+        # Only the run that logged the steps before it (a checkpoint resumed into another output directory is
+        # not this run's history to complete).
+        if step in logged or not any(s < step for s in logged):
+            return
         self._print(f"resume: step {step}'s metrics were not logged before the run ended: logging them from its "
                     "checkpoint")
         self._log(dict(metrics), step)
