@@ -123,7 +123,6 @@ def prepare(args: argparse.Namespace):
     """Validate everything a rank would trip over; return (config, input_ids, attention_mask, params, pad)."""
     from verl.engine.rollout.base import SamplingParams, check_prompts
     from verl.hybrid_engine.rollout_layout import check_rollout_tp
-    from verl.launcher.env import launcher_rank
     from verl.models.config import ModelConfig
     from verl.models.hf_io import HFCheckpoint, eos_token_ids
 
@@ -150,9 +149,6 @@ def prepare(args: argparse.Namespace):
     check_prompts(input_ids, attention_mask, config.vocab_size, config.max_position_embeddings,
                   params.response_length)
     pad = (_model_token_ids(args.model, "pad_token_id") or [0])[0]
-    note = getattr(args, "sampling_note", None)
-    if note and launcher_rank() == 0:  # said once the input is known good: bad input stays one line
-        print(note, file=sys.stderr)
     return config, input_ids, attention_mask, params, pad
 
 
@@ -161,8 +157,12 @@ def generate_json(args: argparse.Namespace, tp_group=None) -> dict:
     TP group (native; the result is the same on every rank of it), or in this process driving its own ``--tp``
     workers (SGLang)."""
     from verl.engine.rollout.registry import StandaloneSite, rollout_engine
+    from verl.launcher.env import launcher_rank
 
     config, input_ids, attention_mask, params, pad = prepare(args)
+    note = getattr(args, "sampling_note", None)
+    if note and launcher_rank() == 0:  # said as generation starts, after every input check: bad input is one line
+        print(note, file=sys.stderr)
     site = StandaloneSite(config, args.model, args.tp, tp_group, args.dtype, pad, args.seed or 0,
                           max_rows=input_ids.shape[0] * params.n,
                           max_seq_len=input_ids.shape[1] + params.response_length)
