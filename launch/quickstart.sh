@@ -8,6 +8,8 @@
 #   bash launch/quickstart.sh --config configs/ppo_arith_tiny.yaml --out outputs/quickstart_ppo   # PPO + critic
 #   bash launch/quickstart.sh --config configs/grpo_qwen3moe_tiny.yaml   # Qwen3-MoE, EP=2 -> outputs/quickstart_grpo_qwen3moe_tiny
 #   bash launch/quickstart.sh trainer.total_training_steps=50   # extra args: verl train overrides
+#   bash launch/quickstart.sh --config configs/grpo_smollm2_gsm.yaml --out outputs/quickstart_smollm2   # a real
+#     pretrained chat model (SmolLM2-135M-Instruct), no SFT stage: GRPO on generated GSM8K-format word problems
 #   bash launch/quickstart.sh actor_rollout_ref.rollout.name=sglang   # SGLang rollout (sets up .venv-sglang)
 #
 # Rerunning resumes: finished stages (data, SFT) are skipped, GRPO resumes from its last checkpoint

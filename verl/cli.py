@@ -42,6 +42,8 @@ GROUPS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
     "data": ("prepare verl-format parquet datasets from local files", {
         "arithmetic": ("verl.utils.dataset.arithmetic", "generate the arithmetic quickstart task and its tokenizer"),
         "gsm8k": ("verl.utils.dataset.gsm8k", "convert a local GSM8K jsonl into verl parquet"),
+        "word-problems": ("verl.utils.dataset.word_problems",
+                          "generate GSM8K-format word problems (the real-model RL task)"),
     }),
 }
 

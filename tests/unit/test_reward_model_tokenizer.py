@@ -118,8 +118,8 @@ def test_verl_09_reward_keys_mean_the_legacy_keys(models, data_args):
     with pytest.raises(ConfigError, match="reward.reward_model.enable: expected the value of reward_model.enable"):
         load_config(None, [*data_args, "reward.reward_model.enable=false", "reward_model.enable=true"],
                     resolve_only=True)
-    with pytest.raises(ConfigError, match="reward.num_workers: unknown key"):
-        load_config(None, [*data_args, "reward.num_workers=4"], resolve_only=True)
+    with pytest.raises(ConfigError, match="reward.sandbox_fusion.url: unknown key"):
+        load_config(None, [*data_args, "reward.sandbox_fusion.url=http://x"], resolve_only=True)
 
 
 @pytest.fixture(scope="module")

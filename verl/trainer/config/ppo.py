@@ -123,7 +123,6 @@ REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("trainer.del_local_ckpt_after_load", bool, "set false: verl-hpc keeps local checkpoints"),
     ("trainer.device", lambda v: v == "npu", "verl-hpc runs on cuda or cpu"),
     ("trainer.device", lambda v: v == "cuda" and not _cuda(), "no CUDA device is visible here: use auto or cpu"),
-    ("reward_model.launch_reward_fn_async", bool, "rewards are computed in the step here: set false"),
     ("transfer_queue.metrics.enabled", bool, "verl-hpc opens no HTTP endpoint: the data plane's figures are "
      "logged as metrics (perf/data_plane_*); set false"),
 )

@@ -94,8 +94,7 @@ class StepDataflow:
                 # reward_model/truncated_frac of an RM with its own tokenizer
                 metrics.update(metric_utils.reduce_metrics(scored.meta_info.pop("metrics", None) or {}))
                 batch.union(scored)
-            batch_ops.add_fields(batch, lambda rows: {"token_level_scores": self.reward_fn(rows)},
-                                 batch.keys() if isinstance(batch, ShardedBatch) else ())
+            pending_rewards = self._start_rewards(batch)
         if self.bypass_old_log_prob:
             # verl's rollout_correction.bypass_mode: the rollout's log-probs (same weights, same
             # temperature) are the old policy's; no separate forward, and no actor/entropy metric.
@@ -115,6 +114,9 @@ class StepDataflow:
         if self.use_critic:
             with self._timer("values"):
                 batch.union(self.critic_wg.compute_values(batch))
+        if pending_rewards is not None:
+            with self._timer("reward"):  # what of the pool's work the passes above did not hide
+                self._finish_rewards(batch, *pending_rewards)
         with self._timer("adv"):
             if cfg.algorithm.use_kl_in_reward:
                 metrics.update(self._apply_kl_penalty(batch))
@@ -147,6 +149,42 @@ class StepDataflow:
         return batch
 
     # ------------------------------------------------------------------ the step's glue
+    def _start_rewards(self, batch):
+        """``token_level_scores`` added to ``batch`` now, or, with ``reward.num_workers`` (no reward model), the
+        rows sent to the reward pool: returns what :meth:`_finish_rewards` collects before the advantage."""
+        pool = None if self.use_rm else self._reward_pool()
+        if pool is None:
+            batch_ops.add_fields(batch, lambda rows: {"token_level_scores": self.reward_fn(rows)},
+                                 batch.keys() if isinstance(batch, ShardedBatch) else ())
+            return None
+        if isinstance(batch, ShardedBatch):  # the rows this rank holds, as map_rows would score them
+            positions, rows = batch.local_rows(batch_ops.ANCHOR, batch.keys())
+            return (pool.submit(rows, positions) if len(positions) else None,
+                    batch.holder(batch_ops.ANCHOR).owner)
+        return pool.submit(rows=batch), None
+
+    def _finish_rewards(self, batch, pending, owner) -> None:
+        result = {"token_level_scores": pending.result()} if pending is not None else {}
+        if isinstance(batch, ShardedBatch):
+            batch.union(batch.from_local_results(owner, result))
+        else:
+            batch.batch.update(result)
+
+    def _reward_pool(self):
+        """The reward pool of ``reward.num_workers`` processes (None: rewards in the step), started on first use
+        and again if ``reward_fn`` was replaced (the Python API's DataFlow sets its own)."""
+        workers = self.sections.reward.num_workers or 0
+        if not workers:
+            return None
+        from verl.workers.reward_manager.async_pool import RewardPool
+
+        pool = getattr(self, "_reward_pool_instance", None)
+        if pool is None or pool.reward_fn is not self.reward_fn:
+            if pool is not None:
+                pool.close()
+            pool = self._reward_pool_instance = RewardPool(self.reward_fn, workers)
+        return pool
+
     def _on_data_plane(self, gen: DataProto, step: int = 0) -> DataProto | ShardedBatch:
         """The prompts as the step's first batch: on the data plane replicated (every rank's dataloader read
         the same prompts, so no row moves to reach the rollout)."""

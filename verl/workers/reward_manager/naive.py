@@ -15,6 +15,22 @@ from verl.utils.reward_score import default_compute_score
 logger = get_logger(__name__)
 
 
+def mark_failed_sample(err: BaseException, row: int, data_source: Any, extra_info: Any) -> None:
+    """Record on ``err`` the row (of the rows being scored) and data source whose score raised it, as
+    ``err.reward_sample`` and a note in its traceback; its type and message stay the user's."""
+    index = extra_info.get("index") if isinstance(extra_info, dict) else None
+    err.reward_sample = {"row": row, "data_source": data_source, "index": index}
+    err.add_note(f"while scoring {describe_sample(err.reward_sample)}")
+
+
+def describe_sample(sample: dict[str, Any]) -> str:
+    """``row R (data_source='d', extra_info.index=I)`` of a sample recorded by :func:`mark_failed_sample`."""
+    where = f"data_source={sample['data_source']!r}"
+    if sample.get("index") is not None:
+        where += f", extra_info.index={sample['index']!r}"
+    return f"row {sample['row']} ({where})"
+
+
 class NaiveRewardManager:
     """Decode each response, call ``compute_score`` and build ``token_level_scores`` [B, R].
 
@@ -23,7 +39,12 @@ class NaiveRewardManager:
     ``data_source`` (or ``reward_fn_key``) and optional ``extra_info``. A score may be a number or a
     dict with a ``score`` key; every key of such dicts is collected into ``reward_extra_info``.
     ``num_examine`` samples per data source are logged at INFO for debugging (``VERL_LOGGING_LEVEL=INFO``).
+    A score that raises (or is not a number) propagates unchanged, marked with its sample
+    (:func:`mark_failed_sample`): never a silent zero.
     """
+
+    # The tensor fields read (with every non-tensor field): what a reward pool sends its processes.
+    input_keys = ("prompts", "responses", "attention_mask", "rm_scores")
 
     def __init__(
         self,
@@ -66,20 +87,26 @@ class NaiveRewardManager:
             ground_truth = data.non_tensor_batch["reward_model"][i]["ground_truth"]
             data_source = data.non_tensor_batch[self.reward_fn_key][i]
             extra_info = data.non_tensor_batch["extra_info"][i] if "extra_info" in data.non_tensor_batch else None
-            result = self.compute_score(
-                data_source=data_source, solution_str=response_str, ground_truth=ground_truth, extra_info=extra_info
-            )
+            try:
+                result = self.compute_score(
+                    data_source=data_source, solution_str=response_str, ground_truth=ground_truth,
+                    extra_info=extra_info)
+                if isinstance(result, dict):
+                    if "score" not in result:
+                        raise ValueError(f"compute_score returned a dict without 'score'; found keys {sorted(result)}")
+                    score = float(result["score"])
+                else:
+                    score = float(result)
+            except Exception as err:
+                # The same error, carrying which sample failed (a reward pool reports it in its one line).
+                mark_failed_sample(err, i, data_source, extra_info)
+                raise
             if isinstance(result, dict):
-                if "score" not in result:
-                    raise ValueError(f"compute_score returned a dict without 'score'; found keys {sorted(result)}")
-                score = result["score"]
                 for key, value in result.items():
                     reward_extra_info[key].append(value)
-            else:
-                score = result
             # An empty response has no token to carry a reward; its score is still reported.
             if response_length > 0:
-                reward_tensor[i, response_length - 1] = float(score)
+                reward_tensor[i, response_length - 1] = score
 
             if printed[data_source] < self.num_examine:
                 printed[data_source] += 1
