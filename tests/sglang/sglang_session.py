@@ -10,7 +10,8 @@ the start weights; then, if a push is given, push every rollout TP rank's flat b
 running engine and greedy-generate again. The buffers are built from the HF checkpoint
 ``push_model_dir`` through the project's rollout-layout code, or read from ``push_buffers`` (a
 ``torch.save``'d list, one flat buffer per rollout TP rank, e.g. the hybrid engine's reshard output).
-OUT: {NAME: {"before": {"ids", "logprobs"}, "after": {...}, "buckets": int, "seconds": {...}}}.
+OUT: {NAME: {"before": {"ids", "logprobs"}, "after": {...}, "buckets": int, "seconds": {...}, "listening":
+[[address, port, process name]] (every TCP listener of this process and the engine's, after the first generate)}}.
 """
 
 import json
@@ -21,7 +22,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from helpers.tiny_models import left_pad  # noqa: E402  (tests/, not a package)
+from helpers.listeners import listening_sockets, process_tree  # noqa: E402  (tests/, not a package)
+from helpers.tiny_models import left_pad  # noqa: E402
 
 
 def rank_buffers(model_dir, config, tp, dtype):
@@ -67,6 +69,14 @@ def segmented_greedy(rollout, prompts, new_tokens, round_tokens):
             "segments": segments, "versions": [[t.min_version, t.max_version] for t in trajectories]}
 
 
+def process_name(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return "?"
+
+
 def run_case(spec):
     from verl.engine.rollout.sglang_rollout import SGLangRollout
     from verl.models.config import ModelConfig
@@ -81,6 +91,8 @@ def run_case(spec):
         seconds["engine_start"] = time.perf_counter() - start
         rollout.resume()
         result["before"] = greedy(rollout, ids, mask, spec["new_tokens"])
+        result["listening"] = [[addr, port, process_name(pid)]
+                               for addr, port, pid in listening_sockets(process_tree(os.getpid()))]
         if spec.get("segment_round_tokens"):
             result["segmented"] = segmented_greedy(rollout, spec["prompts"], spec["new_tokens"],
                                                    spec["segment_round_tokens"])

@@ -10,6 +10,7 @@ import os
 
 import pytest
 import torch
+from helpers.listeners import is_loopback
 from helpers.tiny_models import save_tiny_model
 
 from verl.hybrid_engine.rollout_layout import rollout_param_specs
@@ -106,3 +107,12 @@ def test_weight_push_makes_greedy_equal_hf_on_new_weights(session):
     assert _max_logprob_diff(session["after"]["logprobs"], session["hf_b"]["logprobs"]) <= LOGPROB_ATOL
     rank_bytes = sum(s.numel for s in rollout_param_specs(session["config"], session["tp"], 0)) * 4
     assert session["buckets"] == -(-rank_bytes // BUCKET_BYTES) > 1  # tensors straddled bucket boundaries
+
+
+@pytest.mark.parametrize("session", CASE_NAMES, indirect=True)
+def test_engine_processes_listen_on_loopback_only(session):
+    """Issue 44: SGLang's scheduler rendezvous (torch's TCPStore for tcp://127.0.0.1) listened on [::], every
+    interface, unauthenticated. SGLangRollout gives it a private file:// store and pins gloo to loopback."""
+    assert session["listening"], "expected the engine's own loopback listeners (gloo, its schedulers) to be seen"
+    exposed = [entry for entry in session["listening"] if not is_loopback(entry[0])]
+    assert not exposed, f"SGLang engine processes listen beyond loopback: {exposed}"

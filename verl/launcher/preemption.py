@@ -1,4 +1,4 @@
-"""Preemption: turn SIGUSR1/SIGTERM into "finish this step, checkpoint, exit 0" on every rank.
+"""Preemption: turn SIGUSR1/SIGTERM/SIGHUP into "finish this step, checkpoint, exit 0" on every rank.
 
 Slurm sends the signal to some processes and not others (``--signal=B:USR1@120`` reaches the batch
 shell, which forwards it to the step; ``scancel --signal`` reaches the tasks), and not at the same
@@ -20,7 +20,10 @@ from __future__ import annotations
 import signal
 import threading
 
-DEFAULT_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+# SIGHUP: the terminal closed or the ssh session was lost; by default it killed the ranks without a checkpoint.
+DEFAULT_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP)
+# The trainer's: Ctrl-C (SIGINT) too, so an interrupted run resumes.
+TRAINER_SIGNALS = (*DEFAULT_SIGNALS, signal.SIGINT)
 
 
 class PreemptionHandler:
@@ -36,6 +39,8 @@ class PreemptionHandler:
                                " delivers signals there), found "
                                f"{threading.current_thread().name}")
         for sig in self.signals:
+            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # started under nohup: the user asked the run to outlive its terminal
             self._previous[sig] = signal.signal(sig, self._on_signal)
         return self
 

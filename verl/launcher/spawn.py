@@ -5,8 +5,8 @@ Every local rank is an OS process started by :class:`LocalRanks` with torchrun's
 
 - fail-fast: as soon as one rank exits non-zero the others are terminated (SIGTERM to each rank's process
   group, SIGKILL after a grace period); a deadline ends them all the same way;
-- SIGINT/SIGTERM/SIGUSR1 sent to the launcher are forwarded to every rank. Ranks run in their own
-  sessions, so a terminal's Ctrl-C reaches them once (through the launcher), not twice;
+- SIGINT/SIGTERM/SIGUSR1/SIGHUP sent to the launcher are forwarded to every rank (SIGHUP not under nohup).
+  Ranks run in their own sessions, so a terminal's Ctrl-C reaches them once (through the launcher), not twice;
 - children die with their parent: every rank (and every child started through :func:`child_preexec`)
   asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``, Linux), so a launcher killed
   with SIGKILL, or crashing, leaves no orphan rank;
@@ -43,7 +43,8 @@ from typing import Any
 from verl.launcher.env import LOOPBACK, LaunchError
 from verl.launcher.threads import intra_op_threads
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+# SIGHUP: a closed terminal or lost ssh session; the ranks checkpoint and stop as for SIGTERM.
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 KILL_GRACE_S = 5.0
 
 
@@ -143,8 +144,13 @@ class LocalRanks:
     def _pump(self, rank: int, stream) -> None:
         for line in iter(stream.readline, ""):
             with self._write_lock:
-                self.out.write(f"[rank {rank}] {line}" if line.endswith("\n") else f"[rank {rank}] {line}\n")
-                self.out.flush()
+                try:
+                    self.out.write(f"[rank {rank}] {line}" if line.endswith("\n") else f"[rank {rank}] {line}\n")
+                    self.out.flush()
+                except (OSError, ValueError):
+                    # The terminal is gone (EIO after a hangup) or closed: keep draining, or the rank blocks on a
+                    # full pipe and never reaches its checkpoint.
+                    pass
         stream.close()
 
     def _forward(self, signum, frame) -> None:
@@ -162,7 +168,9 @@ class LocalRanks:
         deadline ends them, as coreutils' ``timeout``). Every rank is gone when this returns."""
         installed = {}
         if threading.current_thread() is threading.main_thread():
-            installed = {s: signal.signal(s, self._forward) for s in FORWARDED_SIGNALS}
+            # Under nohup SIGHUP stays ignored, here and (inherited) in the ranks: the run outlives the terminal.
+            installed = {s: signal.signal(s, self._forward) for s in FORWARDED_SIGNALS
+                         if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)}
         pumps = []
         try:
             for rank in range(self.nproc):

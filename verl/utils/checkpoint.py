@@ -13,6 +13,9 @@ Atomic: every part is written under ``global_step_<N>.tmp``; after a barrier ran
 only then updates ``latest_checkpointed_iteration.txt`` (itself written to a temp file and renamed),
 so a run killed at any instant leaves either the previous or the new checkpoint, never a torn one.
 Staging directories a killed run left behind are removed at the next save.
+Durable: every file and directory is fsynced before the rename that publishes a checkpoint, and the manifest
+holds a CRC32 of each small file (:data:`CHECKSUM_MAX_BYTES`), checked with the sizes whenever a checkpoint is
+judged complete.
 
 Disk space: a save needs room for one more checkpoint beside the kept ones (the old ones are pruned only once
 the new one is complete). Before writing, rank 0 compares the free space with the newest complete checkpoint's
@@ -32,6 +35,7 @@ import os
 import random
 import shutil
 import sys
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -46,7 +50,14 @@ logger = get_logger(__name__)
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
-MANIFEST_FILE = "verl_trainer_manifest.json"  # every file with its size, written last
+MANIFEST_FILE = "verl_trainer_manifest.json"  # every file with its size (small ones' CRC32 too), written last
+# Files up to this size get a CRC32 in the manifest, checked whenever a checkpoint is judged complete (resume,
+# pruning): the trainer state, every rank's RNG, the engines' manifests and Megatron's metadata -- the files that
+# decide what a resume does, a few KB each. The model and optimizer shards (tens of GB) get their size only:
+# Megatron's writer gives no hook to checksum while it writes, so a checksum would read every shard back after
+# each save (doubling its I/O) and again at every completeness check. Their durability comes from the fsync of
+# every file before the rename, their truncation shows in the size.
+CHECKSUM_MAX_BYTES = 1 << 20
 ENGINE_MANIFEST = "verl_checkpoint.json"  # an engine checkpoint's (actor/, critic/) file list and layout
 
 
@@ -114,6 +125,33 @@ def set_rng_state(state: dict[str, Any]) -> None:
         tracker.set_states(state["megatron_tracker"])
 
 
+def _fsync_path(path: str) -> None:
+    """Flush ``path`` (a file or a directory: its entries) to stable storage."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: str) -> None:
+    """fsync every file and directory under ``path`` (each directory after its contents). Before the rename that
+    publishes a checkpoint: without it a crash of the node soon after could leave a published (and ``latest``)
+    checkpoint whose files were never written out -- sizes right, contents zeros."""
+    for root, _, names in os.walk(path, topdown=False):
+        for name in names:
+            _fsync_path(os.path.join(root, name))
+        _fsync_path(root)
+
+
+def _crc32(path: str) -> str:
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
 def save_trainer_checkpoint(root: str, step: int, trainer_state: dict[str, Any],
                             save_models: Callable[[str], None],
                             max_to_keep: dict[str, int | None] | None = None) -> str:
@@ -147,10 +185,14 @@ def save_trainer_checkpoint(root: str, step: int, trainer_state: dict[str, Any],
         try:
             write_manifest(staging)  # last: a checkpoint without it (or not matching it) is incomplete
             _replace_dir(staging, final)
+            _fsync_path(root)  # the rename is durable before `latest` names it
             latest = os.path.join(root, LATEST_FILE)
             with open(latest + ".tmp", "w", encoding="utf-8") as fh:
                 fh.write(f"{step}\n")
+                fh.flush()
+                os.fsync(fh.fileno())
             os.replace(latest + ".tmp", latest)
+            _fsync_path(root)
         except OSError as err:
             problem = _disk_full_or_raise(err)
             if os.path.isdir(final) and checkpoint_problem(final) is not None:
@@ -273,7 +315,9 @@ def save_engine_checkpoint(path: str, write: Callable[[str], None],
                            for root, _, names in os.walk(staging) for f in names)
             with open(os.path.join(staging, ENGINE_MANIFEST), "w", encoding="utf-8") as fh:
                 json.dump(manifest(files), fh, indent=2)
+            fsync_tree(staging)  # every rank's files are closed (barrier above): flushed before they are published
             _replace_dir(staging, path)
+            _fsync_path(os.path.dirname(path))
     except OSError as err:
         problem = _disk_full_or_raise(err)
     _agree(problem, os.path.dirname(path), None, staging)
@@ -338,17 +382,26 @@ def prune_checkpoints(root: str, current_step: int, max_to_keep: dict[str, int |
 
 
 def write_manifest(path: str) -> None:
-    """Every file of the checkpoint directory ``path`` with its size, written last (atomically)."""
-    files = {}
+    """Every file of the checkpoint directory ``path`` with its size, and a CRC32 of each file of at most
+    :data:`CHECKSUM_MAX_BYTES`, written last (atomically); every file and directory is fsynced first."""
+    files, crcs = {}, {}
     for root, _, names in os.walk(path):
         for name in names:
             full = os.path.join(root, name)
-            files[os.path.relpath(full, path)] = os.path.getsize(full)
-    files.pop(MANIFEST_FILE, None)
+            rel = os.path.relpath(full, path)
+            if rel in (MANIFEST_FILE, MANIFEST_FILE + ".tmp"):
+                continue
+            files[rel] = os.path.getsize(full)
+            if files[rel] <= CHECKSUM_MAX_BYTES:
+                crcs[rel] = _crc32(full)
+    fsync_tree(path)
     tmp = os.path.join(path, MANIFEST_FILE + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"files": dict(sorted(files.items()))}, fh, indent=1)
+        json.dump({"files": dict(sorted(files.items())), "crc32": dict(sorted(crcs.items()))}, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, os.path.join(path, MANIFEST_FILE))
+    _fsync_path(path)
 
 
 def checkpoint_problem(path: str) -> str | None:
@@ -361,7 +414,8 @@ def checkpoint_problem(path: str) -> str | None:
     if os.path.isfile(manifest_file):
         try:
             with open(manifest_file, encoding="utf-8") as fh:
-                files = json.load(fh)["files"]
+                manifest = json.load(fh)
+            files, crcs = manifest["files"], manifest.get("crc32", {})  # no crc32: written before checksums
         except (OSError, ValueError, KeyError, TypeError) as err:
             return f"{manifest_file}: expected the JSON file list, found an unreadable file ({type(err).__name__})"
         for name, size in files.items():
@@ -370,6 +424,8 @@ def checkpoint_problem(path: str) -> str | None:
                 return f"{full}: expected a file of {size} bytes, found it missing"
             if os.path.getsize(full) != size:
                 return f"{full}: expected {size} bytes, found {os.path.getsize(full)} (cut or overwritten)"
+            if name in crcs and _crc32(full) != crcs[name]:
+                return f"{full}: expected CRC32 {crcs[name]}, found {_crc32(full)} (corrupt)"
     if not os.path.isfile(state_file):
         return f"{state_file}: expected the trainer state, found it missing"
     try:

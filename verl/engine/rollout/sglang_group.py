@@ -13,7 +13,7 @@ sleeps after each generation when ``free_cache_engine`` (SGLang's ``release_memo
 on CPU, where SGLang's memory saver is unavailable) and resumes before the next push. :meth:`shutdown`
 stops it; so does the interpreter's exit (SGLang registers ``atexit``), and SGLang's scheduler processes
 kill themselves when the owner dies (``PR_SET_PDEATHSIG``), so no engine outlives its rank. They ignore the
-preemption signals a rank's process group receives (SIGUSR1, SIGTERM, SIGINT): the trainer finishes the
+preemption signals a rank's process group receives (SIGUSR1, SIGTERM, SIGHUP, SIGINT): the trainer finishes the
 step with them, checkpoints, and stops them on its way out. On CPU, :meth:`shutdown` also removes the
 rank's buffer from /dev/shm (:mod:`verl.utils.shared_buffer`): the killed schedulers never release it.
 """
@@ -42,6 +42,7 @@ from verl.engine.rollout.sglang_rollout import (
     bucket_ranges,
     cpu_threads_bind,
     kv_pool_tokens,
+    reserve_loopback_port,
     serialize_handle,
 )
 from verl.models.config import ModelConfig
@@ -67,21 +68,11 @@ def engine_model_dir(model_path: str, into: str) -> str:
 
 
 def free_port_below_ephemeral(low: int = 20000, high: int = 29999, attempts: int = 64) -> int:
-    """A loopback port for an engine's scheduler rendezvous (SGLang's ``nccl_port``), drawn from a generator
-    of this process's own: SGLang's own draw uses the global ``random``, which the trainer seeds the same on
-    every rank, so two engines started together picked the same port."""
-    import random
-    import socket
-
-    rng = random.Random(int.from_bytes(os.urandom(8), "little"))
-    for port in rng.sample(range(low, high + 1), attempts):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise SGLangRolloutError(f"no free loopback port in [{low}, {high}] after {attempts} tries")
+    """A free loopback port in ``[low, high]``, drawn from a generator of this process's own: SGLang's own draw
+    uses the global ``random``, which the trainer seeds the same on every rank, so two engines started together
+    picked the same port. (The engine itself holds its port while it runs: ``reserve_loopback_port``.)"""
+    with reserve_loopback_port(low, high, attempts) as sock:
+        return sock.getsockname()[1]
 
 
 def owner_cpus(group_index: int, num_groups: int, cpus: Sequence[int] | None = None) -> list[int]:
@@ -98,7 +89,7 @@ def owner_cpus(group_index: int, num_groups: int, cpus: Sequence[int] | None = N
 # "checkpoint and stop" to the trainer; SGLang's processes have no handler and would die mid-step, so they
 # start with them ignored (dispositions set to ignore survive fork and exec). They still end with the owner:
 # SIGKILL from the kernel when it dies, from SGLang's shutdown otherwise.
-RANK_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+RANK_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 
 @contextlib.contextmanager
@@ -168,7 +159,7 @@ class SGLangGroupRollout:
             model_dir = engine_model_dir(model_path, self._model_dir)
         # sleep_on_idle: an idle scheduler blocks on its sockets instead of spinning, which took the cores
         # the colocated training phases run on (they ran 3-4x slower beside two spinning engines on 2 cores).
-        args: dict[str, Any] = dict(load_format="dummy", nccl_port=free_port_below_ephemeral(), sleep_on_idle=True)
+        args: dict[str, Any] = dict(load_format="dummy", sleep_on_idle=True)  # SGLangRollout draws the port
         if self.device == "cpu":
             args["max_total_tokens"] = kv_pool_tokens(max_rows, max_seq_len)
             os.environ["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_threads_bind(

@@ -20,10 +20,15 @@ Semantics that differ from the native engine (SGLang's own behaviour, kept):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import shutil
+import socket
+import tempfile
 import time
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -121,6 +126,57 @@ def cpu_threads_bind(tp_size: int, cpus: Sequence[int] | None = None) -> str:
                     else (f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0])) for g in groups)
 
 
+def reserve_loopback_port(low: int = 20000, high: int = 29999, attempts: int = 64) -> socket.socket:
+    """A socket bound (not listening) to a free 127.0.0.1 port in ``[low, high]``: the port stays this process's
+    while the socket is open. Drawn from a generator of this process's own: the trainer seeds the global
+    ``random`` the same on every rank, so draws from it gave two engines started together the same port."""
+    import random
+
+    rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+    for port in rng.sample(range(low, high + 1), attempts):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            continue
+        return sock
+    raise SGLangRolloutError(f"no free loopback port in [{low}, {high}] after {attempts} tries")
+
+
+# SGLang's rendezvous of its scheduler processes is ``tcp://127.0.0.1:<nccl_port>``, but torch's TCPStore binds
+# every interface ([::]) whatever host the address names: an unauthenticated listener that anyone on the network
+# could reach (issue 44). A ``file://`` store in a private directory replaces it (SGLang's own override for an
+# externally managed store), and gloo among the schedulers (one host) is pinned to loopback.
+RENDEZVOUS_ENV = "SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE"
+
+
+def engine_child_env(rendezvous_dir: str, port: int, device: str) -> dict[str, str]:
+    """The environment SGLang's processes start with (on top of ours): a file rendezvous, gloo on loopback and,
+    on CPU, MASTER_ADDR/MASTER_PORT of this engine alone: SGLang's shared-memory all-reduce names its /dev/shm
+    segments from them (it derived them from the tcp:// address before), so two engines on a host must differ."""
+    env = {RENDEZVOUS_ENV: f"file://{os.path.join(rendezvous_dir, 'store')}", "GLOO_SOCKET_IFNAME": "lo"}
+    if device == "cpu":
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return env
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` set in ``os.environ`` inside the block (for the processes started there), the previous
+    values (or their absence) restored after."""
+    previous = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def sglang_sampling_params(sp: SamplingParams) -> dict[str, Any]:
     """Our SamplingParams -> one SGLang sampling_params dict (``n`` and seeds are set per request)."""
     stop = list(sp.stop_ids)
@@ -170,12 +226,41 @@ class SGLangRollout(BaseRollout):
             if tp_size > 1:  # SGLang binds each CPU rank's OpenMP threads to the cores listed here
                 os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", cpu_threads_bind(tp_size))
         args.update(engine_kwargs)
-        self.engine = sglang.Engine(**args)
+        self._port: socket.socket | None = None
+        self._rendezvous_cleanup: weakref.finalize | None = None
+        child_env: dict[str, str] = {}
+        # A rendezvous the user chose (SGLang's override variable, a multi-node dist_init_addr) is kept as it is.
+        if not os.environ.get(RENDEZVOUS_ENV) and not args.get("dist_init_addr"):
+            if args.get("nccl_port") is None:
+                # Held (bound, never listening) while the engine runs: SGLang no longer binds it, and it names
+                # the engine's shared-memory segments, so no other engine on this host may draw it meanwhile.
+                self._port = reserve_loopback_port()
+                args["nccl_port"] = self._port.getsockname()[1]
+            rendezvous_dir = tempfile.mkdtemp(prefix="verl_sglang_rdzv_")  # mode 0700: this user's alone
+            # Removed at shutdown, or at exit (a crashed start, an owner that never called shutdown).
+            self._rendezvous_cleanup = weakref.finalize(self, shutil.rmtree, rendezvous_dir, True)
+            child_env = engine_child_env(rendezvous_dir, args["nccl_port"], self.device)
+        try:
+            with environment(child_env):
+                self.engine = sglang.Engine(**args)
+        except BaseException:
+            self._release_rendezvous()
+            raise
         self._specs = [rollout_param_specs(config, tp_size, rank) for rank in range(tp_size)]
         self._released: set = set()
 
+    def _release_rendezvous(self) -> None:
+        port, self._port = self._port, None
+        if port is not None:
+            port.close()
+        if self._rendezvous_cleanup is not None:
+            self._rendezvous_cleanup()  # runs once; later calls do nothing
+
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        try:
+            self.engine.shutdown()
+        finally:
+            self._release_rendezvous()
 
     def __enter__(self) -> SGLangRollout:
         return self
