@@ -473,7 +473,7 @@ def test_gpu_template_sigterm_checkpoints_and_does_not_requeue(slurm):
     run_dir = slurm.out_dir / "term"
     cmd = (f"{REPO}/.venv/bin/python -m launch.selftest --steps 1000 --step-seconds 0.3"
            f" --checkpoint-dir {run_dir}/checkpoints")
-    job_id, out = submit_gpu_dry_run(slurm, "term", "--time=10", VERL_CMD=cmd)
+    job_id, out = submit_gpu_dry_run(slurm, "term", "--time=20", VERL_CMD=cmd)  # > the header's 900 s lead
     wait_for(output_has(out, '"event": "step"'), 90, "the job's first step", out)
     subprocess.run(["scancel", "--batch", "--signal=TERM", job_id], check=True, timeout=30)
     wait_for(lambda: job_state(job_id).get("JobState") in (None, "COMPLETED", "FAILED", "CANCELLED"), 60,
