@@ -25,7 +25,7 @@ import time
 
 from verl.launcher.bootstrap import destroy_distributed, init_distributed
 from verl.launcher.env import LaunchError
-from verl.launcher.preemption import PreemptionHandler
+from verl.launcher.preemption import PreemptionHandler, hold_early_preemption
 
 STATE_FILE = "selftest_state.json"
 
@@ -186,6 +186,7 @@ def run_steps(args, rank: int, world: int) -> None:
 
 
 def main(argv=None) -> int:
+    hold_early_preemption()  # as `verl train`: a preemption signal during start-up is honoured, not fatal
     args = parse_args(argv)
     try:
         env = init_distributed(timeout_s=args.timeout_s)

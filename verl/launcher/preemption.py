@@ -26,6 +26,20 @@ DEFAULT_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP)
 TRAINER_SIGNALS = (*DEFAULT_SIGNALS, signal.SIGINT)
 
 
+# SIGUSR1s that arrived before the handler was installed (hold_early_preemption): Slurm's time-limit or preemption
+# signal can come while a rank is still starting, and its default action would kill the rank.
+_EARLY: list[int] = []
+
+
+def hold_early_preemption() -> None:
+    """From process start: record a SIGUSR1 instead of dying of it; the next :class:`PreemptionHandler` installed
+    honours it (the run checkpoints after its first step). Only SIGUSR1, whose default kills: SIGTERM/SIGHUP/SIGINT
+    keep ending a rank that is still starting (a user's kill, Ctrl-C)."""
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        signal.signal(signal.SIGUSR1, lambda signum, frame: _EARLY.append(signum))
+
+
 class PreemptionHandler:
     def __init__(self, signals=DEFAULT_SIGNALS):
         self.signals = tuple(signals)
@@ -42,6 +56,9 @@ class PreemptionHandler:
             if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
                 continue  # started under nohup: the user asked the run to outlive its terminal
             self._previous[sig] = signal.signal(sig, self._on_signal)
+        if _EARLY:  # a signal that came while the process was starting
+            self._on_signal(_EARLY.pop(), None)
+            _EARLY.clear()
         return self
 
     def uninstall(self) -> None:

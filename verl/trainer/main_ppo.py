@@ -188,6 +188,9 @@ def actor_memory_estimate(config) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from verl.launcher.preemption import hold_early_preemption
+
+    hold_early_preemption()  # Slurm's preemption signal during start-up: honoured after the first step, not fatal
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_intermixed_args(argv)  # flags and key=value overrides in any order
     if args.tensorboard_dir:
