@@ -123,16 +123,21 @@ class Plan:
         return self.ranks // self.tp
 
 
-def _prompt_column(path: str, key: str):
+def read_parquet(path: str, error: type[InputError] = InputError):
+    """``data.path``'s table, or ``error`` in one line naming what was found (the generation and eval jobs')."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if not os.path.isfile(path):
-        raise InputError(f"data.path: expected a parquet file, found nothing at {path}")
+        raise error(f"data.path: expected a parquet file, found nothing at {path}")
     try:
-        table = pq.read_table(path)
+        return pq.read_table(path)
     except (pa.ArrowException, OSError) as err:
-        raise InputError(f"data.path: expected a parquet file, found {path} unreadable ({err})") from None
+        raise error(f"data.path: expected a parquet file, found {path} unreadable ({err})") from None
+
+
+def _prompt_column(path: str, key: str):
+    table = read_parquet(path)
     if key not in table.column_names:
         raise InputError(f"data.prompt_key: expected a column {key!r} in {path}, found columns {table.column_names}")
     if table.num_rows == 0:

@@ -45,19 +45,13 @@ def load_config(overrides: Sequence[str]) -> dict[str, Any]:
 
 def read_rows(cfg: dict[str, Any]) -> tuple[list, list, list]:
     """(responses, data sources, reward-model entries) of every row, their columns checked."""
-    import os
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from verl.trainer.generation_job import read_parquet
 
     data = cfg["data"]
     path = data["path"]
-    if not os.path.isfile(path):
-        raise EvaluationDataError(f"data.path: expected a parquet file, found nothing at {path}")
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as err:
-        raise EvaluationDataError(f"data.path: expected a parquet file, found {path} unreadable ({err})") from None
+    table = read_parquet(path, EvaluationDataError)
     columns = []
     for key in ("response_key", "data_source_key", "reward_model_key"):
         name = data[key]
