@@ -40,6 +40,9 @@ logger = get_logger(__name__)
 # A rollout rank waits for its next command as long as training takes; a dead peer ends the job through the
 # launcher (fail-fast), not through this wait.
 COMMAND_WAIT = datetime.timedelta(days=30)
+# How long training rank 0 waits for a streaming pool's `stopped` answers: a running segment ends at its next
+# token once `stop` arrives, so this only runs out when a pool rank is gone (the launcher then ends the job).
+STOP_WAIT_S = 120
 METRIC_PEAK_EXTRA_MB = "perf/weight_sync_peak_extra_mb"
 
 
@@ -154,16 +157,20 @@ class RolloutPoolLink:
             for j in range(p.rollout_tp):
                 self.bridge.send_object(command, p.rollout_rank(k, j))
 
+        bridge = self.bridge  # close() drops self.bridge while these threads still drain the last messages
+
         def receive(replica: int) -> None:
             leader = p.rollout_rank(replica, 0)
             while True:
-                message = self.bridge.recv_result(leader, timeout=COMMAND_WAIT)
+                message = bridge.recv_result(leader, timeout=COMMAND_WAIT)
                 self._results.put(message)
                 if message.get("op") == "stopped":
                     return
 
-        for k in range(p.replicas):
-            threading.Thread(target=receive, args=(k,), name=f"pool-results-{k}", daemon=True).start()
+        self._receivers = [threading.Thread(target=receive, args=(k,), name=f"pool-results-{k}", daemon=True)
+                           for k in range(p.replicas)]
+        for thread in self._receivers:
+            thread.start()
 
     def submit(self, groups: list) -> None:
         """Training rank 0: hand prompt groups to the replicas, each to the one with the fewest in flight."""
@@ -194,10 +201,18 @@ class RolloutPoolLink:
         return messages
 
     def close(self) -> None:
-        """Training rank 0: tell the pool to stop (idempotent)."""
+        """Training rank 0: tell the pool to stop (idempotent). A streaming pool answers with one ``stopped`` per
+        replica; this waits for them (bounded), because a pool rank's send returns only once this rank posted the
+        receive: leaving earlier fails that send, and with it the job."""
         if self.rank == 0 and self.bridge is not None:
             try:
                 self._command({"op": "stop"})
+                deadline = time.monotonic() + STOP_WAIT_S
+                for thread in getattr(self, "_receivers", ()):
+                    thread.join(timeout=max(0.0, deadline - time.monotonic()))
+                    if thread.is_alive():
+                        logger.warning("rollout pool: a replica had not answered `stop` after %d s", STOP_WAIT_S)
+                        break
             finally:
                 self.bridge = None
 
