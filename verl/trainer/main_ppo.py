@@ -19,6 +19,10 @@ starts. Then:
 - otherwise this process spawns that many local ranks (``verl.launcher.spawn.spawn_local``) running
   ``python -m verl.trainer.main_ppo`` with the same arguments, and returns their exit code.
 
+``VERL_DEVICE_MAP=multi``: where the file and overrides name no parallel layout, one is chosen from the model's
+size, the ranks and the memory per device and printed in one ``[layout]`` block (:mod:`verl.trainer.config.
+auto_layout`).
+
 ``--dry-run`` runs one step (generation, rewards, log-probs, values, advantages, metrics) without
 updating weights, saving checkpoints or validating.
 
@@ -201,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         log = _open_log_dir(args.log_dir)
         sys.stdout, sys.stderr = _Tee(sys.stdout, log), _Tee(sys.stderr, log)
 
+    from verl.errors import InputError
     from verl.launcher.env import LaunchError, discover
-    from verl.trainer.config import ConfigError, job_size, load_config
+    from verl.trainer.config import ConfigError, auto_layout, job_size, load_config
     from verl.trainer.config.loader import config_dir_from_cli
 
     try:
@@ -211,12 +216,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"verl train: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     launched = env.source != "local"
+    overrides, chosen = list(args.overrides), []
+    config_dir = config_dir_from_cli(args.config_path, __file__)
     try:
-        config = load_config(args.config, args.overrides, launcher_world_size=env.world_size if launched else None,
-                             config_dir=config_dir_from_cli(args.config_path, __file__),
-                             config_name=args.config_name, resolve_only=args.cfg == "job")
+        if auto_layout.requested():  # VERL_DEVICE_MAP=multi: a layout chosen where the user names none
+            chosen, block = auto_layout.chosen_overrides(args.config, overrides, env.world_size if launched else None,
+                                                         config_dir, args.config_name)
+            overrides += chosen
+            if launcher_rank() == 0:  # --cfg job prints YAML on stdout: the block goes beside it
+                print(block, file=sys.stderr if args.cfg == "job" else sys.stdout, flush=True)
+        config = load_config(args.config, overrides, launcher_world_size=env.world_size if launched else None,
+                             config_dir=config_dir, config_name=args.config_name, resolve_only=args.cfg == "job")
     except ConfigError as err:
         print(f"verl train: config error: {err}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    except InputError as err:  # the model a layout is chosen for does not load, or the memory given is no size
+        print(f"verl train: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     if args.cfg == "job":
         from omegaconf import OmegaConf
@@ -225,7 +240,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from omegaconf import OmegaConf
 
-    from verl.errors import InputError
     from verl.trainer.config.sections import PPOSections
     from verl.trainer.preflight import preflight
 
@@ -253,10 +267,12 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="verl_rank_errors_") as error_dir:
         # The ranks' output reaches this process's console (and its --log_dir copy): they write no log of their own.
-        rank_argv = without_option(argv, "--log_dir", "--log-dir")
+        # The chosen layout travels as overrides: the ranks neither choose again nor print the block again.
+        rank_argv = [*without_option(argv, "--log_dir", "--log-dir"), *chosen]
+        rank_env = {key: value for key, value in os.environ.items() if key != auto_layout.DEVICE_MAP_ENV}
         failure: dict = {}
         code = spawn_local(world, [sys.executable, "-m", "verl.trainer.main_ppo", *rank_argv],
-                           env={**os.environ, RANK_ERROR_DIR_ENV: error_dir}, failure=failure)
+                           env={**rank_env, RANK_ERROR_DIR_ENV: error_dir}, failure=failure)
         line = None
         if failure.get("signal"):  # killed by a signal: it left no line of its own
             line = f"rank {failure['rank']}: killed by {signal.Signals(failure['signal']).name} (exit {code})"
