@@ -2,10 +2,11 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["DataFlow", "DataProto", "HybridActor", "TrainerConfig", "__version__", "register"]
+__all__ = ["DataFlow", "DataPipeline", "DataProto", "HybridActor", "RLTrainer", "TrainerConfig", "__version__",
+           "register"]
 
 # The Python API's names (docs/python_api.md), from verl.api on first use.
-_API = ("DataFlow", "HybridActor", "TrainerConfig", "register")
+_API = ("DataFlow", "DataPipeline", "HybridActor", "RLTrainer", "TrainerConfig", "register")
 
 
 def __getattr__(name: str):

@@ -2,6 +2,8 @@
 `verl train` runs.
 
 - :class:`DataFlow`, :func:`register`, :class:`TrainerConfig` (:mod:`verl.api.dataflow`): RL as named nodes;
+- :class:`DataPipeline`, :class:`RLTrainer`, :func:`is_driver` (:mod:`verl.api.pipeline`): a job named by its
+  models (actors, reward models, critics) over the dataflow trainer; ``verl.metrics`` holds what it returns;
 - :class:`HybridActor` (:mod:`verl.api.hybrid_actor`): one actor that generates through the rollout engine and
   trains through the training engine, switched by the 3D-HybridEngine without reloading weights;
 - the PPO trainer itself: ``verl.trainer.ppo.PPOTrainer(config)`` with ``rollout`` / ``update``, and
@@ -10,5 +12,7 @@
 
 from verl.api.dataflow import DataFlow, DataFlowTrainer, TrainerConfig, register
 from verl.api.hybrid_actor import HybridActor
+from verl.api.pipeline import DataPipeline, RLTrainer, is_driver
 
-__all__ = ["DataFlow", "DataFlowTrainer", "HybridActor", "TrainerConfig", "register"]
+__all__ = ["DataFlow", "DataFlowTrainer", "DataPipeline", "HybridActor", "RLTrainer", "TrainerConfig", "is_driver",
+           "register"]

@@ -305,6 +305,11 @@ class TrainerConfig:
     save_freq: int = 0
     output_dir: str = "outputs/dataflow"
     seed: int = 1
+    critic: str | None = None          # the critic's model (algorithm gae); None: the actor's model
+    reward_model: str | None = None    # a reward model's directory (reward_model.enable); None: the reward nodes
+    layout: str = "auto"               # "auto": chosen from the model, ranks and memory unless a layout key is named
+                                       # (verl.models.layout_choice); "default": the packaged defaults
+    device_memory_gib: float | None = None  # the memory per device the auto layout plans for (None: this machine's)
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def verl_config(self, world_size: int) -> dict[str, Any]:
@@ -330,8 +335,11 @@ class TrainerConfig:
                         "logger": ["console"], "seed": self.seed},
         }
         if self.algorithm == "gae":
-            config["critic"] = {"model": {"path": self.model}, "ppo_micro_batch_size_per_gpu": micro,
+            config["critic"] = {"model": {"path": self.critic or self.model}, "ppo_micro_batch_size_per_gpu": micro,
                                 "ppo_mini_batch_size": self.batch_size}
+        if self.reward_model:
+            config["reward_model"] = {"enable": True, "model": {"path": self.reward_model},
+                                      "micro_batch_size_per_gpu": micro}
         for dotted, value in self.overrides.items():
             node = config
             *parents, leaf = dotted.split(".")
@@ -342,26 +350,39 @@ class TrainerConfig:
 
 
 class DataFlowTrainer:
-    """:meth:`train` runs the dataflow's RL loop: the PPO trainer of `verl train` with the dataflow as its reward."""
+    """:meth:`train` runs the dataflow's RL loop: the PPO trainer of `verl train` with the dataflow as its reward
+    (``dataflow`` None: the configured reward, a reward model or the dataset's scorer). ``overrides``: ``key=value``
+    strings in `verl train`'s grammar, applied last."""
 
-    def __init__(self, dataflow: DataFlow, config: TrainerConfig):
-        self.dataflow, self.config = dataflow, config
+    def __init__(self, dataflow: DataFlow | None, config: TrainerConfig, overrides: Sequence[str] = ()):
+        self.dataflow, self.config, self.overrides = dataflow, config, list(overrides)
         self.trainer: Any = None
 
     def train(self, prompts: Sequence[Any] | None = None, dataset: Any = None,
-              resume_from: str | None = None) -> list[dict[str, float]]:
+              resume_from: str | None = None) -> Any:
         """Train on ``prompts`` (str, or dicts with ``prompt`` and ``ground_truth``) or ``dataset`` (a parquet path
-        in verl's format, or an RLHFDataset); ``resume_from``: a checkpoint (a step's directory, or the checkpoints
-        directory: its latest). Returns every step's metrics (verl's names) in order."""
+        in verl's format, an RLHFDataset, or a :class:`verl.data.DataLoader` over one: its batch size, shuffle and
+        seed); ``resume_from``: a checkpoint (a step's directory, or the checkpoints directory: its latest).
+        Returns every step's metrics (verl's names) in order: a :class:`verl.metrics.History`, on every rank."""
         import torch.distributed as dist
 
         from verl.trainer.local_trainer import ensure_distributed, load_tokenizer, resolve_config
 
+        if self.config.layout not in LAYOUTS:
+            raise InputError(f"TrainerConfig.layout: expected one of {list(LAYOUTS)}, found {self.config.layout!r}")
         if (prompts is None) == (dataset is None) and resume_from is None:
             raise InputError("train: expected one of prompts= or dataset=, found "
                              + ("both" if prompts is not None else "neither"))
+        from verl.data.loader import DataLoader
+
         world = dist.get_world_size() if dist.is_initialized() else _launcher_world_size()
-        tree = self.config.verl_config(world)
+        loader = dataset if isinstance(dataset, DataLoader) else None
+        if loader is not None:  # the loader's batches: its size (the mini-batch too), order and seed
+            dataset = loader.dataset
+            tree = dataclasses.replace(self.config, batch_size=loader.batch_size, seed=loader.seed).verl_config(world)
+            tree["data"]["shuffle"] = loader.shuffle
+        else:
+            tree = self.config.verl_config(world)
         out_dir = tree["trainer"]["output_dir"]
         train_dataset = None
         if prompts is not None:
@@ -369,6 +390,9 @@ class DataFlowTrainer:
         elif isinstance(dataset, (str, os.PathLike)):
             tree["data"]["train_files"] = os.fspath(dataset)
         elif dataset is not None:
+            if not hasattr(dataset, "data_files"):
+                raise InputError(f"train(dataset): expected a parquet path, an RLHFDataset or a verl.data.DataLoader, "
+                                 f"found {type(dataset).__name__}")
             train_dataset = dataset
             tree["data"]["train_files"] = dataset.data_files[0]
         else:  # resuming a run whose prompts are in its output directory
@@ -376,20 +400,65 @@ class DataFlowTrainer:
         if resume_from is not None:
             tree["trainer"]["resume_mode"] = "resume_path"
             tree["trainer"]["resume_from_path"] = _resume_dir(resume_from)
-        config = resolve_config(tree)
+        if self.config.layout == "auto":
+            auto_layout(tree, self.overrides, world, self.config.device_memory_gib)
+        config = resolve_config(tree, self.overrides)
         ensure_distributed(config)
         from verl.trainer.v1 import trainer_class
 
         self.trainer = trainer = trainer_class(config)(config, load_tokenizer(config), train_dataset=train_dataset)
-        trainer.reward_fn = DataFlowReward(self.dataflow, trainer.tokenizer, trainer.rank)
+        if self.dataflow is not None:
+            trainer.reward_fn = DataFlowReward(self.dataflow, trainer.tokenizer, trainer.rank)
         try:
             trainer.fit()
         finally:
             trainer.close()
         dist.barrier()  # rank 0's metrics file is complete
-        from verl.utils.tracking import read_metrics
+        import verl.metrics
 
-        return [record for record in read_metrics(out_dir) if record["step"] > 0]
+        return verl.metrics._record(verl.metrics.load(config.trainer.output_dir))
+
+
+LAYOUTS = ("auto", "default")
+
+
+def auto_layout(tree: dict[str, Any], overrides: Sequence[str], world: int,
+                device_memory_gib: float | None = None) -> Any:
+    """The parallel layout chosen for ``tree`` (verl's keys) when neither it nor ``overrides`` (``key=value``)
+    names one (:mod:`verl.models.layout_choice`): written into ``tree``, printed in one block by rank 0; returns
+    the :class:`~verl.models.layout_choice.LayoutChoice` (None when a layout was named)."""
+    from verl.launcher.env import discover
+    from verl.models.config import ModelConfig
+    from verl.models.layout_choice import GiB, choose_layout, flatten, names_layout
+
+    keys = flatten(tree)
+    keys.update({item.split("=", 1)[0].lstrip("+~"): None for item in overrides})
+    if names_layout(keys):
+        return None
+    dtype = keys.get("actor_rollout_ref.actor.megatron.dtype") or keys.get(
+        "actor_rollout_ref.actor.fsdp_config.model_dtype") or "float32"
+    dtype_bytes = 2 if str(dtype) in ("bfloat16", "bf16", "float16", "fp16") else 4
+    memory = None if device_memory_gib is None else int(float(device_memory_gib) * GiB)
+    choice = choose_layout(ModelConfig.from_pretrained(tree["actor_rollout_ref"]["model"]["path"]), world,
+                           ranks_per_node=discover().local_world_size, device_memory=memory,
+                           accelerator=None if memory is None else _has_accelerator(), dtype_bytes=dtype_bytes)
+    for dotted, value in choice.overrides.items():
+        node = tree
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    from verl.api.pipeline import is_driver
+
+    if is_driver():
+        print(choice.describe(), flush=True)
+    return choice
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _launcher_world_size() -> int:
