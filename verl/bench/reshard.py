@@ -45,24 +45,27 @@ from verl.utils.torch_dtypes import DTYPES
 # Weights and the run-time reference, from the model spec
 # ------------------------------------------------------------------------------------------------
 
-def random_hf_weights(config: ModelConfig, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """A full HF-style (unfused) weight set, identical on every rank for the same seed."""
+def random_hf_weights(config: ModelConfig, seed: int, dtype: torch.dtype = torch.float32,
+                      device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """A full HF-style (unfused) weight set, identical on every rank for the same seed and device type
+    (``cuda``: drawn by the GPU's own generator, seconds less than the CPU's for a 0.5B model)."""
     from verl.hybrid_engine.layouts import hf_tensor_shapes
 
-    gen = torch.Generator().manual_seed(seed)
-    return {name: torch.randn(*shape, generator=gen).to(dtype) for name, shape in hf_tensor_shapes(config).items()}
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return {name: torch.randn(*shape, generator=gen, device=device).to(dtype)
+            for name, shape in hf_tensor_shapes(config).items()}
 
 
 def reference_rollout_shard(config: ModelConfig, hf: dict[str, torch.Tensor], tp: int, tp_rank: int,
-                            dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Rollout rank ``tp_rank``'s parameters cut straight from the full HF weights ``hf``."""
+                            dtype: torch.dtype, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Rollout rank ``tp_rank``'s parameters cut straight from the full HF weights ``hf`` (on ``device``)."""
     from verl.hybrid_engine.layouts import fill_local, hf_tensor_shapes
     from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
 
     shapes = hf_tensor_shapes(config)
     out = {}
     for param, spec in zip(RolloutLayout(tp).params(config), rollout_param_specs(config, tp, tp_rank), strict=True):
-        out[spec.name] = torch.empty(spec.shape, dtype=dtype)
+        out[spec.name] = torch.empty(spec.shape, dtype=dtype, device=device)
         fill_local(param, shapes, tp, tp_rank, out[spec.name], hf.__getitem__)
     return out
 
@@ -77,6 +80,37 @@ def spawn_gloo_ranks(fn, nproc: int, args: tuple = (), timeout_s: float = 120.0)
     from verl.launcher.spawn import run_ranks_with_rank
 
     return run_ranks_with_rank(fn, nproc, *args, timeout_s=timeout_s, threads_per_rank=1)
+
+
+def rank_device(device: str, rank: int) -> torch.device:
+    """``cpu``, or this rank's GPU (rank r on GPU r mod the GPUs there, as the trainer's bootstrap pins ranks)."""
+    if device != "cuda":
+        return torch.device("cpu")
+    index = rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def collective_backend(device: torch.device, nproc: int) -> str:
+    """NCCL between ranks that each have a GPU of their own; gloo on CPU and for ranks sharing a GPU (NCCL
+    refuses two ranks on one device; gloo moves CUDA tensors), as ``verl.utils.device.dist_backend``."""
+    if device.type == "cuda" and nproc <= torch.cuda.device_count():
+        return "nccl"
+    return "gloo"
+
+
+class BackendReshardGroups:
+    """The plan's collective groups (``ReshardProcessGroups``' interface) on ``backend``, the world included:
+    the ranks join gloo (``run_ranks``), and the reshard's collectives run on NCCL groups beside it."""
+
+    def __init__(self, groups, backend: str):
+        import torch.distributed as dist
+
+        self._groups = {ranks: dist.new_group(list(ranks), backend=backend)  # same order on every rank
+                        for ranks in groups.micro_dp_groups}
+
+    def get(self, ranks: tuple[int, ...]):
+        return self._groups[ranks]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -107,8 +141,10 @@ def copy_into_rollout(name: str, full: torch.Tensor, targets: dict[str, list],
 
 
 def naive_reshard(rank: int, config: ModelConfig, training, rollout_tp: int, train: dict[str, torch.Tensor],
-                  rollout_params: dict[str, torch.Tensor], tp_groups: dict, pp_groups: dict) -> None:
-    """Per-tensor TP all-gather + PP broadcast to full size -> HF tensors (the converter's merge) -> narrow/copy."""
+                  rollout_params: dict[str, torch.Tensor], tp_groups: dict, pp_groups: dict,
+                  world_group=None) -> None:
+    """Per-tensor TP all-gather + PP broadcast to full size -> HF tensors (the converter's merge) -> narrow/copy.
+    ``world_group``: where the experts' broadcasts run (None: the default group)."""
     import torch.distributed as dist
 
     from verl.hybrid_engine.groups import derive_groups
@@ -119,6 +155,7 @@ def naive_reshard(rank: int, config: ModelConfig, training, rollout_tp: int, tra
     my_stage, dp, r = training.coords(rank)
     _, my_ep, my_etp = training.expert_coords(rank)
     targets = rollout_targets(config, rollout_tp, derive_groups(training, rollout_tp).rollout_tp_rank[rank])
+    first = next(iter(train.values()))
     copied: set[str] = set()  # a tied output layer on the last stage repeats the embedding
     for stage in range(pp):
         specs = training_param_specs(config, tp, pp, r, stage, training.ep, 0, training.etp, 0)
@@ -136,7 +173,7 @@ def naive_reshard(rank: int, config: ModelConfig, training, rollout_tp: int, tra
                     gathered = local
             else:
                 rows = shape[0] * tp if split else shape[0]
-                gathered = torch.empty((rows, *shape[1:]), dtype=next(iter(train.values())).dtype)
+                gathered = torch.empty((rows, *shape[1:]), dtype=first.dtype, device=first.device)
             if pp > 1:
                 dist.broadcast(gathered, src=training.rank(stage, dp, r), group=pp_groups[(dp, r)])
             merged = rule.layout.merge(gathered.chunk(tp) if split else [gathered], config)
@@ -154,8 +191,9 @@ def naive_reshard(rank: int, config: ModelConfig, training, rollout_tp: int, tra
                 parts = []
                 for k in range(etp):
                     holder = base + e * etp + k
-                    part = train[name] if rank == holder else torch.empty(shape, dtype=next(iter(train.values())).dtype)
-                    dist.broadcast(part, src=holder)
+                    part = train[name] if rank == holder else torch.empty(shape, dtype=first.dtype,
+                                                                           device=first.device)
+                    dist.broadcast(part, src=holder, group=world_group)
                     parts.append(part)
                 for hf_name, t in zip(rule.hf, rule.layout.merge(parts, config), strict=True):
                     copy_into_rollout(hf_name, t, targets, rollout_params)
@@ -165,15 +203,19 @@ def naive_reshard(rank: int, config: ModelConfig, training, rollout_tp: int, tra
 # One benchmark rank
 # ------------------------------------------------------------------------------------------------
 
-def _timed(fn, repeats: int) -> float:
-    """Best-of-``repeats`` wall time of a collective step, barrier to barrier."""
+def _timed(fn, repeats: int, device: torch.device | None = None) -> float:
+    """Best-of-``repeats`` wall time of a collective step, barrier to barrier (on CUDA to completion: the
+    device is synchronised before each barrier)."""
     import torch.distributed as dist
 
+    sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else (lambda: None)
     best = float("inf")
     for _ in range(repeats):
+        sync()
         dist.barrier()
         start = time.perf_counter()
         fn()
+        sync()
         dist.barrier()
         best = min(best, time.perf_counter() - start)
     return best
@@ -182,16 +224,16 @@ def _timed(fn, repeats: int) -> float:
 def _time_naive(reshard, executor, got: dict, reference: dict, dtype: torch.dtype, repeats: int) -> dict:
     """Best-of-``repeats`` time of a naive reshard ``reshard(params)`` into buffers of the rollout's layout, and
     whether it matches ``reference``: the baseline both the Megatron and the FSDP benchmark report."""
-    naive_flat = torch.zeros(executor.rollout_numel, dtype=dtype)
+    naive_flat = torch.zeros(executor.rollout_numel, dtype=dtype, device=executor.device)
     naive_params = {n: naive_flat[o:o + t.numel()].view(t.shape)
                     for (n, o), t in zip(executor.rollout_offsets.items(), got.values(), strict=False)}
-    seconds = _timed(lambda: reshard(naive_params), repeats)
+    seconds = _timed(lambda: reshard(naive_params), repeats, executor.device)
     return {"naive_seconds": seconds,
             "naive_verified": all(torch.equal(naive_params[n], t) for n, t in reference.items())}
 
 
 def build_training_buffer(config: ModelConfig, training, rank: int, shard: dict[str, torch.Tensor],
-                          dtype: torch.dtype):
+                          dtype: torch.dtype, device: torch.device | str = "cpu"):
     """(flat buffer, offsets, views) of this rank's Megatron state dict ``shard``, in training_param_specs order."""
     from verl.hybrid_engine.executor import flat_offsets
     from verl.hybrid_engine.layouts import training_param_specs
@@ -204,7 +246,7 @@ def build_training_buffer(config: ModelConfig, training, rank: int, shard: dict[
     if [(s.name, tuple(s.shape)) for s in specs] != found:
         raise RuntimeError(f"training layout: expected the reference Megatron shard {found}, found specs {specs}")
     offsets, numel = flat_offsets(specs)
-    flat = torch.empty(numel, dtype=dtype)
+    flat = torch.empty(numel, dtype=dtype, device=device)
     views = {}
     for name, shape in specs:
         views[name] = flat[offsets[name]:offsets[name] + shard[name].numel()].view(shape)
@@ -213,8 +255,10 @@ def build_training_buffer(config: ModelConfig, training, rank: int, shard: dict[
 
 
 def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int, dtype_name: str,
-                 bucket_bytes: int, seed: int, repeats: int, with_naive: bool, push_model: str | None = None) -> dict:
-    """Reshard on this rank, verify bit-exactly against the reference, and time all three paths."""
+                 bucket_bytes: int, seed: int, repeats: int, with_naive: bool, push_model: str | None = None,
+                 device_name: str = "cpu") -> dict:
+    """Reshard on this rank, verify bit-exactly against the reference, and time all three paths. ``device_name``
+    cuda: every buffer on this rank's GPU, the collectives on NCCL (gloo where ranks share a GPU)."""
     import torch.distributed as dist
 
     from verl.hybrid_engine.executor import ReshardExecutor, ReshardProcessGroups
@@ -230,19 +274,23 @@ def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int
     j = groups.rollout_tp_rank[rank]
     from verl.models.mcore.weights import to_mcore_shard
 
-    hf = random_hf_weights(config, seed, dtype)
+    device = rank_device(device_name, rank)
+    backend = collective_backend(device, nproc)
+    # gloo is the rendezvous's backend (run_ranks): other backends get groups of their own.
+    process_groups = ReshardProcessGroups(groups) if backend == "gloo" else BackendReshardGroups(groups, backend)
+    hf = random_hf_weights(config, seed, dtype, device)
     stage, _, r = training.coords(rank)
     _, ep_rank, etp_rank = training.expert_coords(rank)
     shard = to_mcore_shard(config, hf.__getitem__, training.tp, training.pp, r, stage, "lm", training.ep, ep_rank,
                            training.expert_tp, etp_rank)
-    train_flat, offsets, train_views = build_training_buffer(config, training, rank, shard, dtype)
+    train_flat, offsets, train_views = build_training_buffer(config, training, rank, shard, dtype, device)
     del shard
     plan = plan_reshard(config, training, RolloutLayout(rollout_tp), rank, bucket_bytes, dtype_name)
     executor = ReshardExecutor(plan, train_flat, offsets,
                                [(s.name, s.shape) for s in rollout_param_specs(config, rollout_tp, j)],
-                               ReshardProcessGroups(groups))
+                               process_groups)
     stats = executor.to_rollout()
-    reference = reference_rollout_shard(config, hf, rollout_tp, j, dtype)
+    reference = reference_rollout_shard(config, hf, rollout_tp, j, dtype, device)
     del hf
     got = executor.rollout_params()
     mismatched = [n for n, t in reference.items() if n not in got or not torch.equal(got[n], t)]
@@ -251,24 +299,28 @@ def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int
               "bytes_formula": plan.bytes_formula, "model_bytes": plan.model_bytes,
               "expert_bytes": plan.expert_bytes,
               "peak_extra_bytes": stats.peak_extra_bytes, "metrics": stats.metrics(),
+              "device": str(device), "backend": backend,
               "summary": plan.summary() if rank == 0 else None}
     # Executor released and reacquired between timings, as in a PPO iteration.
     executor.release()
-    result["seconds"] = _timed(executor.to_rollout, repeats)
+    result["seconds"] = _timed(executor.to_rollout, repeats, device)
     if with_naive:
-        tp_groups = {(s, d): dist.new_group([training.rank(s, d, r) for r in range(training.tp)])
+        extra = {} if backend == "gloo" else {"backend": backend}
+        tp_groups = {(s, d): dist.new_group([training.rank(s, d, r) for r in range(training.tp)], **extra)
                      for s in range(training.pp) for d in range(training.dp)}
-        pp_groups = {(d, r): dist.new_group([training.rank(s, d, r) for s in range(training.pp)])
+        pp_groups = {(d, r): dist.new_group([training.rank(s, d, r) for s in range(training.pp)], **extra)
                      for d in range(training.dp) for r in range(training.tp)}
+        world_group = dist.new_group(list(range(nproc)), **extra) if extra else None
 
         def naive(params):
-            naive_reshard(rank, config, training, rollout_tp, train_views, params, tp_groups, pp_groups)
+            naive_reshard(rank, config, training, rollout_tp, train_views, params, tp_groups, pp_groups,
+                          world_group)
 
         result.update(_time_naive(naive, executor, got, reference, dtype, repeats))
     del reference, got
-    memcpy_src = torch.empty(executor.rollout_numel, dtype=dtype).normal_()
+    memcpy_src = torch.empty(executor.rollout_numel, dtype=dtype, device=device).normal_()
     rollout_flat = executor.acquire()
-    result["memcpy_seconds"] = _timed(lambda: rollout_flat.copy_(memcpy_src), repeats)
+    result["memcpy_seconds"] = _timed(lambda: rollout_flat.copy_(memcpy_src), repeats, device)
     if push_model is not None:
         result.update(_time_sglang_push(rank, config, groups, executor, push_model, dtype, bucket_bytes, repeats))
     return result
@@ -438,10 +490,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="timings are best of this many")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-naive", action="store_true", help="skip timing the naive path")
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="also the LoRA adapter-only sync of rank R adapters on every decoder linear (colocated, "
+                        "Megatron --train): its bytes, formula and time beside the dense figures")
     p.add_argument("--push", choices=["sglang"], default=None,
                    help="also time the trainer's weight sync into SGLang engines (reshard + per-rank push); needs "
                         "SGLang importable (.venv-sglang/bin/verl)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before every rank is killed")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where every buffer lives (cuda: rank r on GPU r mod the GPUs, timed to completion; NCCL "
+                        "between ranks with a GPU each, gloo where ranks share one). Megatron layouts, colocated")
     p.add_argument("--placement", choices=["colocated", "separate"], default="colocated",
                    help="separate: the rollout on ranks of its own after the training ranks (--nproc counts both "
                         "pools); see verl.bench.weight_sync")
@@ -457,6 +515,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return refuse("verl bench reshard", "--device cuda: expected a CUDA device, found none")
     from verl.hybrid_engine.layouts import FSDPLayout, TrainingLayout, hf_tensor_shapes
     from verl.hybrid_engine.planner import plan_reshard
     from verl.hybrid_engine.rollout_layout import RolloutLayout
@@ -464,6 +524,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = ModelConfig.from_pretrained(args.model)
         fsdp = "fsdp=" in args.train
+        if args.device == "cuda" and (fsdp or args.placement == "separate" or args.push):
+            raise InputError("--device cuda: expected a Megatron --train layout, --placement colocated and no --push "
+                             f"(the others run on CPU ranks), found --train {args.train} --placement "
+                             f"{args.placement}{' --push ' + args.push if args.push else ''}")
         rollout_tp = _parse_sizes(args.rollout, ("tp",), "--rollout")["tp"]
         if fsdp:
             train = _parse_sizes(args.train, ("fsdp", "replicate"), "--train")
@@ -480,6 +544,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.train_dtype not in (None, args.dtype):
                 raise InputError(f"--train-dtype: expected it only with --train fsdp=..., found {args.train_dtype} "
                                  "with a Megatron layout (its bench trains in --dtype)")
+        if args.lora_rank and (fsdp or args.placement != "colocated" or args.lora_rank < 0):
+            raise InputError(f"--lora-rank: expected a positive rank with a colocated Megatron --train layout, found "
+                             f"{args.lora_rank} with {args.train} ({args.placement})")
         if args.placement == "separate":
             if not fsdp and (training.ep > 1 or training.etp is not None):
                 raise InputError("--placement separate: expected ep=1 (the cross-pool sync of experts is not "
@@ -520,7 +587,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  (cfg, (training.tp, training.pp, training.dp, training.ep, training.etp), rollout_tp,
                                   args.dtype,
                                   args.bucket_bytes, args.seed, args.repeats, not args.no_naive,
-                                  os.path.abspath(args.model) if args.push else None), args.timeout)
+                                  os.path.abspath(args.model) if args.push else None, args.device), args.timeout)
     first = ranks[0]
     received = [r["bytes_received"] for r in ranks]
     seconds = first["seconds"]
@@ -540,6 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {
         "model": os.path.abspath(args.model),
         "train": train, "rollout": {"tp": rollout_tp}, "nproc": args.nproc, "dtype": args.dtype,
+        "device": args.device, **({"backend": first["backend"]} if "backend" in first else {}),
         "params": params,
         "verified": all(r["verified"] for r in ranks),
         "case": first["case"],
@@ -572,6 +640,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                       push_over_budget=first["push_seconds"] / budget)
     if not result["verified"]:
         result["mismatched"] = {r["rank"]: r["mismatched"] for r in ranks if not r["verified"]}
+    if args.lora_rank:  # issue 45: the adapter-only sync of the same layouts, beside the dense figures
+        from verl.bench.lora_sync import colocated_lora_rank, lora_summary
+
+        lora_ranks = spawn_gloo_ranks(colocated_lora_rank, args.nproc,
+                                      (cfg, (training.tp, training.pp, training.dp), rollout_tp, args.lora_rank,
+                                       args.dtype, args.bucket_bytes, args.seed, args.repeats), args.timeout)
+        result.update(lora_summary(lora_ranks, args.lora_rank, result))
+        print(f"LoRA r={args.lora_rank}: adapter-only sync {result['lora_bytes_received_mean']:.0f} bytes received "
+              f"per rank (formula {result['lora_bytes_formula']:.0f}) vs dense {result['bytes_received_mean']:.0f}; "
+              f"{result['lora_seconds'] * 1e3:.1f} ms (merge {result['lora_merge_seconds'] * 1e3:.1f} ms) vs dense "
+              f"{seconds * 1e3:.1f} ms; verified {result['lora_verified']}")
     print(first["summary"])
     if fsdp:
         print("bytes received per rank vs formula: "

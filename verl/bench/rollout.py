@@ -8,6 +8,10 @@ sequences of P tokens; every sequence generates exactly K tokens (no stop tokens
 B*K / wall time of one whole generate call (prefill included), median over ``--repeats`` after a
 warm-up call. Native runs at rollout TP 1 with ``--threads`` intra-op threads (default 1: a tiny
 model is latency-bound and extra OpenMP threads only add synchronisation).
+
+``--device cuda`` puts the engines' weights, KV cache and sampling on the GPU (timed to completion);
+``--baseline hf`` also times transformers' ``generate`` on the same weights, prompts and device (sampling at
+``--temperature``, exactly K new tokens) and reports ``native_over_hf``.
 """
 
 from __future__ import annotations
@@ -51,25 +55,60 @@ def _summary(seconds: list[float], tokens: int, cpu_seconds: list[float] | None 
     return summary
 
 
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def bench_native(model_dir: str, prompts: torch.Tensor, new_tokens: int, dtype: str, temperature: float,
-                 repeats: int, seed: int) -> dict:
+                 repeats: int, seed: int, device: str = "cpu") -> dict:
     from verl.engine.rollout.base import SamplingParams
     from verl.engine.rollout.native.engine import NativeRollout
     from verl.models.config import ModelConfig
 
-    engine = NativeRollout(ModelConfig.from_pretrained(model_dir), dtype=DTYPES[dtype])
+    engine = NativeRollout(ModelConfig.from_pretrained(model_dir), dtype=DTYPES[dtype], device=device)
     engine.load_hf_checkpoint(model_dir)
     params = SamplingParams(temperature=temperature, response_length=new_tokens, seed=seed)
     mask = torch.ones_like(prompts)
     engine.generate(prompts, mask, params)  # warm-up: allocates the KV cache and RoPE tables
     seconds, cpu_seconds = [], []
     for _ in range(repeats):
+        _sync(device)
         start, cpu_start = time.perf_counter(), time.process_time()
         out = engine.generate(prompts, mask, params)
+        _sync(device)
         seconds.append(time.perf_counter() - start)
         cpu_seconds.append(time.process_time() - cpu_start)
         if int(out["response_mask"].sum()) != prompts.shape[0] * new_tokens:
             raise RuntimeError("native bench: expected every sequence to generate all new tokens")
+    return _summary(seconds, prompts.shape[0] * new_tokens, cpu_seconds)
+
+
+def bench_hf(model_dir: str, prompts: torch.Tensor, new_tokens: int, dtype: str, temperature: float,
+             repeats: int, seed: int, device: str = "cpu") -> dict:
+    """transformers' ``generate`` on the same checkpoint, prompts and device: the baseline a peer trainer built
+    on HF generates with (all prompts in one call, KV cache, exactly ``new_tokens`` each)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype]).to(device).eval()
+    ids = prompts.to(device)
+    sample = temperature > 0
+    kwargs = {"attention_mask": torch.ones_like(ids), "max_new_tokens": new_tokens, "min_new_tokens": new_tokens,
+              "do_sample": sample, "pad_token_id": 0,
+              **({"temperature": temperature, "top_k": 0, "top_p": 1.0} if sample else {})}
+    torch.manual_seed(seed)
+    model.generate(ids, **kwargs)  # warm-up
+    seconds, cpu_seconds = [], []
+    for _ in range(repeats):
+        _sync(device)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        out = model.generate(ids, **kwargs)
+        _sync(device)
+        seconds.append(time.perf_counter() - start)
+        cpu_seconds.append(time.process_time() - cpu_start)
+        if out.shape != (prompts.shape[0], prompts.shape[1] + new_tokens):
+            raise RuntimeError(f"hf bench: expected {tuple(prompts.shape)} + {new_tokens} new tokens, found "
+                               f"{tuple(out.shape)}")
     return _summary(seconds, prompts.shape[0] * new_tokens, cpu_seconds)
 
 
@@ -101,8 +140,14 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for the native engine")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-sglang", action="store_true")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the engines compute (cuda: timed to completion with torch.cuda.synchronize)")
+    parser.add_argument("--baseline", choices=("none", "hf"), default="none",
+                        help="hf: also time transformers' generate on the same weights and prompts")
     parser.add_argument("--json", metavar="PATH", help="write the results to this JSON file")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return refuse("verl bench rollout", "--device cuda: expected a CUDA device, found none")
     for key in ("batch", "prompt_len", "new_tokens", "repeats", "threads"):
         if getattr(args, key) < 1:
             return refuse("verl bench rollout", f"--{key.replace('_', '-')} expected >= 1, found {getattr(args, key)}")
@@ -117,11 +162,20 @@ def main(argv=None) -> int:
         model_dir = checkpoint_dir(args.model, workdir, args.seed, args.dtype)
         prompts = random_prompts(config.vocab_size, args.batch, args.prompt_len, args.seed)
         common = (model_dir, prompts, args.new_tokens, args.dtype, args.temperature, args.repeats, args.seed)
-        results = {"native": bench_native(*common)}
-        results["sglang"] = {"skipped": "--skip-sglang"} if args.skip_sglang else bench_sglang(*common)
+        results = {"native": bench_native(*common, device=args.device)}
+        if args.baseline == "hf":
+            results["hf"] = bench_hf(*common, device=args.device)
+        if args.skip_sglang:
+            results["sglang"] = {"skipped": "--skip-sglang"}
+        elif args.device == "cuda":  # the SGLang route here is its CPU build (launch/setup_sglang.sh)
+            results["sglang"] = {"skipped": "--device cuda: the SGLang bench runs on CPU only"}
+        else:
+            results["sglang"] = bench_sglang(*common)
     record = {"model": args.model, "batch": args.batch, "prompt_len": args.prompt_len,
               "new_tokens": args.new_tokens, "dtype": args.dtype, "temperature": args.temperature,
-              "threads": args.threads, "tp": 1, **results}
+              "threads": args.threads, "tp": 1, "device": args.device, **results}
+    if "hf" in results:
+        record["native_over_hf"] = results["native"]["tokens_per_s"] / results["hf"]["tokens_per_s"]
     for engine, r in results.items():
         if "skipped" in r:
             print(f"{engine:7s} skipped: {r['skipped']}")
@@ -129,6 +183,8 @@ def main(argv=None) -> int:
             cpu = f", {r['tokens_per_cpu_s']:.0f} tok per CPU-s" if "tokens_per_cpu_s" in r else ""
             print(f"{engine:7s} {r['tokens_per_s']:9.0f} tok/s  (median {r['median_s'] * 1e3:.1f} ms for "
                   f"{r['new_tokens']} tokens{cpu})")
+    if "native_over_hf" in record:
+        print(f"native / hf generate: {record['native_over_hf']:.2f}x")
     if "tokens_per_s" in results["sglang"]:
         print(f"native / sglang: {results['native']['tokens_per_s'] / results['sglang']['tokens_per_s']:.2f}x")
     if args.json:
