@@ -1,6 +1,7 @@
 """`verl train` GRPO with Megatron LoRA (TP 2, 2 gloo ranks, 2 steps): the run trains, the reference is the base
 model with the adapters off (the KL loss is exactly 0 at step 1, when B = 0 makes actor = base, and moves after
-the first update), and the rollout receives the merged weights through today's reshard. With
+the first update), and the rollout gets the base at the first sync and only the adapters after it (verl's default
+``lora.merge=false``: fewer bytes at step 2, the first-step rollout_probs_diff_max gate holds). With
 ``save_lora_only`` the step-2 checkpoint holds the adapters only, and the HF export at the end is a PEFT adapter
 directory (plus the merged model with ``checkpoint.export_merged``)."""
 
@@ -32,6 +33,10 @@ def test_grpo_megatron_lora_two_ranks(tmp_path):
     assert metrics[1]["actor/kl_loss"] == 0.0  # B = 0: the actor is the base, which is the reference
     assert metrics[2]["actor/kl_loss"] > 0.0  # the adapters moved the actor away from the base
     assert metrics[1]["perf/reshard_bytes"] > 0
+    # adapter-only sync: step 2 moves the adapters alone (the base came at step 1)
+    assert metrics[2]["perf/reshard_bytes"] == metrics[2]["perf/lora_sync_bytes"] == metrics[1]["perf/lora_sync_bytes"]
+    assert metrics[2]["perf/reshard_bytes"] < metrics[1]["perf/reshard_bytes"] / 2, metrics[2]["perf/reshard_bytes"]
+    assert metrics[1]["training/rollout_probs_diff_max"] < 1e-3
     with open(out / "checkpoints" / "global_step_2" / "actor" / "verl_checkpoint.json") as f:
         manifest = json.load(f)
     assert manifest["lora_only"] and manifest["lora"] == {"rank": 4, "alpha": 8.0}, manifest

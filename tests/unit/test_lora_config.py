@@ -65,8 +65,6 @@ def test_bad_lora_input_is_one_line(data_args, no_ranks, capsys, tmp_path):
                   "actor_rollout_ref.model.target_modules", "q_prj")
     expect_exit_2(capsys, [*base, "actor_rollout_ref.model.lora_rank=8"], "actor_rollout_ref.model.lora_rank",
                   "lora.rank")
-    expect_exit_2(capsys, [*base, *MEGATRON, "actor_rollout_ref.model.lora.merge=false"],
-                  "actor_rollout_ref.model.lora.merge")
     # An adapter of another rank, then one whose shapes are another model's.
     adapter = tmp_path / "adapter"
     adapter.mkdir()

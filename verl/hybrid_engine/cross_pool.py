@@ -208,7 +208,9 @@ class _GlobalPool:
 @functools.lru_cache(maxsize=16)
 def _global_pool_plan(config: ModelConfig, placement: PoolPlacement, bucket_elems: int) -> _GlobalPool:
     training, tg = placement.training, placement.rollout_tp
-    tables = _tables(config, training, RolloutLayout(tg))
+    # LoRA's adapter layout (lora_sync) brings its own rollout side.
+    tables = _tables(config, training, training.rollout_layout(tg) if hasattr(training, "rollout_layout")
+                     else RolloutLayout(tg))
     load = [0] * placement.n_training
     routes: list[_Route] = []
     payload = [0] * tg

@@ -17,9 +17,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from verl.hybrid_engine.executor import ReshardExecutor, ReshardProcessGroups
+from verl.hybrid_engine.executor import METRIC_BYTES, ReshardExecutor, ReshardProcessGroups
 from verl.hybrid_engine.groups import ReshardGroups, derive_groups
 from verl.hybrid_engine.layouts import AnyTrainingLayout, LayoutError
+from verl.hybrid_engine.lora_sync import METRIC_ADAPTER_BYTES, METRIC_BASE_BYTES, ColocatedLoRASync
 from verl.hybrid_engine.planner import plan_reshard
 from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
 from verl.models.config import ModelConfig
@@ -67,7 +68,16 @@ class HybridEngine:
         self._dtype = torch_dtype(dtype)
         self._bind = (plan, specs, process_groups)
         bound = actor_engine.bind_reshard(model_config, training)
-        if bound is None:
+        # LoRA with lora.merge=false: the base once, then the adapters alone (lora_sync).
+        lora_source = getattr(actor_engine, "lora_sync_source", None)
+        lora_source = lora_source(model_config, training) if lora_source is not None else None
+        self.lora: ColocatedLoRASync | None = None
+        if lora_source is not None:
+            self.lora = ColocatedLoRASync(lora_source, model_config, rollout_tp, bucket_bytes, self.groups,
+                                          process_groups)
+            self.summary += "\n" + self.lora.plan.summary()
+            self._sources_of = lambda into: lora_source.base_sources(into.dtype, into.device)
+        elif bound is None:
             self._sources_of = lambda into: actor_engine.reshard_sources(into.dtype, into.device)
         else:
             flat, offsets = bound
@@ -78,6 +88,15 @@ class HybridEngine:
         into the buffer the engine is then handed (SGLang: ``push_weights``, timed on its own)."""
         self.rollout.resume()
         into = self.rollout.weight_buffer()
+        if self.lora is not None and self.lora.has_base:
+            # Adapters only: merged into the rollout shard from the base kept at the first sync.
+            metrics = self.lora.sync(into, restore=True)
+            seconds = metrics.pop("_seconds")
+            metrics[METRIC_BYTES] = metrics[METRIC_ADAPTER_BYTES]
+            pushed = self.rollout.push_weights()
+            if pushed:
+                metrics[METRIC_RESHARD_SECONDS] = seconds
+            return {**metrics, **pushed}
         if self._sources_of is None:
             stats = self.executor.to_rollout(into=into)
         else:
@@ -93,6 +112,13 @@ class HybridEngine:
             # A cast is part of the transition's copies.
             stats = dataclasses.replace(stats, seconds=stats.seconds + fetch, copy_seconds=stats.copy_seconds + fetch)
         metrics = stats.metrics()
+        if self.lora is not None:  # the first sync: the base just arrived; keep it, merge the adapters in
+            self.lora.capture_base(into)
+            lora = self.lora.sync(into, restore=False)
+            stats = dataclasses.replace(stats, seconds=stats.seconds + lora.pop("_seconds"))
+            metrics.update(lora)
+            metrics[METRIC_BASE_BYTES] = metrics[METRIC_BYTES]
+            metrics[METRIC_BYTES] += lora[METRIC_ADAPTER_BYTES]
         pushed = self.rollout.push_weights()
         if pushed:
             # The weight sync has two parts now (verl's timing_s/update_weights is both): without a push the
@@ -105,6 +131,8 @@ class HybridEngine:
         """Release the rollout weights and KV cache; the training weights were never moved."""
         if self.executor is not None:
             self.executor.release()
+        if self.lora is not None:
+            self.lora.release()
         self.rollout.release()
 
 

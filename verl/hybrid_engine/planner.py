@@ -262,7 +262,8 @@ class _Tables:
 
 
 def _tables(config: ModelConfig, training: AnyTrainingLayout, rollout: RolloutLayout) -> _Tables:
-    shapes = hf_tensor_shapes(config)
+    # A layout of other logical tensors than the model's HF weights (LoRA adapters: lora_sync) names them.
+    shapes = training.tensor_shapes(config) if hasattr(training, "tensor_shapes") else hf_tensor_shapes(config)
     holders: dict[str, list[_Held]] = {}
     for stage in range(training.pp):
         for e in range(training.ep):

@@ -27,6 +27,8 @@ import torch.distributed as dist
 
 from verl.errors import InputError
 from verl.hybrid_engine.cross_pool import PoolPlacement, plan_cross_pool
+from verl.hybrid_engine.lora_sync import METRIC_ADAPTER_BYTES as METRIC_LORA_BYTES
+from verl.hybrid_engine.lora_sync import PoolLoRAReceiver, PoolLoRASender
 from verl.hybrid_engine.weight_sync import METRIC_BYTES, METRIC_DELTA_FRACTION, PoolReceiver, PoolSender
 from verl.launcher.pools import current_bridge
 from verl.launcher.spawn import FORWARDED_SIGNALS
@@ -59,10 +61,18 @@ class RolloutPoolLink:
         self.generation_timeout = float(rollout_config.generation_timeout)
         ce = rollout_config.checkpoint_engine
         plan = plan_cross_pool(model_config, self.placement, self.rank, bucket_bytes, rollout_config.dtype)
+        # LoRA with lora.merge=false: the base at the first sync, then the adapters alone (lora_sync).
+        lora_source = getattr(engine, "lora_sync_source", None)
+        lora_source = lora_source(model_config, training) if lora_source is not None else None
+        self.lora = None if lora_source is None else PoolLoRASender(lora_source, model_config, self.placement,
+                                                                     self.rank, bucket_bytes, self.bridge, ce.verify)
+        self._lora_based = False
         if self.rank == 0:  # the pool plans from the same placement, and learns what to check
             for dst in range(self.placement.n_training, self.placement.world_size):
                 self.bridge.send_object({"op": "init", "placement": self.placement, "bucket_bytes": bucket_bytes,
-                                         "dtype": rollout_config.dtype, "verify": ce.verify, "delta": ce.delta}, dst)
+                                         "dtype": rollout_config.dtype, "verify": ce.verify,
+                                         "delta": ce.delta and self.lora is None,
+                                         "lora_placement": None if self.lora is None else self.lora.placement}, dst)
         # The training tensors: one flat buffer the engine bound once, or read by name at every sync (FSDP's
         # shards; Megatron's when the distributed optimizer keeps dense and expert parameters apart).
         self._sources_of = None
@@ -70,7 +80,10 @@ class RolloutPoolLink:
         self.sender: PoolSender | None = None  # bound at the first sync when sources come by name
         device = "cuda" if torch.cuda.is_available() else "cpu"
         bound = engine.bind_reshard(model_config, training)
-        if bound is None:
+        if lora_source is not None:
+            self._sources_of = lambda: lora_source.base_sources(self.dtype, device)
+            self._device = device
+        elif bound is None:
             self._sources_of = lambda: engine.reshard_sources(self.dtype, device)
         else:
             self.sender = PoolSender(plan, bound[0], bound[1], self.bridge, verify=ce.verify, delta=ce.delta)
@@ -83,6 +96,8 @@ class RolloutPoolLink:
     def sync_weights(self, version: int | None = None) -> dict[str, float]:
         """Every training rank: send this rank's part of every rollout shard; returns the pool-wide figures.
         ``version``: the model version the weights are (a streaming pool tags the tokens it generates with it)."""
+        if self.lora is not None:
+            return self._sync_lora(version)
         if self.rank == 0:
             self._command({"op": "sync", "version": version})
         if self._sources_of is None:
@@ -101,6 +116,30 @@ class RolloutPoolLink:
             dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         return {METRIC_BYTES: float(totals[0]), METRIC_DELTA_FRACTION: float(totals[0] / max(totals[1], 1.0)),
                 METRIC_PEAK_EXTRA_MB: float(peak[0]) / 2**20}
+
+    def _sync_lora(self, version: int | None) -> dict[str, float]:
+        """LoRA (``lora.merge=false``): the base at the first sync, the adapters at every one. The training ranks
+        first agree on the checksum every rollout rank's adapter buffer must have, which rank 0 sends with the
+        command; each rollout rank proves what it applies against it."""
+        sources, info = self.lora.prepare(self._device)  # collective over the training ranks
+        base = not self._lora_based
+        if self.rank == 0:
+            self._command({"op": "sync", "version": version, "lora": {**info, "base": base}})
+        sent = dense = 0
+        if base:
+            base_sources = self._sources_of()
+            if self.sender is None:
+                self.sender = PoolSender(self._plan, base_sources, None, self.bridge, verify=self._ce.verify)
+            stats = self.sender.send(base_sources, dense=True)
+            del base_sources
+            sent, dense = stats.bytes, stats.dense_bytes
+            self._lora_based = True
+        stats = self.lora.send(sources)
+        totals = torch.tensor([sent + stats.bytes, dense + stats.dense_bytes, stats.bytes], dtype=torch.float64)
+        if dist.get_world_size() > 1:
+            dist.all_reduce(totals)
+        return {METRIC_BYTES: float(totals[0]), METRIC_DELTA_FRACTION: float(totals[0] / max(totals[1], 1.0)),
+                METRIC_LORA_BYTES: float(totals[2])}
 
     def generate(self, prompts: DataProto, params: Any, seed: int | None) -> DataProto:
         """Training rank 0: the rollouts of ``prompts``, split over the replicas as evenly as the rows allow
@@ -276,16 +315,32 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
                              "readable between syncs (native, or SGLang on CPU), found SGLang on a GPU (it drops "
                              "its push buffer after every push)")
         buffers = {"staging": staging, "live": live} if swap is not None else None
+        lora = None
+        if init.get("lora_placement") is not None:  # LoRA, lora.merge=false: the base once, then adapters only
+            lora = PoolLoRAReceiver(model_config, init["lora_placement"], bridge.rank, init["bucket_bytes"], bridge,
+                                    verify=init["verify"], device=engine.weight_buffer().device)
 
-        def sync() -> None:
+        def receive(target: torch.Tensor, live: torch.Tensor | None, command: dict | None) -> None:
+            info = (command or {}).get("lora")
+            if lora is None:
+                receiver.receive(target, live)
+                return
+            if info is None:
+                raise RuntimeError("rollout pool: expected the LoRA sync's checksums with the sync command, found none")
+            if info["base"]:
+                receiver.receive(target, None)
+                lora.capture_base(target)
+            lora.receive(target, restore=not info["base"], info=info)
+
+        def sync(command: dict | None = None) -> None:
             if buffers is not None:
-                receiver.receive(buffers["staging"], buffers["live"])
+                receive(buffers["staging"], buffers["live"], command)
                 # The step boundary: the new weights become the engine's.
                 buffers["staging"], buffers["live"] = swap(buffers["staging"]), buffers["staging"]
             else:  # SGLang: its push buffer (kept in shared memory on CPU: the last sync's weights)
                 buffer = engine.weight_buffer()
                 receiver.zero_padding(buffer)
-                receiver.receive(buffer, buffer)
+                receive(buffer, buffer, command)
                 engine.push_weights()
                 del buffer  # the engine's shutdown unlinks its shared buffer only when nothing here maps it
 
@@ -300,7 +355,7 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
             command = bridge.recv_object(0, timeout=COMMAND_WAIT)
             op = command["op"]
             if op == "sync":
-                sync()
+                sync(command)
             elif op == "generate":
                 generate(command)
             elif op == "stream":
@@ -403,7 +458,7 @@ def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, tp_group
                     in_flight.extend(command["groups"])
             elif op == "sync":
                 began = time.time()
-                sync()
+                sync(command)
                 version = command["version"] if command.get("version") is not None else (version or 0) + 1
                 if tp_rank == 0:  # for the run's timeline
                     bridge.send_result({"op": "synced", "replica": replica, "groups": [],

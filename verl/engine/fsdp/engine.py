@@ -223,6 +223,15 @@ class FSDPEngine(TrainingEngine):
             return FSDPReshardSource(BaseNamesView(self.module)).bind_reshard(model_config, training)
         return FSDPReshardSource(self.module).bind_reshard(model_config, training)
 
+    def lora_sync_source(self, model_config: ModelConfig, training: Any):
+        """The adapter-only sync's sources (``lora.merge=false``: :mod:`verl.hybrid_engine.lora_sync`); None
+        without LoRA or with ``merge=true`` (the merged dense weights of :meth:`reshard_sources`)."""
+        if self.lora is None or self.lora.merge:
+            return None
+        from verl.engine.fsdp.reshard import FSDPLoRASyncSource
+
+        return FSDPLoRASyncSource(self.module, model_config, self.lora, training)
+
     def reshard_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
         if self.lora is not None:
             from verl.engine.lora.fsdp import merged_reshard_sources

@@ -95,3 +95,45 @@ class FSDPReshardSource:
 
     def reshard_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
         return fsdp_reshard_sources(self.module, dtype, device)
+
+
+class FSDPLoRASyncSource:
+    """A PEFT-under-FSDP2 actor's sources for the adapter-only sync (``lora.merge=false``;
+    :mod:`verl.hybrid_engine.lora_sync`): the frozen base's local shards by HF name (the first sync), the adapters'
+    by PEFT name (every sync; ``A`` is split over r like every FSDP parameter), and a fingerprint of the live
+    adapters. Collective-free: every rank holds the same PEFT layers."""
+
+    def __init__(self, module: torch.nn.Module, model_config: ModelConfig, settings, training: FSDPLayout):
+        from verl.engine.lora import hf_base_name
+        from verl.hybrid_engine.lora_sync import FSDP, AdapterSpec, AdapterTrainingLayout
+
+        layers = {hf_base_name(n) + ".weight" for n, m in module.named_modules()
+                  if hasattr(m, "base_layer") and hasattr(m, "lora_A")}
+        modules = tuple(n for n in hf_tensor_shapes(model_config) if n in layers)
+        self.spec = AdapterSpec(settings.rank, settings.scale, modules, shared_a=False)
+        self.training = AdapterTrainingLayout(training, self.spec, FSDP)
+        self.module = module
+
+    def base_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
+        from verl.engine.lora.fsdp import BaseNamesView
+
+        return fsdp_reshard_sources(BaseNamesView(self.module), dtype, device)
+
+    def adapter_params(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.tensor import DTensor
+
+        from verl.engine.lora import is_adapter_name
+
+        reshard_module(self.module)
+        return {name: (p.to_local() if isinstance(p, DTensor) else p) for name, p in self.module.named_parameters()
+                if is_adapter_name(name)}
+
+    def adapter_sources(self, device: torch.device | str) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            return {name: t.detach().to(device=device, dtype=torch.float32).contiguous().reshape(-1)
+                    for name, t in self.adapter_params().items()}
+
+    def fingerprint(self) -> int:
+        from verl.hybrid_engine.lora_sync import live_fingerprint
+
+        return live_fingerprint(self.adapter_params())

@@ -36,9 +36,11 @@ linear, ``B`` of a row linear) is marked ``sequence_parallel`` so megatron all-r
 Pipeline stages hold their own layers' adapters. FSDP2: ``A`` and ``B`` are ``Shard(0)`` DTensors like every
 parameter (``B``'s rows are ``W``'s rows on every rank; ``A`` is split over r and gathered for a merge).
 
-Rollout. Until the adapter-only sync lands, LoRA runs with ``merge=true`` semantics on every rollout engine:
-each transition hands the rollout the merged weights ``W + (alpha/r) B A`` by the HF names of the dense model,
-computed per training shard (exactly the rows/columns that shard holds), through today's reshard.
+Rollout (verl's ``actor_rollout_ref.model.lora.merge``, read by both backends). ``merge=true``: each transition
+hands the rollout the merged weights ``W + (alpha/r) B A`` by the HF names of the dense model, computed per
+training shard (exactly the rows/columns that shard holds), through today's reshard. ``merge=false``: the first
+sync sends the frozen base, every later one the adapter shards alone, which each rollout rank merges into its own
+rollout shard from a kept copy of the base (:mod:`verl.hybrid_engine.lora_sync`, checksummed end to end).
 
 Checkpoints (``actor_rollout_ref.actor.checkpoint.save_lora_only``, verl's key): off, a LoRA actor's checkpoint
 is the engine's usual one (Megatron dist_checkpointing, FSDP DCP) with the adapters in it; on, it holds the
@@ -116,9 +118,13 @@ def lora_settings(model: Any, backend: str) -> LoRASettings | None:
     rank = model.get("lora_rank") if hasattr(model, "get") else 0
     if not rank:
         return None
+    block = model.get("lora") if hasattr(model, "get") else None
+    # verl's FSDP engine reads the rollout's choice from the same key as Megatron: model.lora.merge.
+    merge = bool(block.get("merge", True)) if block else True
     return LoRASettings(rank=int(rank), alpha=float(model["lora_alpha"]),
                         target_modules=_names(model["target_modules"]),
-                        exclude_modules=_names(model["exclude_modules"]), adapter_path=model["lora_adapter_path"])
+                        exclude_modules=_names(model["exclude_modules"]), adapter_path=model["lora_adapter_path"],
+                        merge=merge)
 
 
 def lora_export_options(spec: Any) -> tuple[bool, bool]:
@@ -145,9 +151,6 @@ def check_settings(settings: LoRASettings, backend: str) -> None:
         raise LoRAError(f"{settings.where}.dropout: expected a value in [0, 1), found {settings.dropout}")
     if not settings.target_modules:
         raise LoRAError(f"{settings.where}.target_modules: expected module names, found none")
-    if backend == "megatron" and not settings.merge:
-        raise LoRAError(f"{settings.where}.merge: expected true (the rollout engines take merged weights until the "
-                        "adapter-only sync lands), found false")
 
 
 def candidate_modules(model: Any, backend: str) -> list[str]:

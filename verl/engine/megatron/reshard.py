@@ -64,3 +64,45 @@ def bind_training_buffer(module: torch.nn.Module, model: Any, model_config: Mode
             offsets[name] = offset
             offset += numel
     return BoundBuffer(flat, offsets)
+
+
+class MegatronLoRASyncSource:
+    """A LoRA actor's sources for the adapter-only sync (``lora.merge=false``; :mod:`verl.hybrid_engine.lora_sync`):
+    the frozen base by its Megatron names (the first sync), the adapters by theirs (every sync), and a fingerprint of
+    the live adapters. The adapted HF weights come from the config and the settings (every stage's, so every rank
+    plans the same sync)."""
+
+    def __init__(self, module: torch.nn.Module, model_config: ModelConfig, settings: Any, training: Any):
+        from verl.engine.lora import candidate_modules, is_adapter_name, matches
+        from verl.hybrid_engine.layouts import hf_tensor_shapes
+        from verl.hybrid_engine.lora_sync import MEGATRON, AdapterSpec, AdapterTrainingLayout
+        from verl.models.mcore.weights import weight_rules
+
+        rules = {r.mcore: r.hf for r in weight_rules(model_config, 1, 0)}
+        adapted = set()
+        for name in candidate_modules(model_config, "megatron"):
+            if matches(name, settings.target_modules) and not matches(name, settings.exclude_modules):
+                adapted.update(rules[f"{name}.weight"])
+        modules = tuple(n for n in hf_tensor_shapes(model_config) if n in adapted)
+        self.spec = AdapterSpec(settings.rank, settings.scale, modules, shared_a=True)
+        self.training = AdapterTrainingLayout(training, self.spec, MEGATRON)
+        self.module = module
+        self._is_adapter = is_adapter_name
+
+    def base_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            return {name: p.detach().to(device=device, dtype=dtype).contiguous().reshape(-1)
+                    for name, p in self.module.named_parameters() if not self._is_adapter(name)}
+
+    def adapter_params(self) -> dict[str, torch.Tensor]:
+        return {name: p for name, p in self.module.named_parameters() if self._is_adapter(name)}
+
+    def adapter_sources(self, device: torch.device | str) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            return {name: p.detach().to(device=device, dtype=torch.float32).contiguous().reshape(-1)
+                    for name, p in self.adapter_params().items()}
+
+    def fingerprint(self) -> int:
+        from verl.hybrid_engine.lora_sync import live_fingerprint
+
+        return live_fingerprint(self.adapter_params())
