@@ -307,8 +307,6 @@ class ActorRolloutRefWorker(Worker):
         trajectories concurrently. Returns verl's rollout fields with ``response_mask`` 0 on tool / user tokens,
         ``rollout_log_probs`` per sampled token, and verl's ``num_turns/*`` and tool metrics. Under rollout TP the
         group's rank 0 runs the loops; the others follow its engine calls and return None."""
-        import asyncio
-
         from verl.experimental.agent_loop import AgentLoopRunner, pad_outputs
 
         meta = dict(prompts.meta_info or {})
@@ -339,7 +337,7 @@ class ActorRolloutRefWorker(Worker):
             self._agent_runner.server_manager = server
             sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
                         "logprobs": True}
-            result = asyncio.run(self._agent_runner.generate(rows, sampling))
+            result = server.run(self._agent_runner.generate(rows, sampling))  # on the engine's event loop
         finally:
             server.close()
         fields = pad_outputs(result.outputs, self.rollout_config.prompt_length, params.response_length, pad)
@@ -347,6 +345,8 @@ class ActorRolloutRefWorker(Worker):
         out = DataProto(batch=fields, non_tensor_batch=repeated, meta_info=meta)
         out.meta_info["metrics"] = {**result.metrics, "agent_loop/engine_calls": float(server.calls),
                                     "agent_loop/turns_per_call": server.requests / max(1, server.calls)}
+        if getattr(server, "prompt_tokens", 0):  # the share of turns' prompt tokens the engine's cache held
+            out.meta_info["metrics"]["agent_loop/cached_prompt_fraction"] = server.cached_tokens / server.prompt_tokens
         return out
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("rollout"), generation=True)

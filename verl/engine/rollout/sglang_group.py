@@ -237,6 +237,14 @@ class SGLangGroupRollout:
             return None
         return self.engine.generate_sequences(prompts, sampling_params)
 
+    def token_server(self, base: SamplingParams, pad_token_id: int | None = None) -> Any:
+        """Agent loops (``rollout.multi_turn``): the owner's server over its engine; the group's other ranks get
+        one whose :meth:`follow` returns at once (SGLang's own processes are the group's TP ranks)."""
+        from verl.engine.rollout.sglang_agent import SGLangTokenServer
+
+        pad = self.pad_token_id if pad_token_id is None else pad_token_id
+        return SGLangTokenServer(self.engine if self.engine is not None else self, base, pad)
+
     def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            sampling_params: SamplingParams, pad_token_id: int, limits: torch.Tensor | None = None,
                            stop: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -396,6 +396,13 @@ class SGLangRollout(BaseRollout):
             raise SGLangRolloutError(f"SGLang {what} failed: {message}")
 
     # ---------------------------------------------------------------- generation
+    def token_server(self, base: SamplingParams, pad_token_id: int | None = None) -> Any:
+        """verl's token-in/token-out server over this engine for agent loops
+        (:class:`verl.engine.rollout.sglang_agent.SGLangTokenServer`)."""
+        from verl.engine.rollout.sglang_agent import SGLangTokenServer
+
+        return SGLangTokenServer(self, base, self.pad_token_id if pad_token_id is None else pad_token_id)
+
     def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            sampling_params: SamplingParams, pad_token_id: int, limits: torch.Tensor | None = None,
                            stop: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -184,6 +184,26 @@ class NativeRollout(BaseRollout):
 _REQUEST_KEYS = ("temperature", "top_p", "top_k", "do_sample", "ignore_eos", "seed")
 
 
+def turn_params(base: SamplingParams, sampling_params: Mapping[str, Any],
+                engine: str = "the native engine") -> tuple[SamplingParams, int]:
+    """One agent-loop turn's request (verl's names) over a replica's ``base`` params -> (its SamplingParams with
+    ``response_length`` 1, its token budget ``max_tokens``): ``stop_token_ids`` merged with the base's,
+    ``logprobs`` accepted (log-probs always come back), ``repetition_penalty`` other than 1 and unknown keys
+    refused (one line)."""
+    sp = dict(sampling_params)
+    penalty = sp.pop("repetition_penalty", 1.0)
+    if penalty not in (None, 1, 1.0):
+        raise RolloutInputError(f"repetition_penalty={penalty}: {engine} samples without a penalty here")
+    sp.pop("logprobs", None)
+    limit = int(sp.pop("max_tokens", base.response_length))
+    stops = set(base.stop_token_ids) | set(sp.pop("stop_token_ids", None) or ())
+    unknown = sorted(set(sp) - set(_REQUEST_KEYS))
+    if unknown:
+        raise RolloutInputError(f"sampling_params: expected keys among {sorted(_REQUEST_KEYS)} + max_tokens, "
+                                f"stop_token_ids, logprobs, repetition_penalty; found {unknown}")
+    return dataclasses.replace(base, n=1, stop_token_ids=tuple(sorted(stops)), response_length=1, **sp), limit
+
+
 @dataclasses.dataclass
 class _Request:
     prompt_ids: list[int]
@@ -218,6 +238,12 @@ class TokenServer:
     Rollout TP > 1: only the group's rank 0 runs the agent loops and this server; every engine call's inputs are
     broadcast to the other ranks of the group first, which run the same call in :meth:`follow` (the tools run
     once, and every rank decodes exactly the same batch). :meth:`close` ends the followers' loop.
+
+    Partial rollout (``interruptible``; the V1 asynchronous trainers): :meth:`interrupt` (any thread) stops the
+    engine call in flight after its current decode step; a turn it cut keeps its tokens and log-probs and waits,
+    with every new turn, until :meth:`resume_turns`, then goes on from its prompt + the tokens it has, on the
+    weights the engine holds then. The agent loop sees one turn; each token's log-prob is from the weights that
+    sampled it. ``parked``: turns waiting for ``resume_turns``.
     """
 
     def __init__(self, rollout: NativeRollout, base: SamplingParams, pad_token_id: int):
@@ -228,34 +254,78 @@ class TokenServer:
         self.requests = 0       # turns served
         self._pending: list[_Request] = []
         self._driver: asyncio.Task | None = None
+        self.interruptible = False
+        self.interrupted = 0    # turn segments cut by interrupt()
+        self.parked = 0         # turns waiting for resume_turns()
+        self._abort = False     # read by the engine thread's stop rule
+        self._gate: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ the agent loops' side
     def request_params(self, sampling_params: Mapping[str, Any]) -> tuple[SamplingParams, int]:
         """(the engine's params for one turn, its token budget) from a request's verl-named params."""
-        sp = dict(sampling_params)
-        penalty = sp.pop("repetition_penalty", 1.0)
-        if penalty not in (None, 1, 1.0):
-            raise RolloutInputError(f"repetition_penalty={penalty}: the native engine samples without a penalty")
-        sp.pop("logprobs", None)
-        limit = int(sp.pop("max_tokens", self.base.response_length))
-        stops = set(self.base.stop_token_ids) | set(sp.pop("stop_token_ids", None) or ())
-        unknown = sorted(set(sp) - set(_REQUEST_KEYS))
-        if unknown:
-            raise RolloutInputError(f"sampling_params: expected keys among {sorted(_REQUEST_KEYS)} + max_tokens, "
-                                    f"stop_token_ids, logprobs, repetition_penalty; found {unknown}")
-        params = dataclasses.replace(self.base, stop_token_ids=tuple(sorted(stops)), response_length=1, **sp)
-        return params, limit
+        return turn_params(self.base, sampling_params)
+
+    def run(self, coroutine: Any) -> Any:
+        """Run the agent loops' coroutine to its end (the worker's entry; SGLang's server runs it on its loop)."""
+        return asyncio.run(coroutine)
 
     async def generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: Mapping[str, Any],
                        **_: Any) -> dict[str, Any]:
         params, limit = self.request_params(sampling_params)
         if len(prompt_ids) >= self.rollout.config.max_position_embeddings or limit <= 0:
             return {"token_ids": [], "log_probs": [], "stop_reason": "length"}  # the context is full
-        request = _Request(list(prompt_ids), limit, params, asyncio.get_running_loop().create_future())
-        self._pending.append(request)
-        if self._driver is None:
-            self._driver = asyncio.ensure_future(self._drive())
-        return await request.future
+        tokens: list[int] = []
+        log_probs: list[float] = []
+        while True:
+            gate = self._ensure_gate()
+            if not gate.is_set():
+                self.parked += 1
+                try:
+                    await gate.wait()
+                finally:
+                    self.parked -= 1
+            request = _Request(list(prompt_ids) + tokens, limit - len(tokens), params,
+                               asyncio.get_running_loop().create_future())
+            self._pending.append(request)
+            if self._driver is None:
+                self._driver = asyncio.ensure_future(self._drive())
+            result = await request.future
+            tokens += result["token_ids"]
+            log_probs += result["log_probs"]
+            if not result.pop("interrupted", False):
+                return {**result, "token_ids": tokens, "log_probs": log_probs}
+            self.interrupted += 1  # goes on once resume_turns() opens the gate
+
+    # ------------------------------------------------------------------ partial rollout
+    def _ensure_gate(self) -> asyncio.Event:
+        loop = asyncio.get_running_loop()
+        if self._gate is None or self._loop is not loop:
+            self._gate, self._loop = asyncio.Event(), loop
+            if not self._abort:
+                self._gate.set()
+        return self._gate
+
+    def interrupt(self) -> None:
+        """Stop the engine call in flight after its decode step and hold every turn until :meth:`resume_turns`
+        (callable from any thread: the flag is read by the engine thread, the gate closed on the loop)."""
+        self._abort = True
+        if self._loop is None or self._gate is None:
+            return  # the gate is made closed
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._gate.clear()
+        else:
+            self._loop.call_soon_threadsafe(self._gate.clear)
+
+    def resume_turns(self) -> None:
+        """Let the held turns go on (call on the loop), on the weights the engine holds now."""
+        self._abort = False
+        if self._gate is not None:
+            self._gate.set()
 
     async def _drive(self) -> None:
         try:
@@ -298,18 +368,23 @@ class TokenServer:
         check_prompts(input_ids, attention, self.rollout.config.vocab_size, width + steps, steps)
         self.calls += 1
         self.requests += rows
+        interruptible = self.interruptible
         if self.rollout.tp_size > 1:
-            dist.broadcast_object_list([(input_ids, attention, params, limits)], group=self.rollout.tp_group,
-                                       group_src=0)
+            dist.broadcast_object_list([(input_ids, attention, params, limits, interruptible)],
+                                       group=self.rollout.tp_group, group_src=0)
+        stop = _interrupt_rule(rows, lambda: self._abort) if interruptible else None
         responses, mask, log_probs = self.rollout.generate_responses(input_ids, attention, params,
-                                                                    self.pad_token_id, limits=limits)
+                                                                    self.pad_token_id, limits=limits, stop=stop)
         stops = set(params.stop_ids)
         out = []
         for i in range(rows):
             n = int(mask[i].sum())
             ids = responses[i, :n].tolist()
+            stopped = bool(ids) and ids[-1] in stops
             out.append({"token_ids": ids, "log_probs": log_probs[i, :n].tolist(),
-                        "stop_reason": "completed" if ids and ids[-1] in stops else "length"})
+                        "stop_reason": "completed" if stopped else "length",
+                        # cut by interrupt(): neither a stop token nor the turn's budget ended it
+                        "interrupted": interruptible and not stopped and n < int(limits[i])})
         return out
 
     # ------------------------------------------------------------------ rollout TP > 1
@@ -325,5 +400,13 @@ class TokenServer:
             dist.broadcast_object_list(box, group=self.rollout.tp_group, group_src=0)
             if box[0] is None:
                 return
-            input_ids, attention, params, limits = box[0]
-            self.rollout.generate_responses(input_ids, attention, params, self.pad_token_id, limits=limits)
+            input_ids, attention, params, limits, interruptible = box[0]
+            # an interruptible call: rank 0's decision to stop reaches every rank through the rule's all-reduce
+            stop = _interrupt_rule(len(limits), None) if interruptible else None
+            self.rollout.generate_responses(input_ids, attention, params, self.pad_token_id, limits=limits, stop=stop)
+
+
+def _interrupt_rule(rows: int, abort: Any) -> SegmentStop:
+    """A segment rule that never stops for finished groups (each row its own group, one more group needed than
+    there are) and stops when ``abort()`` says so."""
+    return SegmentStop(torch.arange(rows), rows + 1, None, abort)
