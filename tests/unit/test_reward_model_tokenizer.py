@@ -118,8 +118,36 @@ def test_verl_09_reward_keys_mean_the_legacy_keys(models, data_args):
     with pytest.raises(ConfigError, match="reward.reward_model.enable: expected the value of reward_model.enable"):
         load_config(None, [*data_args, "reward.reward_model.enable=false", "reward_model.enable=true"],
                     resolve_only=True)
-    with pytest.raises(ConfigError, match="reward.sandbox_fusion.url: unknown key"):
-        load_config(None, [*data_args, "reward.sandbox_fusion.url=http://x"], resolve_only=True)
+    with pytest.raises(ConfigError, match="reward.sandbox_fusion.url: expected null .* found 'http://x'"):
+        load_config(PPO, [*data_args, "reward.sandbox_fusion.url=http://x"])
+    with pytest.raises(ConfigError, match="reward.reward_model.enable_resource_pool: expected false"):
+        load_config(PPO, [*data_args, "reward.reward_model.enable_resource_pool=true"])
+    with pytest.raises(ConfigError, match="reward.sandbox_fusion.nope: unknown key"):
+        load_config(None, [*data_args, "reward.sandbox_fusion.nope=1"], resolve_only=True)
+
+
+def test_verl_09_reward_function_and_manager_keys(data_args, tmp_path):
+    from verl.trainer.config.sections import PPOSections
+    from verl.workers.reward_manager import reward_manager_cls
+
+    (tmp_path / "score.py").write_text("def my_score(**kw):\n    return 1.0\n")
+    (tmp_path / "manager.py").write_text("class Mine:\n    def __init__(self, tokenizer, **kw):\n        pass\n"
+                                         "    def __call__(self, data, return_dict=False):\n        return None\n")
+    cfg = load_config(PPO, [*data_args, f"reward.custom_reward_function.path={tmp_path / 'score.py'}",
+                             "reward.custom_reward_function.name=my_score", "reward.reward_manager.source=importlib",
+                             f"reward.reward_manager.module.path={tmp_path / 'manager.py'}",
+                             "reward.reward_manager.module.name=Mine"])
+    assert (cfg.custom_reward_function.path, cfg.custom_reward_function.name) == (str(tmp_path / "score.py"),
+                                                                                  "my_score")
+    assert reward_manager_cls(PPOSections.from_tree(cfg, "")).__name__ == "Mine"
+    with pytest.raises(ConfigError, match="reward.reward_manager.module.name: expected a reward manager class "
+                                          "'Other'"):
+        load_config(PPO, [*data_args, "reward.reward_manager.source=importlib",
+                           f"reward.reward_manager.module.path={tmp_path / 'manager.py'}",
+                           "reward.reward_manager.module.name=Other"])
+    with pytest.raises(ConfigError, match="reward.custom_reward_function.name: expected the value of "
+                                          "custom_reward_function.name"):
+        load_config(PPO, [*data_args, "reward.custom_reward_function.name=a", "custom_reward_function.name=b"])
 
 
 @pytest.fixture(scope="module")

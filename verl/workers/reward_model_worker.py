@@ -16,6 +16,10 @@ scores the decoded prompt + response re-encoded with its tokenizer and chat temp
 The reward manager passes ``rm_scores`` through as ``token_level_scores`` (verl's behaviour: with a
 reward model enabled, it replaces the rule-based score).
 
+A generative reward model (``reward.reward_model.judge.prompt_template`` set): an LLM judge served by a rollout
+engine on every rank, its verdicts parsed into the sequence scores (:mod:`verl.workers.reward_judge`), with the
+metrics ``reward_model/judge_*``.
+
 Hot swap: ``swap_reward_model(path)`` replaces the weights between steps -- in place when the new
 checkpoint has the same architecture, otherwise by rebuilding the (forward-only) engine. The trainer
 calls it when ``reward_model.hot_swap.watch`` sees ``reward_model.model.path`` change, or at
@@ -28,6 +32,7 @@ its batches are split over its engine's DP replicas (MEGATRON_COMPUTE_PROTO).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -70,8 +75,11 @@ class RewardModelWorker(Worker):
     """``layout_role``: the actor's section, whose parallel layout this process follows; ``seed``: trainer.seed
     (the random init of a model given by its config alone)."""
 
-    def __init__(self, config: RewardModelConfig, *, layout_role: ActorConfig, seed: int):
+    def __init__(self, config: RewardModelConfig, *, layout_role: ActorConfig, seed: int, judge: Any = None):
+        """``judge``: ``reward.reward_model`` (its ``judge.prompt_template`` set: the model is an LLM judge,
+        :mod:`verl.workers.reward_judge`)."""
         self.config = config
+        self.judge_section = judge if judge is not None and judge.is_judge else None
         self.strategy = self.config.strategy
         self.seed = seed
         self.layout_role = layout_role
@@ -85,6 +93,20 @@ class RewardModelWorker(Worker):
     def _load(self, path: str) -> None:
         if not os.path.isdir(path):
             raise CheckpointError(f"reward model: expected an HF checkpoint directory, found nothing at {path}")
+        if self.judge_section is not None:
+            import torch.distributed as dist
+
+            from verl.workers.reward_judge import Judge
+
+            if self._actor_tokenizer is None:
+                self._actor_tokenizer = load_tokenizer(self.config.model.input_tokenizer,
+                                                       "reward_model.model.input_tokenizer")
+            if isinstance(self.rm, Judge):
+                self.rm.close()
+            self.rm = Judge(path, self.judge_section, self._actor_tokenizer, self.seed,
+                            rank=dist.get_rank() if dist.is_initialized() else 0)
+            self.plan, self.retokenizer, self.model_path = None, None, path
+            return
         plan = plan_reward_model(path, self.config.model.input_tokenizer)
         self.retokenizer = self._retokenizer(plan) if plan.retokenize else None
         if plan.engine == "replicated":
@@ -128,7 +150,10 @@ class RewardModelWorker(Worker):
         fields = batch_fields(data, ACTOR_FIELDS)
         response_length = fields["responses"].shape[-1]
         meta = {}
-        if self.retokenizer is None:
+        if self.judge_section is not None:
+            scores, metrics, _ = self.rm.score(fields, data.non_tensor_batch, response_length)
+            meta = {"metrics": metrics}
+        elif self.retokenizer is None:
             scores = self.rm.compute_rm_score(fields)["rm_scores"]
         else:
             raw = data.non_tensor_batch.get("raw_prompt") if data.non_tensor_batch else None

@@ -59,7 +59,7 @@ from verl.trainer.config.loader import (
 from verl.trainer.config.sections import PPOSections, import_user_modules, rules_before_user_modules
 from verl.utils.logging_utils import get_logger
 from verl.utils.tracking import check_backends
-from verl.workers.config.reward import fold_reward_section
+from verl.workers.config.reward import check_reward_section, fold_reward_section
 
 logger = get_logger(__name__)
 
@@ -481,7 +481,12 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
         raise ConfigError(
             f"data.max_prompt_length + data.max_response_length: expected <= the model's max_position_embeddings="
             f"{model.max_position_embeddings}, found {data['max_prompt_length'] + data['max_response_length']}")
-    if cfg["reward_model"]["enable"]:
+    check_reward_section(cfg)  # verl 0.9's reward.* beyond the folded keys (a judge, a reward manager's file)
+    if cfg["reward_model"]["enable"] and cfg["reward"]["reward_model"]["judge"]["prompt_template"] is not None:
+        from verl.workers.reward_judge import check_judge
+
+        check_judge(cfg, cfg["data"]["tokenizer"])
+    elif cfg["reward_model"]["enable"]:
         _validate_reward_model(cfg, model, tp, pp, train_bs * n // dp)
         if algo["adv_estimator"] == "remax":  # the greedy baselines: one response per prompt
             _check_divides("reward_model.micro_batch_size_per_gpu", cfg["reward_model"]["micro_batch_size_per_gpu"],
@@ -618,7 +623,8 @@ def _derive(cfg: dict[str, Any], base_dir: str) -> None:
     data["tokenizer"] = resolve_path(data["tokenizer"] or arr["model"]["tokenizer_path"], base_dir)
     if data["tokenizer"] is None and arr["model"]["path"] and os.path.isdir(arr["model"]["path"]):
         data["tokenizer"] = arr["model"]["path"]
-    fold_reward_section(cfg)  # verl 0.9's reward.reward_model.* -> the legacy reward_model keys
+    # verl 0.9's reward.reward_model.* -> the legacy reward_model keys
+    fold_reward_section(cfg, lambda path: resolve_path(path, base_dir))
     rm = cfg["reward_model"]
     rm["model"]["path"] = resolve_path(rm["model"]["path"], base_dir)
     rm["model"]["input_tokenizer"] = resolve_path(rm["model"]["input_tokenizer"], base_dir)

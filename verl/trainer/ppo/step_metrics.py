@@ -25,7 +25,10 @@ class StepMetrics:
         if on_policy and not self._probs_checked:  # a broken weight sync fails loudly at the first step
             metric_utils.check_rollout_probs_diff(metrics, cfg.actor_rollout_ref.rollout.dtype)
             self._probs_checked = True
-        metrics.update(metric_utils.reduce_memory_metrics(all_gather_objects(metric_utils.local_memory_metrics())))
+        from verl.workers.reward_model.role_memory import local_role_memory  # memory/<model>_gb
+
+        metrics.update(metric_utils.reduce_memory_metrics(all_gather_objects(
+            {**metric_utils.local_memory_metrics(), **local_role_memory(self)})))
         # The legacy path's figures too when asked (`verl bench dispatch --legacy`): they cost a gather.
         if isinstance(batch, ShardedBatch) or os.environ.get("VERL_DATA_PLANE_STATS") == "1":
             metrics.update(self._data_plane_metrics())

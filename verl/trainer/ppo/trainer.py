@@ -110,7 +110,7 @@ class PPOTrainer(RunLoop, StepDataflow, StepMetrics, Checkpointing, Validation, 
 
         from verl.utils.dataset.rl_dataset import RLHFDataset, create_rl_sampler
         from verl.utils.reward_score import load_reward_fn
-        from verl.workers.reward_manager import get_reward_manager_cls
+        from verl.workers.reward_manager import reward_manager_cls
 
         if tokenizer is None:
             from verl.trainer.local_trainer import prepare
@@ -146,7 +146,7 @@ class PPOTrainer(RunLoop, StepDataflow, StepMetrics, Checkpointing, Validation, 
 
         custom = sections.custom_reward_function
         compute_score = load_reward_fn(custom.path, custom.name) if custom.path else None
-        manager = get_reward_manager_cls(sections.reward_model.reward_manager)
+        manager = reward_manager_cls(sections)
         self.reward_fn = manager(tokenizer, num_examine=0, compute_score=compute_score,
                                  reward_fn_key=data.reward_fn_key)
         self.kl_ctrl = core_algos.get_kl_controller(sections.algorithm.kl_ctrl)
@@ -178,7 +178,7 @@ class PPOTrainer(RunLoop, StepDataflow, StepMetrics, Checkpointing, Validation, 
             from verl.workers.reward_model_worker import RewardModelWorker
 
             self.rm_wg = WorkerGroup(RewardModelWorker, sections.reward_model, layout_role=arr.actor, seed=seed,
-                                     name="reward_model")
+                                     judge=sections.reward.reward_model, name="reward_model")
             self.rm_path = sections.reward_model.model.path
             self._rm_fingerprint = self._watched_rm_fingerprint()
         self.global_step = 0
