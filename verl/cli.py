@@ -44,6 +44,8 @@ GROUPS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
         "gsm8k": ("verl.utils.dataset.gsm8k", "convert a local GSM8K jsonl into verl parquet"),
         "word-problems": ("verl.utils.dataset.word_problems",
                           "generate GSM8K-format word problems (the real-model RL task)"),
+        "calculator-problems": ("verl.utils.dataset.calculator_problems",
+                                "word problems with large numbers and calculator demonstrations (the agentic task)"),
     }),
 }
 

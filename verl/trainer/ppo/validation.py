@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
+from verl.trainer.metrics import reduce_metrics
 from verl.trainer.ppo import batch_ops
 from verl.trainer.ppo.generations import generation_records, write_generations
 
@@ -15,12 +18,12 @@ class Validation:
 
     def validate(self) -> dict[str, float]:
         """Greedy decoding (rollout.val_kwargs) on the validation set: val/accuracy and val-core names."""
-        scores, sources, generations = [], [], []
+        scores, sources, generations, turn_stats = [], [], [], []
         dump_dir = self.sections.trainer.validation_data_dir
         for batch_dict in self.val_dataloader:
             gen = self._prompt_batch(batch_dict, step=0, validate=True)
             out = self.actor_rollout_wg.generate_sequences(self._on_data_plane(gen))
-            out.meta_info.pop("metrics", None)
+            turn_stats.append((len(out), out.meta_info.pop("metrics", None) or {}))
             scores.append(self._sequence_rewards(out))
             sources.extend(batch_ops.column(out, self.sections.data.reward_fn_key).tolist())
             rows = batch_ops.gather_to_rank0(out) if dump_dir else None
@@ -36,4 +39,23 @@ class Validation:
         for source in sorted(set(sources)):
             mask = torch.as_tensor(sources_arr == source)
             metrics[f"val-core/{source}/reward/mean@1"] = score[mask].mean().item()
-        return metrics
+        return metrics | agent_val_metrics(turn_stats)
+
+
+AGENT_VAL_KEYS = ("num_turns", "tool_call_counts", "tool_call_errors")
+
+
+def agent_val_metrics(batches: list[tuple[int, dict[str, Any]]]) -> dict[str, float]:
+    """verl's ``val-aux/num_turns/{min,max,mean}`` (and the same for the tool-call counts) over the validation
+    batches' multi-turn rollout metrics (each batch's ``meta_info["metrics"]``, one value per DP replica, reduced
+    as the training step reduces them; batch means weighted by rows); empty for single-turn rollouts."""
+    metrics: dict[str, float] = {}
+    batches = [(n, reduce_metrics({k: v for k, v in m.items() if k.split("/")[0] in AGENT_VAL_KEYS}))
+               for n, m in batches]
+    for key in AGENT_VAL_KEYS:
+        seen = [(n, m) for n, m in batches if f"{key}/mean" in m]
+        if seen:
+            metrics[f"val-aux/{key}/mean"] = sum(n * m[f"{key}/mean"] for n, m in seen) / sum(n for n, _ in seen)
+            metrics[f"val-aux/{key}/min"] = min(m[f"{key}/min"] for _, m in seen)
+            metrics[f"val-aux/{key}/max"] = max(m[f"{key}/max"] for _, m in seen)
+    return metrics

@@ -10,7 +10,7 @@ from verl.utils.reward_score.loader import RewardFunctionError, load_reward_fn
 
 GSM8K_DATA_SOURCES = ("openai/gsm8k", "gsm8k")
 ARITHMETIC_DATA_SOURCES = ("arithmetic",)
-WORD_PROBLEM_DATA_SOURCES = ("word_problems",)
+WORD_PROBLEM_DATA_SOURCES = ("word_problems", "calculator_word_problems")
 
 
 def default_compute_score(

@@ -1,0 +1,219 @@
+"""Word problems whose numbers are too large to do in the head: the agentic (calculator tool) RL task.
+
+``verl data calculator-problems --out DIR`` writes, with disjoint questions (seeded):
+
+* ``train.parquet`` / ``test.parquet``: verl-format RL rows for ``tool_agent`` (``agent_name``). The prompt is a
+  system turn describing the ``calculator`` tool and its hermes call format, then the question, which asks for
+  ``The answer is N.``; ``reward_model.ground_truth`` is N (scored by
+  :mod:`verl.utils.reward_score.word_problems`, data source ``calculator_word_problems``).
+* ``sft_train.parquet`` / ``sft_test.parquet``: tool-use demonstrations on *other* questions, for a short SFT
+  warm-up (``verl sft``): one row per assistant turn, ``prompt`` the conversation so far (chat messages: the
+  model's own template renders them as the agent loop does), ``response`` what the assistant says next -- first
+  a hermes call ``<tool_call>{"name": "calculator", "arguments": {"expression": "..."}}</tool_call>``, then,
+  after the tool's answer, ``The answer is N.``
+
+The problems are the GSM8K-style templates of :mod:`verl.utils.dataset.word_problems` with operands in the
+hundreds and thousands (products of two- and three-digit numbers, sums of four-digit ones), one or two
+operations each; a single calculator expression computes every answer. SmolLM2-135M-Instruct gets almost none
+of them right without the tool, and never calls a tool from the system prompt alone (it answers in prose),
+which is why the warm-up exists. The demonstrations cover only the one-operation templates by default
+(``--sft-templates``; ``all`` for every template): demonstrated on every template, a 10-step warm-up already
+answers ~92% of the held-out problems and leaves RL little to do; on one-operation problems only, the two-operation
+half is what GRPO learns (composing ``a * b + c`` in one call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+from collections.abc import Callable, Sequence
+
+from verl.utils.dataset.arithmetic import write_parquet
+from verl.utils.dataset.errors import DatasetError
+from verl.utils.dataset.word_problems import INSTRUCTION, ITEMS, NAMES
+
+DATA_SOURCE = "calculator_word_problems"
+AGENT_NAME = "tool_agent"
+SYSTEM_PROMPT = ('Use the calculator for the arithmetic: <tool_call>{"name": "calculator", "arguments": '
+                 '{"expression": "123 * 45 + 678"}}</tool_call>')
+
+# A template: (rng, name, pronoun, item) -> (question, expression, answer); eval of the expression is the answer.
+Template = Callable[[random.Random, str, str, str], tuple[str, str, int]]
+
+
+def _gets_more(rng, name, he, item):
+    a, b = rng.randint(1000, 9999), rng.randint(1000, 9999)
+    return f"{name} has {a} {item} and gets {b} more. How many {item} does {he} have now?", f"{a} + {b}", a + b
+
+
+def _loses_some(rng, name, he, item):
+    a = rng.randint(3000, 9999)
+    b = rng.randint(1000, a - 1000)
+    return (f"{name} has {a} {item} and loses {b} of them. How many {item} does {he} have left?",
+            f"{a} - {b}", a - b)
+
+
+def _bags(rng, name, he, item):
+    a, b = rng.randint(12, 99), rng.randint(102, 999)
+    return (f"{name} buys {a} bags with {b} {item} in each bag. How many {item} does {he} have?",
+            f"{a} * {b}", a * b)
+
+
+def _buy_then_give(rng, name, he, item):
+    a, b = rng.randint(1000, 9999), rng.randint(1000, 9999)
+    c = rng.randint(1000, a + b - 1000)
+    return (f"{name} has {a} {item}. {he.capitalize()} buys {b} more, then gives away {c}. "
+            f"How many {item} does {he} have now?", f"{a} + {b} - {c}", a + b - c)
+
+
+def _has_and_packs(rng, name, he, item):
+    a, b, c = rng.randint(100, 999), rng.randint(12, 99), rng.randint(12, 99)
+    return (f"{name} has {a} {item} and buys {b} packs of {c} {item}. How many {item} does {he} have now?",
+            f"{a} + {b} * {c}", a + b * c)
+
+
+def _share(rng, name, he, item):
+    each, friends = rng.randint(102, 999), rng.randint(12, 49)
+    total = each * friends
+    return (f"{name} has {total} {item} and shares them equally among {friends} friends. "
+            f"How many {item} does each friend get?", f"{total} / {friends}", each)
+
+
+def _pages(rng, name, he, item):
+    per_day, days, extra = rng.randint(12, 99), rng.randint(12, 99), rng.randint(100, 999)
+    return (f"{name} reads {per_day} pages every day for {days} days, then {extra} more pages. "
+            f"How many pages does {he} read in total?", f"{per_day} * {days} + {extra}", per_day * days + extra)
+
+
+def _change(rng, name, he, item):
+    price, count = rng.randint(12, 99), rng.randint(12, 99)
+    bill = 10000
+    return (f"{item.capitalize()} cost {price} dollars each. {name} buys {count} {item} and pays with "
+            f"{bill} dollars. How many dollars of change does {he} get?", f"{bill} - {price} * {count}",
+            bill - price * count)
+
+
+TEMPLATES: tuple[Template, ...] = (_gets_more, _loses_some, _bags, _buy_then_give, _has_and_packs, _share,
+                                   _pages, _change)
+# The demonstrations' default: the one-operation templates ("a + b", "a - b", "a * b", "a / b"). The two-operation
+# ones ("a + b - c", "a + b * c", "a * b + c", "10000 - a * b": half of the RL problems) are left for RL.
+ONE_OPERATION_TEMPLATES = (0, 1, 2, 5)
+
+
+def make_problem(rng: random.Random, templates: Sequence[int] | None = None) -> tuple[str, str, int]:
+    """One (question, expression, answer), every choice drawn from ``rng``, from ``templates`` (indices into
+    TEMPLATES; all when None)."""
+    pool = list(range(len(TEMPLATES))) if templates is None else list(templates)
+    template = TEMPLATES[pool[rng.randrange(len(pool))]]
+    name, pronoun = NAMES[rng.randrange(len(NAMES))]
+    return template(rng, name, pronoun, ITEMS[rng.randrange(len(ITEMS))])
+
+
+def tool_call_text(expression: str) -> str:
+    """The hermes call the system prompt shows: ``<tool_call>{json}</tool_call>``."""
+    call = {"name": "calculator", "arguments": {"expression": expression}}
+    return f"<tool_call>{json.dumps(call)}</tool_call>"
+
+
+def answer_text(answer: int) -> str:
+    return f"The answer is {answer}."
+
+
+def prompt_messages(question: str) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": f"{question} {INSTRUCTION}"}]
+
+
+def make_row(problem: tuple[str, str, int], split: str, index: int) -> dict:
+    """One verl-format RL row for ``tool_agent``."""
+    question, expression, answer = problem
+    return {
+        "data_source": DATA_SOURCE,
+        "agent_name": AGENT_NAME,
+        "prompt": prompt_messages(question),
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(answer)},
+        "extra_info": {"split": split, "index": index, "question": question, "expression": expression,
+                       "answer": f"{expression} = {answer}\n#### {answer}"},
+    }
+
+
+def demonstration_rows(problem: tuple[str, str, int], split: str, index: int) -> list[dict]:
+    """The two SFT rows of one solved problem: (question -> call), (question, call, result -> answer)."""
+    question, expression, answer = problem
+    call = tool_call_text(expression)
+    first = prompt_messages(question)
+    second = first + [{"role": "assistant", "content": call}, {"role": "tool", "content": str(answer)}]
+    info = {"split": split, "index": index}
+    return [{"prompt": first, "response": call, "extra_info": {**info, "turn": 1}},
+            {"prompt": second, "response": answer_text(answer), "extra_info": {**info, "turn": 2}}]
+
+
+def generate_problems(counts: Sequence[int], seed: int = 0, templates: Sequence[Sequence[int] | None] | None = None
+                      ) -> list[list[tuple[str, str, int]]]:
+    """Distinct questions, ``counts[k]`` for split k (drawn in order: later splits never change earlier ones for
+    a seed), no question in two splits; ``templates[k]`` restricts split k's templates."""
+    if any(c < 0 for c in counts) or not any(counts):
+        raise DatasetError(f"calculator_problems: expected non-negative counts, at least one positive, found "
+                           f"{list(counts)}")
+    templates = list(templates) if templates is not None else [None] * len(counts)
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    splits: list[list[tuple[str, str, int]]] = [[] for _ in counts]
+    attempts, limit = 0, 50 * sum(counts) + 1000
+    for k, count in enumerate(counts):
+        while len(splits[k]) < count:
+            attempts += 1
+            if attempts > limit:
+                raise DatasetError(f"calculator_problems: could not draw {sum(counts)} distinct questions "
+                                   f"(found {len(seen)}); ask for fewer")
+            problem = make_problem(rng, templates[k])
+            if problem[0] not in seen:
+                seen.add(problem[0])
+                splits[k].append(problem)
+    return splits
+
+
+def _template_list(text: str) -> list[int]:
+    try:
+        picked = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        picked = []
+    if not picked or any(not 0 <= i < len(TEMPLATES) for i in picked):
+        raise DatasetError(f"--sft-templates: expected comma-separated template indices in 0..{len(TEMPLATES) - 1}, "
+                           f"found {text!r}")
+    return picked
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``verl data calculator-problems --out DIR``: the RL splits and the SFT demonstrations. Returns 0."""
+    parser = argparse.ArgumentParser(prog="verl data calculator-problems", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--num-train", type=int, default=2000, help="RL training problems")
+    parser.add_argument("--num-test", type=int, default=64, help="held-out RL problems")
+    parser.add_argument("--num-sft", type=int, default=256, help="demonstrated problems (2 SFT rows each)")
+    parser.add_argument("--num-sft-test", type=int, default=16, help="held-out demonstrated problems")
+    parser.add_argument("--sft-templates", default=",".join(map(str, ONE_OPERATION_TEMPLATES)),
+                        help=f"demonstrate only these templates (indices 0..{len(TEMPLATES) - 1}, comma-separated, "
+                             "or 'all'; default the one-operation templates %(default)s)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.num_train < 1 or args.num_test < 1 or args.num_sft < 1 or args.num_sft_test < 1:
+        raise DatasetError(f"calculator_problems: expected every count >= 1, found num_train={args.num_train} "
+                           f"num_test={args.num_test} num_sft={args.num_sft} num_sft_test={args.num_sft_test}")
+    sft_templates = None if args.sft_templates == "all" else _template_list(args.sft_templates)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise DatasetError(f"--out: expected a directory (new or existing), found a file at {args.out}")
+    test, train, sft_test, sft = generate_problems(
+        [args.num_test, args.num_train, args.num_sft_test, args.num_sft], args.seed,
+        [None, None, sft_templates, sft_templates])
+    os.makedirs(args.out, exist_ok=True)
+    write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], os.path.join(args.out, "train.parquet"))
+    write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(args.out, "test.parquet"))
+    for name, problems in (("sft_train", sft), ("sft_test", sft_test)):
+        rows = [row for i, p in enumerate(problems) for row in demonstration_rows(p, name, i)]
+        write_parquet(rows, os.path.join(args.out, f"{name}.parquet"))
+    print(f"calculator_problems: {len(train)} train / {len(test)} test problems, {len(sft)} + {len(sft_test)} "
+          f"demonstrated ({2 * len(sft)} + {2 * len(sft_test)} SFT rows) -> {args.out}")
+    return 0
