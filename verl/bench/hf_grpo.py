@@ -5,7 +5,7 @@
 
 It does per step what a peer trainer built on HF ``generate`` does, with none of verl's distributed
 machinery: sample ``n`` responses per prompt with ``generate`` (temperature 1, no top-k/top-p, as verl's
-rollout defaults), score them with the same exact-match rule, normalise the scores within each prompt's
+rollout defaults), score them with the same rule, normalise the scores within each prompt's
 group (GRPO: (s - mean) / (std + 1e-6)), then one on-policy update -- no old-log-prob forward, since one
 epoch over one mini-batch makes the old policy the current one: ratio = exp(logp - logp.detach()), the
 clipped surrogate equals -A * ratio there, token-mean over the batch -- clip the gradient norm at 1 and step
@@ -13,7 +13,8 @@ AdamW at a constant LR. One process, torch's default thread count (every core), 
 
 Each step appends one JSON line with verl's metric names (``timing_s/{gen,reward,update_actor,step}``,
 ``critic/score/mean``, ``perf/total_num_tokens``), so ``verl.bench.train.summarize`` reads both runs alike.
-``DIR`` is the arithmetic data directory ``verl bench train`` writes (``train.parquet``, ``tokenizer/``).
+``DIR`` is the data directory ``verl bench train`` writes (``train.parquet``, ``tokenizer/``); the rows'
+``data_source`` picks verl's built-in scorer (arithmetic exact match, or the word problems' answer check).
 """
 
 from __future__ import annotations
@@ -65,9 +66,21 @@ def grpo_advantages(scores: torch.Tensor, n: int, eps: float = 1e-6) -> torch.Te
     return ((groups - groups.mean(dim=1, keepdim=True)) / (std + eps)).view(-1)
 
 
-def grpo_step(model, optimizer, tokenizer, batch: list[tuple[str, str]], n: int, response_length: int) -> dict:
-    """One GRPO step on ``batch`` (prompt, truth) pairs; returns its metrics (verl's names)."""
-    from verl.utils.reward_score.arithmetic import compute_score
+def read_data_source(data_dir: str) -> str:
+    """The ``data_source`` of the training rows (one task per bench data directory), which picks the scorer."""
+    import pyarrow.parquet as pq
+
+    sources = set(pq.read_table(os.path.join(data_dir, "train.parquet"), columns=["data_source"]).column(0).to_pylist())
+    if len(sources) != 1:
+        raise InputError(f"{data_dir}/train.parquet: expected one data_source, found {sorted(sources)}")
+    return sources.pop()
+
+
+def grpo_step(model, optimizer, tokenizer, batch: list[tuple[str, str]], n: int, response_length: int,
+              data_source: str = "arithmetic") -> dict:
+    """One GRPO step on ``batch`` (prompt, truth) pairs, scored by verl's built-in scorer of ``data_source``;
+    returns its metrics (verl's names)."""
+    from verl.utils.reward_score import default_compute_score
 
     start = time.perf_counter()
     prompts = [prompt for prompt, _ in batch for _ in range(n)]
@@ -84,7 +97,8 @@ def grpo_step(model, optimizer, tokenizer, batch: list[tuple[str, str]], n: int,
     mask = response_mask(responses, tokenizer.eos_token_id)
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
     truths = [truth for _, truth in batch for _ in range(n)]
-    scores = torch.tensor([compute_score(text, truth) for text, truth in zip(texts, truths, strict=True)])
+    scores = torch.tensor([default_compute_score(data_source, text, truth)
+                           for text, truth in zip(texts, truths, strict=True)])
     advantages = grpo_advantages(scores, n)
     reward_done = time.perf_counter()
 
@@ -113,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True, help="HF config.json (random init) or HF model directory")
     parser.add_argument("--data", required=True, help="directory with train.parquet and tokenizer/")
     parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--n", type=int, default=4)
+    # --num-generations (TRL's name): what torch.distributed.run passes on (it takes --n for one of its own)
+    parser.add_argument("--n", "--num-generations", dest="n", type=int, default=4)
     parser.add_argument("--response-length", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--lr", type=float, default=1e-4)
@@ -130,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = read_prompts(args.data, tokenizer)
     if len(problems) < args.prompts:
         raise InputError(f"--prompts: expected at most {len(problems)} (rows in {args.data}), found {args.prompts}")
+    data_source = read_data_source(args.data)
     model = load_model(args.model, args.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     torch.manual_seed(args.seed)
@@ -137,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         for step in range(args.steps):
             first = (step * args.prompts) % (len(problems) - args.prompts + 1)
             record = grpo_step(model, optimizer, tokenizer, problems[first:first + args.prompts], args.n,
-                               args.response_length)
+                               args.response_length, data_source)
             out.write(json.dumps({"step": step + 1, **record}) + "\n")
             out.flush()
     return 0

@@ -11,7 +11,8 @@ character tokenizer, samples the resident memory of every rank while it runs, an
 * ``phases``: the median of each ``timing_s/<phase>`` (they add up to the step; ``unaccounted_s`` says
   what is outside them);
 * ``tokens_per_s``: prompt + response tokens of a step over its seconds (all ranks together);
-* ``peak_rss_gb``: the largest resident set of any one rank, and ``wall_s`` of the whole command.
+* ``peak_rss_gb``: the largest resident set of any one rank, ``wall_s`` and ``cpu_s`` (CPU seconds of every
+  process, start-up included) of the whole command.
 
 ``--mode colocate_async|separate_async`` runs verl's asynchronous trainers on the same total ranks (a pool takes
 ``--rollout-ranks`` of them) and adds ``trainer_idle_fraction`` (its wait for a batch over the step),
@@ -25,10 +26,22 @@ Extra ``KEY=VALUE`` arguments are passed to ``verl train`` as overrides (e.g. a 
 ``--baseline hf`` also runs the same workload (model, batch, lengths, LR, steps) through
 :mod:`verl.bench.hf_grpo` -- one process, transformers ``generate`` and one on-policy update per step, the
 shape of a peer trainer built on HF -- right after ``verl train`` in the same command, and adds its record
-under ``baseline`` and ``speedup`` = baseline s/step over ours (> 1: ``verl train`` is faster).
+under ``baseline``, ``speedup`` = baseline s/step over ours (> 1: ``verl train`` is faster),
+``tokens_per_s_ratio`` (ours over theirs) and ``peak_rss_ratio`` (ours over theirs: < 1, ``verl train`` peaks lower).
 ``--baseline trl`` runs TRL's ``GRPOTrainer`` instead (:mod:`verl.bench.trl_grpo`; TRL is not a
-dependency). Both baselines are on-policy without an old-log-prob forward: compare them with
-``algorithm.rollout_correction.bypass_mode=true`` for the same work per step.
+dependency) on the same ``--nproc`` ranks (``torch.distributed.run``, gloo, one thread per rank as verl's ranks),
+so ``peak_rss_gb`` (the largest process) is per rank on both sides. Both baselines are on-policy without an
+old-log-prob forward: compare them with ``algorithm.rollout_correction.bypass_mode=true`` for the same work per
+step (with one PPO epoch over one mini-batch verl's actor then takes ``old_log_prob = log_prob.detach()``, TRL's
+formula).
+
+``--task``: the arithmetic task with its character tokenizer (a model config.json, random init), or
+``word_problems`` (``verl data word-problems``) rendered by the model's own tokenizer and chat template (an HF
+model directory with a tokenizer: a real checkpoint); ``auto`` picks by the model. A real-checkpoint run
+(issue 43's workload: SmolLM2-135M-Instruct, 8 prompts x 4 samples, 32 new tokens, fp32, 2 ranks)::
+
+    verl bench train --model .cache/smollm2-135m-instruct --prompts 8 --n 4 --response-length 32 --steps 6 \
+        --baseline trl algorithm.rollout_correction.bypass_mode=true
 """
 
 from __future__ import annotations
@@ -76,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mode", choices=("sync", "colocate_async", "separate_async"), default="sync",
                         help="verl's trainer.v1.trainer_mode; separate_async gives --rollout-ranks of the --nproc "
                              "ranks to a standalone rollout pool (the same total ranks as the other modes)")
+    parser.add_argument("--task", choices=("auto", "arithmetic", "word_problems"), default="auto",
+                        help="arithmetic (character tokenizer) or word_problems (the model's own tokenizer and chat "
+                             "template); auto: word_problems for an HF directory with a tokenizer")
+    parser.add_argument("--gradient-checkpointing", choices=("off", "on"), default="off",
+                        help="activation recompute on both sides alike: verl's actor_rollout_ref.model."
+                             "enable_gradient_checkpointing (every layer) and TRL's gradient_checkpointing (TRL's own "
+                             "default is on; off here unless asked, so both trade memory for time the same way)")
     parser.add_argument("--rollout-ranks", type=_positive, default=1, help="separate_async: the pool's ranks")
     parser.add_argument("--json", help="also write the record here")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra verl train overrides")
@@ -109,13 +129,17 @@ def train_command(args: argparse.Namespace, data_dir: str, output_dir: str, prom
         f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={args.tp}",
         f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={args.pp}",
         f"trainer.n_gpus_per_node={training}", f"trainer.total_training_steps={args.steps}", *placement,
+        *(["actor_rollout_ref.model.enable_gradient_checkpointing=True"]
+          if getattr(args, "gradient_checkpointing", "off") == "on" else []),
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
         "trainer.export_hf_at_end=False", "trainer.resume_mode=disable", "trainer.logger=[console]",
         f"trainer.output_dir={output_dir}", *args.overrides,
     ]
 
 
-def _tree_peak_rss(process, peak: int) -> int:
+def _tree_peak_rss(process, peak: int, cpu: dict[int, float] | None = None) -> int:
+    """The largest resident set of ``process`` and its descendants so far; ``cpu`` (pid -> user + system
+    seconds, the latest sample of each process) is updated on the way."""
     import psutil
 
     try:
@@ -125,6 +149,9 @@ def _tree_peak_rss(process, peak: int) -> int:
     for proc in procs:
         try:
             peak = max(peak, proc.memory_info().rss)
+            if cpu is not None:
+                times = proc.cpu_times()
+                cpu[proc.pid] = times.user + times.system
         except psutil.NoSuchProcess:
             pass
     return peak
@@ -134,9 +161,15 @@ BASELINES = {"hf": "verl.bench.hf_grpo", "trl": "verl.bench.trl_grpo"}
 
 
 def baseline_command(args: argparse.Namespace, data_dir: str, metrics: str) -> list[str]:
-    return [sys.executable, "-m", BASELINES[args.baseline], "--model", os.path.abspath(args.model), "--data", data_dir,
-            "--prompts", str(args.prompts), "--n", str(args.n), "--response-length", str(args.response_length),
-            "--steps", str(args.steps), "--lr", str(args.lr), "--metrics", metrics]
+    """The baseline's command: TRL on ``--nproc`` ranks (torch.distributed.run, as ``accelerate launch`` does),
+    the single-process HF loop as one process."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"] \
+        if args.baseline == "trl" and args.nproc > 1 else [sys.executable]
+    return [*launcher, "-m", BASELINES[args.baseline], "--model", os.path.abspath(args.model), "--data", data_dir,
+            "--prompts", str(args.prompts), "--num-generations", str(args.n),
+            "--response-length", str(args.response_length),
+            "--steps", str(args.steps), "--lr", str(args.lr), "--metrics", metrics,
+            *(["--gradient-checkpointing"] if args.baseline == "trl" and args.gradient_checkpointing == "on" else [])]
 
 
 def _run_watched(command: list[str], log_path: str, log_kept: bool = True) -> dict | int:
@@ -145,22 +178,25 @@ def _run_watched(command: list[str], log_path: str, log_kept: bool = True) -> di
     False: the log lives in a temporary workdir that is about to be removed, so the line does not point at it."""
     import psutil
 
-    start, peak = time.perf_counter(), 0
+    start, peak, cpu = time.perf_counter(), 0, {}
     with open(log_path, "w", encoding="utf-8") as log:
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         watched = psutil.Process(child.pid)
         while child.poll() is None:
-            peak = _tree_peak_rss(watched, peak)
+            peak = _tree_peak_rss(watched, peak, cpu)
             time.sleep(0.05)
     wall = time.perf_counter() - start
     if child.returncode != 0:
         with open(log_path, encoding="utf-8") as fh:
             tail = fh.read().strip().splitlines()[-1:] or [""]
         where = f"log: {log_path}" if log_kept else "--workdir DIR keeps the full log"
-        print(f"verl bench train: {os.path.basename(command[2])} exited {child.returncode}: {tail[0]} ({where})",
+        module = command[len(command) - command[::-1].index("-m")] if "-m" in command else command[0]
+        print(f"verl bench train: {os.path.basename(module)} exited {child.returncode}: {tail[0]} ({where})",
               file=sys.stderr)
         return child.returncode
-    return {"peak_rss_gb": peak / 2**30, "wall_s": wall}
+    # cpu_s: CPU seconds of the whole command (every process, start-up included, sampled every 50 ms): the work
+    # done, which other load on shared cores does not stretch the way it stretches wall time.
+    return {"peak_rss_gb": peak / 2**30, "wall_s": wall, "cpu_s": sum(cpu.values())}
 
 
 def summarize(records: list[dict], warmup: int) -> dict:
@@ -191,18 +227,50 @@ def summarize(records: list[dict], warmup: int) -> dict:
             "final_score": steps[-1].get("critic/score/mean")}
 
 
-def write_bench_data(data_dir: str, train_prompts: int) -> int:
-    """The arithmetic task (``train_prompts`` training and 16 test problems) and its character tokenizer in
-    ``data_dir``; returns the longest prompt in tokens (one token per character)."""
-    from verl.utils.dataset.arithmetic import build_char_tokenizer, generate_problems, make_row, write_parquet
+def resolve_task(task: str, model: str) -> str:
+    """``auto``: word_problems for an HF model directory that carries a tokenizer (a real checkpoint), else
+    arithmetic (a config.json to initialise at random, or a directory without a tokenizer)."""
+    if task != "auto":
+        return task
+    has_tokenizer = os.path.isdir(model) and any(
+        os.path.isfile(os.path.join(model, name)) for name in ("tokenizer.json", "tokenizer_config.json"))
+    return "word_problems" if has_tokenizer else "arithmetic"
 
-    train, test = generate_problems(train_prompts, 16, seed=0)
+
+def write_bench_data(data_dir: str, train_prompts: int, task: str = "arithmetic", model: str | None = None) -> int:
+    """The task's data in ``data_dir`` (``train_prompts`` training and 16 test problems, ``train.parquet`` /
+    ``test.parquet``) and the tokenizer every side reads (``tokenizer/``): arithmetic with its character
+    tokenizer, or word problems with ``model``'s own tokenizer. Returns the longest rendered prompt in tokens."""
     os.makedirs(data_dir, exist_ok=True)
+    tokenizer_dir = os.path.join(data_dir, "tokenizer")
+    if task == "arithmetic":
+        from verl.utils.dataset.arithmetic import build_char_tokenizer, generate_problems, make_row, write_parquet
+
+        train, test = generate_problems(train_prompts, 16, seed=0)
+        train_rows = [make_row(p, "train", i) for i, p in enumerate(train)]
+        write_parquet(train_rows, os.path.join(data_dir, "train.parquet"))
+        write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(data_dir, "test.parquet"))
+        build_char_tokenizer(tokenizer_dir)
+        return max(len(row["prompt"][0]["content"]) for row in train_rows)
+    if task != "word_problems":
+        raise InputError(f"--task: expected one of arithmetic, word_problems, found {task}")
+    from transformers import AutoTokenizer
+
+    from verl.utils.dataset.arithmetic import write_parquet
+    from verl.utils.dataset.rl_dataset import render_prompt
+    from verl.utils.dataset.word_problems import generate_problems, make_row
+
+    if model is None or not os.path.isdir(model):
+        raise InputError(f"--task word_problems: expected an HF model directory with a tokenizer, found {model}")
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    train, test = generate_problems(train_prompts, 16, seed=0)
     train_rows = [make_row(p, "train", i) for i, p in enumerate(train)]
     write_parquet(train_rows, os.path.join(data_dir, "train.parquet"))
     write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(data_dir, "test.parquet"))
-    build_char_tokenizer(os.path.join(data_dir, "tokenizer"))
-    return max(len(row["prompt"][0]["content"]) for row in train_rows)
+    tokenizer.save_pretrained(tokenizer_dir)
+    # As RLHFDataset tokenises a prompt: the rendered chat, no special tokens added.
+    return max(len(tokenizer(render_prompt(row["prompt"], tokenizer), add_special_tokens=False)["input_ids"])
+               for row in train_rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,17 +282,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline == "trl" and importlib.util.find_spec("trl") is None:
         raise InputError("--baseline trl: expected TRL importable next to this torch (pip install --no-deps trl "
                          "accelerate datasets), found no module 'trl'")
+    if args.gradient_checkpointing == "on" and args.baseline == "hf":
+        raise InputError("--gradient-checkpointing on: expected --baseline trl or none (the hf loop has no activation "
+                         "recompute), found --baseline hf")
     if not os.path.exists(args.model):
         raise InputError(f"--model: expected an HF config.json or model directory, found nothing at {args.model}")
     with tempfile.TemporaryDirectory(prefix="verl_bench_train_") as tmp:
         workdir = os.path.abspath(args.workdir or tmp)
         data_dir, output_dir = os.path.join(workdir, "data"), os.path.join(workdir, "out")
-        prompt_length = write_bench_data(data_dir, max(4 * args.prompts, 256))
+        task = resolve_task(args.task, args.model)
+        prompt_length = write_bench_data(data_dir, max(4 * args.prompts, 256), task, args.model)
         ours = _run_watched(train_command(args, data_dir, output_dir, prompt_length),
                             os.path.join(workdir, "train.log"), log_kept=bool(args.workdir))
         if isinstance(ours, int):
             return ours
-        record = {"model": args.model, "mode": args.mode, "nproc": args.nproc, "tp": args.tp, "pp": args.pp,
+        record = {"model": args.model, "task": task, "gradient_checkpointing": args.gradient_checkpointing,
+                  "mode": args.mode, "nproc": args.nproc, "tp": args.tp,
+                  "pp": args.pp,
                   "rollout_tp": args.rollout_tp, "prompts": args.prompts, "n": args.n,
                   "response_length": args.response_length, "overrides": args.overrides,
                   **summarize(read_metrics(output_dir), args.warmup), **ours}
@@ -236,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
                 return theirs
             record["baseline"] = {"name": args.baseline, **summarize(read_metrics(metrics), args.warmup), **theirs}
             record["speedup"] = record["baseline"]["s_per_step"] / record["s_per_step"]
+            if record["tokens_per_s"] and record["baseline"]["tokens_per_s"]:
+                record["tokens_per_s_ratio"] = record["tokens_per_s"] / record["baseline"]["tokens_per_s"]
+            # Ours over theirs, the largest process on each side (< 1: verl train peaks lower).
+            record["peak_rss_ratio"] = record["peak_rss_gb"] / record["baseline"]["peak_rss_gb"]
+            record["cpu_s_ratio"] = record["baseline"]["cpu_s"] / max(record["cpu_s"], 1e-9)  # > 1: we used less
     text = json.dumps(record, indent=2)
     print(text)
     if args.json:

@@ -73,6 +73,11 @@ class MegatronEngine(TrainingEngine):
         else:
             self.model, self.optimizer, self.scheduler = self._wrap_for_training(module, optim, params_dtype)
         self.is_last_stage = mpu.is_pipeline_last_stage()
+        # Response-only logits: the output layer runs on the positions an output_fn with ``response_fn`` reads
+        # ([b, R] left-aligned columns, set per micro-batch around the model's call), not on every column.
+        self._logit_positions: torch.Tensor | None = None
+        if head == "lm" and self.is_last_stage and getattr(module, "output_layer", None) is not None:
+            module.output_layer.register_forward_pre_hook(self._gather_logit_positions, with_kwargs=True)
         # Routing replay (verl's actor.router_replay.mode=R3): forward passes route each token to the experts a
         # batch's ``routed_experts`` recorded (the rollout's choice) instead of this model's own top k.
         self.replay_routing = False
@@ -189,6 +194,30 @@ class MegatronEngine(TrainingEngine):
 
         return token_log_probs(self, compute_entropy, temperature)
 
+    def _gather_logit_positions(self, _module, args, kwargs):
+        """forward pre-hook of the output layer: its hidden states [s, b, h] cut to ``_logit_positions`` [b, R]
+        -> [R, b, h] (GPTModel then returns [b, R, V/tp] logits)."""
+        positions = self._logit_positions
+        if positions is None:
+            return None
+        hidden = args[0]
+        index = positions.t().unsqueeze(-1).expand(-1, -1, hidden.size(-1))
+        return (hidden.gather(0, index), *args[1:]), kwargs
+
+    def _response_positions(self, micro_batch: dict[str, torch.Tensor], shifts: torch.Tensor,
+                            keep: int) -> torch.Tensor | None:
+        """[b, R] left-aligned columns whose next-token logits score the response tokens (what
+        :func:`response_outputs` reads: original columns S-R-1 .. S-2, less each row's shift), clamped to
+        the ``keep`` columns that ran (a clamped column is past the row's end: masked like any response pad);
+        None where only the whole output serves: not the lm head's last stage, or sequence parallelism (the
+        output layer gathers the sequence shards itself)."""
+        if self.head != "lm" or not self.is_last_stage or self.tf_config.sequence_parallel \
+                or "responses" not in micro_batch:
+            return None
+        width, response_length = micro_batch["input_ids"].size(1), micro_batch["responses"].size(1)
+        columns = torch.arange(width - response_length - 1, width - 1, device=shifts.device)
+        return (columns[None, :] - shifts[:, None]).clamp(0, keep - 1)
+
     @property
     def module(self):
         """The GPTModel (unwrapped from DDP)."""
@@ -242,6 +271,15 @@ class MegatronEngine(TrainingEngine):
 
             self._reshard_buffer = bind_training_buffer(self.module, self.model, model_config, training)
         return self._reshard_buffer
+
+    def lora_sync_source(self, model_config: ModelConfig, training: Any):
+        """The adapter-only sync's sources (``lora.merge=false``: :mod:`verl.hybrid_engine.lora_sync`); None
+        without LoRA or with ``merge=true`` (the merged dense weights of :meth:`reshard_sources`)."""
+        if self.lora is None or self.lora.merge:
+            return None
+        from verl.engine.megatron.reshard import MegatronLoRASyncSource
+
+        return MegatronLoRASyncSource(self.module, model_config, self.lora, training)
 
     def reshard_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
         if self.lora is not None:
@@ -369,12 +407,21 @@ class MegatronEngine(TrainingEngine):
             extra = {"padding_mask": ~run_mask.bool()} if self.config.is_moe else {}
             if self.replay_routing and "routed_experts" in micro_batch:
                 self._replay(micro_batch["routed_experts"], shifts, keep)
-            output = model(run_ids, positions, attention_mask_4d(run_mask), **extra)
-            if self.is_last_stage:  # earlier stages pass on [s(/tp), b, h] hidden states as they are
+            # An output_fn that reads only the response (the actor's log-probs) takes the logits of the response
+            # positions alone: the output layer, the logits and their log-softmax skip every prompt column.
+            response_fn = getattr(output_fn, "response_fn", None)
+            self._logit_positions = None if response_fn is None else self._response_positions(micro_batch, shifts,
+                                                                                                keep)
+            try:
+                output = model(run_ids, positions, attention_mask_4d(run_mask), **extra)
+            finally:
+                gathered, self._logit_positions = self._logit_positions is not None, None
+            if self.is_last_stage and not gathered:  # earlier stages pass on [s(/tp), b, h] hidden states as is
                 output = _output_to_columns(output, keep, ids.size(1))
 
             def loss_func(output_tensor, non_loss_data=False):
-                outputs = output_fn(output_tensor, ids, shifts, micro_batch)
+                outputs = response_fn(output_tensor, micro_batch) if gathered \
+                    else output_fn(output_tensor, ids, shifts, micro_batch)
                 if forward_only:
                     return {k: v.detach() for k, v in outputs.items()}
                 loss, metrics = loss_fn(outputs, micro_batch)
