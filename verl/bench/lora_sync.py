@@ -13,15 +13,20 @@ import torch
 
 from verl.models.config import ModelConfig
 
+# The spec's roles of Megatron's four adapted linears (linear_qkv, linear_proj, linear_fc1, linear_fc2).
+LINEAR_ROLES = ("qkv", "attn_out", "gate_up", "mlp_out")
+
 
 def adapter_spec(config: ModelConfig, rank: int, alpha: float, backend: str, modules=None):
     """Every decoder linear adapted (``all-linear`` / Megatron's four linears) unless ``modules`` names them."""
     from verl.hybrid_engine.layouts import hf_tensor_shapes
     from verl.hybrid_engine.lora_sync import MEGATRON, AdapterSpec
+    from verl.models.spec.registry import model_spec
 
-    if modules is None:
-        modules = tuple(n for n, s in hf_tensor_shapes(config).items() if ".layers." in n and len(s) == 2
-                        and n.endswith(".weight") and ".mlp.gate." not in n)
+    if modules is None:  # the HF weights of the spec's four dense linears (not the MoE router, not biases)
+        params = model_spec(config.model_type).mcore_params(config, 1, 0)
+        linear = {name for p in params if p.role in LINEAR_ROLES and p.mcore.endswith(".weight") for name in p.hf}
+        modules = tuple(name for name in hf_tensor_shapes(config) if name in linear)  # in HF order
     return AdapterSpec(rank, alpha / rank, tuple(modules), shared_a=backend == MEGATRON)
 
 

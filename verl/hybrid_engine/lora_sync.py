@@ -9,7 +9,7 @@ The first sync of a LoRA actor with ``lora.merge=false`` sends the frozen base `
 * training (:class:`AdapterTrainingLayout`), Megatron: a column-parallel linear's ``B`` is placed exactly as its
   ``W`` (Shard(0), the QKV per-group interleave, the gate/up halves) and its ``A`` replicated; a row-parallel
   linear's ``A`` is Shard(1) like its ``W`` and its ``B`` replicated; a fused linear (``linear_qkv``,
-  ``linear_fc1``) has one ``A`` for all its parts (named after the first: ``q_proj``'s, ``gate_proj``'s).
+  ``linear_fc1``) has one ``A`` for all its parts (named after the first of its HF parts: the query's, the gate's).
   FSDP (PEFT): every factor ``ChunkShard(0)`` under its PEFT name (``A`` split over r).
 * rollout (:class:`AdapterRolloutLayout`): per rollout linear, ``B`` of each adapted part placed as that part's
   rows of the rollout weight (Shard(0), KV heads replicated past their count), ``A`` replicated; a row-parallel
@@ -71,7 +71,7 @@ class LoRASyncError(RuntimeError):
 
 
 def adapter_a(module_weight: str) -> str:
-    """The HF adapter name of ``A`` for an HF weight (``...q_proj.weight`` -> ``...q_proj.lora_A.weight``)."""
+    """The HF adapter name of ``A`` for an HF weight (``<module>.weight`` -> ``<module>.lora_A.weight``)."""
     return module_weight.removesuffix(".weight") + ".lora_A.weight"
 
 
