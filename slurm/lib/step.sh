@@ -26,6 +26,10 @@ _verl_say() { echo "[$_verl_tag] $*"; }
 
 # shellcheck disable=SC2317,SC2329  # reached through the traps set in verl_run_step
 _verl_forward() {
+  # One request reaches the tasks: a second signal (Slurm's own --signal after the deadline timer's, which Slurm
+  # may send up to a minute early) only updates what happens after the step; relayed, it would reach ranks that
+  # are already exiting after their checkpoint, with the default action (killed, exit 138).
+  local first=$((_verl_preempted == 0 && _verl_terminated == 0))
   if [[ $1 == TERM ]]; then
     _verl_terminated=1
     _verl_say "SIGTERM: asking the tasks to checkpoint and stop"
@@ -34,7 +38,7 @@ _verl_forward() {
     _verl_say "preemption signal: asking the tasks to checkpoint and stop"
   fi
   # srun relays SIGUSR1 to every task of the step; the ranks treat it as a checkpoint request.
-  if [[ -n $_verl_step_pid ]]; then kill -USR1 "$_verl_step_pid" 2>/dev/null || true; fi
+  if ((first)) && [[ -n $_verl_step_pid ]]; then kill -USR1 "$_verl_step_pid" 2>/dev/null || true; fi
 }
 
 # Seconds since the epoch at which the job's time limit ends; empty when it has none or Slurm does not say.
