@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl.engine.rollout.base import SamplingParams
-from verl.engine.rollout.native.engine import turn_params
+from verl.engine.rollout.native.engine import turn_params, wait_at_gate
 from verl.engine.rollout.sglang_rollout import SGLangRolloutError, sglang_sampling_params
 
 SEED_STRIDE = 7919  # a turn's sampling seed: base seed + stride x the turn's arrival index
@@ -106,12 +106,7 @@ class SGLangTokenServer:
             left = limit - len(tokens)
             if left <= 0:  # the budget is spent (or the context was full from the start)
                 return {"token_ids": tokens, "log_probs": log_probs, "stop_reason": "length"}
-            if not gate.is_set():
-                self.parked += 1
-                try:
-                    await gate.wait()
-                finally:
-                    self.parked -= 1
+            await wait_at_gate(self, gate)
             request = sglang_sampling_params(dataclasses.replace(params, response_length=left))
             if not params.greedy and params.seed is not None:  # reproducible, a new stream per turn segment
                 request["sampling_seed"] = params.seed + SEED_STRIDE * self.requests

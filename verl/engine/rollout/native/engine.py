@@ -184,6 +184,18 @@ class NativeRollout(BaseRollout):
 _REQUEST_KEYS = ("temperature", "top_p", "top_k", "do_sample", "ignore_eos", "seed")
 
 
+async def wait_at_gate(server: Any, gate: asyncio.Event) -> None:
+    """A turn held while a weight sync runs (``gate`` cleared by ``interrupt``): counted in ``server.parked`` until
+    ``resume_turns`` opens the gate again. Both token servers (native, SGLang) hold their turns here."""
+    if gate.is_set():
+        return
+    server.parked += 1
+    try:
+        await gate.wait()
+    finally:
+        server.parked -= 1
+
+
 def turn_params(base: SamplingParams, sampling_params: Mapping[str, Any],
                 engine: str = "the native engine") -> tuple[SamplingParams, int]:
     """One agent-loop turn's request (verl's names) over a replica's ``base`` params -> (its SamplingParams with
@@ -278,13 +290,7 @@ class TokenServer:
         tokens: list[int] = []
         log_probs: list[float] = []
         while True:
-            gate = self._ensure_gate()
-            if not gate.is_set():
-                self.parked += 1
-                try:
-                    await gate.wait()
-                finally:
-                    self.parked -= 1
+            await wait_at_gate(self, self._ensure_gate())
             request = _Request(list(prompt_ids) + tokens, limit - len(tokens), params,
                                asyncio.get_running_loop().create_future())
             self._pending.append(request)
