@@ -502,10 +502,11 @@ def test_bad_input_is_one_line_and_exit_2_before_any_rank_starts(jobs, case):
 def test_gpu_template_dry_run_spans_two_nodes(jobs):
     # ppo_multinode_gpu.sbatch as written, with VERL_DRY_RUN_CPU=1: srun --mpi=pmix over both hosts (mpi4py
     # bootstrap), the trainer command it would run for nnodes=2 printed (its layouts are validated for
-    # Qwen2-7B by the one-node tier), the resumable selftest to the end.
+    # Qwen2-7B by the one-node tier), the resumable selftest to the end. --time=20 is above the header's
+    # --signal=B:USR1@900 lead: under it Slurm signals at once (and again after the requeue).
     run_dir, out = os.path.join(jobs.root, "ppo"), os.path.join(jobs.root, "ppo.out")
     os.makedirs(jobs.root, exist_ok=True)
-    proc = jobs.sbatch("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--gpus-per-node=0", "--time=10",
+    proc = jobs.sbatch("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--gpus-per-node=0", "--time=20",
                        f"--output={out}", script=os.path.join(SLURM_DIR, "ppo_multinode_gpu.sbatch"), wait=True,
                        timeout=180, VERL_DRY_RUN_CPU="1", VERL_RUN_DIR=run_dir, VERL_TP="1", VERL_PP="1",
                        VERL_ROLLOUT_TP="1")
