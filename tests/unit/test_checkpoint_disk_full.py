@@ -1,5 +1,7 @@
 """A full disk during a checkpoint: one DiskFullError naming the last complete checkpoint, nothing half-written
 kept, stale staging from a killed save removed, and a save that lacks room pruned (or refused) before it starts.
+The other writers of a run too: an HF export (no staging left, the previous export kept) and metrics.jsonl (one
+line, no torn record).
 
 The file system is a real one that fills up: a small tmpfs mounted for the test (the suite runs as root)."""
 
@@ -7,8 +9,11 @@ import os
 import subprocess
 
 import pytest
+import torch
 
+from verl.models.hf_io import HFCheckpoint, write_hf_dir
 from verl.utils import checkpoint as ckpt
+from verl.utils.tracking import Tracking, read_metrics
 
 pytestmark = pytest.mark.unit
 KB = 1024
@@ -80,3 +85,30 @@ def test_other_os_errors_are_not_reported_as_a_full_disk(tmp_path):
         raise PermissionError(13, "Permission denied", staging)
     with pytest.raises(PermissionError):
         ckpt.save_trainer_checkpoint(str(tmp_path / "ckpt"), 1, {}, denied)
+
+
+def test_an_hf_export_that_runs_out_of_space_keeps_the_previous_one_and_no_staging(small_fs):
+    out = write_hf_dir(str(small_fs / "hf"), [("w", torch.ones(1000))], {"model_type": "qwen2"})
+    with pytest.raises(ckpt.DiskFullError) as err:
+        write_hf_dir(out, [("w", torch.ones(200_000))], {"model_type": "qwen2"})  # 800 KB: more than the disk
+    message = str(err.value)
+    assert "\n" not in message and f"HF export {out} not written" in message, message
+    assert "No space left on device" in message and "nothing of it was kept" in message, message
+    assert sorted(os.listdir(small_fs)) == ["hf"]  # no .tmp-<host>-<pid> left
+    assert torch.equal(HFCheckpoint(out).get("w"), torch.ones(1000))
+
+
+def test_metrics_jsonl_on_a_full_disk_is_one_line_and_keeps_whole_records(small_fs):
+    tracking = Tracking(str(small_fs / "run"), backends=())
+    tracking.log({"actor/pg_loss": 0.5}, 1)
+    with open(small_fs / "filler", "wb") as fh:  # fill the disk but for a few KB
+        fh.write(b"f" * (600 * KB - 3 * 4096))
+    with pytest.raises(ckpt.DiskFullError) as err:
+        tracking.log({f"m{i}": float(i) for i in range(2000)}, 2)  # a ~20 KB record
+    message = str(err.value)
+    assert "\n" not in message and "metrics.jsonl" in message and "logging step 2" in message, message
+    assert "No space left on device" in message, message
+    tracking.close()
+    path = small_fs / "run" / "metrics.jsonl"
+    assert path.read_bytes().endswith(b"\n")  # no torn record
+    assert [r["step"] for r in read_metrics(str(path))] == [1]

@@ -3,6 +3,9 @@ sharded with an index), the streamed sharded atomic writer, and one clear Checkp
 
 import json
 import os
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -155,6 +158,27 @@ def test_a_failing_stream_leaves_the_previous_directory_and_nothing_staged(tmp_p
     with pytest.raises(RuntimeError):
         write_hf_dir(str(tmp_path / "fresh"), broken(), CONFIG)
     assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
+def test_staging_a_killed_writer_left_is_removed_but_not_a_live_or_another_hosts(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True, timeout=30)
+    dead_pid = int(dead.stdout)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        host = socket.gethostname()
+        left = {"killed": f"hf.tmp-{host}-{dead_pid}", "live": f"hf.tmp-{host}-{live.pid}",
+                "other host": f"hf.tmp-{host}x-{dead_pid}", "convert's": "hf.tmp-convert-ab12"}
+        for name in left.values():
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "part").write_bytes(b"x")
+        write_dir(tmp_path / "hf")
+        assert sorted(os.listdir(tmp_path)) == sorted(["hf", left["live"], left["other host"], left["convert's"]])
+    finally:
+        live.kill()
+        live.wait(timeout=30)
+    write_dir(tmp_path / "hf")  # its writer has ended now
+    assert sorted(os.listdir(tmp_path)) == sorted(["hf", left["other host"], left["convert's"]])
 
 
 def test_replace_swaps_the_directory_and_replace_false_refuses_an_existing_one(tmp_path):

@@ -13,9 +13,11 @@ Every problem is one ``CheckpointError`` line naming the file and what was expec
 
 Writing is a stream: tensors arrive one at a time and are held only until their shard (at most
 ``max_shard_bytes``; a larger tensor gets a shard of its own) is written, so the writer's peak extra
-memory is one shard plus the largest tensor. Everything goes to ``<out_dir>.tmp-<pid>`` and is renamed
-into place; readers see the previous directory or the new one, never a half-written one (during the swap
-``<out_dir>`` is briefly absent).
+memory is one shard plus the largest tensor. Everything goes to ``<out_dir>.tmp-<host>-<pid>``, is fsynced and
+renamed into place; readers see the previous directory or the new one, never a half-written one (during the swap
+``<out_dir>`` is briefly absent). A staging directory a killed writer left is removed by the next write to the same
+``<out_dir>`` (one of this host whose pid no longer runs). A full disk ends in :class:`DiskFullError`, one line,
+with the staging directory removed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import struct
 from collections.abc import Iterable
 from typing import Any
@@ -30,7 +33,10 @@ from typing import Any
 import torch
 
 from verl.errors import OutputExistsError
-from verl.utils.checkpoint import CheckpointError
+from verl.utils.checkpoint import DISK_FULL_ERRNOS, CheckpointError, DiskFullError, fsync_path, fsync_tree
+from verl.utils.logging_utils import get_logger
+
+logger = get_logger(__name__)
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -363,6 +369,38 @@ def replace_dir(staging: str, out_dir: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _staging_prefix(out_dir: str) -> str:
+    # The host in the name: on a shared file system a pid says nothing about another node's writers.
+    return f"{out_dir}.tmp-{socket.gethostname()}-"
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def clean_stale_staging(out_dir: str) -> list[str]:
+    """Remove the staging directories of ``out_dir`` that writers on this host left when killed (their pid no
+    longer runs, or is this process's own); a live writer's, and another host's, are left alone. Returns what
+    was removed."""
+    prefix = _staging_prefix(out_dir)
+    parent, name_prefix = os.path.dirname(prefix), os.path.basename(prefix)
+    removed = []
+    for name in os.listdir(parent) if os.path.isdir(parent) else []:
+        pid = name[len(name_prefix):]
+        if name.startswith(name_prefix) and pid.isdigit() and (int(pid) == os.getpid() or not _pid_running(int(pid))):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            removed.append(os.path.join(parent, name))
+    if removed:
+        logger.warning("HF export: removed staging left by an interrupted write: %s", ", ".join(removed))
+    return removed
+
+
 def write_hf_dir(out_dir: str, tensors: Iterable[tuple[str, torch.Tensor]], hf_config: dict,
                  tokenizer: Any | None = None, generation: dict | None = None,
                  max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, replace: bool = True) -> str:
@@ -372,8 +410,8 @@ def write_hf_dir(out_dir: str, tensors: Iterable[tuple[str, torch.Tensor]], hf_c
     out_dir = os.path.abspath(out_dir)
     if not replace and os.path.exists(out_dir):
         raise OutputExistsError(f"--out: expected a path that does not exist yet, found {out_dir}")
-    staging = f"{out_dir}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+    clean_stale_staging(out_dir)
+    staging = f"{_staging_prefix(out_dir)}{os.getpid()}"
     try:
         writer = ShardedSafetensorsWriter(staging, max_shard_bytes)
         for name, tensor in tensors:
@@ -390,11 +428,16 @@ def write_hf_dir(out_dir: str, tensors: Iterable[tuple[str, torch.Tensor]], hf_c
         if generation is not None:
             with open(os.path.join(staging, GENERATION_CONFIG_FILE), "w", encoding="utf-8") as fh:
                 json.dump(generation, fh, indent=2)
+        fsync_tree(staging)  # written out before the rename publishes it: a node crash leaves no zero-filled files
         if replace:
             replace_dir(staging, out_dir)
         else:
             os.rename(staging, out_dir)
-    except BaseException:
+        fsync_path(os.path.dirname(out_dir))
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)  # nothing half-written is left behind
+        if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
+            raise DiskFullError(f"HF export {out_dir} not written: {os.strerror(err.errno)} writing "
+                                f"{err.filename or 'a file'}; nothing of it was kept") from None
         raise
     return out_dir

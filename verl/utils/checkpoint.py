@@ -71,7 +71,7 @@ class DiskFullError(RuntimeError):
     Its message is one line naming the last complete checkpoint; nothing of the failed save is left."""
 
 
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 SPACE_HEADROOM = 1.05  # a checkpoint's size varies a little from step to step (JSON state, manifests)
 
 
@@ -125,7 +125,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         tracker.set_states(state["megatron_tracker"])
 
 
-def _fsync_path(path: str) -> None:
+def fsync_path(path: str) -> None:
     """Flush ``path`` (a file or a directory: its entries) to stable storage."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -140,8 +140,8 @@ def fsync_tree(path: str) -> None:
     checkpoint whose files were never written out -- sizes right, contents zeros."""
     for root, _, names in os.walk(path, topdown=False):
         for name in names:
-            _fsync_path(os.path.join(root, name))
-        _fsync_path(root)
+            fsync_path(os.path.join(root, name))
+        fsync_path(root)
 
 
 def _crc32(path: str) -> str:
@@ -185,14 +185,14 @@ def save_trainer_checkpoint(root: str, step: int, trainer_state: dict[str, Any],
         try:
             write_manifest(staging)  # last: a checkpoint without it (or not matching it) is incomplete
             _replace_dir(staging, final)
-            _fsync_path(root)  # the rename is durable before `latest` names it
+            fsync_path(root)  # the rename is durable before `latest` names it
             latest = os.path.join(root, LATEST_FILE)
             with open(latest + ".tmp", "w", encoding="utf-8") as fh:
                 fh.write(f"{step}\n")
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(latest + ".tmp", latest)
-            _fsync_path(root)
+            fsync_path(root)
         except OSError as err:
             problem = _disk_full_or_raise(err)
             if os.path.isdir(final) and checkpoint_problem(final) is not None:
@@ -256,7 +256,7 @@ def _size(nbytes: int) -> str:
 
 
 def _disk_full_or_raise(err: OSError) -> str:
-    if err.errno not in _DISK_FULL:
+    if err.errno not in DISK_FULL_ERRNOS:
         raise err
     return f"{os.strerror(err.errno)} writing {err.filename or 'a file'}"
 
@@ -317,7 +317,7 @@ def save_engine_checkpoint(path: str, write: Callable[[str], None],
                 json.dump(manifest(files), fh, indent=2)
             fsync_tree(staging)  # every rank's files are closed (barrier above): flushed before they are published
             _replace_dir(staging, path)
-            _fsync_path(os.path.dirname(path))
+            fsync_path(os.path.dirname(path))
     except OSError as err:
         problem = _disk_full_or_raise(err)
     _agree(problem, os.path.dirname(path), None, staging)
@@ -401,7 +401,7 @@ def write_manifest(path: str) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, os.path.join(path, MANIFEST_FILE))
-    _fsync_path(path)
+    fsync_path(path)
 
 
 def checkpoint_problem(path: str) -> str | None:

@@ -12,11 +12,15 @@ and the quickstart read). ``trainer.logger`` adds, by verl's names:
 - ``wandb``: imported only when asked; offline (``WANDB_MODE=offline``) unless ``WANDB_MODE`` or
   ``WANDB_API_KEY`` is set; files under ``$WANDB_DIR`` or ``<output_dir>``; finished on close;
 - ``csv``: ``metrics.csv``, rewritten when new columns appear (ours).
+
+A full disk while a record is written to ``metrics.jsonl`` ends in one ``DiskFullError`` line naming the file and
+the step; the part of the record that was written is cut, so the file holds whole records only.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import math
 import os
@@ -183,8 +187,7 @@ class Tracking:
 
     def log(self, data: dict[str, Any], step: int, total_steps: int | None = None) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in sorted(data.items())}}
-        self._jsonl.write(json.dumps(record) + "\n")
-        self._jsonl.flush()
+        self._write_jsonl(record)
         if "csv" in self.backends:
             self._log_csv(record)
         if self._tb is not None:
@@ -199,6 +202,27 @@ class Tracking:
         if "console" in self.backends:
             self.stream.write(self.console_line(record, total_steps) + "\n")
             self.stream.flush()
+
+    def _write_jsonl(self, record: dict[str, Any]) -> None:
+        size = os.fstat(self._jsonl.fileno()).st_size  # flushed after every record: where this one starts
+        try:
+            self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.flush()
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # Drop what the buffer still holds (closing may write part of it), then cut the torn record.
+            path = self._jsonl.name
+            try:
+                self._jsonl.close()
+            except OSError:
+                pass
+            os.truncate(path, size)
+            self._jsonl = open(path, "a", encoding="utf-8")
+            from verl.utils.checkpoint import DiskFullError  # here: importing it pulls in torch
+
+            raise DiskFullError(f"{path}: {os.strerror(err.errno)} logging step {record['step']}; nothing of its "
+                                "record was kept") from None
 
     @staticmethod
     def console_line(record: dict[str, Any], total_steps: int | None = None) -> str:
