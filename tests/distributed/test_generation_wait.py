@@ -6,6 +6,7 @@ longer). With the collective timeout at 15 s, a rank 25 s late used to end the j
 15 s with gloo's timeout; now the ranks wait for it up to the rollout's deadline, and past the deadline rank 0 says
 which ranks and rollout replicas had not finished."""
 
+import subprocess
 import time
 
 import pytest
@@ -58,3 +59,44 @@ def test_verl_train_waits_for_a_rollout_longer_than_the_collective_timeout(tmp_p
     run_train(cmd, env={"VERL_TEST_SLOW_GENERATION": "1:20"})
     record = read_metrics(out)[1]
     assert record["timing_s/gen"] >= 20, record["timing_s/gen"]
+
+
+def _pool_train(tmp_path, name, generation_timeout_s, slow_s, check=True):
+    """`verl train` sync GRPO, 1 training rank + a 1-rank standalone rollout pool, collective timeout 15 s, the pool
+    rank's rollout ``slow_s`` late (VERL_TEST_SLOW_POOL_GENERATION)."""
+    from helpers.tiny_models import arithmetic_data_args
+    from helpers.train_runs import REPO, run_train, train_cmd, train_env
+
+    out = tmp_path / name
+    cmd = train_cmd("grpo_arith_tiny.yaml", out, arithmetic_data_args(tmp_path / "arith"),
+                    "trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.val_before_train=false",
+                    "trainer.test_freq=-1", "trainer.export_hf_at_end=false", "trainer.n_gpus_per_node=1",
+                    "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+                    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+                    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                    "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+                    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "actor_rollout_ref.nccl_timeout=15",
+                    f"actor_rollout_ref.rollout.generation_timeout={generation_timeout_s}")
+    env = {"VERL_TEST_SLOW_POOL_GENERATION": f"0:{slow_s}"}
+    if check:
+        return out, run_train(cmd, env=env)
+    return out, subprocess.run(cmd, cwd=REPO, env={**train_env(), **env}, capture_output=True, text=True, timeout=300)
+
+
+def test_a_standalone_pool_is_waited_for_past_the_collective_timeout_and_named_past_its_deadline(tmp_path):
+    """The pool's side of the wiring: training rank 0 waits for the pool's rollouts up to generation_timeout (20 s
+    late under a 15 s collective timeout: the step finishes), and past it the job ends with one line naming the
+    replica and its pool rank."""
+    from helpers.train_runs import read_metrics
+
+    out, _ = _pool_train(tmp_path, "waited", 120, 20)
+    assert read_metrics(out)[1]["timing_s/gen"] >= 20
+    t0 = time.monotonic()
+    _, proc = _pool_train(tmp_path, "late", 4, 30, check=False)
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    assert ("rollout pool replica 0 (pool rank 1) had not returned its rollouts after "
+            "actor_rollout_ref.rollout.generation_timeout=4 s") in text, text[-3000:]
+    assert time.monotonic() - t0 < 120  # the deadline ended it, not the pool's 30 s sleep plus the collective timeouts

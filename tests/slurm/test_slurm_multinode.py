@@ -9,8 +9,9 @@ GPU template's dry run) run the cheap `launch.selftest`, as the one-node tier do
 
 Bounds measured here (2 cores, idle machine): every process of the job on one node killed (its slurmstepd
 included) -> the job ends ~26 s later (bound 60 s; the script's 20 s grace for srun); a link cut with a 30 s
-collective timeout -> ~40 s (bound 60 s; with 20 s: 25-32 s); a preemption or a node failure -> the requeued job
-resumes ~55-77 s later (Slurm holds it for the local cluster's cred_expire=30 s, then the trainer starts).
+collective timeout -> ~40 s (bound 60 s; with 20 s: 25-32 s); the GPU template with node 2's processes frozen
+(SIGSTOP) under a 15 s collective timeout and 20 s grace -> ~23 s (bound 60 s); a preemption or a node failure -> the
+requeued job resumes ~55-77 s later (Slurm holds it for the local cluster's cred_expire=30 s, then the trainer starts).
 """
 
 import json
@@ -519,6 +520,47 @@ def test_gpu_template_dry_run_spans_two_nodes(jobs):
     train_cmd = shlex.split(next(line for line in text.splitlines() if line.startswith(marker))[len(marker):])
     assert "trainer.nnodes=2" in train_cmd and "trainer.n_gpus_per_node=1" in train_cmd, train_cmd
     assert '"event": "done"' in text and "[ppo] step finished with exit code 0" in text, text
+
+
+def test_gpu_template_frozen_node_ends_the_job_within_the_timeout_and_the_grace(jobs):
+    # A powered-off node as the others see it: every process of the job on verl-node2 (rank and slurmstepd)
+    # stopped, not killed, so no connection closes. Rank 0 learns of it only from its collective timeout (the
+    # selftest's --timeout-s, standing in for actor_rollout_ref.nccl_timeout) and srun never hears from node 2's
+    # slurmstepd; the template's watchdog (slurm/lib/step.sh) ends the step VERL_FAILURE_GRACE_S later.
+    # Bound: timeout + grace (+ Slurm's ~10 s); on GPUs nccl_timeout (600 s default) + 20 s.
+    timeout_s, grace_s = 15, 20
+    run_dir, out = os.path.join(jobs.root, "frozen"), os.path.join(jobs.root, "frozen.out")
+    os.makedirs(jobs.root, exist_ok=True)
+    cmd = (f"{REPO}/.venv/bin/python -m launch.selftest --steps 100000 --step-seconds 0.2 --timeout-s {timeout_s}"
+           f" --checkpoint-dir {run_dir}/checkpoints")
+    proc = jobs.sbatch("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--gpus-per-node=0", "--time=20",
+                       "--no-requeue", f"--output={out}", script=os.path.join(SLURM_DIR, "ppo_multinode_gpu.sbatch"),
+                       VERL_DRY_RUN_CPU="1", VERL_RUN_DIR=run_dir, VERL_TP="1", VERL_PP="1", VERL_ROLLOUT_TP="1",
+                       VERL_CMD=cmd, VERL_MAX_REQUEUES="0", VERL_FAILURE_GRACE_S=str(grace_s))
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().split(";")[0]
+    wait_for(lambda: os.path.exists(out) and '"step": 3}' in open(out).read(), TRAINER_START_S, "step 3", out)
+    frozen = [*job_pids(job_id, "verl-node2"), *stepd_pids(job_id, "verl-node2")]
+    assert len(frozen) >= 2, f"expected the rank and its slurmstepd on verl-node2, found {frozen}"
+    try:
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        wait_for(lambda: not running(job_id), 3 * (timeout_s + grace_s), "the job to end", out)
+        elapsed = time.monotonic() - t0
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    print(f"measured: the job ended {elapsed:.1f}s after verl-node2 froze (collective timeout {timeout_s}s, "
+          f"grace {grace_s}s)")
+    assert elapsed < timeout_s + grace_s + 25, f"the job took {elapsed:.0f}s to end after verl-node2 froze"
+    wait_for(lambda: "[ppo] step finished" in open(out).read(), 30, "the batch script's last line", out)
+    text = open(out).read()
+    assert "[ppo] failed:" in text and "requeueing" not in text, text[-3000:]
+    wait_nodes_idle()
 
 
 def test_readme_srun_recipe_runs_one_step_across_two_nodes(cluster):

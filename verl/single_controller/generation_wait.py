@@ -38,7 +38,7 @@ class GenerationWait:
 
     def wait(self, what: str) -> None:
         """Every rank has finished ``what`` (a generation call) or :class:`GenerationTimeoutError` is raised."""
-        delay = _injected_delay(dist.get_rank() if dist.is_initialized() else 0)
+        delay = injected_delay(dist.get_rank() if dist.is_initialized() else 0)
         if delay:
             time.sleep(delay)
         if self.group is None:
@@ -60,9 +60,9 @@ class GenerationWait:
                                          "error names the ranks still generating)") from None
 
 
-def _injected_delay(rank: int) -> float:
+def injected_delay(rank: int, variable: str = "VERL_TEST_SLOW_GENERATION") -> float:
     """Fault injection for the tests (``VERL_TEST_SLOW_GENERATION=RANK:SECONDS``): rank RANK's rollout takes
-    that much longer."""
-    spec = os.environ.get("VERL_TEST_SLOW_GENERATION", "")
+    that much longer. A standalone pool's ranks read ``VERL_TEST_SLOW_POOL_GENERATION`` (RANK: the pool rank)."""
+    spec = os.environ.get(variable, "")
     slow, _, seconds = spec.partition(":")
     return float(seconds) if slow.strip() and int(slow) == rank else 0.0

@@ -115,6 +115,15 @@ def run_rank(config, dry_run: bool) -> int:
         return _rank_failure(err, config)
 
 
+def _close_after_error(trainer) -> None:
+    """Close after ``fit`` raised: the run's own error is the one to report, so a close that fails too (a pool
+    link the error broke, for one) is one warning line instead of replacing it."""
+    try:
+        trainer.close()
+    except Exception as err:  # noqa: BLE001 - reported, then the original error propagates
+        print(f"closing the trainer after the error below failed too: {type(err).__name__}: {err}", file=sys.stderr)
+
+
 def _run_rank(config, dry_run: bool) -> int:
     from verl.launcher.bootstrap import destroy_distributed, init_distributed
     from verl.launcher.pools import POOL_ROLLOUT, split_from_config
@@ -136,8 +145,12 @@ def _run_rank(config, dry_run: bool) -> int:
         trainer = trainer_class(config)(config, tokenizer, dry_run=dry_run)
         try:
             code = trainer.fit()
-        finally:
+        except BaseException:
+            _close_after_error(trainer)
+            raise
+        else:
             trainer.close()
+        finally:
             del trainer  # the engines go before the process group (see destroy_distributed)
         # Leave together: a rank that tears its process group down and exits while rank 0 is still
         # writing (the HF export, the last checkpoint) was seen to abort in teardown.

@@ -33,7 +33,7 @@ from verl.hybrid_engine.weight_sync import METRIC_BYTES, METRIC_DELTA_FRACTION, 
 from verl.launcher.pools import current_bridge
 from verl.launcher.spawn import FORWARDED_SIGNALS
 from verl.protocol import DataProto
-from verl.single_controller.generation_wait import GenerationTimeoutError
+from verl.single_controller.generation_wait import GenerationTimeoutError, injected_delay
 from verl.utils.logging_utils import get_logger
 from verl.utils.torch_dtypes import DTYPES
 
@@ -169,7 +169,9 @@ class RolloutPoolLink:
         try:
             return self.bridge.recv_object(leader, timeout=datetime.timedelta(seconds=self.generation_timeout))
         except RuntimeError as err:
-            if "timed out" not in str(err).lower():
+            # gloo says "Timed out waiting ..." or "Application timeout caused pair closure"; a dead peer differs.
+            message = str(err).lower()
+            if "timed out" not in message and "timeout" not in message:
                 raise
             raise GenerationTimeoutError(
                 f"rollout pool replica {replica} (pool rank {leader}) had not returned its rollouts after "
@@ -346,6 +348,7 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
 
         def generate(command: dict) -> None:
             start = time.perf_counter()
+            time.sleep(injected_delay(pool_rank, "VERL_TEST_SLOW_POOL_GENERATION"))
             out = engine.generate_sequences(DataProto.from_bytes(command["prompts"]), command["params"])
             if out is not None and tp_rank == 0:
                 out.meta_info["metrics"] = {"timing_s/generate_sequences": time.perf_counter() - start}
