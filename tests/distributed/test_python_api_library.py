@@ -1,12 +1,13 @@
 """The Python API as a library (issue 48 items 5-7): a new algorithm written with the API alone
 (examples/rloo_custom_baseline.py: RLOO's leave-one-out baseline over the PPO trainer stepped by hand), run
 unchanged under torchrun with 2 ranks; ``DataPipeline`` / ``RLTrainer`` with ``verl.metrics`` (the last steps as
-Python values, CSV and JSON) in one process and under torchrun. Tiny Qwen2, arithmetic prompts, a length reward
-so that the responses to one prompt score differently."""
+Python values, CSV and JSON) in one process and, unchanged, under torchrun and mpirun with 2 ranks (srun:
+tests/slurm/test_slurm_tier.py). Tiny Qwen2, arithmetic prompts, a length reward so that the responses to one
+prompt score differently."""
 
-import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,10 +16,10 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
+from helpers.api_pipeline import MODEL, STEPS_OVERRIDE, check_pipeline_run, write_pipeline  # noqa: E402
 from helpers.tiny_models import arithmetic_data_args  # noqa: E402
 from helpers.train_runs import REPO  # noqa: E402
 
-MODEL = os.path.join(REPO, "configs", "models", "qwen2_tiny_arith.json")
 EXAMPLE = os.path.join(REPO, "examples", "rloo_custom_baseline.py")
 LENGTH_REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n" \
                 "    return (len(solution_str) % 4) / 4.0\n"
@@ -40,13 +41,23 @@ def script_env():
 
 
 def run(cmd, cwd):
-    proc = subprocess.run(cmd, cwd=cwd, env=script_env(), capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, cwd=cwd, env=script_env(), capture_output=True, text=True, timeout=240,
+                          stdin=subprocess.DEVNULL)  # mpirun forwards stdin to rank 0
     assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
 
 def torchrun(nproc):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+
+
+def mpirun(nproc):
+    """Open MPI's launcher on this host only: as root too, more ranks than free cores, no core binding (as torchrun),
+    shared memory between the ranks and loopback for its own daemons."""
+    if shutil.which("mpirun") is None:
+        pytest.fail("mpirun not found: install Open MPI (apt-get install openmpi-bin; slurm/local/start.sh does)")
+    return ["mpirun", "-np", str(nproc), "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+            "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
 
 
 def rloo_reference(scores, groups):
@@ -118,67 +129,14 @@ def test_rloo_example_is_short_and_trains_with_the_published_advantage_on_two_ra
     assert spread > 0  # the length reward differs within groups: the check is not 0 == 0
 
 
-PIPELINE = """
-    import csv, json, sys
-    from transformers import AutoTokenizer
-    from verl import DataPipeline, RLTrainer
-    from verl.api import is_driver
-    from verl.data import DataLoader
-    from verl.data.rlhf_dataset import RLHFDataset
-    import verl.metrics
-
-    calls = []
-
-    def length_reward(responses):
-        calls.append([(len(r) % 4) / 4.0 for r in responses])
-        return calls[-1]
-
-    def bonus(ground_truth):
-        return [0.5] * len(ground_truth)
-
-    def main():
-        tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
-        dataset = RLHFDataset(data_files=DATA, tokenizer=tokenizer, config={"max_prompt_length": 8})
-        pipeline = DataPipeline(
-            actors=[{"model": MODEL, "tokenizer": TOKENIZER, "learning_rate": 1e-3}],
-            reward_models=[length_reward, bonus], critics=[],
-            rollout_config={"n": 2, "temperature": 1.0, "max_prompt_length": 8, "max_response_length": 6},
-            train_config={"num_epochs": 1, "output_dir": "run"},
-            dataset=DataLoader(dataset, batch_size=2, seed=3))
-        history = RLTrainer(pipeline=pipeline, overrides=sys.argv[1:]).run()
-        assert history is verl.metrics.latest()
-        history.to_csv("metrics.csv")
-        history.to_json("metrics.json")
-        if is_driver():
-            print("RESULT " + json.dumps({"last": history.last(), "last2": list(history.last(2)),
-                                          "score": history["critic/score/mean"], "calls": calls}))
-
-    if __name__ == "__main__":
-        main()
-"""
-
-
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_data_pipeline_trains_and_exports_its_metrics(tmp_path, data, ranks):
-    script = (f"MODEL = {MODEL!r}\nTOKENIZER = {f'{data}/tokenizer'!r}\nDATA = {f'{data}/train.parquet'!r}\n"
-              + textwrap.dedent(PIPELINE))
-    (tmp_path / "pipeline.py").write_text(script)
-    launcher = [sys.executable] if ranks == 1 else torchrun(ranks)
-    out = run([*launcher, "pipeline.py", "trainer.total_training_steps=2"], tmp_path)
-    results = [json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")]
-    assert len(results) == 1, out[-2000:]  # rank 0 drives the output
-    result = results[0]
-    # No layout named: one block says what was chosen and why (tiny model, host memory per rank: FSDP, rollout tp 1).
-    assert out.count("[layout] no parallel layout named: chose data-parallel FSDP, rollout tp=1") == 1, out[-3000:]
-    assert result["last"]["step"] == 2 and [r["step"] for r in result["last2"]] == [1, 2]
-    # Both reward functions, summed, on batches of the loader's size (2 prompts x n=2) once a step.
-    assert [len(c) for c in result["calls"]] == [4, 4]
-    for step, call in enumerate(result["calls"]):
-        assert result["score"][step] == pytest.approx(sum(call) / 4 + 0.5, abs=1e-6)
-    exported = json.loads((tmp_path / "metrics.json").read_text())
-    assert exported == result["last2"]
-    with open(tmp_path / "metrics.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    assert [int(r["step"]) for r in rows] == [1, 2]
-    assert float(rows[1]["actor/pg_loss"]) == pytest.approx(result["last"]["actor/pg_loss"])
-    assert not list(tmp_path.glob("metrics.*.tmp*"))
+@pytest.mark.parametrize("launcher", ["python", "torchrun", "mpirun"])
+def test_data_pipeline_trains_and_exports_its_metrics(tmp_path, data, launcher):
+    # The same script under each launcher, 2 ranks under both (issue 48 item 6): the API finds the ranks as
+    # `verl train` does.
+    if launcher == "python":
+        command = [sys.executable]
+    else:
+        command = torchrun(2) if launcher == "torchrun" else [*mpirun(2), sys.executable]
+    write_pipeline(tmp_path, data)
+    out = run([*command, "pipeline.py", STEPS_OVERRIDE], tmp_path)
+    check_pipeline_run(out, tmp_path)

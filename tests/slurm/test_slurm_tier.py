@@ -3,6 +3,7 @@
 - `quickstart_cpu.sbatch` runs the real `verl train` (tiny GRPO, shortened, 2 tasks): it finishes
   with exit 0 and metrics; one trainer rank per Slurm task, loopback only; SIGUSR1 -> checkpoint
   and exit 0; a resubmission resumes from that step and finishes.
+- the Python API's pipeline script (tests/helpers/api_pipeline.py) runs unchanged as two `srun` tasks.
 - `srun --mpi=pmix`, the rank-death case and the GPU template's dry CPU mode run the launch selftest
   (seconds per job instead of the trainer's ~40 s start-up; each case says why that suffices).
 
@@ -20,6 +21,8 @@ import time
 import uuid
 
 import pytest
+from helpers.api_pipeline import STEPS_OVERRIDE, check_pipeline_run, write_pipeline
+from helpers.tiny_models import arithmetic_data_args
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLURM_DIR = os.path.join(REPO, "slurm")
@@ -363,6 +366,21 @@ def test_srun_pmix_bootstraps_through_mpi4py(slurm):
     hello = sorted((e["rank"], e["source"], e["master_addr"])
                    for e in map(json.loads, proc.stdout.splitlines()) if e["event"] == "hello")
     assert hello == [(0, "mpi", "127.0.0.1"), (1, "mpi", "127.0.0.1")], proc.stdout
+
+
+def test_python_api_script_runs_unchanged_as_two_srun_tasks(slurm):
+    """Issue 48 item 6: the DataPipeline script that tests/distributed runs under python, torchrun and mpirun, here
+    as two Slurm tasks. --mpi=none, as the quickstart: the ranks find each other from SLURM_* alone (mpi4py's
+    path is the test above's); two processes that each took themselves for rank 0 would print two results."""
+    data = slurm.out_dir / "arith"
+    arithmetic_data_args(data, num_train=8, num_test=4)
+    write_pipeline(slurm.out_dir, data)
+    proc = subprocess.run(
+        ["srun", "-n", "2", "--mpi=none", "--kill-on-bad-exit=1", f"--job-name={slurm.job_name()}",
+         "python", "pipeline.py", STEPS_OVERRIDE], cwd=slurm.out_dir, capture_output=True, text=True,
+        timeout=TRAINER_START_S, env=slurm.env(OMP_NUM_THREADS="1"), stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    check_pipeline_run(proc.stdout, slurm.out_dir)
 
 
 def test_killed_rank_fails_the_job_within_60s(slurm):
