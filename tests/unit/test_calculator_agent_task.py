@@ -60,11 +60,16 @@ def test_rows_are_tool_agent_problems_the_calculator_answers(data):
         assert all(n in user["content"] for n in re.findall(r"\d+", expression))
         assert default_compute_score(row["data_source"], f"The answer is {truth}.", truth) == 1.0
         assert default_compute_score(row["data_source"], f"The answer is {int(truth) + 1}.", truth) == 0.0
-    # by default only the one-operation templates are demonstrated (the two-operation ones are RL's to learn),
-    # on other questions
+    # demonstrations on other questions; --sft-templates restricts them (here to the one-operation templates)
     demo_questions = {r["prompt"][1]["content"] for r in sft}
     assert not demo_questions & {r["prompt"][1]["content"] for r in train + test}
-    calls = [json.loads(r["response"][len("<tool_call>"):-len("</tool_call>")]) for r in sft[::2]]
+    one_op = data.parent / "one_op"
+    assert cp.main(["--out", str(one_op), "--num-train", "40", "--num-test", "8", "--num-sft", "6",
+                    "--num-sft-test", "2", "--seed", "3", "--sft-templates",
+                    ",".join(map(str, cp.ONE_OPERATION_TEMPLATES))]) == 0
+    assert read(one_op / "train.parquet") == train  # the RL splits do not depend on the demonstrations
+    calls = [json.loads(r["response"][len("<tool_call>"):-len("</tool_call>")])
+             for r in read(one_op / "sft_train.parquet")[::2]]
     assert all(re.fullmatch(r"\d+ [-+*/] \d+", c["arguments"]["expression"]) for c in calls)
     with pytest.raises(cp.DatasetError, match="--sft-templates: expected comma-separated template indices"):
         cp.main(["--out", str(data), "--sft-templates", "9"])

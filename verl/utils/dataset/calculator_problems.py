@@ -16,10 +16,11 @@ The problems are the GSM8K-style templates of :mod:`verl.utils.dataset.word_prob
 hundreds and thousands (products of two- and three-digit numbers, sums of four-digit ones), one or two
 operations each; a single calculator expression computes every answer. SmolLM2-135M-Instruct gets almost none
 of them right without the tool, and never calls a tool from the system prompt alone (it answers in prose),
-which is why the warm-up exists. The demonstrations cover only the one-operation templates by default
-(``--sft-templates``; ``all`` for every template): demonstrated on every template, a 10-step warm-up already
-answers ~92% of the held-out problems and leaves RL little to do; on one-operation problems only, the two-operation
-half is what GRPO learns (composing ``a * b + c`` in one call).
+which is why the warm-up exists. The demonstrations cover every template by default (``--sft-templates`` picks
+some): a 2-step warm-up on them teaches the call format but not yet each template's expression (held-out greedy
+accuracy with the tool 0.39), which GRPO then raises (0.52 after 10 steps). Demonstrated on the one-operation
+templates only, the warm-up answers exactly those and never composes ``a * b + c`` even at temperature 1: every
+group is all right or all wrong, GRPO's advantages are all zero and nothing is learned.
 """
 
 from __future__ import annotations
@@ -194,9 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-test", type=int, default=64, help="held-out RL problems")
     parser.add_argument("--num-sft", type=int, default=256, help="demonstrated problems (2 SFT rows each)")
     parser.add_argument("--num-sft-test", type=int, default=16, help="held-out demonstrated problems")
-    parser.add_argument("--sft-templates", default=",".join(map(str, ONE_OPERATION_TEMPLATES)),
+    parser.add_argument("--sft-templates", default="all",
                         help=f"demonstrate only these templates (indices 0..{len(TEMPLATES) - 1}, comma-separated, "
-                             "or 'all'; default the one-operation templates %(default)s)")
+                             "e.g. the one-operation ones " + ",".join(map(str, ONE_OPERATION_TEMPLATES)) +
+                             "; default all)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.num_train < 1 or args.num_test < 1 or args.num_sft < 1 or args.num_sft_test < 1:
