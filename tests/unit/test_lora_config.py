@@ -80,3 +80,27 @@ def test_bad_lora_input_is_one_line(data_args, no_ranks, capsys, tmp_path):
                   "q_proj.lora_A.weight", "(4, 999)", "another base model")
     expect_exit_2(capsys, [*base, *MEGATRON, f"actor_rollout_ref.model.lora.adapter_path={tmp_path / 'none'}"],
                   "adapter_config.json")
+
+
+PPO = os.path.join(REPO, "configs", "ppo_arith_tiny.yaml")
+
+
+def test_critic_lora_keys_are_accepted_on_both_backends(data_args, no_ranks):
+    assert main_ppo.main(["--config", PPO, *data_args, "critic.model.lora.rank=4", *NO_SAVES]) == 0
+    assert main_ppo.main(["--config", PPO, *data_args, "model_engine=dp", "critic.model.lora_rank=4",
+                          "critic.model.target_modules=[q_proj,v_proj]", *NO_SAVES]) == 0
+    assert no_ranks == [2, 2]
+
+
+def test_bad_critic_lora_input_is_one_line(data_args, no_ranks, capsys):
+    base = ["--config", PPO, *data_args, *NO_SAVES]
+    expect_exit_2(capsys, [*base, "critic.model.lora.rank=4", "critic.model.lora.alpha=-1"],
+                  "critic.model.lora.alpha")
+    expect_exit_2(capsys, [*base, "model_engine=dp", "critic.model.lora_rank=4", "critic.model.target_modules=[q_prj]"],
+                  "critic.model.target_modules", "q_prj", "none matching")
+    expect_exit_2(capsys, [*base, "critic.model.lora.rank=4", "critic.model.lora.target_modules=[linear_qvk]"],
+                  "critic.model.lora.target_modules", "linear_qvk")
+    expect_exit_2(capsys, [*base, "critic.model.lora_rank=8"], "critic.model.lora_rank", "critic.model.lora.rank")
+    expect_exit_2(capsys, [*base, "model_engine=dp", "critic.model.lora.rank=8"], "critic.model.lora.rank",
+                  "critic.model.lora_rank")
+    assert no_ranks == []

@@ -2,7 +2,8 @@
 
 On Megatron it shares the actor's (t, p, d) layout (one parallel state per process) and its batches are
 split over Megatron DP replicas (MEGATRON_COMPUTE_PROTO); on FSDP (``critic.strategy=fsdp``) it shares the
-actor's mesh and every rank is a DP replica.
+actor's mesh and every rank is a DP replica. LoRA: ``critic.model``'s keys, as the actor's (:mod:`verl.engine.lora`);
+the adapters and the value head train.
 """
 
 from __future__ import annotations

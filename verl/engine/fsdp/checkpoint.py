@@ -23,10 +23,11 @@ def _state(engine: FSDPEngine, with_optimizer: bool, lora_only: bool = False) ->
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     model = get_model_state_dict(engine.model)
-    if lora_only:  # the adapters (PEFT's names); the frozen base is the HF checkpoint the engine is built from
-        from verl.engine.lora import is_adapter_name
+    if lora_only:  # the adapters (PEFT's names) and a critic's value head; the frozen base is the HF checkpoint
+        from verl.engine.lora import trained_names
 
-        model = {k: v for k, v in model.items() if is_adapter_name(k)}
+        trained = trained_names(engine.model)
+        model = {k: v for k, v in model.items() if k in trained}
     state = {"model": model}
     if with_optimizer:
         state["optimizer"] = get_optimizer_state_dict(engine.model, engine.optimizer)

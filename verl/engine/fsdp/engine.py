@@ -39,7 +39,7 @@ from verl.engine.fsdp.model import (
     reset_rotary_tables,
 )
 from verl.engine.fsdp.parallel import FSDPMesh, fsdp_mesh
-from verl.engine.lora import LoRASettings, lora_export_options, lora_settings
+from verl.engine.lora import LoRASettings, lora_export_options, lora_settings, model_key, value_head
 from verl.engine.micro_batches import split_micro_batches, token_budget_groups
 from verl.engine.padding import left_align
 from verl.models.config import ModelConfig
@@ -124,7 +124,7 @@ class FSDPEngine(TrainingEngine):
         if lora is not None:
             from verl.engine.lora import fsdp as lora_fsdp
 
-            lora_fsdp.inject(model, lora)
+            lora_fsdp.inject(model, lora, keep=value_head(head, "fsdp"))
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
@@ -139,10 +139,7 @@ class FSDPEngine(TrainingEngine):
         # buffers) are always on the compute device.
         if streamed:
             model.to_empty(device="cpu" if offload else self.device)
-            if lora is not None:
-                lora_fsdp.load_base_weights(model, model_path)
-            else:
-                load_sharded_weights(model, model_path, head)
+            load_sharded_weights(model, model_path, head)
             reset_rotary_tables(model, self.device)
         elif not offload:
             model.to(self.device)
@@ -161,7 +158,7 @@ class FSDPEngine(TrainingEngine):
         if optim is not None:
             # fused: one kernel over every shard. The CPU default loops over parameters, each update a dozen
             # DTensor dispatches: a quarter of a tiny model's update (0.74M Qwen2, one rank: 72 -> 54 ms).
-            # requires_grad only: with LoRA the adapters alone get optimizer state.
+            # requires_grad only: with LoRA the adapters (and a critic's value head) alone get optimizer state.
             trainable = [p for p in model.parameters() if p.requires_grad]
             self.optimizer = torch.optim.AdamW(trainable, lr=optim.lr, betas=tuple(optim.betas),
                                                weight_decay=optim.weight_decay, fused=True)
@@ -186,7 +183,7 @@ class FSDPEngine(TrainingEngine):
         optim = None if spec.optim is None else optim_config(spec.optim, spec.total_training_steps,
                                                               clip_grad=spec.role.grad_clip)
         engine = fsdp_engine(spec.model_config, spec.model_path, spec.head, spec.role, spec.model, optim, spec.seed,
-                             lora=lora_settings(spec.model, "fsdp"))
+                             lora=lora_settings(spec.model, "fsdp", model_key(spec.head)))
         # param_offload is FSDP2's CPUOffloadPolicy here (shards and gradients live in host memory throughout)
         engine.save_lora_only, engine.export_merged = lora_export_options(spec)
         engine.idle_offload = {"params": False, "grads": False,

@@ -57,12 +57,18 @@ def reset_rotary_tables(model: torch.nn.Module, device: torch.device) -> None:
 
 def load_sharded_weights(model: torch.nn.Module, model_path: str, head: str) -> None:
     """Each parameter's local shard from the HF checkpoint, one full tensor in memory at a time (read, cut to
-    this rank's rows, copied, dropped). A score head the checkpoint lacks starts at zero."""
+    this rank's rows, copied, dropped). A score head the checkpoint lacks starts at zero. With PEFT's LoRA
+    layers in the model: the base by its HF name, the adapters untouched (``lora.fsdp.init_adapters`` sets them)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
+
+    from verl.engine.lora import hf_base_name, is_adapter_name
 
     checkpoint = HFCheckpoint(model_path)
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for peft_name, param in model.named_parameters():
+            if is_adapter_name(peft_name):
+                continue
+            name = hf_base_name(peft_name)
             local = param.to_local() if isinstance(param, DTensor) else param
             if name not in checkpoint and head != "lm" and name.startswith("score."):
                 local.zero_()

@@ -1,18 +1,19 @@
 """LoRA on either training engine: verl's keys, the adapter parameters' names and shards, and the reference as
 the base model with its adapters disabled.
 
-Keys (verl's): the FSDP engines read the flat ``actor_rollout_ref.model.{lora_rank (0 = off), lora_alpha,
-target_modules ("all-linear" or HF module names), exclude_modules, lora_adapter_path}`` and put PEFT's LoRA
-layers on transformers' linears (:mod:`verl.engine.lora.fsdp`); Megatron reads the block
+Keys (verl's; the critic reads the same under ``critic.model``): the FSDP engines read the flat
+``actor_rollout_ref.model.{lora_rank (0 = off), lora_alpha, target_modules ("all-linear" or HF module names),
+exclude_modules, lora_adapter_path}`` and put PEFT's LoRA layers on transformers' linears
+(:mod:`verl.engine.lora.fsdp`); Megatron reads the block
 ``actor_rollout_ref.model.lora.{rank, alpha, dropout, target_modules ([linear_qkv, linear_proj, linear_fc1,
 linear_fc2] or fnmatch patterns of full module names), exclude_modules, merge, adapter_path}`` and puts adapters on
 megatron's own column/row-parallel linears (:mod:`verl.engine.lora.megatron`). Either way the update is
 ``y = W x + (alpha / r) * B (A x)``, ``A`` [r, in] random (PEFT's kaiming-uniform), ``B`` [out, r] zero, so a
-fresh adapter leaves the model unchanged. Only ``A`` and ``B`` require gradients: Megatron's DDP and its
-(distributed) optimizer build their buffers from ``requires_grad`` parameters only, and the FSDP engine's AdamW
-is handed the adapters alone, so gradients and optimizer state exist for the adapters only. The frozen base may
-be bf16 (``megatron.dtype=bfloat16``): megatron's mixed-precision optimizer keeps fp32 main copies of the
-trainable (adapter) parameters only.
+fresh adapter leaves the model unchanged. Only ``A`` and ``B`` require gradients (and a critic's value head:
+:func:`value_head`): Megatron's DDP and its (distributed) optimizer build their buffers from ``requires_grad``
+parameters only, and the FSDP engine's AdamW is handed those alone, so gradients and optimizer state exist for
+the adapters (and value head) only. The frozen base may be bf16 (``megatron.dtype=bfloat16``): megatron's
+mixed-precision optimizer keeps fp32 main copies of the trainable parameters only.
 
 Names (what the adapter-only weight sync addresses; every one ends ``lora_A.weight`` / ``lora_B.weight``):
 
@@ -102,9 +103,32 @@ def _names(value: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
-def lora_settings(model: Any, backend: str) -> LoRASettings | None:
-    """The LoRA a role's ``model`` section asks of ``backend`` ("megatron" or "fsdp"); None when off.
-    Megatron reads the ``lora`` block, FSDP the flat ``lora_*`` keys (as verl)."""
+def model_key(head: str) -> str:
+    """The config section of the model an engine of ``head`` trains: the critic's or the actor's."""
+    return "critic.model" if head == "value" else "actor_rollout_ref.model"
+
+
+def value_head(head: str, backend: str) -> tuple[str, ...]:
+    """The modules that stay trainable beside the adapters: a critic's value head (an LM checkpoint has none,
+    so it starts at zero and has to be learnt), by its module name on ``backend``."""
+    if head != "value":
+        return ()
+    return ("output_layer",) if backend == "megatron" else ("score",)
+
+
+def in_modules(name: str, modules: Sequence[str]) -> bool:
+    """Whether parameter ``name`` belongs to one of ``modules`` (top-level module names)."""
+    return any(name.startswith(m + ".") for m in modules)
+
+
+def trained_names(module: torch.nn.Module) -> set[str]:
+    """The parameters a LoRA model trains (adapters, and a critic's value head): a save_lora_only checkpoint's."""
+    return {n for n, p in module.named_parameters() if p.requires_grad}
+
+
+def lora_settings(model: Any, backend: str, where: str = "actor_rollout_ref.model") -> LoRASettings | None:
+    """The LoRA a role's ``model`` section (at key ``where``) asks of ``backend`` ("megatron" or "fsdp"); None
+    when off. Megatron reads the ``lora`` block, FSDP the flat ``lora_*`` keys (as verl)."""
     if model is None:
         return None
     if backend == "megatron":
@@ -114,7 +138,7 @@ def lora_settings(model: Any, backend: str) -> LoRASettings | None:
         return LoRASettings(rank=int(block["rank"]), alpha=float(block["alpha"]), dropout=float(block["dropout"]),
                             target_modules=_names(block["target_modules"]),
                             exclude_modules=_names(block["exclude_modules"]), adapter_path=block["adapter_path"],
-                            merge=bool(block["merge"]), where="actor_rollout_ref.model.lora")
+                            merge=bool(block["merge"]), where=f"{where}.lora")
     rank = model.get("lora_rank") if hasattr(model, "get") else 0
     if not rank:
         return None
@@ -124,7 +148,7 @@ def lora_settings(model: Any, backend: str) -> LoRASettings | None:
     return LoRASettings(rank=int(rank), alpha=float(model["lora_alpha"]),
                         target_modules=_names(model["target_modules"]),
                         exclude_modules=_names(model["exclude_modules"]), adapter_path=model["lora_adapter_path"],
-                        merge=merge)
+                        merge=merge, where=where)
 
 
 def lora_export_options(spec: Any) -> tuple[bool, bool]:
@@ -168,17 +192,21 @@ def candidate_modules(model: Any, backend: str) -> list[str]:
 
 
 def check_lora_config(cfg: Any, model: Any, backend: str) -> None:
-    """The composed config's LoRA against ``model`` before any rank starts: rank, alpha, the other backend's keys
-    set instead, targets that match nothing, MoE, and an adapter directory that does not fit."""
-    arr = cfg["actor_rollout_ref"]["model"]
+    """The composed config's actor LoRA against ``model`` before any rank starts (:func:`check_lora_section`)."""
+    check_lora_section(cfg["actor_rollout_ref"]["model"], "actor_rollout_ref.model", model, backend)
+
+
+def check_lora_section(arr: Any, where: str, model: Any, backend: str) -> None:
+    """One role's ``model`` section (at key ``where``) against its ``model``: rank, alpha, the other backend's
+    keys set instead, targets that match nothing, MoE, and an adapter directory that does not fit."""
     block = arr.get("lora") or {}
     if backend == "megatron" and arr.get("lora_rank") and not block.get("rank"):
-        raise LoRAError("actor_rollout_ref.model.lora_rank: LoRA on the megatron strategy reads verl's lora block: set "
-                        "actor_rollout_ref.model.lora.rank (and lora.alpha, lora.target_modules) instead")
+        raise LoRAError(f"{where}.lora_rank: LoRA on the megatron strategy reads verl's lora block: set "
+                        f"{where}.lora.rank (and lora.alpha, lora.target_modules) instead")
     if backend != "megatron" and block.get("rank") and not arr.get("lora_rank"):
-        raise LoRAError(f"actor_rollout_ref.model.lora.rank: LoRA on the {backend} strategy reads verl's flat keys: "
-                        "set actor_rollout_ref.model.lora_rank (and lora_alpha, target_modules) instead")
-    settings = lora_settings(arr, backend)
+        raise LoRAError(f"{where}.lora.rank: LoRA on the {backend} strategy reads verl's flat keys: "
+                        f"set {where}.lora_rank (and lora_alpha, target_modules) instead")
+    settings = lora_settings(arr, backend, where)
     if settings is None:
         return
     check_settings(settings, backend)

@@ -3,16 +3,17 @@
 ``inject`` runs before ``fully_shard`` (PEFT replaces each targeted ``nn.Linear`` by a LoRA layer holding it as
 ``base_layer``); FSDP then shards the adapters like every parameter (``Shard(0)``). The base parameters keep
 their values under ``<module>.base_layer.weight``; :func:`hf_base_name` gives back the HF name, which the weight
-loader, the reshard check and the merged reshard sources use.
+loader (:func:`verl.engine.fsdp.model.load_sharded_weights`), the reshard check and the merged reshard sources use.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 
 import torch
 
-from verl.engine.lora import LoRAError, LoRASettings, hf_base_name, is_adapter_name, matches
+from verl.engine.lora import LoRAError, LoRASettings, hf_base_name, in_modules, is_adapter_name, matches
 
 
 def _target_names(model: torch.nn.Module, settings: LoRASettings) -> list[str]:
@@ -31,8 +32,9 @@ def _target_names(model: torch.nn.Module, settings: LoRASettings) -> list[str]:
     return found
 
 
-def inject(model: torch.nn.Module, settings: LoRASettings) -> list[str]:
-    """PEFT LoRA layers on the targeted linears (in place, no PeftModel wrapper), everything else frozen."""
+def inject(model: torch.nn.Module, settings: LoRASettings, keep: Sequence[str] = ()) -> list[str]:
+    """PEFT LoRA layers on the targeted linears (in place, no PeftModel wrapper), everything else frozen but the
+    modules ``keep`` names (a critic's value head: :func:`verl.engine.lora.value_head`)."""
     from peft import LoraConfig, inject_adapter_in_model
 
     targets = _target_names(model, settings)
@@ -40,7 +42,7 @@ def inject(model: torch.nn.Module, settings: LoRASettings) -> list[str]:
                         target_modules=targets, bias="none")
     inject_adapter_in_model(config, model)
     for name, p in model.named_parameters():
-        p.requires_grad_(is_adapter_name(name))
+        p.requires_grad_(is_adapter_name(name) or in_modules(name, keep))
     return targets
 
 
@@ -76,24 +78,6 @@ def init_adapters(model: torch.nn.Module, seed: int, full: dict[str, torch.Tenso
                 param.to_local().copy_(value)
             else:
                 param.copy_(value)
-
-
-def load_base_weights(model: torch.nn.Module, model_path: str) -> None:
-    """Each base parameter's local shard from the HF checkpoint by its HF name (adapters untouched)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    from verl.models.hf_io import HFCheckpoint
-
-    checkpoint = HFCheckpoint(model_path)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if is_adapter_name(name):
-                continue
-            full = checkpoint.get(hf_base_name(name), tuple(param.shape))
-            local = param.to_local() if isinstance(param, DTensor) else param
-            if isinstance(param, DTensor):
-                full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
-            local.copy_(full)
 
 
 def _layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:

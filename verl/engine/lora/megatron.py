@@ -12,12 +12,20 @@ any (tp, pp) and back.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
-from verl.engine.lora import MEGATRON_TARGETS, LoRAError, LoRASettings, is_adapter_name, matches
+from verl.engine.lora import (
+    MEGATRON_TARGETS,
+    LoRAError,
+    LoRASettings,
+    in_modules,
+    is_adapter_name,
+    matches,
+    trained_names,
+)
 from verl.models.config import ModelConfig
 
 COLUMN, ROW = "column", "row"
@@ -96,9 +104,11 @@ def _global_name(name: str, config: ModelConfig) -> str:
     return f"decoder.layers.{layer}" + (f".{rest}" if rest else "")
 
 
-def apply_lora(module: torch.nn.Module, config: ModelConfig, settings: LoRASettings, seed: int = 0) -> list[str]:
-    """Freeze ``module`` and put adapters on its targeted linears (before DDP wraps it, so its buffers and the
-    optimizer hold the adapters only). ``A`` starts as PEFT's kaiming-uniform draw of the full [r, in] matrix from
+def apply_lora(module: torch.nn.Module, config: ModelConfig, settings: LoRASettings, seed: int = 0,
+               keep: Sequence[str] = ()) -> list[str]:
+    """Freeze ``module`` but the modules ``keep`` names (a critic's value head: :func:`verl.engine.lora.value_head`)
+    and put adapters on its targeted linears (before DDP wraps it, so its buffers and the optimizer hold the
+    adapters, and ``keep``, only). ``A`` starts as PEFT's kaiming-uniform draw of the full [r, in] matrix from
     a generator seeded by ``seed`` and the linear's global name (the same adapter at any tp/pp), ``B`` at zero.
     Returns the adapted linears' names."""
     from megatron.core import parallel_state as mpu
@@ -108,8 +118,8 @@ def apply_lora(module: torch.nn.Module, config: ModelConfig, settings: LoRASetti
         raise LoRAError(f"{settings.where}: LoRA on MoE models is not implemented (adapters on the experts' grouped "
                         "linears under expert parallelism): use a dense model or LoRA off")
     targets = target_linears(module, settings, config)
-    for p in module.parameters():
-        p.requires_grad_(False)
+    for name, p in module.named_parameters():
+        p.requires_grad_(in_modules(name, keep))
     tp, tp_rank = mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank()
     r = settings.rank
     for name, linear in targets.items():
@@ -273,12 +283,14 @@ def adapter_sharded_state(module: torch.nn.Module, model_state: dict, adapters_o
     back, losing the other ranks' rows of a column linear's ``B`` (and columns of a row linear's ``A``). Here the
     split factor becomes a TP-sharded tensor on the linear's own axis (``B`` of ``linear_fc1`` under a gated
     unit through megatron's gate/up factory, as ``W``), which also makes it loadable at another TP.
-    ``adapters_only``: the adapters' entries alone (``save_lora_only``; the base is the HF checkpoint)."""
+    ``adapters_only``: the entries of what trains alone (``save_lora_only``; the base is the HF checkpoint): the
+    adapters, and a critic's value head."""
     from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
     from megatron.core.utils import make_tp_sharded_tensor_for_checkpoint
 
     linears = adapted_linears(module)
-    out = {} if adapters_only else dict(model_state)
+    trained = trained_names(module)
+    out = {k: v for k, v in model_state.items() if k in trained} if adapters_only else dict(model_state)
     found = 0
     for key, entry in model_state.items():
         if not is_adapter_name(key):

@@ -126,10 +126,10 @@ def load_checkpoint(engine: MegatronEngine, path: str, with_optimizer: bool = Tr
     state = _sharded_state(engine, with_optimizer, is_loading=True, with_rng=restore_rng, lora_only=lora_only)
     loaded = dist_checkpointing.load(state, path)
     if lora_only:  # the base stays as loaded from the HF checkpoint
-        from verl.engine.lora import is_adapter_name
+        from verl.engine.lora import trained_names
 
         result = engine.module.load_state_dict(loaded["model"], strict=False)
-        missing = [k for k in result.missing_keys if is_adapter_name(k)]
+        missing = sorted(trained_names(engine.module).intersection(result.missing_keys))
         if missing or result.unexpected_keys:
             raise CheckpointError(f"checkpoint {path}: expected this model's adapters, found "
                                   f"{len(missing)} missing and {len(result.unexpected_keys)} unknown")

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from verl.engine.base import Batch, BoundBuffer, EngineSpec, LossFn, OptimConfig, OutputFn, TrainingEngine, optim_config
-from verl.engine.lora import LoRASettings, lora_export_options, lora_settings
+from verl.engine.lora import LoRASettings, lora_export_options, lora_settings, model_key, value_head
 from verl.engine.megatron.padding import attention_mask_4d
 from verl.engine.megatron.parallel import ensure_megatron
 from verl.engine.micro_batches import split_micro_batches, token_budget_groups
@@ -65,7 +65,7 @@ class MegatronEngine(TrainingEngine):
         if lora is not None:
             from verl.engine.lora.megatron import apply_lora
 
-            apply_lora(module, config, lora, seed=lora_seed)
+            apply_lora(module, config, lora, seed=lora_seed, keep=value_head(head, "megatron"))
         self.optimizer = None
         self.scheduler = None
         if optim is None:
@@ -108,7 +108,7 @@ class MegatronEngine(TrainingEngine):
         mega = spec.role.megatron
         optim = None if spec.optim is None else optim_config(spec.optim, spec.total_training_steps,
                                                               mega.use_distributed_optimizer)
-        lora = lora_settings(spec.model, "megatron")
+        lora = lora_settings(spec.model, "megatron", model_key(spec.head))
         engine = cls(spec.model_config, spec.head, optim,
                      **engine_options(mega, spec.model if optim is not None else None), lora=lora,
                      lora_seed=spec.seed)

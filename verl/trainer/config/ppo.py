@@ -428,6 +428,7 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
     tp, pp = model_parallel_sizes(cfg)
     backend_rules(cfg).check_layout(cfg, model, world)
     _check_role_layouts(cfg)
+    _check_critic_lora(cfg, model)
     _check_routing_replay(cfg, model)
     if model.is_moe:
         require_capability(rollout["name"], "moe_weights", f"the MoE model {model.model_type}")
@@ -557,6 +558,23 @@ def _check_routing_replay(cfg: dict[str, Any], model: Any) -> None:
         raise ConfigError(f"{key}: expected a colocated synchronous run (routing is recorded by the colocated "
                           f"native engine in one pass), found rollout.nnodes={rollout['nnodes']} and trainer mode "
                           f"{trainer_mode(cfg)}")
+
+
+def _check_critic_lora(cfg: dict[str, Any], actor_model: Any) -> None:
+    """A running critic's LoRA keys (verl's, under ``critic.model``) against the critic's model, as the actor's."""
+    from verl.models.config import ModelConfig, ModelConfigError
+
+    section = cfg["critic"]["model"]
+    if not use_critic(cfg) or not (section["lora_rank"] or section["lora"]["rank"]):
+        return
+    path = section["path"]  # _derive made a null path the actor's
+    try:
+        model = actor_model if path == cfg[ARR]["model"]["path"] else ModelConfig.from_pretrained(path)
+    except ModelConfigError as err:
+        raise ConfigError(f"critic.model.path: {err}") from None
+    from verl.engine.lora import check_lora_section  # imports torch: only with LoRA on
+
+    check_lora_section(section, "critic.model", model, engine_name(cfg["critic"]["strategy"]))
 
 
 def _check_role_layouts(cfg: dict[str, Any]) -> None:

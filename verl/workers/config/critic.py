@@ -8,7 +8,13 @@ from typing import Any
 
 from verl.algorithms.core_algos import LOSS_AGG_MODES
 from verl.engine.strategies import STRATEGIES
-from verl.workers.config.engine import CheckpointConfig, CriticFSDPConfig, CriticMcoreConfig, OptimizerConfig
+from verl.workers.config.engine import (
+    CheckpointConfig,
+    CriticFSDPConfig,
+    CriticMcoreConfig,
+    LoRAConfig,
+    OptimizerConfig,
+)
 from verl.workers.config.section import Section, checked
 
 frozen = dataclasses.dataclass(frozen=True)
@@ -16,7 +22,8 @@ frozen = dataclasses.dataclass(frozen=True)
 
 @frozen
 class CriticModelConfig(Section):
-    """``critic.model`` (path null: the actor's model)."""
+    """``critic.model`` (path null: the actor's model). LoRA: verl's keys, as the actor's (the flat ``lora_*``
+    keys for FSDP, ``lora`` for Megatron); the value head trains in full beside the adapters."""
 
     path: str | None
     tokenizer_path: str | None
@@ -24,6 +31,12 @@ class CriticModelConfig(Section):
     trust_remote_code: bool
     use_remove_padding: bool
     enable_gradient_checkpointing: bool
+    lora_rank: int = checked(ge=0)
+    lora_alpha: float = checked(gt=0)
+    target_modules: str | list[str]
+    exclude_modules: list[str] | None
+    lora_adapter_path: str | None
+    lora: LoRAConfig
 
 
 @frozen

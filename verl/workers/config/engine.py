@@ -21,7 +21,8 @@ frozen = dataclasses.dataclass(frozen=True)
 
 @frozen
 class LoRAConfig(Section):
-    """``actor_rollout_ref.model.lora``: Megatron's LoRA block (verl's keys; :mod:`verl.engine.lora`)."""
+    """``actor_rollout_ref.model.lora`` and ``critic.model.lora``: Megatron's LoRA block (verl's keys;
+    :mod:`verl.engine.lora`)."""
 
     rank: int = checked(ge=0)
     alpha: float = checked(gt=0)
