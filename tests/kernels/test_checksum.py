@@ -35,3 +35,17 @@ def test_threads_split_a_large_buffer_without_changing_the_sum():
     want = (checksum(head) + sum(int(w & 0xFFFFFFFF) * (2 * i + 1) for i, w in
                                  enumerate(t[1000:1010].view(torch.int32).tolist(), start=1000))) % (1 << 64)
     assert checksum(t[:1010]) % (1 << 64) == want
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32, torch.int64])
+def test_largest_words_and_block_edges_match_the_definition(dtype):
+    # The CPU kernel sums 1- and 2-byte words per 256-element sub-block in 32 bits (exact only while every word is
+    # below 2^16) and cuts the buffer into 4096-element blocks, 64 to a thread's task: all bits set is the largest
+    # word, and the sizes end just before, on and after each of those edges, from an unaligned start too.
+    size = torch.empty(0, dtype=dtype).element_size()
+    for numel in (255, 256, 257, 4096 * 3 + 255, 64 * 4096, 64 * 4096 + 300):
+        ones = torch.full(((numel + 1) * size,), 255, dtype=torch.uint8).view(dtype)
+        assert checksum(ones[:numel]) % (1 << 64) == reference(ones[:numel]), numel
+        gen = torch.Generator().manual_seed(numel)
+        words = torch.randint(0, 256, ((numel + 1) * size,), dtype=torch.uint8, generator=gen).view(dtype)
+        assert checksum(words[1:]) % (1 << 64) == reference(words[1:]), numel

@@ -150,7 +150,9 @@ def separate_rank(rank: int, nproc: int, cfg: dict, train: dict, rollout_tp: int
     placement = PoolPlacement(_layout(train), rollout_tp, replicas)
     dtype = DTYPES[dtype_name]
     bridge = Bridge(dist.distributed_c10d._get_default_group(), rank, nproc)
-    hf = {n: t * INIT_STD for n, t in random_hf_weights(config, seed).items()}
+    hf = random_hf_weights(config, seed)
+    for t in hf.values():
+        t.mul_(INIT_STD)  # in place: one fp32 copy of the model per rank, not two (4 ranks of a 0.5B model)
     plan = plan_cross_pool(config, placement, rank, bucket_bytes, dtype_name)
     role, replica, j = placement.role(rank)
     result = {"rank": rank, "role": role, "replica": replica, "tp_rank": j, "bytes": plan.bytes,
@@ -174,6 +176,8 @@ def separate_rank(rank: int, nproc: int, cfg: dict, train: dict, rollout_tp: int
     else:
         source, offsets = training_shard(config, placement.training, rank, hf, dtype)
         sender = PoolSender(plan, source, offsets, bridge, verify=verify, delta=delta_steps > 0)
+    if not delta_steps:
+        hf = None  # only the delta steps need the fp32 weights again
 
     def sync(dense: bool = True):
         if sender is not None:

@@ -1,7 +1,10 @@
 """Runs a :class:`CrossPoolPlan` over the bridge: training ranks pack and send, rollout ranks receive and unpack.
 
-Per bucket and per (sender, receiver) pair, the sender posts a header ``[mode, runs, values, checksum]``
-and then the payload:
+Per bucket and per (sender, receiver) pair, the sender posts a header ``[mode, runs, values, checksummed]`` and
+then the payload. With ``verify`` the sender computes each span's checksum while its payload is on the wire and
+sends all of a sync's checksums for one receiver in one message at the end; the receiver computes its own as each
+bucket lands and compares them all before :meth:`PoolReceiver.receive` returns (one message per peer and sync
+instead of one per span and bucket: each message costs both ranks a wake-up). The payload is either
 
 * dense: the pair's span of the packed bucket, as is;
 * delta (``delta=True``, chosen per span only when smaller): the elements whose bits changed since the
@@ -14,10 +17,12 @@ The checksum (:func:`checksum`, a position-weighted sum of the span's words modu
 content the receiver must end up with, so with ``verify=True`` it checks the transport and the delta
 reconstruction at once; a mismatch raises :class:`WeightSyncError` naming the bucket and both ranks.
 
-With forwarding (:attr:`PoolPlacement.forward`) a rollout rank passes each verified bucket on, whole, to the
-same tp rank of the next replica. The receiver writes into a staging buffer (one rollout shard) while the engine
-may go on reading its live weights; :meth:`PoolReceiver.receive` returns when the staging buffer holds the new
-weights, and the caller swaps it in at a step boundary. Buckets are pipelined on both sides: two bucket buffers
+With forwarding (:attr:`PoolPlacement.forward`) a rollout rank passes each bucket on, whole, to the same tp rank
+of the next replica as soon as it has landed, with the bucket's checksum in its own end-of-sync message; it
+verifies what it received before its receive returns, the next replica what it forwarded. The receiver writes
+into a staging buffer (one rollout shard) while the engine may go on reading its live weights;
+:meth:`PoolReceiver.receive` returns when the staging buffer holds the new weights, and the caller swaps it in at a
+step boundary. Buckets are pipelined on both sides: two bucket buffers
 per rank at most.
 """
 
@@ -36,6 +41,12 @@ from verl.utils.torch_dtypes import DTYPES
 
 DENSE, DELTA = 0, 1
 _HEADER_TAG, _PAYLOAD_TAG, _RUNS_TAG = 10, 11, 12  # bucket tags: base + 4 * bucket index
+_SUMS_TAG = 9  # once per sync and peer: the checksums of every span sent to it, in bucket order
+_HEADER_LEN = 4  # mode, runs, values, checksummed (1: the span's checksum is in the sync's checksum message)
+# Headers are posted this many buckets ahead on both sides where their content is known (dense spans need no
+# packing first): gloo moves a message only once both ends posted it, so a header posted at its bucket's turn
+# costs a round trip between the ranks before the payload can start.
+_HEADERS_AHEAD = 4
 _WORD = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 METRIC_BYTES = "perf/weight_sync_bytes"
@@ -148,8 +159,13 @@ class PoolSender:
                  for _ in range(min(2, len(self._packs)))]
         staging = torch.empty(largest, dtype=self.dtype, device=self.device) if cast else None
         in_flight: list[tuple[list, list]] = [([], []) for _ in slots]
+        early: dict[int, tuple[list, list]] = {}  # bucket position -> its header sends posted ahead, their tensors
+        sums: dict[int, list[int]] = {}  # peer -> the checksums of its spans, in bucket order
         sent = dense_bytes = 0
         for i, (bucket, packs) in enumerate(zip(self.plan.buckets, self._packs, strict=True)):
+            for k in range(i, min(i + _HEADERS_AHEAD, len(self.plan.buckets))):
+                if k not in early and not self._encodes(self.plan.buckets[k], dense):
+                    early[k] = self._post_dense_headers(self.plan.buckets[k])
             slot = i % len(slots)
             for work in in_flight[slot][0]:  # the slot's previous bucket has left
                 work.wait()
@@ -161,19 +177,33 @@ class PoolSender:
             else:
                 for name, program in packs:
                     run_copy_program(src[name], buffer, program, validate=False)
-            works, moved, keep = self._send_bucket(bucket, buffer, dense)
+            works, moved, keep = self._send_bucket(bucket, buffer, dense, early.pop(i, None), sums)
             in_flight[slot] = (works, keep)  # the tensors stay alive until their sends complete
             sent += moved
             dense_bytes += bucket.numel * size
-        for works, _ in in_flight:
+        tables = {peer: torch.tensor(values, dtype=torch.int64) for peer, values in sums.items()}
+        finals = [self.bridge.isend_control(table, peer, _SUMS_TAG) for peer, table in tables.items()]
+        for works in [w for w, _ in in_flight] + [finals]:
             for work in works:
                 work.wait()
         peak = sum(s.numel() for s in slots) * size + (staging.numel() * staging.element_size() if cast else 0)
         return SyncStats(time.perf_counter() - start, sent, dense_bytes, peak, self.verify)
 
-    def _send_bucket(self, bucket: PoolBucket, buffer: torch.Tensor, dense: bool) -> tuple[list, int, list]:
-        previous = self._previous.get(bucket.index) if self.delta and not dense else None
-        works, moved, keep = [], 0, []
+    def _encodes(self, bucket: PoolBucket, dense: bool) -> bool:
+        """Whether this sync may send ``bucket`` as a delta (its headers then wait for the encoding)."""
+        return self.delta and not dense and bucket.index in self._previous
+
+    def _post_dense_headers(self, bucket: PoolBucket) -> tuple[list, list]:
+        headers = [torch.tensor([DENSE, 0, span.numel, int(self.verify)], dtype=torch.int64) for span in bucket.spans]
+        return [self.bridge.isend_control(header, span.peer, _tag(_HEADER_TAG, bucket.index))
+                for span, header in zip(bucket.spans, headers, strict=True)], headers
+
+    def _send_bucket(self, bucket: PoolBucket, buffer: torch.Tensor, dense: bool, posted: tuple[list, list] | None,
+                     sums: dict[int, list[int]]) -> tuple[list, int, list]:
+        """Post ``bucket``'s payloads (and its headers unless ``posted`` ahead), then checksum its spans."""
+        previous = self._previous.get(bucket.index) if posted is None and self._encodes(bucket, dense) else None
+        works, keep = (list(posted[0]), list(posted[1])) if posted is not None else ([], [])
+        moved = 0
         for span in bucket.spans:
             data = buffer[span.offset:span.offset + span.numel]
             mode, runs, values = DENSE, None, data
@@ -181,10 +211,11 @@ class PoolSender:
                 runs, changed = encode_delta(data, previous[span.offset:span.offset + span.numel])
                 if runs.numel() * 4 + changed.numel() * data.element_size() < data.numel() * data.element_size():
                     mode, values = DELTA, changed
-            header = torch.tensor([mode, 0 if runs is None or mode == DENSE else runs.shape[1], values.numel(),
-                                   checksum(data) if self.verify else 0], dtype=torch.int64)
-            keep.append(header)
-            works.append(self.bridge.isend_control(header, span.peer, _tag(_HEADER_TAG, bucket.index)))
+            if posted is None:
+                header = torch.tensor([mode, 0 if runs is None or mode == DENSE else runs.shape[1], values.numel(),
+                                       int(self.verify)], dtype=torch.int64)
+                keep.append(header)
+                works.append(self.bridge.isend_control(header, span.peer, _tag(_HEADER_TAG, bucket.index)))
             if mode == DELTA and runs.shape[1]:
                 runs = runs.contiguous()
                 keep.append(runs)
@@ -195,6 +226,9 @@ class PoolSender:
                 keep.append(values)
                 works.append(self.bridge.isend(values, span.peer, _tag(_PAYLOAD_TAG, bucket.index)))
                 moved += values.numel() * values.element_size()
+        if self.verify:  # off the critical path: the payloads are already posted
+            for span in bucket.spans:
+                sums.setdefault(span.peer, []).append(checksum(buffer[span.offset:span.offset + span.numel]))
         if self.delta:
             self._previous[bucket.index] = buffer.clone()
         return works, moved, keep
@@ -240,24 +274,33 @@ class PoolReceiver:
                  for _ in range(min(2, len(self.plan.buckets)))]
         received = dense = 0
         pending = None
-        forwards: list[list] = [[] for _ in slots]  # per slot: sends of its bucket to the next replica
+        forwards: list[tuple[list, list]] = [([], []) for _ in slots]  # per slot: sends of its bucket onwards
+        posted: dict[int, tuple[list, list]] = {}  # bucket position -> (headers, their receives), posted ahead
+        got: dict[int, list[tuple[int, int | None]]] = {}  # peer -> (bucket index, checksum here) per checksummed span
+        onward: list[int] = []  # the checksums of the buckets forwarded, in bucket order
         for i, bucket in enumerate(self.plan.buckets):
+            for k in range(i, min(i + _HEADERS_AHEAD, len(self.plan.buckets))):
+                if k not in posted:
+                    ahead = self.plan.buckets[k]
+                    headers = [torch.empty(_HEADER_LEN, dtype=torch.int64) for _ in ahead.spans]
+                    posted[k] = headers, [self.bridge.irecv_control(header, span.peer, _tag(_HEADER_TAG, ahead.index))
+                                          for span, header in zip(ahead.spans, headers, strict=True)]
             slot = i % len(slots)
-            for work in forwards[slot][1:]:  # the slot's previous bucket has been forwarded
+            for work in forwards[slot][0]:  # the slot's previous bucket has been forwarded
                 work.wait()
-            forwards[slot] = []
+            forwards[slot] = ([], [])
             buffer = slots[slot][:bucket.numel]
-            headers = [torch.empty(4, dtype=torch.int64) for _ in bucket.spans]
-            for span, header in zip(bucket.spans, headers, strict=True):
-                self.bridge.irecv_control(header, span.peer, _tag(_HEADER_TAG, bucket.index)).wait()
+            headers, receives = posted.pop(i)
+            for work in receives:
+                work.wait()
             if any(int(h[0]) == DELTA for h in headers):
                 if live is None:
                     raise WeightSyncError(f"bucket {bucket.index}: a delta arrived but this rank has no live "
                                           "weights to apply it to")
                 run_copy_program(live, buffer, self._inverse[i], validate=False)
-            works, deltas = [], []
+            works, deltas, sums = [], [], []  # sums: the spans whose checksum the sender sends
             for span, header in zip(bucket.spans, headers, strict=True):
-                mode, n_runs, n_values = int(header[0]), int(header[1]), int(header[2])
+                mode, n_runs, n_values, checksummed = (int(v) for v in header)
                 data = buffer[span.offset:span.offset + span.numel]
                 if mode == DENSE:
                     if n_values != span.numel:
@@ -273,40 +316,65 @@ class PoolReceiver:
                     if n_values:
                         works.append(self.bridge.irecv(values, span.peer, _tag(_PAYLOAD_TAG, bucket.index)))
                     deltas.append((data, runs, values))
+                if checksummed:  # drained even when this rank does not verify: the sender waits for it to go
+                    sums.append(span)
+                elif self.verify:
+                    raise WeightSyncError(f"bucket {bucket.index} from bridge rank {span.peer} to {self.plan.rank}: "
+                                          "this rank verifies, but the sender sends no checksums (verify differs "
+                                          "between the pools)")
                 received += (span.numel if mode == DENSE else n_values) * self.plan.element_size + n_runs * 8
                 dense += span.numel * self.plan.element_size
             if pending is not None:
-                forwards[(i - 1) % len(slots)] = self._finish(*pending, staging)
-            pending = (i, bucket, buffer, headers, works, deltas)
+                forwards[(i - 1) % len(slots)] = self._finish(*pending, staging, got, onward)
+            pending = (i, bucket, buffer, works, deltas, sums)
         if pending is not None:
-            forwards[(len(self.plan.buckets) - 1) % len(slots)] = self._finish(*pending, staging)
-        for sends in forwards:
-            for work in sends[1:]:
+            forwards[(len(self.plan.buckets) - 1) % len(slots)] = self._finish(*pending, staging, got, onward)
+        self._verify(got)
+        finals = []
+        if onward:  # forwarding: every bucket goes to the same rank of the next replica
+            table = torch.tensor(onward, dtype=torch.int64)
+            finals.append(self.bridge.isend_control(table, self.plan.buckets[0].forward_to, _SUMS_TAG))
+        for sends in [f for f, _ in forwards] + [finals]:
+            for work in sends:
                 work.wait()
         peak = sum(s.numel() for s in slots) * self.plan.element_size
         return SyncStats(time.perf_counter() - start, received, dense, peak, self.verify)
 
-    def _finish(self, i: int, bucket: PoolBucket, buffer: torch.Tensor, headers: list, works: list, deltas: list,
-                staging: torch.Tensor) -> list:
-        """Wait for bucket ``i``, rebuild its delta spans, verify, unpack; forward it whole to the next replica
-        when the plan says so. Returns [header, *the forward's pending sends] (empty when not forwarding)."""
+    def _finish(self, i: int, bucket: PoolBucket, buffer: torch.Tensor, works: list, deltas: list, sums: list,
+                staging: torch.Tensor, got: dict, onward: list) -> tuple[list, list]:
+        """Wait for bucket ``i``, rebuild its delta spans, checksum them (compared in :meth:`_verify`), unpack;
+        forward it whole to the next replica when the plan says so. Returns (the forward's pending sends, the
+        tensors they read) (empty when not forwarding)."""
         for work in works:
             work.wait()
         for data, runs, values in deltas:
             apply_delta(data, runs, values)
-        if self.verify:
-            for span, header in zip(bucket.spans, headers, strict=True):
-                got = checksum(buffer[span.offset:span.offset + span.numel])
-                if got != int(header[3]):
-                    raise WeightSyncError(
-                        f"weight sync: bucket {bucket.index} from training rank {span.peer} to rollout rank "
-                        f"{self.plan.rank} (replica {self.plan.replica}, tp rank {self.plan.rollout_tp_rank}): "
-                        f"checksum mismatch (sent {int(header[3]) & (2**64 - 1):#018x}, received "
-                        f"{got & (2**64 - 1):#018x})")
+        for span in sums:
+            value = checksum(buffer[span.offset:span.offset + span.numel]) if self.verify else None
+            got.setdefault(span.peer, []).append((bucket.index, value))
+        forward, keep = [], []
+        if bucket.forward_to is not None:  # the unpack and the forward's checksum overlap its transfer
+            keep.append(torch.tensor([DENSE, 0, bucket.numel, int(self.verify)], dtype=torch.int64))
+            forward = [self.bridge.isend_control(keep[0], bucket.forward_to, _tag(_HEADER_TAG, bucket.index)),
+                       self.bridge.isend(buffer, bucket.forward_to, _tag(_PAYLOAD_TAG, bucket.index))]
         run_copy_program(buffer, staging, self._unpack[i], validate=False)
-        if bucket.forward_to is None:
-            return []
-        header = torch.tensor([DENSE, 0, bucket.numel, checksum(buffer) if self.verify else 0], dtype=torch.int64)
-        return [header, self.bridge.isend_control(header, bucket.forward_to, _tag(_HEADER_TAG, bucket.index)),
-                self.bridge.isend(buffer, bucket.forward_to, _tag(_PAYLOAD_TAG, bucket.index))]
+        if forward and self.verify:
+            onward.append(checksum(buffer))
+        return forward, keep
 
+    def _verify(self, got: dict[int, list[tuple[int, int | None]]]) -> None:
+        """Receive every peer's checksum message and compare it with what arrived; the first mismatch (in bucket
+        order) is one error naming the bucket and both ranks."""
+        tables = {peer: torch.empty(len(spans), dtype=torch.int64) for peer, spans in got.items()}
+        for work in [self.bridge.irecv_control(table, peer, _SUMS_TAG) for peer, table in tables.items()]:
+            work.wait()
+        if not self.verify:
+            return
+        checks = sorted((index, peer, value, int(sent)) for peer, spans in got.items()
+                        for (index, value), sent in zip(spans, tables[peer].tolist(), strict=True))
+        for index, peer, value, sent in checks:
+            if value != sent:
+                raise WeightSyncError(
+                    f"weight sync: bucket {index} from training rank {peer} to rollout rank {self.plan.rank} "
+                    f"(replica {self.plan.replica}, tp rank {self.plan.rollout_tp_rank}): checksum mismatch (sent "
+                    f"{sent & (2**64 - 1):#018x}, received {value & (2**64 - 1):#018x})")
