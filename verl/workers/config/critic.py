@@ -12,7 +12,7 @@ from verl.workers.config.engine import (
     CheckpointConfig,
     CriticFSDPConfig,
     CriticMcoreConfig,
-    LoRAConfig,
+    LoRAModelKeys,
     OptimizerConfig,
 )
 from verl.workers.config.section import Section, checked
@@ -21,9 +21,9 @@ frozen = dataclasses.dataclass(frozen=True)
 
 
 @frozen
-class CriticModelConfig(Section):
-    """``critic.model`` (path null: the actor's model). LoRA: verl's keys, as the actor's (the flat ``lora_*``
-    keys for FSDP, ``lora`` for Megatron); the value head trains in full beside the adapters."""
+class CriticModelConfig(LoRAModelKeys):
+    """``critic.model`` (path null: the actor's model), with the actor's LoRA keys (:class:`LoRAModelKeys`); the
+    value head trains in full beside the adapters."""
 
     path: str | None
     tokenizer_path: str | None
@@ -31,12 +31,6 @@ class CriticModelConfig(Section):
     trust_remote_code: bool
     use_remove_padding: bool
     enable_gradient_checkpointing: bool
-    lora_rank: int = checked(ge=0)
-    lora_alpha: float = checked(gt=0)
-    target_modules: str | list[str]
-    exclude_modules: list[str] | None
-    lora_adapter_path: str | None
-    lora: LoRAConfig
 
 
 @frozen

@@ -34,8 +34,21 @@ class LoRAConfig(Section):
 
 
 @frozen
-class HFModelConfig(Section):
-    """``actor_rollout_ref.model``. LoRA: the flat ``lora_*`` keys for FSDP, ``lora`` for Megatron."""
+class LoRAModelKeys(Section):
+    """The LoRA keys of verl's model sections (``actor_rollout_ref.model``, ``critic.model``): the flat
+    ``lora_*`` keys for FSDP, the ``lora`` block for Megatron (:mod:`verl.engine.lora`)."""
+
+    lora_rank: int = checked(ge=0)
+    lora_alpha: float = checked(gt=0)
+    target_modules: str | list[str]
+    exclude_modules: list[str] | None
+    lora_adapter_path: str | None
+    lora: LoRAConfig
+
+
+@frozen
+class HFModelConfig(LoRAModelKeys):
+    """``actor_rollout_ref.model``, with the LoRA keys of :class:`LoRAModelKeys`."""
 
     path: str | None
     tokenizer_path: str | None
@@ -46,12 +59,6 @@ class HFModelConfig(Section):
     enable_activation_offload: bool
     use_remove_padding: bool
     use_fused_kernels: bool
-    lora_rank: int = checked(ge=0)
-    lora_alpha: float = checked(gt=0)
-    target_modules: str | list[str]
-    exclude_modules: list[str] | None
-    lora_adapter_path: str | None
-    lora: LoRAConfig
 
 
 @frozen
