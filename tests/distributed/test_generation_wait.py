@@ -41,44 +41,43 @@ def test_a_rollout_past_the_deadline_is_named_and_one_within_it_is_waited_for(mo
 
 
 
+def _one_step_cmd(tmp_path, name, generation_timeout_s, *extra):
+    """(output dir, `verl train` command): one tiny GRPO step, collective timeout 15 s, no validation or saves."""
+    from helpers.tiny_models import arithmetic_data_args
+    from helpers.train_runs import train_cmd
+
+    out = tmp_path / name
+    return out, train_cmd("grpo_arith_tiny.yaml", out, arithmetic_data_args(tmp_path / "arith"),
+                          "trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.val_before_train=false",
+                          "trainer.test_freq=-1", "trainer.export_hf_at_end=false",
+                          "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+                          "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+                          "actor_rollout_ref.nccl_timeout=15",
+                          f"actor_rollout_ref.rollout.generation_timeout={generation_timeout_s}", *extra)
+
+
 def test_verl_train_waits_for_a_rollout_longer_than_the_collective_timeout(tmp_path):
     """The wiring: `verl train` (2 ranks, colocated GRPO) with the collective timeout at 15 s and rank 1's rollout
     20 s late finishes its step (the collective after the rollout would have timed out before)."""
-    from helpers.tiny_models import arithmetic_data_args
-    from helpers.train_runs import read_metrics, run_train, train_cmd
+    from helpers.train_runs import read_metrics, run_train
 
-    out = tmp_path / "slow"
-    data = arithmetic_data_args(tmp_path / "arith")
-    cmd = train_cmd("grpo_arith_tiny.yaml", out, data, "trainer.total_training_steps=1", "trainer.save_freq=-1",
-                    "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.export_hf_at_end=false",
-                    "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-                    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
-                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-                    "actor_rollout_ref.nccl_timeout=15", "actor_rollout_ref.rollout.generation_timeout=120")
+    out, cmd = _one_step_cmd(tmp_path, "slow", 120)
     run_train(cmd, env={"VERL_TEST_SLOW_GENERATION": "1:20"})
     record = read_metrics(out)[1]
     assert record["timing_s/gen"] >= 20, record["timing_s/gen"]
 
 
 def _pool_train(tmp_path, name, generation_timeout_s, slow_s, check=True):
-    """`verl train` sync GRPO, 1 training rank + a 1-rank standalone rollout pool, collective timeout 15 s, the pool
-    rank's rollout ``slow_s`` late (VERL_TEST_SLOW_POOL_GENERATION)."""
-    from helpers.tiny_models import arithmetic_data_args
-    from helpers.train_runs import REPO, run_train, train_cmd, train_env
+    """The one step with 1 training rank + a 1-rank standalone rollout pool, the pool rank's rollout ``slow_s``
+    late (VERL_TEST_SLOW_POOL_GENERATION)."""
+    from helpers.train_runs import REPO, run_train, train_env
 
-    out = tmp_path / name
-    cmd = train_cmd("grpo_arith_tiny.yaml", out, arithmetic_data_args(tmp_path / "arith"),
-                    "trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.val_before_train=false",
-                    "trainer.test_freq=-1", "trainer.export_hf_at_end=false", "trainer.n_gpus_per_node=1",
-                    "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
-                    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
-                    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-                    "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-                    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
-                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "actor_rollout_ref.nccl_timeout=15",
-                    f"actor_rollout_ref.rollout.generation_timeout={generation_timeout_s}")
+    out, cmd = _one_step_cmd(tmp_path, name, generation_timeout_s, "trainer.n_gpus_per_node=1",
+                             "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+                             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+                             "actor_rollout_ref.rollout.tensor_model_parallel_size=1")
     env = {"VERL_TEST_SLOW_POOL_GENERATION": f"0:{slow_s}"}
     if check:
         return out, run_train(cmd, env=env)
