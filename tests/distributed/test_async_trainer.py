@@ -106,8 +106,10 @@ def test_separate_async_pool_streams_and_preempts_with_a_checkpoint(tmp_path, ar
                     "trainer.v1.trainer_mode=separate_async", "trainer.v1.separate_async.parameter_sync_step=2",
                     "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
                     "trainer.v1.sampler.max_off_policy_strategy=wait", "trainer.v1.sampler.max_off_policy_threshold=2")
-    launcher = subprocess.Popen(cmd, cwd=REPO, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+    # Each pool segment takes 0.3 s longer (fault injection): at this size a segment is ~10 ms, as short as the
+    # trainer's phases, so whether one happened to overlap them was left to the scheduler.
+    env = {**train_env(), "VERL_TEST_SLOW_POOL_GENERATION": "0:0.3"}
+    launcher = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while time.monotonic() < deadline and launcher.poll() is None:
@@ -123,7 +125,7 @@ def test_separate_async_pool_streams_and_preempts_with_a_checkpoint(tmp_path, ar
     assert "preempted" in output
     stopped = max(read_metrics(out))
     assert 2 <= stopped < 5 and (out / "checkpoints" / f"global_step_{stopped}").is_dir()
-    run_train(cmd)
+    run_train(cmd, env={"VERL_TEST_SLOW_POOL_GENERATION": "0:0.3"})
     metrics = read_metrics(out)
     assert sorted(metrics) == list(range(1, 6))
     for step in range(1, 6):

@@ -476,6 +476,7 @@ def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, tp_group
                 raise RuntimeError(f"rollout pool: expected a command submit/sync/generate/stop, found {op!r}")
             continue
         begin, began = time.perf_counter(), time.time()
+        time.sleep(injected_delay(dist.get_rank(), "VERL_TEST_SLOW_POOL_GENERATION"))  # fault injection, as in generate
         sampling = dataclasses.replace(params, seed=seed * 100003 + segment)
         rows = run_segment(engine, in_flight, sampling, pad, version, min_groups=min(per_segment, len(in_flight)),
                            abort=lambda: not commands.queue.empty())  # SegmentStop agrees on it over TP
