@@ -89,7 +89,7 @@ def _delta_rounds(rank, nproc, cfg):
     import torch.distributed as dist
 
     from verl.bench.reshard import random_hf_weights, reference_rollout_shard
-    from verl.bench.weight_sync import INIT_STD, _refill, adam_steps, training_shard
+    from verl.bench.weight_sync import INIT_STD, adam_steps, training_shard
     from verl.hybrid_engine.cross_pool import PoolPlacement, plan_cross_pool
     from verl.hybrid_engine.layouts import TrainingLayout
     from verl.hybrid_engine.rollout_layout import rollout_param_specs
@@ -127,7 +127,7 @@ def _delta_rounds(rank, nproc, cfg):
     def step(seed):
         adam_steps(hf, 1, 1e-6, seed)
         if rank < 2:
-            _refill(state["source"], training_shard(config, placement.training, rank, hf, torch.bfloat16)[0])
+            training_shard(config, placement.training, rank, hf, torch.bfloat16, out=state["source"])
 
     start()
     records = [sync()]

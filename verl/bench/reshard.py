@@ -32,7 +32,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -59,15 +59,21 @@ def random_hf_weights(config: ModelConfig, seed: int, dtype: torch.dtype = torch
 def reference_rollout_shard(config: ModelConfig, hf: dict[str, torch.Tensor], tp: int, tp_rank: int,
                             dtype: torch.dtype, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """Rollout rank ``tp_rank``'s parameters cut straight from the full HF weights ``hf`` (on ``device``)."""
+    return dict(reference_rollout_params(config, hf.__getitem__, tp, tp_rank, dtype, device))
+
+
+def reference_rollout_params(config: ModelConfig, source, tp: int, tp_rank: int, dtype: torch.dtype,
+                             device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of rollout rank ``tp_rank``'s parameters one at a time, each cut from ``source(hf_name)``
+    (the full HF tensor, or anything ``layouts.fill_local`` can index like it): one parameter in memory at once."""
     from verl.hybrid_engine.layouts import fill_local, hf_tensor_shapes
     from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
 
     shapes = hf_tensor_shapes(config)
-    out = {}
     for param, spec in zip(RolloutLayout(tp).params(config), rollout_param_specs(config, tp, tp_rank), strict=True):
-        out[spec.name] = torch.empty(spec.shape, dtype=dtype, device=device)
-        fill_local(param, shapes, tp, tp_rank, out[spec.name], hf.__getitem__)
-    return out
+        out = torch.empty(spec.shape, dtype=dtype, device=device)
+        fill_local(param, shapes, tp, tp_rank, out, source)
+        yield spec.name, out
 
 
 # ------------------------------------------------------------------------------------------------

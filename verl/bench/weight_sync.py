@@ -4,10 +4,11 @@
         --placement separate --nproc 4 --json F [--delta-after-steps K]
 
 ``--nproc`` counts both pools: the training ranks (tp*pp*dp or fsdp*replicate) come first, then
-``rollout tp x replicas`` rollout ranks. Every rank builds the same seeded full HF weights (std 0.02, as
-HF initialises); training ranks take their shard (Megatron: the HF -> Megatron converter; FSDP: the row
-chunks ``fully_shard`` keeps), rollout ranks a staging buffer and the reference shard cut straight from
-the full weights. Reported:
+``rollout tp x replicas`` rollout ranks. The weights are the same seeded HF weights on every rank (std 0.02, as
+HF initialises; :class:`SeededWeights`), but no rank holds them whole: each value is made in a fixed row block of
+its tensor, so a rank makes only the blocks it cuts, one at a time. Training ranks take their shard (Megatron:
+the HF -> Megatron converter's rules; FSDP: the row chunks ``fully_shard`` keeps), rollout ranks a staging buffer
+and check it, one parameter at a time, against the reference cut straight from the weights. Reported:
 
 * ``verified``: every rollout rank's staging buffer equals its reference bit for bit after the sync;
 * ``bytes_received_per_rank`` (rollout ranks), ``bytes_sent_per_rank`` (training ranks) and, when replicas
@@ -16,13 +17,15 @@ the full weights. Reported:
   tensor gathered on training rank 0 (point-to-point from the ranks holding its pieces) and broadcast to
   every rollout rank, which narrows out its shard -- also verified; ``memcpy_seconds`` of one shard;
 * ``peak_extra_bytes_training``: the sender's scratch (two buckets), the delta cache reported apart;
-* with ``--delta-after-steps K``: K Adam steps (``--lr``, verl's default 1e-6; random gradients, the same on
-  every rank) move the fp32 master weights, the training shards are rebuilt, and a delta sync follows:
+* with ``--delta-after-steps K``: K Adam steps (``--lr``, verl's default 1e-6; random gradients, each block's
+  own, the same on every rank) move the fp32 master weights, the training shards are rebuilt in place, and a delta
+  sync follows:
   ``delta_fraction`` (bytes sent / dense bytes) and ``delta_verified`` (bit-exact against the new reference).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 
@@ -42,49 +45,138 @@ def _layout(train: dict):
     return TrainingLayout(train.get("tp", 1), train.get("pp", 1), train.get("dp", 1))
 
 
-def training_shard(config: ModelConfig, training, rank: int, hf: dict[str, torch.Tensor], dtype: torch.dtype):
-    """(flat buffer, offsets) for a Megatron rank, or ({name: 1-D local chunk}, None) for an FSDP rank."""
-    from verl.hybrid_engine.layouts import FSDPLayout, fill_local, hf_tensor_shapes, local_shape
-
-    if isinstance(training, FSDPLayout):
-        shapes = hf_tensor_shapes(config)
-        _, _, s = training.coords(rank)
-        out = {}
-        for param in training.params(config):
-            local = torch.empty(math.prod(local_shape(param, shapes, training.shard, s)), dtype=dtype)
-            fill_local(param, shapes, training.shard, s, local, lambda n: hf[n].to(dtype))
-            out[param.name] = local
-        return out, None
-    from verl.bench.reshard import build_training_buffer
-    from verl.models.mcore.weights import to_mcore_shard
-
-    stage, _, r = training.coords(rank)
-    shard = to_mcore_shard(config, lambda n: hf[n].to(dtype), training.tp, training.pp, r, stage)
-    flat, offsets, _ = build_training_buffer(config, training, rank, shard, dtype)
-    return flat, offsets
+BLOCK_ELEMENTS = 1 << 22  # fp32 values made at once: 16 MiB, and 3x that for Adam's state and gradient
 
 
-def _refill(target, fresh) -> None:
-    """New weights into the training tensors the sender is bound to, in place (as an optimizer step does)."""
-    if isinstance(target, torch.Tensor):
-        target.copy_(fresh)
-    else:
-        for name, t in target.items():
-            t.copy_(fresh[name])
-
-
-def adam_steps(hf: dict[str, torch.Tensor], steps: int, lr: float, seed: int) -> None:
-    """``steps`` Adam updates of the fp32 weights with random gradients (the same on every rank): the size of
-    change an RL step makes at learning rate ``lr`` (Adam's update is ~lr per element whatever the gradient)."""
-    gen = torch.Generator().manual_seed(seed + 1)
-    params = [torch.nn.Parameter(t) for t in hf.values()]
-    optimizer = torch.optim.Adam(params, lr=lr)
+def _adam(tensors: list[torch.Tensor], steps: int, lr: float, gen: torch.Generator) -> list[torch.Tensor]:
+    """``tensors`` after ``steps`` Adam updates with gradients drawn from ``gen`` (per step, per tensor, in order)."""
+    params = [torch.nn.Parameter(t) for t in tensors]
+    optimizer = torch.optim.Adam(params, lr=lr, foreach=False)
     for _ in range(steps):
         for p in params:
             p.grad = torch.randn(p.shape, generator=gen)
         optimizer.step()
-    for name, p in zip(list(hf), params, strict=True):
-        hf[name] = p.detach()
+    return [p.detach() for p in params]
+
+
+class SeededWeights:
+    """The bench's HF weights (std ``INIT_STD``) after ``steps`` Adam updates at ``lr`` with random gradients, made
+    block by block: block b of a tensor (viewed as rows x cols; ``block_elements // cols`` rows a block) is drawn
+    from a generator seeded by (seed, tensor name, b), its values then its gradients, and stepped on its own. A
+    value depends on its block alone, and a block is computed the same way whatever slice asks for it: every rank
+    gets the same bits for the same element while making only the blocks it cuts, one at a time."""
+
+    def __init__(self, config: ModelConfig, seed: int, steps: int = 0, lr: float = 1e-6,
+                 block_elements: int = BLOCK_ELEMENTS):
+        from verl.hybrid_engine.layouts import hf_tensor_shapes
+
+        self.shapes = hf_tensor_shapes(config)
+        self.seed, self.steps, self.lr, self.block_elements = seed, steps, lr, block_elements
+
+    def _block(self, name: str, b: int, per: int, rows: int, cols: int) -> torch.Tensor:
+        digest = hashlib.blake2b(f"{self.seed}/{name}/{b}".encode(), digest_size=8).digest()
+        gen = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)  # str hash() differs per process
+        values = torch.randn(min(per, rows - b * per), cols, generator=gen).mul_(INIT_STD)
+        return _adam([values], self.steps, self.lr, gen)[0] if self.steps else values
+
+    def rows(self, name: str, row0: int, row1: int, col0: int, col1: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows [row0, row1) x columns [col0, col1) of ``name`` viewed as a matrix, in ``dtype``."""
+        from verl.hybrid_engine.layouts import as_matrix
+
+        rows, cols = as_matrix(self.shapes[name])
+        per = max(1, self.block_elements // cols)
+        out = torch.empty(row1 - row0, col1 - col0, dtype=dtype)
+        for b in range(row0 // per, -(-row1 // per)):
+            lo, hi = max(row0, b * per), min(row1, (b + 1) * per)
+            block = self._block(name, b, per, rows, cols)
+            out[lo - row0:hi - row0].copy_(block[lo - b * per:hi - b * per, col0:col1])
+        return out
+
+    def full(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """The whole HF tensor ``name`` in ``dtype``."""
+        shape = self.shapes[name]
+        return self.rows(name, 0, shape[0], 0, math.prod(shape[1:]), dtype).view(shape)
+
+    def source(self, dtype: torch.dtype):
+        """name -> what ``layouts.fill_local`` indexes like the full tensor, making only the rows indexed."""
+        return lambda name: _Slicer(self, name, dtype)
+
+
+class _Slicer:
+    """``full[r0:r1]`` / ``full[r0:r1, c0:c1]`` of a :class:`SeededWeights` tensor without making the rest."""
+
+    def __init__(self, weights: SeededWeights, name: str, dtype: torch.dtype):
+        self.weights, self.name, self.dtype = weights, name, dtype
+
+    def __getitem__(self, index):
+        from verl.hybrid_engine.layouts import as_matrix
+
+        shape = self.weights.shapes[self.name]
+        rows, cols = as_matrix(shape)
+        index = index if isinstance(index, tuple) else (index,)
+        if not all(isinstance(i, slice) for i in index) or len(index) > min(2, len(shape)):
+            raise TypeError(f"{self.name}: expected a row slice or a (row, column) slice pair, found {index!r}")
+        (row0, row1, row_step), (col0, col1, col_step) = (index[0].indices(rows),
+                                                          index[1].indices(cols) if len(index) == 2 else (0, cols, 1))
+        if row_step != 1 or col_step != 1:
+            raise TypeError(f"{self.name}: expected contiguous slices, found {index!r}")
+        out = self.weights.rows(self.name, row0, max(row0, row1), col0, max(col0, col1), self.dtype)
+        return out.view(-1) if len(shape) == 1 else out
+
+
+def _getters(hf, dtype: torch.dtype):
+    """(name -> full tensor, name -> what fill_local indexes) in ``dtype``, from :class:`SeededWeights` or a dict of
+    full HF tensors."""
+    if isinstance(hf, SeededWeights):
+        return (lambda n: hf.full(n, dtype)), hf.source(dtype)
+
+    def get(n):
+        return hf[n].to(dtype)
+
+    return get, get
+
+
+def training_shard(config: ModelConfig, training, rank: int, hf, dtype: torch.dtype, out=None):
+    """(flat buffer, offsets) for a Megatron rank, or ({name: 1-D local chunk}, None) for an FSDP rank, from ``hf``
+    (:class:`SeededWeights` or a dict of full HF tensors). ``out``: an earlier result's first element (the flat
+    buffer or the chunks) to overwrite in place, as an optimizer step updates the tensors a sender is bound to."""
+    from verl.hybrid_engine.layouts import FSDPLayout, fill_local, hf_tensor_shapes, local_shape
+
+    get, source = _getters(hf, dtype)
+    if isinstance(training, FSDPLayout):
+        shapes = hf_tensor_shapes(config)
+        _, _, s = training.coords(rank)
+        chunks = {} if out is None else out
+        for param in training.params(config):
+            if out is None:
+                chunks[param.name] = torch.empty(math.prod(local_shape(param, shapes, training.shard, s)), dtype=dtype)
+            fill_local(param, shapes, training.shard, s, chunks[param.name], source)
+        return chunks, None
+    from verl.hybrid_engine.executor import flat_offsets
+    from verl.hybrid_engine.layouts import training_param_specs
+    from verl.models.mcore.weights import weight_rules
+
+    # The converter's rules one parameter at a time, straight into the flat buffer: no second copy of the shard.
+    stage, _, r = training.coords(rank)
+    specs = training_param_specs(config, training.tp, training.pp, r, stage)
+    offsets, numel = flat_offsets(specs)
+    flat = torch.empty(numel, dtype=dtype) if out is None else out
+    for rule, (name, shape) in zip(weight_rules(config, training.pp, stage), specs, strict=True):
+        local = rule.layout.shard([get(n) for n in rule.hf], config, training.tp, r)
+        if rule.mcore != name or tuple(local.shape) != tuple(shape):
+            raise RuntimeError(f"training layout: expected {name} {tuple(shape)} (the layout's specs), found "
+                               f"{rule.mcore} {tuple(local.shape)} from the converter")
+        flat[offsets[name]:offsets[name] + local.numel()].view(shape).copy_(local)
+    return flat, offsets
+
+
+def adam_steps(hf: dict[str, torch.Tensor], steps: int, lr: float, seed: int) -> None:
+    """``steps`` Adam updates of the full fp32 weights ``hf`` with random gradients (the same on every rank): the
+    size of change an RL step makes at learning rate ``lr`` (Adam's update is ~lr per element whatever the
+    gradient)."""
+    new = _adam(list(hf.values()), steps, lr, torch.Generator().manual_seed(seed + 1))
+    for name, t in zip(list(hf), new, strict=True):
+        hf[name] = t
 
 
 def naive_sync(config: ModelConfig, training, placement, rank: int, bridge, source, offsets,
@@ -140,7 +232,7 @@ def separate_rank(rank: int, nproc: int, cfg: dict, train: dict, rollout_tp: int
     """One rank of the separate-placement bench (and of the tests' matrix): sync, verify, time."""
     import torch.distributed as dist
 
-    from verl.bench.reshard import _timed, random_hf_weights, reference_rollout_shard
+    from verl.bench.reshard import _timed, reference_rollout_params
     from verl.hybrid_engine.cross_pool import ROLLOUT, PoolPlacement, plan_cross_pool
     from verl.hybrid_engine.rollout_layout import rollout_param_specs
     from verl.hybrid_engine.weight_sync import PoolReceiver, PoolSender
@@ -150,34 +242,31 @@ def separate_rank(rank: int, nproc: int, cfg: dict, train: dict, rollout_tp: int
     placement = PoolPlacement(_layout(train), rollout_tp, replicas)
     dtype = DTYPES[dtype_name]
     bridge = Bridge(dist.distributed_c10d._get_default_group(), rank, nproc)
-    hf = random_hf_weights(config, seed)
-    for t in hf.values():
-        t.mul_(INIT_STD)  # in place: one fp32 copy of the model per rank, not two (4 ranks of a 0.5B model)
+    weights = SeededWeights(config, seed)
     plan = plan_cross_pool(config, placement, rank, bucket_bytes, dtype_name)
     role, replica, j = placement.role(rank)
     result = {"rank": rank, "role": role, "replica": replica, "tp_rank": j, "bytes": plan.bytes,
               "forwarded": plan.forwarded_bytes,
               "summary": plan.summary() if rank in (0, placement.n_training) else None,
               "formula": plan.formula() if rank == 0 else None}
-    sender = receiver = staging = live = reference = source = offsets = None
+    sender = receiver = staging = live = source = offsets = None
     if role == ROLLOUT:
         specs = [(s.name, s.shape) for s in rollout_param_specs(config, rollout_tp, j)]
         receiver = PoolReceiver(plan, specs, bridge, verify=verify)
         staging, live = (torch.zeros(receiver.numel, dtype=dtype) for _ in range(2))
-        reference = reference_rollout_shard(config, hf, rollout_tp, j, dtype)
 
         def views(flat):
             return {n: flat[o:o + math.prod(s)].view(s) for (n, s), o in zip(specs, receiver.offsets.values(),
                                                                                strict=True)}
 
-        def check(flat) -> bool:
+        def check(flat, expected: SeededWeights) -> bool:
+            """``flat`` against the reference cut from ``expected``, made one parameter at a time."""
             got = views(flat)
-            return all(torch.equal(got[n], t) for n, t in reference.items())
+            return all(torch.equal(got[n], t)
+                       for n, t in reference_rollout_params(config, expected.source(dtype), rollout_tp, j, dtype))
     else:
-        source, offsets = training_shard(config, placement.training, rank, hf, dtype)
+        source, offsets = training_shard(config, placement.training, rank, weights, dtype)
         sender = PoolSender(plan, source, offsets, bridge, verify=verify, delta=delta_steps > 0)
-    if not delta_steps:
-        hf = None  # only the delta steps need the fp32 weights again
 
     def sync(dense: bool = True):
         if sender is not None:
@@ -187,39 +276,37 @@ def separate_rank(rank: int, nproc: int, cfg: dict, train: dict, rollout_tp: int
     stats = sync()
     result.update(peak_extra_bytes=stats.peak_extra_bytes, first_seconds=stats.seconds)
     if role == ROLLOUT:
-        result["verified"] = check(staging)
+        result["verified"] = check(staging, weights)
+        # The swap at the step boundary (what the engine now reads; a dense receive does not read it): from here
+        # on ``live`` is the verified shard, what every later dense sync must reproduce.
+        live.copy_(staging)
     result["seconds"] = _timed(sync, repeats)
     if role == ROLLOUT:
-        result["verified"] = result["verified"] and check(staging)
-        live.copy_(staging)  # the swap at the step boundary: what the engine now reads
+        result["verified"] = result["verified"] and torch.equal(staging, live)
     if with_naive:
         group = dist.new_group([0] + list(range(placement.n_training, placement.world_size)))
-        naive_flat = torch.zeros(receiver.numel, dtype=dtype) if role == ROLLOUT else None
-        naive_params = views(naive_flat) if role == ROLLOUT else None
+        if role == ROLLOUT:
+            staging.zero_()  # the naive path writes into the staging buffer: nothing left of the sync's
+        naive_params = views(staging) if role == ROLLOUT else None
         result["naive_seconds"] = _timed(lambda: naive_sync(config, placement.training, placement, rank, bridge,
                                                             source, offsets, naive_params, group, dtype), repeats)
         if role == ROLLOUT:
-            result["naive_verified"] = check(naive_flat)
+            result["naive_verified"] = torch.equal(staging, live)
     if role == ROLLOUT:
-        memcpy_src = torch.empty_like(staging).normal_()
-        result["memcpy_seconds"] = _timed(lambda: staging.copy_(memcpy_src), repeats)
-        staging.copy_(live)
+        result["memcpy_seconds"] = _timed(lambda: staging.copy_(live), repeats)  # and staging is live's again
     else:
         result["memcpy_seconds"] = _timed(lambda: None, repeats)
     if delta_steps:
-        adam_steps(hf, delta_steps, lr, seed)
-        if role == ROLLOUT:
-            reference = reference_rollout_shard(config, hf, rollout_tp, j, dtype)
-        else:
-            fresh, _ = training_shard(config, placement.training, rank, hf, dtype)
-            _refill(source, fresh)
-        dist.barrier()  # every rank has its new weights (or reference): time the sync alone
+        moved = SeededWeights(config, seed, delta_steps, lr)
+        if role != ROLLOUT:
+            training_shard(config, placement.training, rank, moved, dtype, out=source)
+        dist.barrier()  # every rank has its new weights: time the sync alone
         start = time.perf_counter()
         stats = sync(dense=False)
         result.update(delta_seconds=time.perf_counter() - start, delta_bytes=stats.bytes,
                       dense_bytes=stats.dense_bytes)
         if role == ROLLOUT:
-            result["delta_verified"] = check(staging)
+            result["delta_verified"] = check(staging, moved)
         else:
             result["delta_cache_bytes"] = sum(t.numel() * t.element_size() for t in sender._previous.values())
     return result
