@@ -18,3 +18,14 @@ class EveryTurnCallsCalculator(ToolParser):
 
     def parse_text(self, text: str) -> tuple[str, list[FunctionCall]]:
         return text, [FunctionCall(name="calculator", arguments=json.dumps({"expression": EXPRESSION}))]
+
+
+@ToolParser.register("test_random_length_calls")
+class RandomLengthCallsCalculator(EveryTurnCallsCalculator):
+    """As above, but a turn ends only on one of the first 40 of the model's 320 ids (~1 sampled token in 8), so
+    turns have random lengths and trajectories finish at different times: the asynchronous trainer's phases cut
+    some of them mid-turn."""
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return list(range(40))

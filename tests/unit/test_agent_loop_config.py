@@ -68,7 +68,12 @@ def test_keys_load_and_bad_input_is_one_line(tmp_path, data_args, no_ranks, caps
     exit_2(capsys, [*base, f"{MT}.tool_response_truncate_side=top"], "tool_response_truncate_side")
     exit_2(capsys, [*base, "actor_rollout_ref.rollout.agent.agent_loop_config_path=/nonexistent/loops.yaml"],
            "agent_loop_config_path")
-    exit_2(capsys, [*base, "trainer.use_v1=true", "trainer.v1.trainer_mode=colocate_async"], "sync trainer")
+    colocate_async = [*base, "trainer.use_v1=true", "trainer.v1.trainer_mode=colocate_async"]
+    exit_2(capsys, [*colocate_async, "actor_rollout_ref.rollout.name=sglang"], "agent_loop_async")
+    exit_2(capsys, [*colocate_async, "trainer.n_gpus_per_node=2",
+                    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                    "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+           "colocate_async: expected actor_rollout_ref.rollout.tensor_model_parallel_size=1")
 
     # A data row naming an agent loop nobody registered.
     rows = pq.read_table(data_args[0].split("=", 1)[1]).to_pylist()

@@ -153,6 +153,9 @@ def test_checkpoint_writes_trajectories_as_tensor_shards_and_reads_them_at_any_w
             t.tokens = list(range(k * 100, k * 100 + 3 + j))
             t.log_probs = [-0.1 / (k + 1) - 1e-17 * j] * len(t.tokens)  # float64 values that float32 would round
             t.finished, t.min_version, t.max_version, t.segments = True, k, k + 1, 1 + j
+            if k % 2 == 0:  # an agent trajectory: tool tokens masked out, its own prompt (the others: None)
+                t.mask = [1 - i % 2 for i in range(len(t.tokens))]
+                t.prompt = [5, 6, k, j]
     buf.collect_finished()
     state = json.loads(json.dumps(buf.state_dict()))
     assert all("trajectories" not in g for g in state["finished"])  # the JSON keeps no token
@@ -163,6 +166,8 @@ def test_checkpoint_writes_trajectories_as_tensor_shards_and_reads_them_at_any_w
     restored.load_state_dict(state, step=2, trajectories=ReplayBuffer.load_trajectories(str(tmp_path)))
     assert [[dataclasses.asdict(t) for t in g.trajectories] for g in restored.finished] == \
         [[dataclasses.asdict(t) for t in g.trajectories] for g in buf.finished]
+    first, second = restored.finished[0].trajectories[1], restored.finished[1].trajectories[0]
+    assert first.mask == [1, 0, 1, 0] and first.prompt == [5, 6, 0, 1] and second.mask is None
     (tmp_path / "replay_buffer" / "shard1-of-2.pt").unlink()
     with pytest.raises(InputError, match="shard<r>-of-<w>.pt for every r < w"):
         ReplayBuffer.load_trajectories(str(tmp_path))

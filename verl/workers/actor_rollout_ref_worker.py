@@ -181,6 +181,8 @@ class ActorRolloutRefWorker(Worker):
         self._build_sampling(arr, response_length)
         self._rollout_synced = False  # the rollout engine holds the actor's current weights
         self._agent_runner = None  # rollout.multi_turn.enable: the agent loops' runner, built on first use
+        self._agent_stream = None  # ... under colocate_async: the loops that live across steps (agent_open)
+        self._seed = seed
         self._weights_version: int | None = None  # the asynchronous trainer's model version of those weights
         self.pool = None
         if arr.rollout.nnodes:  # a standalone rollout pool: this rank only sends weights and (rank 0) prompts
@@ -226,6 +228,9 @@ class ActorRolloutRefWorker(Worker):
         standalone rollout pool (training rank 0 tells it to stop)."""
         if self.pool is not None:
             self.pool.close()
+        if self._agent_stream is not None:
+            self._agent_stream.close()
+            self._agent_stream = None
         stop = getattr(self.rollout, "shutdown", None)
         if stop is not None:
             stop()
@@ -385,6 +390,42 @@ class ActorRolloutRefWorker(Worker):
             "rollout_log_probs": torch.nn.functional.pad(log_probs, (0, pad))})
         out.meta_info["metrics"] = {**metrics, "timing_s/generate_sequences": time.perf_counter() - start}
         return out
+
+    # ------------------------------------------------------------------ agent loops across steps
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def agent_open(self, groups: list[dict], version: int) -> dict[str, float]:
+        """``rollout.multi_turn`` under colocate_async: a generation phase on the weights of ``version`` (resharded
+        into the rollout first when they are not there yet). ``groups``: the prompt groups to start, each
+        ``{uid, n, replica, row}``; this rank's replica starts those with its ``replica`` and lets its held
+        turns go on. See :mod:`verl.workers.agent_stream`."""
+        from verl.experimental.agent_loop import AgentLoopRunner
+        from verl.workers.agent_stream import AgentStream
+
+        metrics = {} if self._rollout_synced else self.hybrid_engine.to_rollout()
+        self._rollout_synced = True
+        if self._agent_stream is None:
+            params = dataclasses.replace(self.train_sampling, seed=self._seed * 1009 + self.rollout_dp_rank)
+            server = self.rollout.token_server(params, self.rollout.pad_token_id)
+            runner = AgentLoopRunner({"actor_rollout_ref": self.config}, server, self.tokenizer)
+            p = self.train_sampling
+            self._agent_stream = AgentStream(runner, server, {"temperature": p.temperature, "top_p": p.top_p,
+                                                              "top_k": p.top_k, "logprobs": True})
+        self._agent_stream.open(version, [g for g in groups if g["replica"] == self.rollout_dp_rank])
+        return metrics
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def agent_poll(self, wait_s: float) -> list:
+        """This replica's trajectories finished since the last poll (waiting up to ``wait_s`` for one)."""
+        return self._agent_stream.poll(wait_s)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def agent_pause(self) -> dict[str, float]:
+        """End the phase: the engine stops after its decode step (the cut turns wait for the next phase) and the
+        rollout memory is released for training."""
+        metrics = self._agent_stream.pause() if self._agent_stream is not None else \
+            {"agent_loop/engine_calls": 0.0, "agent_loop/interrupted_turns": 0.0, "agent_loop/held_turns": 0.0}
+        self._release_rollout()
+        return metrics
 
     # ------------------------------------------------------------------ log-probs
     @property

@@ -152,23 +152,27 @@ def prompt_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def assemble_rollout_batch(prompts: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor,
-                           response_mask: torch.Tensor, rollout_log_probs: torch.Tensor) -> dict:
+                           response_mask: torch.Tensor, rollout_log_probs: torch.Tensor,
+                           response_attention: torch.Tensor | None = None) -> dict:
     """Join repeated prompts [B*n, P] and responses [B*n, R] into verl's rollout output fields.
 
     Position ids restart at 0 on the first real prompt token and run on through the response.
+    ``response_attention``: the response tokens attended to, when they are more than the trained ones
+    (``response_mask`` 0 on an agent's tool / user tokens); by default the response mask.
     """
     mask = attention_mask.to(torch.int64)
     prompt_positions = prompt_position_ids(mask)
     steps = torch.arange(1, responses.shape[1] + 1, dtype=torch.int64)
     response_positions = prompt_positions[:, -1:] + steps
     response_mask = response_mask.to(torch.int64)
+    attended = response_mask if response_attention is None else response_attention.to(torch.int64)
     return {
         "prompts": prompts,
         "responses": responses,
         "response_mask": response_mask,
         "rollout_log_probs": rollout_log_probs,
         "input_ids": torch.cat([prompts, responses], dim=-1),
-        "attention_mask": torch.cat([mask, response_mask], dim=-1),
+        "attention_mask": torch.cat([mask, attended], dim=-1),
         "position_ids": torch.cat([prompt_positions, response_positions], dim=-1),
     }
 

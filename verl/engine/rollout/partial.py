@@ -65,6 +65,10 @@ class Trajectory:
     min_version: int | None = None
     max_version: int | None = None
     segments: int = 0  # how many segments produced its tokens (1 = never interrupted)
+    # An agent trajectory's (rollout.multi_turn): 1 on sampled tokens, 0 on tool / user tokens (None: all
+    # sampled), and its own prompt (the chat template with the tools' schemas; None: the group's).
+    mask: list[int] | None = None
+    prompt: list[int] | None = None
 
 
 @dataclasses.dataclass
@@ -199,31 +203,35 @@ def groups_to_batch(groups: Sequence[PromptGroup], prompt_length: int, response_
     fields: the dataset's fields, ``uid``, and the tags ``min_global_steps``/``max_global_steps`` (the model
     versions of a trajectory's first and last token), ``prompt_global_steps`` (its submission step) and
     ``num_segments``."""
-    prompts, prompt_masks, responses, masks, log_probs = [], [], [], [], []
+    prompts, prompt_masks, responses, masks, attended, log_probs = [], [], [], [], [], []
     non_tensor: dict[str, list] = {"uid": [], "min_global_steps": [], "max_global_steps": [],
                                    "prompt_global_steps": [], "num_segments": []}
     keys = sorted(set().union(*(g.fields for g in groups))) if groups else []
     for key in keys:
         non_tensor.setdefault(key, [])
     for group in groups:
-        prompt = torch.full((prompt_length,), pad, dtype=torch.int64)
-        prompt_mask = torch.zeros(prompt_length, dtype=torch.int64)
-        prompt[prompt_length - len(group.prompt):] = torch.tensor(group.prompt, dtype=torch.int64)
-        prompt_mask[prompt_length - len(group.prompt):] = 1
         for traj in group.trajectories:
             if not traj.finished:
                 raise RuntimeError(f"prompt group {group.uid}: expected finished trajectories, found one running")
+            ids = group.prompt if traj.prompt is None else traj.prompt
+            prompt = torch.full((prompt_length,), pad, dtype=torch.int64)
+            prompt_mask = torch.zeros(prompt_length, dtype=torch.int64)
+            prompt[prompt_length - len(ids):] = torch.tensor(ids, dtype=torch.int64)
+            prompt_mask[prompt_length - len(ids):] = 1
             response = torch.full((response_length,), pad, dtype=torch.int64)
             mask = torch.zeros(response_length, dtype=torch.int64)
             lp = torch.zeros(response_length, dtype=torch.float32)
             count = len(traj.tokens)
             response[:count] = torch.tensor(traj.tokens, dtype=torch.int64)
-            mask[:count] = 1
+            attend = torch.zeros(response_length, dtype=torch.int64)
+            attend[:count] = 1
+            mask[:count] = 1 if traj.mask is None else torch.tensor(traj.mask, dtype=torch.int64)
             lp[:count] = torch.tensor(traj.log_probs, dtype=torch.float32)
             prompts.append(prompt)
             prompt_masks.append(prompt_mask)
             responses.append(response)
             masks.append(mask)
+            attended.append(attend)
             log_probs.append(lp)
             non_tensor["uid"].append(group.uid)
             non_tensor["min_global_steps"].append(traj.min_version)
@@ -233,7 +241,7 @@ def groups_to_batch(groups: Sequence[PromptGroup], prompt_length: int, response_
             for key in keys:
                 non_tensor[key].append(group.fields.get(key))
     tensors = assemble_rollout_batch(torch.stack(prompts), torch.stack(prompt_masks), torch.stack(responses),
-                                     torch.stack(masks), torch.stack(log_probs))
+                                     torch.stack(masks), torch.stack(log_probs), torch.stack(attended))
     arrays = {}
     for key, values in non_tensor.items():
         array = np.empty(len(values), dtype=object)

@@ -34,6 +34,9 @@ class RolloutCapabilities:
     needs_sglang_python: bool   # runs only in a Python where SGLang imports (.venv-sglang)
     # serves verl's agent loops token in / token out (``token_server``; rollout.multi_turn.enable)
     agent_loop: bool = False
+    # its token server's turns report the model version that sampled them (``version``/``versions``), so agent
+    # loops can run across the colocated asynchronous trainer's steps (rollout.multi_turn with colocate_async)
+    agent_loop_async: bool = False
 
 
 CAPABILITIES = tuple(f.name for f in dataclasses.fields(RolloutCapabilities))
@@ -251,7 +254,8 @@ def _check_sglang_model(config: Any, tp_size: int) -> None:
 NATIVE = RolloutEngine(
     "native",
     RolloutCapabilities(group_backend=None, vocab_padding=64, moe_weights=True, routing_recording=True,
-                        partial_rollout=True, adapters=False, needs_sglang_python=False, agent_loop=True),
+                        partial_rollout=True, adapters=False, needs_sglang_python=False, agent_loop=True,
+                        agent_loop_async=True),
     build=_build_native, open_standalone=_open_native,
     lacks={"adapters": "LoRA is not implemented"},
 )
@@ -264,7 +268,9 @@ SGLANG = RolloutEngine(
     lacks={"moe_weights": "pushing the stacked experts into SGLang's fused-MoE weights is not wired yet; "
                           "`verl generate --engine sglang` runs the checkpoint: use native",
            "routing_recording": "the native engine records routing here: use native",
-           "adapters": "LoRA is not implemented"},
+           "adapters": "LoRA is not implemented",
+           "agent_loop_async": "its token server does not report the weights' version of each turn yet: use "
+                               "native, or the sync trainer"},
 )
 BUILTIN_ROLLOUTS = ("native", "sglang")
 _ENGINES.update({NATIVE.name: NATIVE, SGLANG.name: SGLANG})  # checked against the layout by the unit tests

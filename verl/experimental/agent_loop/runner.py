@@ -79,11 +79,13 @@ class AgentLoopRunner:
         return names
 
     async def run_one(self, row: Mapping[str, Any], sampling_params: dict[str, Any],
-                      agent_name: str | None = None) -> AgentLoopOutput:
+                      agent_name: str | None = None, server_manager: Any = None) -> AgentLoopOutput:
+        """One trajectory; ``server_manager``: this trajectory's own (default: the runner's)."""
         kwargs = {k: v for k, v in row.items() if k != "agent_name"}
         loop = instantiate_agent_loop(
             agent_name or str(row.get("agent_name") or self.default_agent_loop),
-            trainer_config=DictConfigWrap(self.config), server_manager=self.server_manager,
+            trainer_config=DictConfigWrap(self.config),
+            server_manager=self.server_manager if server_manager is None else server_manager,
             tokenizer=self.tokenizer, processor=self.processor, dataset_cls=self.dataset_cls,
             data_config=DictConfigWrap(self.data_config), tools=ToolListWrap(self.tools))
         if self._slots is None:

@@ -296,9 +296,17 @@ def _check_multi_turn(cfg: dict[str, Any], data_pending: bool) -> None:
     if rollout_pool_size(cfg):
         raise ConfigError(f"{key}.enable=true: not supported with a standalone rollout pool ({ARR}.rollout.nnodes="
                           f"{rollout['nnodes']}) yet: set nnodes=0")
-    if trainer_mode(cfg) != "sync":
-        raise ConfigError(f"{key}.enable=true: not supported with trainer.v1.trainer_mode={trainer_mode(cfg)} yet "
-                          "(partial rollouts of multi-turn trajectories): use the sync trainer")
+    mode = trainer_mode(cfg)
+    if mode == "colocate_async":
+        require_capability(rollout["name"], "agent_loop_async", f"{key}.enable=true with trainer.v1.trainer_mode="
+                                                                "colocate_async")
+        if rollout["tensor_model_parallel_size"] != 1:
+            raise ConfigError(f"{key}.enable=true with trainer.v1.trainer_mode=colocate_async: expected "
+                              f"{ARR}.rollout.tensor_model_parallel_size=1 (each rank a replica running its own "
+                              f"agent loops), found {rollout['tensor_model_parallel_size']}")
+    elif mode != "sync":
+        raise ConfigError(f"{key}.enable=true: not supported with trainer.v1.trainer_mode={mode} yet "
+                          "(its rollout runs in a standalone pool): use colocate_async or the sync trainer")
     if mt["format"] not in ToolParser._registry:
         raise ConfigError(f"{key}.format={mt['format']!r}: expected a tool-call format among "
                           f"{sorted(ToolParser._registry)} (or one registered by actor_rollout_ref.model.external_lib)")

@@ -35,6 +35,7 @@ from verl.protocol import DataProto
 from verl.trainer import metrics as metric_utils
 from verl.trainer.ppo.batch_source import BatchSource, Generated
 from verl.trainer.ppo.trainer import PPOTrainer
+from verl.trainer.v1.agent_phases import AGENT_FIELDS, AgentPhases
 from verl.trainer.v1.replay_buffer import TRAJECTORY_DIR, PromptStream, ReplayBuffer
 from verl.utils.logging_utils import get_logger
 
@@ -104,6 +105,8 @@ class ReplayBufferSource(BatchSource):
         self.rollout_dp = trainer.world_size // rollout.tensor_model_parallel_size
         self.ledger_path = os.path.join(cfg.trainer.output_dir, LEDGER_FILE)
         self.stop_ids = trainer.actor_rollout_wg.worker.train_sampling.stop_ids
+        # rollout.multi_turn: agent loops that run across steps instead of the segments below
+        self.agents = AgentPhases(self) if rollout.multi_turn.enable else None
 
     @staticmethod
     def _warmup_batches(v1: Any) -> int:
@@ -111,7 +114,8 @@ class ReplayBufferSource(BatchSource):
 
     def _make_group(self, index: int, epoch: int, step: int) -> PromptGroup:
         item = self.trainer.train_dataset[index]
-        fields = {k: item[k] for k in PROMPT_FIELDS if k in item}
+        keys = PROMPT_FIELDS + (AGENT_FIELDS if self.agents is not None else ())
+        fields = {k: item[k] for k in keys if k in item}
         return PromptGroup(uid=f"{epoch}-{index}", index=index, epoch=epoch, submit_step=step,
                            prompt=list(item["raw_prompt_ids"]), fields=fields, n=self.n)
 
@@ -167,6 +171,8 @@ class ReplayBufferSource(BatchSource):
             metrics.update(self._generate_until_ready(step))
         groups = self.buffer.sample(self.batch_groups, step)
         metrics.update(off_policy_metrics(groups, step))
+        if self.agents is not None:
+            metrics.update(self.agents.trained_metrics(groups))
         metrics.update(self.buffer.eviction_metrics())
         metrics["training/epoch"] = float(min(g.epoch for g in groups))
         # Off-policy trajectories differ from the actor by design; the weight-sync check needs on-policy ones.
@@ -180,7 +186,10 @@ class ReplayBufferSource(BatchSource):
         return batch, generated.on_policy
 
     def _generate_until_ready(self, step: int) -> dict[str, float]:
-        """Segments over the in-flight groups until a batch can be sampled (verl's sample-or-wait)."""
+        """Segments over the in-flight groups until a batch can be sampled (verl's sample-or-wait); agent loops
+        run as one phase instead (:mod:`verl.trainer.v1.agent_phases`)."""
+        if self.agents is not None:
+            return self.agents.run_until_ready(step)
         version = step - 1
         rows_run, segments, metrics = 0, 0, {}
         while True:

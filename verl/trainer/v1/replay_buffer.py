@@ -208,6 +208,11 @@ class ReplayBuffer:
             "min_version": torch.tensor([_version(t.min_version) for t in trajectories], dtype=torch.int64),
             "max_version": torch.tensor([_version(t.max_version) for t in trajectories], dtype=torch.int64),
             "segments": torch.tensor([t.segments for t in trajectories], dtype=torch.int64),
+            # agent trajectories: their masks and prompts (length -1: None, the default)
+            "mask_lengths": torch.tensor([_length(t.mask) for t in trajectories], dtype=torch.int64),
+            "masks": torch.tensor([x for t in trajectories for x in t.mask or ()], dtype=torch.int8),
+            "prompt_lengths": torch.tensor([_length(t.prompt) for t in trajectories], dtype=torch.int64),
+            "prompts": torch.tensor([x for t in trajectories for x in t.prompt or ()], dtype=torch.int64),
         }
         os.makedirs(os.path.join(directory, TRAJECTORY_DIR), exist_ok=True)
         path = os.path.join(directory, TRAJECTORY_DIR, f"shard{rank}-of-{world}.pt")
@@ -229,12 +234,16 @@ class ReplayBuffer:
             shard = torch.load(path, map_location="cpu", weights_only=True)
             tokens = iter(shard["tokens"].split(shard["token_lengths"].tolist()))
             log_probs = iter(shard["log_probs"].split(shard["log_prob_lengths"].tolist()))
+            count = len(shard["finished"])
+            masks = _optional_lists(shard, "mask_lengths", "masks", count)
+            prompts = _optional_lists(shard, "prompt_lengths", "prompts", count)
             fields = zip(shard["finished"].tolist(), shard["min_version"].tolist(), shard["max_version"].tolist(),
-                         shard["segments"].tolist(), strict=True)
+                         shard["segments"].tolist(), masks, prompts, strict=True)
             for position, size in zip(shard["positions"].tolist(), shard["group_sizes"].tolist(), strict=True):
                 out[position] = [Trajectory(tokens=next(tokens).tolist(), log_probs=next(log_probs).tolist(),
                                             finished=f, min_version=_unversion(lo), max_version=_unversion(hi),
-                                            segments=seg) for f, lo, hi, seg in (next(fields) for _ in range(size))]
+                                            segments=seg, mask=mask, prompt=prompt)
+                                 for f, lo, hi, seg, mask, prompt in (next(fields) for _ in range(size))]
         return out
 
     def load_state_dict(self, state: dict[str, Any], step: int,
@@ -279,3 +288,17 @@ def _version(version: int | None) -> int:
 
 def _unversion(value: int) -> int | None:
     return None if value < 0 else value
+
+
+def _length(values: list[int] | None) -> int:
+    return -1 if values is None else len(values)
+
+
+def _optional_lists(shard: dict[str, torch.Tensor], lengths_key: str, values_key: str,
+                    count: int) -> list[list[int] | None]:
+    """Per trajectory: its list (length >= 0) or None (-1); all None in a shard written before the field."""
+    if lengths_key not in shard:
+        return [None] * count
+    lengths = shard[lengths_key].tolist()
+    parts = iter(shard[values_key].split([max(n, 0) for n in lengths]))
+    return [part.tolist() if n >= 0 else None for n, part in zip(lengths, parts, strict=True)]

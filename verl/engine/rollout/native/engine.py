@@ -272,6 +272,9 @@ class TokenServer:
         self._abort = False     # read by the engine thread's stop rule
         self._gate: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The model version of the weights the engine holds (the asynchronous trainer's; None: untracked): each
+        # turn reports the versions that sampled its tokens (``versions``), one per engine call that added some.
+        self.version: int | None = None
 
     # ------------------------------------------------------------------ the agent loops' side
     def request_params(self, sampling_params: Mapping[str, Any]) -> tuple[SamplingParams, int]:
@@ -289,6 +292,7 @@ class TokenServer:
             return {"token_ids": [], "log_probs": [], "stop_reason": "length"}  # the context is full
         tokens: list[int] = []
         log_probs: list[float] = []
+        versions: list[int | None] = []
         while True:
             await wait_at_gate(self, self._ensure_gate())
             request = _Request(list(prompt_ids) + tokens, limit - len(tokens), params,
@@ -299,8 +303,11 @@ class TokenServer:
             result = await request.future
             tokens += result["token_ids"]
             log_probs += result["log_probs"]
+            if result["token_ids"]:
+                versions.append(result.pop("version"))
             if not result.pop("interrupted", False):
-                return {**result, "token_ids": tokens, "log_probs": log_probs}
+                result.pop("version", None)
+                return {**result, "token_ids": tokens, "log_probs": log_probs, "versions": versions}
             self.interrupted += 1  # goes on once resume_turns() opens the gate
 
     # ------------------------------------------------------------------ partial rollout
@@ -332,6 +339,11 @@ class TokenServer:
         self._abort = False
         if self._gate is not None:
             self._gate.set()
+
+    @property
+    def busy(self) -> bool:
+        """An engine call is in flight or queued (after :meth:`interrupt`, False once the cut call returned)."""
+        return self._driver is not None
 
     async def _drive(self) -> None:
         try:
@@ -390,7 +402,8 @@ class TokenServer:
             out.append({"token_ids": ids, "log_probs": log_probs[i, :n].tolist(),
                         "stop_reason": "completed" if stopped else "length",
                         # cut by interrupt(): neither a stop token nor the turn's budget ended it
-                        "interrupted": interruptible and not stopped and n < int(limits[i])})
+                        "interrupted": interruptible and not stopped and n < int(limits[i]),
+                        "version": self.version})
         return out
 
     # ------------------------------------------------------------------ rollout TP > 1

@@ -1,0 +1,157 @@
+"""Agent loops that live across training steps: ``rollout.multi_turn`` under ``trainer.v1.trainer_mode=colocate_async``.
+
+The sync trainer runs a batch's agent loops to their end inside one generation call. The asynchronous trainer
+keeps them going from step to step instead: each rollout replica runs its trajectories as asyncio tasks on an
+event loop of its own (a thread), over the engine's interruptible token server. A generation *phase* opens the
+server on the weights of version ``G - 1`` (:meth:`AgentStream.open`); the trainer polls the finished
+trajectories (:meth:`AgentStream.poll`) until a batch is ready, then closes the phase (:meth:`AgentStream.pause`):
+the engine call in flight stops after its decode step, and the turn it cut keeps its tokens and log-probs and
+waits, with every new turn, for the next phase, where it goes on from its prompt + the tokens it has on the
+newer weights (partial rollout). A tool call that is running goes on between phases; only the engine is held,
+so the trainer can take the rollout's memory back.
+
+A finished trajectory carries the model versions that sampled its tokens (the token server's ``versions``, one
+per engine call that added tokens): verl's ``min_global_steps`` / ``max_global_steps`` of a trajectory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from verl.utils.logging_utils import get_logger
+
+logger = get_logger(__name__)
+
+PAUSE_WAIT_S = 120.0  # an engine call stops after its current decode step: far less than this
+
+
+@dataclasses.dataclass
+class FinishedTrajectory:
+    """One trajectory as the trainer's replay buffer takes it (picklable: it is gathered over the ranks)."""
+
+    uid: str
+    sample: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    versions: list[int]              # the model versions that sampled its tokens, in order
+    num_turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    error: str | None = None         # the agent loop raised: the trainer ends the job with it
+
+
+class _VersionedServer:
+    """A trajectory's view of the token server: what the agent loop calls, recording the versions of its turns."""
+
+    def __init__(self, server: Any):
+        self.server = server
+        self.versions: list[int] = []
+
+    async def generate(self, **kwargs: Any) -> Any:
+        out = await self.server.generate(**kwargs)
+        self.versions.extend(v for v in out.get("versions", ()) if v is not None)
+        return out
+
+
+class AgentStream:
+    """One rollout replica's agent loops across generation phases (see the module doc). ``runner``: an
+    :class:`~verl.experimental.agent_loop.AgentLoopRunner` over ``server`` (an interruptible token server)."""
+
+    def __init__(self, runner: Any, server: Any, sampling: Mapping[str, Any]):
+        self.runner, self.server, self.sampling = runner, server, dict(sampling)
+        server.interruptible = True
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="agent-stream", daemon=True)
+        self.thread.start()
+        self._finished: queue.Queue[FinishedTrajectory] = queue.Queue()
+        self._tasks: dict[tuple[str, int], Any] = {}
+        self._seen = (0, 0)  # the server's engine calls and interrupted turns at the last pause
+        self._call(self._hold())  # closed until the first phase opens
+
+    # ------------------------------------------------------------------ the trainer's side (its thread)
+    def open(self, version: int, groups: list[Mapping[str, Any]]) -> None:
+        """A phase on the weights of ``version``: start the trajectories of ``groups`` (``uid``, ``n``, ``row``:
+        the dataset row an agent loop takes) and let every held turn go on."""
+        self.server.version = version
+        for group in groups:
+            for sample in range(int(group["n"])):
+                key = (str(group["uid"]), sample)
+                if key in self._tasks:
+                    raise RuntimeError(f"agent stream: trajectory {key} started twice")
+                self._tasks[key] = asyncio.run_coroutine_threadsafe(self._trajectory(key, group["row"]), self.loop)
+        self._call(self._resume())
+
+    def poll(self, wait_s: float) -> list[FinishedTrajectory]:
+        """The trajectories finished since the last poll, waiting up to ``wait_s`` for the first one."""
+        out: list[FinishedTrajectory] = []
+        try:
+            out.append(self._finished.get(timeout=wait_s) if wait_s > 0 else self._finished.get_nowait())
+            while True:
+                out.append(self._finished.get_nowait())
+        except queue.Empty:
+            pass
+        for record in out:
+            self._tasks.pop((record.uid, record.sample), None)
+        return out
+
+    def pause(self) -> dict[str, float]:
+        """End the phase: the engine call in flight stops after its decode step; returns once the engine is idle
+        (the trainer may then take its memory). Metrics: the phase's engine calls and the turns held."""
+        self.server.interrupt()  # thread-safe: the engine thread reads the flag, the gate closes on the loop
+        self._call(self._idle(), timeout=PAUSE_WAIT_S)
+        calls, cut = self.server.calls - self._seen[0], self.server.interrupted - self._seen[1]
+        self._seen = (self.server.calls, self.server.interrupted)
+        return {"agent_loop/engine_calls": float(calls), "agent_loop/interrupted_turns": float(cut),
+                "agent_loop/held_turns": float(self.server.parked), "agent_loop/in_flight": float(len(self._tasks))}
+
+    def close(self) -> None:
+        """Cancel the running trajectories and stop the loop (the worker's shutdown)."""
+        for future in self._tasks.values():
+            future.cancel()
+        self._tasks.clear()
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ on the loop
+    def _call(self, coroutine: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    async def _hold(self) -> None:
+        self.server.interrupt()
+
+    async def _resume(self) -> None:
+        self.server.resume_turns()
+
+    async def _idle(self) -> None:
+        while self.server.busy:
+            await asyncio.sleep(0.002)
+        for _ in range(3):  # the cut turns take their results and go back to the gate (counted, held)
+            await asyncio.sleep(0)
+
+    async def _trajectory(self, key: tuple[str, int], row: Mapping[str, Any]) -> None:
+        uid, sample = key
+        server = _VersionedServer(self.server)
+        try:
+            out = await self.runner.run_one(row, self.sampling, server_manager=server)
+            logprobs = out.response_logprobs if out.response_logprobs is not None else [0.0] * len(out.response_ids)
+            record = FinishedTrajectory(
+                uid, sample, list(out.prompt_ids), list(out.response_ids), list(out.response_mask), list(logprobs),
+                server.versions, num_turns=int(out.num_turns),
+                tool_calls=int(out.extra_fields.get("tool_call_counts", 0)),
+                tool_errors=int(out.extra_fields.get("tool_call_errors", 0)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - every error ends the job, on the trainer's thread
+            logger.exception("agent stream: trajectory %s of group %s failed", sample, uid)
+            record = FinishedTrajectory(uid, sample, [], [], [], [], server.versions,
+                                        error=f"{type(err).__name__}: {err}")
+        self._finished.put(record)
+
