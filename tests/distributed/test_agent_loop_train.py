@@ -24,24 +24,31 @@ def write_data(path, rows):
         for i, (a, b) in enumerate(rows)]), path)
 
 
-# 1 rank; and 2 ranks with rollout TP 2 (rank 0 runs the loops and tools, rank 1 follows its engine calls)
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_grpo_with_tool_agent_trajectories(tmp_path, ranks):
+def agent_train_cmd(tmp_path, problems, tool_format, *overrides):
+    """(output dir, `verl train` command): the tiny chat model, `problems` as tool_agent rows, the calculator from
+    verl's tool YAML, the test's tool-call ``tool_format`` (tests/helpers/forced_tool_calls.py), 3 assistant turns."""
     model = save_chat_model(str(tmp_path / "model"), seed=3)
-    write_data(tmp_path / "train.parquet", [(6, 7), (12, 3), (9, 9), (4, 8)])
+    write_data(tmp_path / "train.parquet", problems)
     write_data(tmp_path / "val.parquet", [(2, 3), (5, 5)])
     tools = tmp_path / "tools.yaml"
     tools.write_text("tools:\n  - class_name: verl.tools.calculator.CalculatorTool\n    config: {type: native}\n")
     out = tmp_path / "run"
-    run_train(train_cmd(
+    return out, train_cmd(
         "grpo_arith_tiny.yaml", out, [f"data.train_files={tmp_path}/train.parquet",
                                       f"data.val_files={tmp_path}/val.parquet", f"data.tokenizer={model}"],
         f"actor_rollout_ref.model.path={model}",
         "actor_rollout_ref.model.external_lib=tests.helpers.forced_tool_calls",
         "actor_rollout_ref.rollout.multi_turn.enable=true",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
-        "actor_rollout_ref.rollout.multi_turn.format=test_every_turn_calls",
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+        f"actor_rollout_ref.rollout.multi_turn.format={tool_format}",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3", *overrides)
+
+
+# 1 rank; and 2 ranks with rollout TP 2 (rank 0 runs the loops and tools, rank 1 follows its engine calls)
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_grpo_with_tool_agent_trajectories(tmp_path, ranks):
+    out, cmd = agent_train_cmd(
+        tmp_path, [(6, 7), (12, 3), (9, 9), (4, 8)], "test_every_turn_calls",
         f"trainer.n_gpus_per_node={ranks}", f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={ranks}",
         f"actor_rollout_ref.rollout.tensor_model_parallel_size={ranks}",
         "data.max_prompt_length=48", "data.max_response_length=64",
@@ -50,7 +57,8 @@ def test_grpo_with_tool_agent_trajectories(tmp_path, ranks):
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
         "trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.test_freq=-1",
-        "trainer.val_before_train=false", f"trainer.rollout_data_dir={tmp_path / 'gens'}"))
+        "trainer.val_before_train=false", f"trainer.rollout_data_dir={tmp_path / 'gens'}")
+    run_train(cmd)
     step = read_metrics(out)[1]
     # user, then 3 assistant turns with 2 tool answers between them, as verl counts turns
     assert step["num_turns/min"] == step["num_turns/max"] == 6

@@ -6,7 +6,6 @@ most once, and the ones the run drew are trained, evicted or still in the buffer
 Small batches (16 prompts x 4 responses, 64 training prompts: four steps an epoch) so that a run crosses epochs
 and the buffer holds groups of several ages; sizes chosen so the micro-batches divide (actor TP 2: DP 1)."""
 
-import json
 import signal
 import subprocess
 import time
@@ -19,7 +18,9 @@ from helpers.tiny_models import arithmetic_data_args  # noqa: E402
 from helpers.train_runs import (  # noqa: E402
     REPO,
     RUN_TIMEOUT_S,
+    check_accounting,
     kill_tree,
+    ledger,
     read_metrics,
     run_train,
     run_until_step_then_kill,
@@ -45,24 +46,6 @@ OFF_POLICY_KEYS = [f"training/off_policy/{name}/{stat}" for name in
 @pytest.fixture(scope="module")
 def arithmetic_data(tmp_path_factory):
     return arithmetic_data_args(tmp_path_factory.mktemp("arith"))
-
-
-def ledger(output_dir):
-    with open(output_dir / "prompt_ledger.jsonl", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh]
-
-
-def check_accounting(lines, steps, batch=16):
-    """One ledger line per step 1..steps; each step trains a batch; no prompt trained twice in an epoch; every
-    prompt drawn is trained, evicted, in flight or finished."""
-    assert [line["step"] for line in lines] == list(range(1, steps + 1))
-    trained = [uid for line in lines for uid in line["trained"]]
-    assert all(len(line["trained"]) == batch for line in lines)
-    assert len(trained) == len(set(trained)), "a prompt was trained twice in one epoch"
-    last = lines[-1]
-    assert last["trained_total"] == steps * batch
-    assert last["drawn"] == last["trained_total"] + last["evicted_total"] + last["in_flight"] + last["finished"]
-    return trained
 
 
 def test_colocate_async_learns_offpolicy_and_resumes_after_sigkill_without_losing_a_prompt(tmp_path,

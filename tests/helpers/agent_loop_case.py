@@ -74,3 +74,18 @@ def token_sources(trajectory: dict, hf_old, hf_new, atol: float = 1e-4) -> list[
         assert matches, f"token {i}: its log-prob is neither weights' greedy choice"
         sources.append((i, "old" if "old" in matches else "new"))
     return sources
+
+
+def cut_during_turn(engine, server, call: int, decode_steps: int) -> None:
+    """Patch ``engine``'s forward so that ``server.interrupt()`` is raised from the engine thread after
+    ``decode_steps`` decode steps of its engine call number ``call`` (a weight sync arriving mid-turn)."""
+    forward, steps = engine.model.forward, []
+
+    def counting_forward(input_ids, *args, **kwargs):
+        if server.calls == call and input_ids.shape[1] == 1:
+            steps.append(1)
+            if len(steps) == decode_steps:
+                server.interrupt()
+        return forward(input_ids, *args, **kwargs)
+
+    engine.model.forward = counting_forward

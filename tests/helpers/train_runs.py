@@ -1,5 +1,6 @@
 """Running `verl train` as a subprocess from the end-to-end tests, and what they check in its metrics."""
 
+import json
 import os
 import signal
 import subprocess
@@ -171,3 +172,22 @@ def assert_same_run_on_both_paths(legacy, sharded):
                 assert abs(a[key] - b[key]) <= bound, (step, key, a[key], b[key], bound)
             else:
                 assert a[key] == b[key], (step, key, a[key], b[key])
+
+
+def ledger(output_dir):
+    """The asynchronous trainers' prompt ledger (``prompt_ledger.jsonl``), one record per step."""
+    with open(output_dir / "prompt_ledger.jsonl", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def check_accounting(lines, steps, batch=16):
+    """One ledger line per step 1..steps; each step trains a batch; no prompt trained twice in an epoch; every
+    prompt drawn is trained, evicted, in flight or finished."""
+    assert [line["step"] for line in lines] == list(range(1, steps + 1))
+    trained = [uid for line in lines for uid in line["trained"]]
+    assert all(len(line["trained"]) == batch for line in lines)
+    assert len(trained) == len(set(trained)), "a prompt was trained twice in one epoch"
+    last = lines[-1]
+    assert last["trained_total"] == steps * batch
+    assert last["drawn"] == last["trained_total"] + last["evicted_total"] + last["in_flight"] + last["finished"]
+    return trained

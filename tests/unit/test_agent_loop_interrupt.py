@@ -11,6 +11,7 @@ from helpers.agent_loop_case import (
     TURN_TOKENS,
     agent_config,
     base_params,
+    cut_during_turn,
     model_turn_starts,
     rows,
     token_sources,
@@ -39,16 +40,7 @@ def test_interrupted_turns_resume_on_new_weights_with_per_token_log_probs(tmp_pa
     server.interruptible = True
 
     # The weight sync arrives while the second engine call (every trajectory's second turn) decodes.
-    forward, decode_steps = engine.model.forward, []
-
-    def counting_forward(input_ids, *args, **kwargs):
-        if server.calls == 2 and input_ids.shape[1] == 1:
-            decode_steps.append(1)
-            if len(decode_steps) == CUT_AFTER_DECODE_STEPS:
-                server.interrupt()
-        return forward(input_ids, *args, **kwargs)
-
-    engine.model.forward = counting_forward
+    cut_during_turn(engine, server, call=2, decode_steps=CUT_AFTER_DECODE_STEPS)
     runner = AgentLoopRunner(agent_config(), server, tok, tools=[CalculatorTool({"type": "native"}, None)])
 
     async def rollout_with_a_weight_sync():

@@ -8,7 +8,15 @@ import time
 
 import pytest
 import torch
-from helpers.agent_loop_case import TURN_TOKENS, agent_config, base_params, model_turn_starts, rows, token_sources
+from helpers.agent_loop_case import (
+    TURN_TOKENS,
+    agent_config,
+    base_params,
+    cut_during_turn,
+    model_turn_starts,
+    rows,
+    token_sources,
+)
 from helpers.chat_models import save_chat_model
 
 from verl.experimental.agent_loop import AgentLoopRunner
@@ -42,16 +50,7 @@ def test_a_phase_end_cuts_turns_that_resume_on_the_next_weights_with_their_versi
     stream = AgentStream(runner, server, {"temperature": 0.0, "max_tokens": TURN_TOKENS})
     # The phase ends while the second engine call (every trajectory's second turn) decodes: the trainer's batch
     # became ready then (here: the engine thread raises the flag pause() raises, then the test pauses).
-    forward, decode_steps = engine.model.forward, []
-
-    def counting_forward(input_ids, *args, **kwargs):
-        if server.calls == 2 and input_ids.shape[1] == 1:
-            decode_steps.append(1)
-            if len(decode_steps) == CUT_AFTER_DECODE_STEPS:
-                server.interrupt()
-        return forward(input_ids, *args, **kwargs)
-
-    engine.model.forward = counting_forward
+    cut_during_turn(engine, server, call=2, decode_steps=CUT_AFTER_DECODE_STEPS)
     try:
         groups = [{"uid": f"g{i}", "n": 1, "replica": 0, "row": row} for i, row in enumerate(rows())]
         stream.open(0, groups)
