@@ -1,8 +1,7 @@
 """Test tiers are chosen by directory: tests/<tier>/... gets the marker <tier>.
 
-Run one tier with `pytest -m kernels` (or `pytest tests/kernels`). A distributed test marked ``waits`` spends its
-wall time on a timer; the full run (tests/run_all.sh) runs those beside the other tiers, with the Slurm tier.
-Strict DataProto checks are on for every test, as the project promises.
+Run one tier with `pytest -m kernels` (or `pytest tests/kernels`). Strict DataProto checks are on
+for every test, as the project promises.
 
 On CI (``CI=true``, which ``.ci/run`` sets) a skipped test is a failure, except in the GPU tier: a tier that
 cannot run there (SGLang not installable, Slurm without root, no nvcc) must not pass by skipping.
@@ -33,10 +32,6 @@ def pytest_collection_modifyitems(config, items):
         tier = _tier(item.fspath)
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
-        # tests/run_all.sh collects only tests/slurm and tests/distributed for the side run: a `waits` test
-        # elsewhere would run in neither half.
-        if item.get_closest_marker("waits") and tier != "distributed":
-            raise pytest.UsageError(f"{item.nodeid}: expected the `waits` marker in tests/distributed only")
 
 
 def _fail_skip_on_ci(report, path) -> None:

@@ -21,24 +21,23 @@ DURATIONS="--durations=${VERL_TEST_DURATIONS:-15}"
 if [[ $# -gt 0 ]]; then
   exec .venv/bin/python -m pytest tests -p no:cacheprovider "$DURATIONS" "$@"
 fi
-# The full suite: the Slurm tier, and the distributed tests marked `waits`, run beside the others. Most of their
-# wall time is waiting (Slurm daemons' heartbeats and requeue delays, a cut link's collective timeout, the
-# launcher's bounds after a kill, injected rollout delays), which left the 2 cores idle when they ran one after
-# another. Its own base temp dir, so neither session's cleanup of old pytest dirs can reach the other's; its
-# report is printed after the rest's.
+# The full suite: the Slurm tier runs beside the others. Most of its wall time is waiting (Slurm daemons'
+# heartbeats and requeue delays, a cut link's collective timeout, the launcher's bounds after a kill), which left
+# the 2 cores idle when the tiers ran one after another. Its own base temp dir, so neither session's cleanup of
+# old pytest dirs can reach the other's; its report is printed after the rest's.
 SLURM_LOG="$ROOT/.slurm-tier.log"
-.venv/bin/python -m pytest tests/slurm tests/distributed -m "slurm or waits" -p no:cacheprovider "$DURATIONS" \
-    --basetemp=/tmp/verl-slurm-tier > "$SLURM_LOG" 2>&1 &
+.venv/bin/python -m pytest tests/slurm -p no:cacheprovider "$DURATIONS" --basetemp=/tmp/verl-slurm-tier \
+    > "$SLURM_LOG" 2>&1 &
 slurm_pid=$!
 trap 'kill "$slurm_pid" 2>/dev/null || true' INT TERM
 set +e
-.venv/bin/python -m pytest tests --ignore=tests/slurm -m "not waits" -p no:cacheprovider "$DURATIONS"
+.venv/bin/python -m pytest tests --ignore=tests/slurm -p no:cacheprovider "$DURATIONS"
 rest=$?
 wait "$slurm_pid"
 slurm=$?
 set -e
-echo "=================== the Slurm tier and the tests marked waits (ran beside the others) ==================="
+echo "================================ the Slurm tier (ran beside the others) ================================"
 cat "$SLURM_LOG"
-echo "run_all: the Slurm tier and the waits tests exited $slurm, the other tiers $rest"
+echo "run_all: the Slurm tier exited $slurm, the other tiers $rest"
 if [[ $rest -ne 0 ]]; then exit "$rest"; fi
 exit "$slurm"

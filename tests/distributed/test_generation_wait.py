@@ -13,7 +13,7 @@ import pytest
 
 from verl.launcher.spawn import run_ranks_with_rank
 
-pytestmark = [pytest.mark.distributed, pytest.mark.waits]  # injected delays and timeouts: mostly sleeping
+pytestmark = pytest.mark.distributed
 
 
 def _meet(rank, world, timeout_s, tp):

@@ -285,7 +285,6 @@ def test_run_ranks_names_the_failing_rank_and_ends_the_others(mode, needle):
     assert time.monotonic() - tick < 120
 
 
-@pytest.mark.waits  # ranks that hang until the 10 s limit
 def test_run_ranks_time_limit_ends_every_rank():
     from verl.launcher.spawn import RankFailure, run_ranks_with_rank
 
