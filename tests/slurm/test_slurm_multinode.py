@@ -193,6 +193,7 @@ class Jobs:
 
 @pytest.fixture
 def jobs(cluster):
+    wait_nodes_idle()  # an earlier test's broken node back in service first (resumed if Slurm drained it)
     submitted = Jobs(cluster)
     yield submitted
     submitted.cancel()
@@ -207,6 +208,22 @@ def wait_nodes_idle(timeout=120):
                 login("scontrol", "update", f"nodename={node}", "state=resume")
         return sorted(states) == sorted(NODES) and set(states.values()) == {"idle"}
     wait_for(idle, timeout, "both nodes idle")
+
+
+def clear_node(job_id, node, timeout=60):
+    """After a test broke ``node`` on purpose: wait (bounded) for the job's processes and slurmstepd there to end,
+    SIGKILL what is left (as an operator cleaning the node would), then both nodes idle. Without it a step that
+    outlives the test can make slurmd give up on it later ("Kill task failed") and drain the node under the next
+    test."""
+    deadline = time.monotonic() + timeout
+    while (job_pids(job_id, node) or stepd_pids(job_id, node)) and time.monotonic() < deadline:
+        time.sleep(1)
+    for pid in [*job_pids(job_id, node), *stepd_pids(job_id, node)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_nodes_idle()
 
 
 def grpo_env(run_dir, data_dir, steps, *extra):
@@ -424,6 +441,7 @@ def test_killing_every_process_of_the_job_on_one_node_ends_it_within_60s(jobs):
     failed = [line for line in text.splitlines() if line.startswith("[multinode] failed:")]
     assert len(failed) == 1 and failed[0].startswith("[multinode] failed: node verl-node2 rank 1 "), text[-3000:]
     assert "exit code 0" not in text.split("[multinode] step finished", 1)[1].splitlines()[0]
+    clear_node(job_id, "verl-node2")
 
 
 def test_link_cut_mid_collective_ends_the_job_within_twice_the_collective_timeout(jobs):
@@ -445,7 +463,7 @@ def test_link_cut_mid_collective_ends_the_job_within_twice_the_collective_timeou
     text = open(out).read()
     assert "Timed out" in text or "Node failure" in text, text[-3000:]
     assert job_fields(job_id).get("JobState") in (None, "FAILED", "NODE_FAIL", "COMPLETING", "CANCELLED")
-    wait_nodes_idle()
+    clear_node(job_id, "verl-node2")
 
 
 def test_node_failure_with_requeue_resumes_from_the_last_complete_checkpoint(jobs):
@@ -560,7 +578,7 @@ def test_gpu_template_frozen_node_ends_the_job_within_the_timeout_and_the_grace(
     wait_for(lambda: "[ppo] step finished" in open(out).read(), 30, "the batch script's last line", out)
     text = open(out).read()
     assert "[ppo] failed:" in text and "requeueing" not in text, text[-3000:]
-    wait_nodes_idle()
+    clear_node(job_id, "verl-node2")
 
 
 def test_readme_srun_recipe_runs_one_step_across_two_nodes(cluster):

@@ -138,3 +138,36 @@ def test_num_workers_and_the_legacy_async_flag_fold(tmp_path):
         load_config(PPO, [*data_args, "reward.num_workers=0", "reward_model.launch_reward_fn_async=true"])
     with pytest.raises(ConfigError, match="reward.num_workers"):
         load_config(PPO, [*data_args, "reward.num_workers=-1"])
+
+
+def test_the_workers_die_with_a_sigkilled_rank(manager, tmp_path):
+    """An orphaned worker would wait on its queue forever (seen: a rank's workers left behind by a Slurm test)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers.tiny_models import alive_pids
+
+    (tmp_path / "manager.pkl").write_bytes(pickle.dumps(manager))
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import pickle, time\n"
+        "from verl.workers.reward_manager.async_pool import RewardPool\n"
+        "if __name__ == '__main__':  # spawned workers import this file again\n"
+        "    pool = RewardPool(pickle.load(open('manager.pkl', 'rb')), num_workers=2)\n"
+        "    pool.wait_ready()\n"
+        "    print(*pool._executor._processes, flush=True)\n"
+        "    time.sleep(600)\n")
+    rank = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        workers = [int(p) for p in rank.stdout.readline().split()]
+        assert len(workers) == 2 and alive_pids(workers) == workers
+        rank.send_signal(signal.SIGKILL)
+        rank.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while alive_pids(workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alive_pids(workers) == [], "a reward worker outlived its SIGKILLed rank"
+    finally:
+        rank.kill()

@@ -16,6 +16,7 @@ sample's row in the step's batch and its data source; the user's traceback is at
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import traceback
 from collections.abc import Callable, Sequence
@@ -39,8 +40,13 @@ class RewardScoreInputError(RewardScoreError, InputError):
     """The same, where the reward function raised a :class:`verl.errors.InputError` (exit 2, as in-process)."""
 
 
-def _init_worker(manager_blob: bytes) -> None:
+def _init_worker(manager_blob: bytes, parent_pid: int) -> None:
     global _MANAGER
+    from verl.launcher.spawn import die_with_parent
+
+    # Gone with the rank, even a SIGKILLed one: an orphaned worker would wait on its queue forever, a process
+    # left behind on the node (Slurm's job end does not reach a process reparented away from the step).
+    die_with_parent(parent_pid)
     # One torch thread: the pool's processes share the rank's cores with its training threads.
     torch.set_num_threads(1)
     _MANAGER = pickle.loads(manager_blob)
@@ -115,7 +121,7 @@ class RewardPool:
         self.reward_fn, self.num_workers = reward_fn, num_workers
         self.input_keys = getattr(reward_fn, "input_keys", None)
         self._executor = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_init_worker, initargs=(blob,))
+                                             initializer=_init_worker, initargs=(blob, os.getpid()))
         self._booting = [self._executor.submit(_ready) for _ in range(num_workers)]
 
     def wait_ready(self) -> None:
