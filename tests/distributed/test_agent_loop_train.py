@@ -44,13 +44,15 @@ def agent_train_cmd(tmp_path, problems, tool_format, *overrides):
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3", *overrides)
 
 
-# 1 rank; and 2 ranks with rollout TP 2 (rank 0 runs the loops and tools, rank 1 follows its engine calls)
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_grpo_with_tool_agent_trajectories(tmp_path, ranks):
+# 1 rank; 2 ranks with rollout TP 2 (rank 0 runs the loops and tools, rank 1 follows its engine calls); and 1
+# training rank with a standalone rollout pool of 1 rank, which runs the loops for the sync trainer.
+@pytest.mark.parametrize("ranks,pool", [(1, 0), (2, 0), (1, 1)], ids=["1rank", "2ranks-tp2", "pool"])
+def test_grpo_with_tool_agent_trajectories(tmp_path, ranks, pool):
     out, cmd = agent_train_cmd(
         tmp_path, [(6, 7), (12, 3), (9, 9), (4, 8)], "test_every_turn_calls",
         f"trainer.n_gpus_per_node={ranks}", f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={ranks}",
         f"actor_rollout_ref.rollout.tensor_model_parallel_size={ranks}",
+        *(["actor_rollout_ref.rollout.nnodes=1", f"actor_rollout_ref.rollout.n_gpus_per_node={pool}"] if pool else []),
         "data.max_prompt_length=48", "data.max_response_length=64",
         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",

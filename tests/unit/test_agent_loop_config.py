@@ -74,6 +74,9 @@ def test_keys_load_and_bad_input_is_one_line(tmp_path, data_args, no_ranks, caps
                     "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
                     "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
            "colocate_async: expected actor_rollout_ref.rollout.tensor_model_parallel_size=1")
+    separate_async = [*base, "trainer.use_v1=true", "trainer.v1.trainer_mode=separate_async",
+                      "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1"]
+    exit_2(capsys, [*separate_async, "actor_rollout_ref.rollout.name=sglang"], "separate_async", "agent_loop_async")
 
     # A data row naming an agent loop nobody registered.
     rows = pq.read_table(data_args[0].split("=", 1)[1]).to_pylist()

@@ -406,6 +406,14 @@ def test_v1_trainer_modes_pick_their_trainer_and_check_their_placement(data_args
     assert trainer_class(config) is ColocateAsyncTrainer
     expect_exit_2(capsys, ["--config", GRPO, *data_args, "trainer.v1.trainer_mode=separate_async"],
                   "trainer.v1.trainer_mode=separate_async: expected a standalone rollout pool")
+    # separate_async scores each mini-batch as it arrives: the log-prob micro-batches divide a mini-batch's rows.
+    pool = ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
+            "actor_rollout_ref.rollout.n_gpus_per_node=1"]
+    assert trainer_class(load_config(GRPO, [*data_args, *pool]))
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, *pool, "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                           "data.train_batch_size=16"],
+                  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=128: expected a divisor of "
+                  "actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n / dp")
     expect_exit_2(capsys, ["--config", GRPO, *data_args, "trainer.v1.trainer_mode=async"],
                   "trainer.v1.trainer_mode: expected one of ['sync', 'colocate_async', 'separate_async']")
     # verl's legacy trainer (use_v1=false) never reads the mode: the synchronous loop.

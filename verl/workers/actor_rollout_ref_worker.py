@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -180,7 +179,7 @@ class ActorRolloutRefWorker(Worker):
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
         self._build_sampling(arr, response_length)
         self._rollout_synced = False  # the rollout engine holds the actor's current weights
-        self._agent_runner = None  # rollout.multi_turn.enable: the agent loops' runner, built on first use
+        self._agent_batch = None  # rollout.multi_turn.enable: the agent loops of a generation call, built on first use
         self._agent_stream = None  # ... under colocate_async: the loops that live across steps (agent_open)
         self._seed = seed
         self._weights_version: int | None = None  # the asynchronous trainer's model version of those weights
@@ -307,52 +306,14 @@ class ActorRolloutRefWorker(Worker):
         return out
 
     def _generate_agent_loops(self, prompts: DataProto, params) -> DataProto | None:
-        """``rollout.multi_turn.enable``: one agent loop per response (the row's ``agent_name`` or
-        ``rollout.agent.default_agent_loop``) over the rollout engine's token server, all of this replica's
-        trajectories concurrently. Returns verl's rollout fields with ``response_mask`` 0 on tool / user tokens,
-        ``rollout_log_probs`` per sampled token, and verl's ``num_turns/*`` and tool metrics. Under rollout TP the
-        group's rank 0 runs the loops; the others follow its engine calls and return None."""
-        from verl.experimental.agent_loop import AgentLoopRunner, pad_outputs
+        """``rollout.multi_turn.enable``: this replica's agent loops over the batch
+        (:mod:`verl.workers.agent_batch`)."""
+        from verl.workers.agent_batch import AgentBatch
 
-        meta = dict(prompts.meta_info or {})
-        overrides = {}
-        if meta.get("do_sample") is False:  # verl's greedy mode (ReMax baselines): one response
-            overrides.update(do_sample=False, n=1)
-        if meta.get("eos_token_id") is not None:
-            eos = meta["eos_token_id"]
-            overrides["eos_token_id"] = tuple(eos) if isinstance(eos, list | tuple) else (int(eos),)
-        params = dataclasses.replace(params, **overrides) if overrides else params
-        pad = meta.get("pad_token_id")
-        pad = self.rollout.pad_token_id if pad is None else int(pad)
-        server = self.rollout.token_server(params, pad)
-        if self.rollout_tp_rank != 0:
-            server.follow()
-            return None
-        try:
-            non_tensor = dict(prompts.non_tensor_batch or {})
-            if "raw_prompt" not in non_tensor:
-                raise RuntimeError("rollout.multi_turn.enable: expected the batch's raw_prompt (the dataset's chat "
-                                   "messages), found none")
-            n = params.n
-            keys = [k for k in ("raw_prompt", "agent_name", "extra_info", "tools_kwargs", "index", "data_source",
-                                "reward_model") if k in non_tensor]
-            rows = [{k: non_tensor[k][i] for k in keys} for i in range(len(prompts)) for _ in range(n)]
-            if self._agent_runner is None:  # tools and custom loops are loaded once per worker
-                self._agent_runner = AgentLoopRunner({"actor_rollout_ref": self.config}, server, self.tokenizer)
-            self._agent_runner.server_manager = server
-            sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-                        "logprobs": True}
-            result = server.run(self._agent_runner.generate(rows, sampling))  # on the engine's event loop
-        finally:
-            server.close()
-        fields = pad_outputs(result.outputs, self.rollout_config.prompt_length, params.response_length, pad)
-        repeated = {k: np.repeat(v, n, axis=0) if n > 1 else v for k, v in non_tensor.items()}
-        out = DataProto(batch=fields, non_tensor_batch=repeated, meta_info=meta)
-        out.meta_info["metrics"] = {**result.metrics, "agent_loop/engine_calls": float(server.calls),
-                                    "agent_loop/turns_per_call": server.requests / max(1, server.calls)}
-        if getattr(server, "prompt_tokens", 0):  # the share of turns' prompt tokens the engine's cache held
-            out.meta_info["metrics"]["agent_loop/cached_prompt_fraction"] = server.cached_tokens / server.prompt_tokens
-        return out
+        if self._agent_batch is None:  # tools and custom loops are loaded once per worker
+            self._agent_batch = AgentBatch(self.config, self.tokenizer)
+        return self._agent_batch.generate(self.rollout, prompts, params, self.rollout_tp_rank,
+                                          self.rollout_config.prompt_length)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("rollout"), generation=True)
     def generate_segment(self, rows: DataProto) -> DataProto:

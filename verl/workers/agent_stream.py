@@ -20,7 +20,8 @@ import asyncio
 import dataclasses
 import queue
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from verl.utils.logging_utils import get_logger
@@ -45,6 +46,34 @@ class FinishedTrajectory:
     tool_calls: int = 0
     tool_errors: int = 0
     error: str | None = None         # the agent loop raised: the trainer ends the job with it
+
+    def into(self, traj: Any, prompt_length: int, response_length: int, version: int) -> None:
+        """Write this finished trajectory into the replay buffer's ``traj`` (a
+        :class:`~verl.engine.rollout.partial.Trajectory`): the response cut to ``response_length``, its own prompt
+        left-truncated to ``prompt_length`` (as the sync rollout's), ``version`` when no engine call reported one."""
+        n = min(len(self.response_ids), response_length)
+        traj.tokens = list(self.response_ids[:n])
+        traj.log_probs = [float(x) for x in self.response_logprobs[:n]]
+        traj.mask = [int(x) for x in self.response_mask[:n]]
+        traj.prompt = list(self.prompt_ids[-prompt_length:])
+        versions = self.versions or [version]
+        traj.min_version, traj.max_version = min(versions), max(versions)
+        traj.segments = len(set(versions))
+        traj.turns = (self.num_turns, self.tool_calls, self.tool_errors)
+        traj.finished = True
+
+
+def agent_metrics(groups: list[Any]) -> dict[str, float]:
+    """verl's ``num_turns/*``, ``tool_call_counts/*`` and ``tool_call_errors/*`` over the trajectories of a trained
+    batch's prompt groups (those restored from a checkpoint carry none: the figures are over the others)."""
+    counts = [t.turns for group in groups for t in group.trajectories if t.turns is not None]
+    metrics: dict[str, float] = {}
+    for i, name in enumerate(("num_turns", "tool_call_counts", "tool_call_errors")):
+        values = [c[i] for c in counts]
+        if values:
+            metrics.update({f"{name}/min": float(min(values)), f"{name}/max": float(max(values)),
+                            f"{name}/mean": float(sum(values) / len(values))})
+    return metrics
 
 
 class _VersionedServer:
@@ -155,3 +184,97 @@ class AgentStream:
                                         error=f"{type(err).__name__}: {err}")
         self._finished.put(record)
 
+
+
+# ---------------------------------------------------------------------- a standalone pool's replica (separate_async)
+POOL_POLL_S = 0.02  # how often a pool replica looks for the controller's commands and finished trajectories
+
+
+def serve_pool_agents(start: Mapping[str, Any], engine: Any, commands: queue.Queue, send: Callable[[dict], None], *,
+                      sync: Callable[[dict], None], generate: Callable[[dict], None], replica: int, tp_rank: int,
+                      config: Any, tokenizer: Any, prompt_length: int, response_length: int) -> int:
+    """``rollout.multi_turn`` under ``separate_async``: one pool replica's agent loops, streaming across weight
+    syncs. The controller's ``submit`` starts each prompt group's ``n`` trajectories at once; a group whose every
+    trajectory finished goes back to training rank 0 (``send``) as the segments' groups do. ``sync`` pauses the
+    loops (the engine call in flight stops after its decode step), takes the new weights and lets the cut turns
+    go on, on them (partial rollout: each token's log-prob is from the weights that sampled it); ``generate``
+    (validation) runs between the same pause and resume. A running tool call goes on through both.
+
+    Rollout TP > 1: the replica's rank 0 runs the loops and the tools; the other ranks follow its engine calls,
+    and at each command rank 0 releases them (:meth:`TokenServer.release`) to take the same command.
+    ``start``: the controller's ``stream`` command (``params``, ``seed``, ``version``); ``commands``: the queue
+    the controller's commands arrive in; ``config``: the ``actor_rollout_ref`` section."""
+    from verl.experimental.agent_loop import AgentLoopRunner
+
+    params = dataclasses.replace(start["params"], seed=int(start["seed"]))
+    server = engine.token_server(params, engine.pad_token_id)
+    if tp_rank != 0:
+        return _follow_pool_agents(server, commands, sync, generate)
+    runner = AgentLoopRunner({"actor_rollout_ref": config}, server, tokenizer)
+    stream = AgentStream(runner, server, {"temperature": params.temperature, "top_p": params.top_p,
+                                          "top_k": params.top_k, "logprobs": True})
+    version = start.get("version")
+    stream.open(version, [])
+    in_flight: dict[str, Any] = {}  # uid -> the prompt group (its trajectories filled as they finish)
+    try:
+        while True:
+            try:
+                command = commands.get(timeout=POOL_POLL_S)
+            except queue.Empty:
+                command = None
+            if command is not None:
+                op = command["op"]
+                if op == "submit":
+                    for group in command["groups"]:
+                        in_flight[group.uid] = group
+                    stream.open(version, [{"uid": g.uid, "n": g.n, "row": dict(g.fields)} for g in command["groups"]])
+                elif op in ("sync", "generate", "stop"):
+                    stream.pause()
+                    server.release({"op": op})
+                    if op == "stop":
+                        send({"op": "stopped", "replica": replica, "groups": []})
+                        return 0
+                    began = time.time()
+                    if op == "sync":
+                        sync(command)
+                        version = command["version"] if command.get("version") is not None else (version or 0) + 1
+                        send({"op": "synced", "replica": replica, "groups": [],
+                              "span": ("update_weights", began, time.time())})
+                    else:
+                        generate(command)
+                    stream.open(version, [])
+                else:
+                    raise RuntimeError(f"rollout pool: expected a command submit/sync/generate/stop, found {op!r}")
+            finished, error = [], None
+            for record in stream.poll(0):
+                if record.error is not None:
+                    error = f"agent loop of trajectory {record.sample} of prompt group {record.uid}: {record.error}"
+                    continue
+                group = in_flight[record.uid]
+                record.into(group.trajectories[record.sample], prompt_length, response_length, version)
+                if group.finished:
+                    finished.append(in_flight.pop(record.uid))
+            if finished or error:  # the trainer ends the job with an agent loop's error
+                send({"op": "finished", "replica": replica, "groups": finished, "error": error,
+                      "metrics": {"agent_loop/finished_trajectories": float(sum(g.n for g in finished))}})
+    finally:
+        stream.close()
+
+
+def _follow_pool_agents(server: Any, commands: queue.Queue, sync: Callable[[dict], None],
+                        generate: Callable[[dict], None]) -> int:
+    """A pool replica's other TP ranks: follow rank 0's engine calls; at each release take the same command
+    (the submits, which only rank 0 acts on, are skipped)."""
+    while True:
+        marker = server.follow()
+        if marker is None:
+            raise RuntimeError("rollout pool: the replica's rank 0 closed its engine calls without a stop command")
+        command = commands.get()
+        while command["op"] == "submit":
+            command = commands.get()
+        if command["op"] != marker["op"]:
+            raise RuntimeError(f"rollout pool: the replica's rank 0 took {marker['op']!r}, this rank's next command "
+                               f"is {command['op']!r}")
+        if command["op"] == "stop":
+            return 0
+        (sync if command["op"] == "sync" else generate)(command)

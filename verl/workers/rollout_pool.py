@@ -36,6 +36,8 @@ from verl.protocol import DataProto
 from verl.single_controller.generation_wait import GenerationTimeoutError, injected_delay
 from verl.utils.logging_utils import get_logger
 from verl.utils.torch_dtypes import DTYPES
+from verl.workers.agent_batch import AgentBatch
+from verl.workers.agent_stream import serve_pool_agents
 
 logger = get_logger(__name__)
 
@@ -155,10 +157,16 @@ class RolloutPoolLink:
             for j in range(p.rollout_tp):
                 self.bridge.send_object(command, p.rollout_rank(k, j))
         outputs = [DataProto.from_bytes(self._receive_rollouts(k)) for k in busy]
+        per_replica = [(len(out), out.meta_info.pop("metrics", {})) for out in outputs]
         metrics: dict[str, float] = {}
-        for out in outputs:
-            for key, value in out.meta_info.pop("metrics", {}).items():
-                metrics[key] = max(metrics.get(key, value), value)  # the replicas run side by side
+        for key in {key for _, m in per_replica for key in m}:
+            seen = [(rows, m[key]) for rows, m in per_replica if key in m]
+            if key.endswith("/min"):
+                metrics[key] = min(v for _, v in seen)
+            elif key.endswith("/mean"):  # over the replicas' rows (an agent loop's num_turns/mean, ...)
+                metrics[key] = sum(rows * v for rows, v in seen) / max(sum(rows for rows, _ in seen), 1)
+            else:  # times and maxima: the replicas run side by side
+                metrics[key] = max(v for _, v in seen)
         merged = DataProto.concat(outputs)
         merged.meta_info["metrics"] = metrics
         return merged
@@ -346,12 +354,20 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
                 engine.push_weights()
                 del buffer  # the engine's shutdown unlinks its shared buffer only when nothing here maps it
 
+        # rollout.multi_turn: a generate command runs the agent loops (the sync trainer's rollouts, validation)
+        agent_batch = AgentBatch(arr, tokenizer) if arr.rollout.multi_turn.enable else None
+
         def generate(command: dict) -> None:
             start = time.perf_counter()
             time.sleep(injected_delay(pool_rank, "VERL_TEST_SLOW_POOL_GENERATION"))
-            out = engine.generate_sequences(DataProto.from_bytes(command["prompts"]), command["params"])
-            if out is not None and tp_rank == 0:
-                out.meta_info["metrics"] = {"timing_s/generate_sequences": time.perf_counter() - start}
+            prompts = DataProto.from_bytes(command["prompts"])
+            if agent_batch is not None:
+                out = agent_batch.generate(engine, prompts, command["params"], tp_rank, arr.rollout.prompt_length)
+            else:
+                out = engine.generate_sequences(prompts, command["params"])
+            if out is not None and tp_rank == 0:  # beside the agent loops' own metrics
+                out.meta_info["metrics"] = {**out.meta_info.get("metrics", {}),
+                                            "timing_s/generate_sequences": time.perf_counter() - start}
                 bridge.send_object(out.to_bytes(), 0)
 
         while True:
@@ -361,6 +377,15 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
                 sync(command)
             elif op == "generate":
                 generate(command)
+            elif op == "stream" and agent_batch is not None:  # agent loops streaming across weight syncs
+                import queue
+
+                commands: queue.Queue = queue.Queue()
+                receive_commands(commands)
+                return serve_pool_agents(
+                    command, engine, commands, lambda message: bridge.send_result(message, 0), sync=sync,
+                    generate=generate, replica=replica, tp_rank=tp_rank, config=arr, tokenizer=tokenizer,
+                    prompt_length=config.data.max_prompt_length, response_length=config.data.max_response_length)
             elif op == "stream":
                 return _serve_stream(command, engine, replica, tp_rank, tp_group, sync, generate)
             elif op == "stop":
@@ -417,20 +442,12 @@ def _command_delay(pool_rank: int) -> float:
     return float(seconds) if rank.strip() and int(rank) == pool_rank else 0.0
 
 
-def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, tp_group: Any, sync: Any,
-                  generate: Any) -> int:
-    """A rollout rank under verl's separate_async: generate in segments over the prompt groups in flight on this
-    replica, stream finished groups to training rank 0, and take the controller's commands between segments (a
-    thread receives them, so the controller never waits on a running segment; any command waiting ends the
-    running segment early: its unfinished responses keep their tokens and continue in the next segment, after a
-    sync on the new weights, their prefix prefilled again)."""
+def receive_commands(into: Any) -> None:
+    """Put the controller's commands into the queue ``into`` as they arrive, on a thread of their own (until
+    ``stop``), so that a rollout rank can generate meanwhile."""
     import threading
 
-    from verl.engine.rollout.partial import run_segment
-
     bridge = current_bridge()
-    # SGLang's group engine generates on its owner alone (is_owner): its ranks need no agreement on segments.
-    commands = ReplicaCommands(tp_group if tp_group is not None and not hasattr(engine, "is_owner") else None)
     delay = _command_delay(dist.get_rank())
 
     def receive() -> None:
@@ -438,11 +455,26 @@ def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, tp_group
             command = bridge.recv_object(0, timeout=COMMAND_WAIT)
             if delay:
                 time.sleep(delay)
-            commands.queue.put(command)
+            into.put(command)
             if command["op"] == "stop":
                 return
 
     threading.Thread(target=receive, name="pool-commands", daemon=True).start()
+
+
+def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, tp_group: Any, sync: Any,
+                  generate: Any) -> int:
+    """A rollout rank under verl's separate_async: generate in segments over the prompt groups in flight on this
+    replica, stream finished groups to training rank 0, and take the controller's commands between segments (a
+    thread receives them, so the controller never waits on a running segment; any command waiting ends the
+    running segment early: its unfinished responses keep their tokens and continue in the next segment, after a
+    sync on the new weights, their prefix prefilled again)."""
+    from verl.engine.rollout.partial import run_segment
+
+    bridge = current_bridge()
+    # SGLang's group engine generates on its owner alone (is_owner): its ranks need no agreement on segments.
+    commands = ReplicaCommands(tp_group if tp_group is not None and not hasattr(engine, "is_owner") else None)
+    receive_commands(commands.queue)
     params, per_segment, seed = start["params"], int(start["groups_per_segment"]), int(start["seed"])
     pad = engine.pad_token_id
     in_flight: list = []

@@ -69,6 +69,9 @@ class Trajectory:
     # sampled), and its own prompt (the chat template with the tools' schemas; None: the group's).
     mask: list[int] | None = None
     prompt: list[int] | None = None
+    # ... and its (turns, tool calls, tool errors), verl's num_turns / tool metrics of the step that trains it
+    # (None: not an agent's, or restored from a checkpoint, which does not keep them)
+    turns: tuple[int, int, int] | None = None
 
 
 @dataclasses.dataclass

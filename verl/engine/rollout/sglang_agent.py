@@ -68,6 +68,9 @@ class SGLangTokenServer:
         """Rollout TP > 1: SGLang's own processes are the group's ranks; the other trainer ranks have nothing
         to follow."""
 
+    def release(self, marker: dict) -> None:
+        """No followers to release (see :meth:`follow`)."""
+
     def close(self) -> None:
         """Nothing to release: the engine outlives the server."""
 

@@ -293,20 +293,14 @@ def _check_multi_turn(cfg: dict[str, Any], data_pending: bool) -> None:
 
     key = f"{ARR}.rollout.multi_turn"
     require_capability(rollout["name"], "agent_loop", f"{key}.enable=true")
-    if rollout_pool_size(cfg):
-        raise ConfigError(f"{key}.enable=true: not supported with a standalone rollout pool ({ARR}.rollout.nnodes="
-                          f"{rollout['nnodes']}) yet: set nnodes=0")
     mode = trainer_mode(cfg)
-    if mode == "colocate_async":
+    if mode in ("colocate_async", "separate_async"):
         require_capability(rollout["name"], "agent_loop_async", f"{key}.enable=true with trainer.v1.trainer_mode="
-                                                                "colocate_async")
-        if rollout["tensor_model_parallel_size"] != 1:
-            raise ConfigError(f"{key}.enable=true with trainer.v1.trainer_mode=colocate_async: expected "
-                              f"{ARR}.rollout.tensor_model_parallel_size=1 (each rank a replica running its own "
-                              f"agent loops), found {rollout['tensor_model_parallel_size']}")
-    elif mode != "sync":
-        raise ConfigError(f"{key}.enable=true: not supported with trainer.v1.trainer_mode={mode} yet "
-                          "(its rollout runs in a standalone pool): use colocate_async or the sync trainer")
+                                                                f"{mode}")
+    if mode == "colocate_async" and rollout["tensor_model_parallel_size"] != 1:
+        raise ConfigError(f"{key}.enable=true with trainer.v1.trainer_mode=colocate_async: expected "
+                          f"{ARR}.rollout.tensor_model_parallel_size=1 (each rank a replica running its own "
+                          f"agent loops), found {rollout['tensor_model_parallel_size']}")
     if mt["format"] not in ToolParser._registry:
         raise ConfigError(f"{key}.format={mt['format']!r}: expected a tool-call format among "
                           f"{sorted(ToolParser._registry)} (or one registered by actor_rollout_ref.model.external_lib)")
@@ -480,7 +474,11 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
         if arr[section.split(".")[1]]["log_prob_use_dynamic_bsz"]:
             continue
         micro = arr[section.split(".")[1]][leaf]
-        _check_divides(key, micro, "data.train_batch_size * rollout.n / dp", train_bs * n // dp)
+        if trainer_mode(cfg) == "separate_async":  # each mini-batch is scored (and trained) as it arrives
+            _check_divides(key, micro, "actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n / dp (separate_async "
+                           "computes log-probs per mini-batch)", actor["ppo_mini_batch_size"] * n // dp)
+        else:
+            _check_divides(key, micro, "data.train_batch_size * rollout.n / dp", train_bs * n // dp)
     _check_token_budgets(cfg, roles, pp)
     if algo["adv_estimator"] in ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized",
                                  "reinforce_plus_plus_baseline") and n < 2:

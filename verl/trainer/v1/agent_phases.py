@@ -36,8 +36,6 @@ class AgentPhases:
         self.timeout = float(cfg.actor_rollout_ref.rollout.generation_timeout)
         self.started: set[str] = set()
         self._next_replica = 0
-        # (uid, sample) -> (turns, tool calls, tool errors) of finished trajectories until they are trained
-        self._turns: dict[tuple[str, int], tuple[int, int, int]] = {}
 
     def _start(self, groups: list[Any]) -> list[dict[str, Any]]:
         """The worker's view of the groups not yet started (each given the next replica)."""
@@ -86,11 +84,9 @@ class AgentPhases:
         return metrics
 
     def _evict(self, step: int, opened: bool, version: int) -> None:
-        """``drop``: the stale finished groups out (their turn counts forgotten); their replacements start now if
-        the phase is open (otherwise when it opens)."""
-        evicted, replacements = self.source.buffer.evict_stale(step)
-        for group in evicted:
-            self._forget(group)
+        """``drop``: the stale finished groups out; their replacements start now if the phase is open (otherwise
+        when it opens)."""
+        _, replacements = self.source.buffer.evict_stale(step)
         if replacements and opened:
             self.source.trainer.actor_rollout_wg.agent_open(self._start(replacements), version)
 
@@ -102,30 +98,4 @@ class AgentPhases:
         if group is None:
             raise RuntimeError(f"agent loops: a finished trajectory of prompt group {record.uid}, which is not in "
                                "flight")
-        traj = group.trajectories[record.sample]
-        n = min(len(record.response_ids), self.response_length)
-        traj.tokens = list(record.response_ids[:n])
-        traj.log_probs = [float(x) for x in record.response_logprobs[:n]]
-        traj.mask = [int(x) for x in record.response_mask[:n]]
-        traj.prompt = list(record.prompt_ids[-self.prompt_length:])  # left-truncated, as the sync rollout's
-        versions = record.versions or [version]
-        traj.min_version, traj.max_version = min(versions), max(versions)
-        traj.segments = len(set(versions))
-        traj.finished = True
-        self._turns[(record.uid, record.sample)] = (record.num_turns, record.tool_calls, record.tool_errors)
-
-    def _forget(self, group: Any) -> list[tuple[int, int, int]]:
-        return [t for s in range(group.n) if (t := self._turns.pop((group.uid, s), None)) is not None]
-
-    def trained_metrics(self, groups: list[Any]) -> dict[str, float]:
-        """verl's ``num_turns/*``, ``tool_call_counts/*`` and ``tool_call_errors/*`` over a sampled batch's
-        trajectories (those restored from a checkpoint carry none: the figures are over the others)."""
-        counts = [t for group in groups for t in self._forget(group)]
-        metrics: dict[str, float] = {}
-        for i, name in enumerate(("num_turns", "tool_call_counts", "tool_call_errors")):
-            values = [c[i] for c in counts]
-            if values:
-                metrics.update({f"{name}/min": float(min(values)), f"{name}/max": float(max(values)),
-                                f"{name}/mean": float(sum(values) / len(values))})
-        return metrics
-
+        record.into(group.trajectories[record.sample], self.prompt_length, self.response_length, version)

@@ -38,6 +38,7 @@ from verl.trainer.ppo.trainer import PPOTrainer
 from verl.trainer.v1.agent_phases import AGENT_FIELDS, AgentPhases
 from verl.trainer.v1.replay_buffer import TRAJECTORY_DIR, PromptStream, ReplayBuffer
 from verl.utils.logging_utils import get_logger
+from verl.workers.agent_stream import agent_metrics
 
 logger = get_logger(__name__)
 
@@ -106,15 +107,20 @@ class ReplayBufferSource(BatchSource):
         self.ledger_path = os.path.join(cfg.trainer.output_dir, LEDGER_FILE)
         self.stop_ids = trainer.actor_rollout_wg.worker.train_sampling.stop_ids
         # rollout.multi_turn: agent loops that run across steps instead of the segments below
-        self.agents = AgentPhases(self) if rollout.multi_turn.enable else None
+        self.multi_turn = bool(rollout.multi_turn.enable)
+        self.agents = self._agent_phases() if self.multi_turn else None
 
     @staticmethod
     def _warmup_batches(v1: Any) -> int:
         return v1.colocate_async.num_warmup_batches
 
+    def _agent_phases(self) -> AgentPhases | None:
+        """The trainer's side of the agent loops (a standalone pool runs them on its own: none)."""
+        return AgentPhases(self)
+
     def _make_group(self, index: int, epoch: int, step: int) -> PromptGroup:
         item = self.trainer.train_dataset[index]
-        keys = PROMPT_FIELDS + (AGENT_FIELDS if self.agents is not None else ())
+        keys = PROMPT_FIELDS + (AGENT_FIELDS if self.multi_turn else ())
         fields = {k: item[k] for k in keys if k in item}
         return PromptGroup(uid=f"{epoch}-{index}", index=index, epoch=epoch, submit_step=step,
                            prompt=list(item["raw_prompt_ids"]), fields=fields, n=self.n)
@@ -171,8 +177,8 @@ class ReplayBufferSource(BatchSource):
             metrics.update(self._generate_until_ready(step))
         groups = self.buffer.sample(self.batch_groups, step)
         metrics.update(off_policy_metrics(groups, step))
-        if self.agents is not None:
-            metrics.update(self.agents.trained_metrics(groups))
+        if self.multi_turn:
+            metrics.update(agent_metrics(groups))
         metrics.update(self.buffer.eviction_metrics())
         metrics["training/epoch"] = float(min(g.epoch for g in groups))
         # Off-policy trajectories differ from the actor by design; the weight-sync check needs on-policy ones.

@@ -36,9 +36,11 @@ from verl.trainer.ppo.batch_source import Generated
 from verl.trainer.ppo.trainer import PPOTrainer
 from verl.trainer.v1.colocate_async import ReplayBufferSource, off_policy_metrics
 from verl.utils.timeline import pool_lane
+from verl.workers.agent_stream import agent_metrics
 
 # Summed over a step's mini-batches (verl's MetricsAggregator sums these counts); the rest are averaged.
-SUMMED = ("training/off_policy/evicted_samples", "rollout/segment_rows", "rollout/busy_s")
+SUMMED = ("training/off_policy/evicted_samples", "rollout/segment_rows", "rollout/busy_s",
+          "agent_loop/finished_trajectories")
 
 
 class PoolSource(ReplayBufferSource):
@@ -58,6 +60,11 @@ class PoolSource(ReplayBufferSource):
     @staticmethod
     def _warmup_batches(v1: Any) -> int:
         return v1.separate_async.num_warmup_batches
+
+    def _agent_phases(self) -> None:
+        """None: the agent loops run on the pool, streaming as the segments do
+        (:func:`verl.workers.agent_stream.serve_pool_agents`)."""
+        return None
 
     def _start_generation(self) -> None:
         """Weights of the current version to the pool, then streaming generation (rank 0 drives it)."""
@@ -146,7 +153,8 @@ class PoolSource(ReplayBufferSource):
         groups = self.buffer.sample(self.mini_groups, step)
         metrics.update(self.buffer.eviction_metrics())
         if segment_metrics:
-            metrics["rollout/segment_rows"] = sum(m.get("rollout/segment_rows", 0.0) for m in segment_metrics)
+            for key in ("rollout/segment_rows", "agent_loop/finished_trajectories"):
+                metrics[key] = sum(m.get(key, 0.0) for m in segment_metrics)
             # The pool's generating seconds (each replica's segments; replicas run side by side: the busiest).
             busy: dict[int, float] = {}
             for m in segment_metrics:
@@ -157,6 +165,8 @@ class PoolSource(ReplayBufferSource):
 
     def _receive(self, message: dict, segment_metrics: list[dict[str, float]]) -> None:
         """A replica's finished groups replace their in-flight entries (the pool generated into copies)."""
+        if message.get("error"):
+            raise RuntimeError(f"rollout pool replica {message['replica']}: {message['error']}")
         for group in message.get("groups", ()):
             if group.uid in self.buffer.in_flight:
                 self.buffer.in_flight[group.uid] = group
@@ -170,6 +180,8 @@ class PoolSource(ReplayBufferSource):
         extra: dict[str, Any] = dict(off_policy_metrics(groups, step))
         extra["training/epoch"] = float(min(g.epoch for g in groups))
         extra["_on_policy"] = all(t.min_version == step - 1 for g in groups for t in g.trajectories)
+        if self.multi_turn:
+            extra.update(agent_metrics(groups))
         data = self.trainer.sections.data
         tensors, fields = groups_to_batch(groups, data.max_prompt_length, data.max_response_length, self.pad)
         return DataProto.from_dict(tensors, fields, {"seed": step}), extra

@@ -412,13 +412,20 @@ class TokenServer:
         if self.rollout.tp_size > 1:
             dist.broadcast_object_list([None], group=self.rollout.tp_group, group_src=0)
 
-    def follow(self) -> None:
-        """The other ranks of a TP group: run every call rank 0 makes until it closes."""
+    def release(self, marker: dict) -> None:
+        """Rank 0 of a TP group, between engine calls: let the followers out of :meth:`follow` with ``marker``
+        (what they are to do before following again: a standalone pool's command); no-op at TP 1."""
+        if self.rollout.tp_size > 1:
+            dist.broadcast_object_list([marker], group=self.rollout.tp_group, group_src=0)
+
+    def follow(self) -> dict | None:
+        """The other ranks of a TP group: run every call rank 0 makes until it closes (returns None) or releases
+        them (returns the marker of :meth:`release`)."""
         while True:
             box = [None]
             dist.broadcast_object_list(box, group=self.rollout.tp_group, group_src=0)
-            if box[0] is None:
-                return
+            if not isinstance(box[0], tuple):
+                return box[0]
             input_ids, attention, params, limits, interruptible = box[0]
             # an interruptible call: rank 0's decision to stop reaches every rank through the rule's all-reduce
             stop = _interrupt_rule(len(limits), None) if interruptible else None
