@@ -7,8 +7,8 @@ reissued, and every prompt is trained once."""
 
 import pytest
 import torch
+from helpers.agent_runs import agent_train_cmd
 from helpers.train_runs import check_accounting, ledger, read_metrics, run_train
-from test_agent_loop_train import agent_train_cmd
 
 pytestmark = pytest.mark.distributed
 
@@ -58,3 +58,31 @@ def test_colocate_async_trains_agent_trajectories_and_resumes_with_them(tmp_path
         assert record["training/off_policy/trajectory_staleness_worst/max"] <= 1
         assert record["response_length/max"] <= 64
     check_accounting(ledger(out), STEPS + 2, batch=4)
+
+
+def test_colocate_async_agent_loops_at_rollout_tp2(tmp_path):
+    """One rollout replica of TP 2 on the 2 training ranks: rank 0 runs the agent loops and the tools, rank 1 runs
+    each of its engine calls on a thread beside the trainer's polls during a phase and is released at the pause;
+    validation's loops run on the same group."""
+    out, cmd = agent_train_cmd(
+        tmp_path, [(a, b) for a in range(2, 8) for b in range(3, 6)], "test_random_length_calls",
+        "trainer.use_v1=true", "trainer.v1.trainer_mode=colocate_async",
+        "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "data.max_prompt_length=48", "data.max_response_length=64",
+        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+        "trainer.save_freq=-1", "trainer.test_freq=3", "trainer.val_before_train=false",
+        "trainer.total_training_steps=3")
+    run_train(cmd)
+    metrics = read_metrics(out)
+    assert sorted(metrics) == [1, 2, 3]
+    for step, record in metrics.items():
+        assert 2 <= record["num_turns/min"] and record["num_turns/max"] <= 6, (step, record)
+        assert record["tool_call_errors/max"] == 0 and record["response_length/max"] <= 64
+    # the TP 2 rollout's log-probs are the TP 2 actor's on the sampled tokens (the tool tokens masked out)
+    assert metrics[1]["training/rollout_probs_diff_max"] < 1e-3
+    assert metrics[1]["agent_loop/engine_calls"] >= 2 and metrics[3]["val-aux/num_turns/max"] >= 2
+    check_accounting(ledger(out), 3, batch=4)

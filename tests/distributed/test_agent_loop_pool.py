@@ -7,8 +7,8 @@ the release waits for them). Validation's agent loops run on the pool too. Turns
 deterministically."""
 
 import pytest
+from helpers.agent_runs import agent_train_cmd
 from helpers.train_runs import check_accounting, ledger, read_metrics, run_train
-from test_agent_loop_train import agent_train_cmd
 
 pytestmark = pytest.mark.distributed
 

@@ -6,42 +6,11 @@ alignment of mask and log-probs is tests/unit/test_agent_loop_native.py's."""
 
 import json
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from helpers.chat_models import save_chat_model
-from helpers.train_runs import read_metrics, run_train, train_cmd
+from helpers.agent_runs import agent_train_cmd
+from helpers.train_runs import read_metrics, run_train
 
 pytestmark = pytest.mark.distributed
-
-
-def write_data(path, rows):
-    pq.write_table(pa.Table.from_pylist([{
-        "data_source": "arithmetic", "agent_name": "tool_agent", "ability": "math",
-        "prompt": [{"role": "user", "content": f"What is {a}*{b}? Use the calculator."}],
-        "reward_model": {"style": "rule", "ground_truth": str(a * b)},
-        "extra_info": {"index": i, "tools_kwargs": {"calculator": {"create_kwargs": {"precision": "exact"}}}}}
-        for i, (a, b) in enumerate(rows)]), path)
-
-
-def agent_train_cmd(tmp_path, problems, tool_format, *overrides):
-    """(output dir, `verl train` command): the tiny chat model, `problems` as tool_agent rows, the calculator from
-    verl's tool YAML, the test's tool-call ``tool_format`` (tests/helpers/forced_tool_calls.py), 3 assistant turns."""
-    model = save_chat_model(str(tmp_path / "model"), seed=3)
-    write_data(tmp_path / "train.parquet", problems)
-    write_data(tmp_path / "val.parquet", [(2, 3), (5, 5)])
-    tools = tmp_path / "tools.yaml"
-    tools.write_text("tools:\n  - class_name: verl.tools.calculator.CalculatorTool\n    config: {type: native}\n")
-    out = tmp_path / "run"
-    return out, train_cmd(
-        "grpo_arith_tiny.yaml", out, [f"data.train_files={tmp_path}/train.parquet",
-                                      f"data.val_files={tmp_path}/val.parquet", f"data.tokenizer={model}"],
-        f"actor_rollout_ref.model.path={model}",
-        "actor_rollout_ref.model.external_lib=tests.helpers.forced_tool_calls",
-        "actor_rollout_ref.rollout.multi_turn.enable=true",
-        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
-        f"actor_rollout_ref.rollout.multi_turn.format={tool_format}",
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3", *overrides)
 
 
 # 1 rank; 2 ranks with rollout TP 2 (rank 0 runs the loops and tools, rank 1 follows its engine calls); and 1

@@ -53,6 +53,42 @@ def batch_with_a_weight_sync(server, tokenizer, push) -> dict:
     return out
 
 
+def stream_with_a_weight_sync(server, tokenizer, push_old, push_new) -> dict:
+    """The batch as the asynchronous trainers run it (verl.workers.agent_stream.AgentStream, SGLang's loop on the
+    stream's thread during a phase only): a phase on version 0 ends once every second turn is in flight; the
+    weights change while the loop is parked; the next phase, on version 1, runs the trajectories to their end."""
+    from helpers.agent_loop_case import agent_config, rows
+
+    from verl.experimental.agent_loop import AgentLoopRunner
+    from verl.tools.calculator import CalculatorTool
+    from verl.workers.agent_stream import AgentStream
+
+    push_old()  # the engine holds the first checkpoint's weights again (the partial batch pushed the second's)
+    runner = AgentLoopRunner(agent_config(), server, tokenizer, tools=[CalculatorTool({"type": "native"}, None)])
+    stream = AgentStream(runner, server, {"temperature": 0.0, "max_tokens": SYNC_TURN_TOKENS, "logprobs": True})
+    states = server._engine.tokenizer_manager.rid_to_state
+    try:
+        stream.open(0, [{"uid": f"g{i}", "n": 1, "replica": 0, "row": row} for i, row in enumerate(rows())])
+        deadline = time.monotonic() + 120
+        while server.requests < 2 * len(rows()) or sum(rid in states for rid in list(server._running)) < len(rows()):
+            assert time.monotonic() < deadline, "the second turns never ran together"
+            time.sleep(0.001)
+        paused = stream.pause()
+        push_new()  # SGLang's loop is parked: the engine's synchronous push runs it
+        stream.open(1, [])
+        records = []
+        while len(records) < len(rows()):
+            assert time.monotonic() < deadline, "the trajectories did not finish"
+            records += stream.poll(0.05)
+        stream.pause()
+    finally:
+        stream.close()
+    return {"paused": paused, "records": [{"uid": r.uid, "versions": r.versions, "error": r.error,
+                                          "num_turns": r.num_turns, "prompt_ids": r.prompt_ids,
+                                          "response_ids": r.response_ids, "response_mask": r.response_mask,
+                                          "response_logprobs": r.response_logprobs} for r in records]}
+
+
 def main(model_dir: str, new_model_dir: str, out_path: str) -> None:
     from transformers import AutoTokenizer
 
@@ -69,6 +105,10 @@ def main(model_dir: str, new_model_dir: str, out_path: str) -> None:
         server = rollout.token_server(base_params(), pad_token_id=0)
         buffers = rank_buffers(new_model_dir, config, 1, torch.float32)
         result["partial"] = batch_with_a_weight_sync(server, tokenizer, lambda: rollout.update_weights(buffers))
+        old_buffers = rank_buffers(model_dir, config, 1, torch.float32)
+        result["stream"] = stream_with_a_weight_sync(rollout.token_server(base_params(), pad_token_id=0), tokenizer,
+                                                     lambda: rollout.update_weights(old_buffers),
+                                                     lambda: rollout.update_weights(buffers))
     result["seconds"] = {"engine_start": started, "total": time.perf_counter() - start}
     with open(out_path, "w") as f:
         json.dump(result, f)

@@ -3,7 +3,9 @@ server (.venv-sglang, real SGLang 0.5.23 on CPU) equals the same trajectory thro
 greedy decoding on a tiny chat checkpoint: token ids, mask and log-probs, turn by turn; and SGLang's radix cache
 served each later turn's prefix (the earlier turns' tokens) from its cache. Then, on the same engine, the batch
 with a weight sync while every trajectory's second turn runs: the turns are aborted, new weights pushed, the turns
-resume, and every sampled token carries the log-prob of the weights that sampled it (old before, new after)."""
+resume, and every sampled token carries the log-prob of the weights that sampled it (old before, new after). And
+the same through the asynchronous trainers' agent stream (verl.workers.agent_stream), whose phases run SGLang's
+loop on a thread of their own: each finished trajectory reports the versions that sampled its tokens."""
 
 import json
 import os
@@ -81,3 +83,15 @@ def test_sglang_agent_loop_equals_native_greedy(sglang_python, tmp_path):
         else:
             assert len(starts) > 2 and switch == starts[2], (switch, starts)
     assert cut_inside == partial["interrupted"]
+
+    # The agent stream: a phase on version 0 ended while every second turn ran, the weights changed, the next
+    # phase (version 1) ran the trajectories to their end; versions are reported per turn segment.
+    stream = result["stream"]
+    assert stream["paused"]["agent_loop/in_flight"] == 3 and 1 <= stream["paused"]["agent_loop/interrupted_turns"]
+    assert sorted(r["uid"] for r in stream["records"]) == ["g0", "g1", "g2"]
+    for t in stream["records"]:
+        assert t["error"] is None and t["num_turns"] == 2 * ASSISTANT_TURNS
+        assert t["versions"][0] == 0 and t["versions"][-1] == 1 and t["versions"] == sorted(t["versions"])
+        kinds = [kind for _, kind in token_sources(t, hf_old, hf_new)]
+        switch = kinds.index("new")
+        assert set(kinds[:switch]) == {"old"} and set(kinds[switch:]) == {"new"}

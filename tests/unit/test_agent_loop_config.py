@@ -68,15 +68,6 @@ def test_keys_load_and_bad_input_is_one_line(tmp_path, data_args, no_ranks, caps
     exit_2(capsys, [*base, f"{MT}.tool_response_truncate_side=top"], "tool_response_truncate_side")
     exit_2(capsys, [*base, "actor_rollout_ref.rollout.agent.agent_loop_config_path=/nonexistent/loops.yaml"],
            "agent_loop_config_path")
-    colocate_async = [*base, "trainer.use_v1=true", "trainer.v1.trainer_mode=colocate_async"]
-    exit_2(capsys, [*colocate_async, "actor_rollout_ref.rollout.name=sglang"], "agent_loop_async")
-    exit_2(capsys, [*colocate_async, "trainer.n_gpus_per_node=2",
-                    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
-                    "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
-           "colocate_async: expected actor_rollout_ref.rollout.tensor_model_parallel_size=1")
-    separate_async = [*base, "trainer.use_v1=true", "trainer.v1.trainer_mode=separate_async",
-                      "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1"]
-    exit_2(capsys, [*separate_async, "actor_rollout_ref.rollout.name=sglang"], "separate_async", "agent_loop_async")
 
     # A data row naming an agent loop nobody registered.
     rows = pq.read_table(data_args[0].split("=", 1)[1]).to_pylist()
@@ -105,3 +96,29 @@ def test_dataset_rows_carry_raw_prompt_agent_name_and_tools_kwargs(tmp_path):
     assert list(batch["raw_prompt"][0]) == messages
     assert list(batch["agent_name"]) == ["tool_agent", None]
     assert batch["tools_kwargs"][0] == {"calculator": {"create_kwargs": {"x": 1}}} and batch["tools_kwargs"][1] == {}
+
+
+def test_async_agent_loops_need_an_engine_whose_turns_report_their_weights_version(data_args, no_ranks, capsys):
+    """Both built-in engines report each turn's version; an engine registered without ``agent_loop_async`` runs
+    agent loops under the sync trainer only, refused in one line under either asynchronous mode."""
+    import dataclasses
+
+    from verl.engine.rollout.registry import RolloutEngine, register_rollout, rollout_engine, unregister_rollout
+
+    native = rollout_engine("native")
+    caps = dataclasses.replace(native.capabilities, agent_loop_async=False)
+    register_rollout(RolloutEngine("turns_unversioned", caps, build=native.build,
+                                   open_standalone=native.open_standalone,
+                                   lacks={"agent_loop_async": "a test engine"}))
+    try:
+        base = ["--config", GRPO, *data_args, f"{MT}.enable=true", "actor_rollout_ref.rollout.name=turns_unversioned",
+                "trainer.use_v1=true"]
+        load_config(GRPO, [*data_args, f"{MT}.enable=true", "actor_rollout_ref.rollout.name=turns_unversioned"])
+        exit_2(capsys, [*base, "trainer.v1.trainer_mode=colocate_async"], "agent_loop_async",
+               "trainer.v1.trainer_mode=colocate_async", "a test engine")
+        exit_2(capsys, [*base, "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
+                        "actor_rollout_ref.rollout.n_gpus_per_node=1"], "agent_loop_async", "separate_async")
+    finally:
+        unregister_rollout("turns_unversioned")
+    for engine in ("native", "sglang"):
+        assert rollout_engine(engine).capabilities.agent_loop_async

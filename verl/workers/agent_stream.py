@@ -91,24 +91,35 @@ class _VersionedServer:
 
 class AgentStream:
     """One rollout replica's agent loops across generation phases (see the module doc). ``runner``: an
-    :class:`~verl.experimental.agent_loop.AgentLoopRunner` over ``server`` (an interruptible token server)."""
+    :class:`~verl.experimental.agent_loop.AgentLoopRunner` over ``server`` (an interruptible token server).
+
+    The loops' event loop: the native engine's server works on any loop, so the stream keeps one of its own
+    running across phases (a tool call goes on between them). SGLang's server must run on SGLang's loop (its
+    ``loop``: the tokenizer manager lives there), which the engine's synchronous calls (a weight push, a memory
+    release, validation) also run; the stream runs it on its thread during a phase only, so between phases the
+    loops, their tool calls included, wait with it."""
 
     def __init__(self, runner: Any, server: Any, sampling: Mapping[str, Any]):
         self.runner, self.server, self.sampling = runner, server, dict(sampling)
         server.interruptible = True
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="agent-stream", daemon=True)
-        self.thread.start()
+        self._engine_loop = getattr(server, "loop", None)
+        self.loop = self._engine_loop or asyncio.new_event_loop()
+        self.thread: threading.Thread | None = None
         self._finished: queue.Queue[FinishedTrajectory] = queue.Queue()
         self._tasks: dict[tuple[str, int], Any] = {}
         self._seen = (0, 0)  # the server's engine calls and interrupted turns at the last pause
+        self._open = False
+        self._run_loop()
         self._call(self._hold())  # closed until the first phase opens
+        self._park_loop()
 
     # ------------------------------------------------------------------ the trainer's side (its thread)
     def open(self, version: int, groups: list[Mapping[str, Any]]) -> None:
         """A phase on the weights of ``version``: start the trajectories of ``groups`` (``uid``, ``n``, ``row``:
         the dataset row an agent loop takes) and let every held turn go on."""
+        self._run_loop()
         self.server.version = version
+        self._open = True
         for group in groups:
             for sample in range(int(group["n"])):
                 key = (str(group["uid"]), sample)
@@ -130,11 +141,18 @@ class AgentStream:
             self._tasks.pop((record.uid, record.sample), None)
         return out
 
-    def pause(self) -> dict[str, float]:
+    def pause(self, marker: dict | None = None) -> dict[str, float]:
         """End the phase: the engine call in flight stops after its decode step; returns once the engine is idle
-        (the trainer may then take its memory). Metrics: the phase's engine calls and the turns held."""
-        self.server.interrupt()  # thread-safe: the engine thread reads the flag, the gate closes on the loop
-        self._call(self._idle(), timeout=PAUSE_WAIT_S)
+        (the trainer may then take its memory). Under rollout TP the replica's other ranks, which followed the
+        phase's engine calls, are released with ``marker`` (what they are to do next; default: pause too).
+        Metrics: the phase's engine calls and the turns held."""
+        if self.thread is not None:
+            self._call(self._hold())
+            self._call(self._idle(), timeout=PAUSE_WAIT_S)
+            self._park_loop()
+        if self._open:
+            self.server.release(marker or {"op": "pause"})
+            self._open = False
         calls, cut = self.server.calls - self._seen[0], self.server.interrupted - self._seen[1]
         self._seen = (self.server.calls, self.server.interrupted)
         return {"agent_loop/engine_calls": float(calls), "agent_loop/interrupted_turns": float(cut),
@@ -145,14 +163,33 @@ class AgentStream:
         for future in self._tasks.values():
             future.cancel()
         self._tasks.clear()
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
+        if self._engine_loop is None:
+            self._stop_loop()
 
-    # ------------------------------------------------------------------ on the loop
+    # ------------------------------------------------------------------ the loop's thread
+    def _run_loop(self) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self.loop.run_forever, name="agent-stream", daemon=True)
+            self.thread.start()
+
+    def _park_loop(self) -> None:
+        """Between phases, SGLang's loop goes back to the engine's synchronous calls (its own loop runs on)."""
+        if self._engine_loop is not None:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        if self.thread is not None and self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+            if self.thread.is_alive():
+                raise RuntimeError("agent stream: the agent loops' event loop did not stop within 10 s")
+        self.thread = None
+
     def _call(self, coroutine: Any, timeout: float = 30.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
+    # ------------------------------------------------------------------ on the loop
     async def _hold(self) -> None:
         self.server.interrupt()
 
@@ -184,6 +221,49 @@ class AgentStream:
                                         error=f"{type(err).__name__}: {err}")
         self._finished.put(record)
 
+
+
+class AgentFollower:
+    """A rollout replica's other TP ranks under colocate_async: the replica's rank 0 runs the agent loops and the
+    tools (:class:`AgentStream`); this rank runs each of its engine calls (:meth:`TokenServer.follow`) on a thread
+    of its own while a phase is open, beside this rank's share of the trainer's polls, until rank 0 releases it
+    at the phase's end. The same methods as :class:`AgentStream`: its trajectories are rank 0's."""
+
+    def __init__(self, server: Any):
+        self.server = server
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def open(self, version: int, groups: list[Mapping[str, Any]]) -> None:
+        if self._thread is not None:  # more groups started in an open phase (the replacements of evicted ones)
+            return
+        self._thread = threading.Thread(target=self._follow, name="agent-follow", daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        try:
+            self.server.follow()
+        except BaseException as err:  # noqa: BLE001 - raised on the trainer's thread at the pause
+            self._error = err
+
+    def poll(self, wait_s: float) -> list[FinishedTrajectory]:
+        return []
+
+    def pause(self, marker: dict | None = None) -> dict[str, float]:
+        if self._thread is not None:
+            self._thread.join(timeout=PAUSE_WAIT_S)
+            if self._thread.is_alive():
+                raise RuntimeError(f"agent stream: the replica's rank 0 had not ended its phase after {PAUSE_WAIT_S:g} "
+                                   "s (this rollout TP rank still follows its engine calls)")
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"agent stream: following rank 0's engine calls failed: {error}") from error
+        return {"agent_loop/engine_calls": 0.0, "agent_loop/interrupted_turns": 0.0, "agent_loop/held_turns": 0.0,
+                "agent_loop/in_flight": 0.0}
+
+    def close(self) -> None:
+        """Nothing to stop: a phase always ends with a pause, which joins the thread."""
 
 
 # ---------------------------------------------------------------------- a standalone pool's replica (separate_async)
@@ -229,8 +309,7 @@ def serve_pool_agents(start: Mapping[str, Any], engine: Any, commands: queue.Que
                         in_flight[group.uid] = group
                     stream.open(version, [{"uid": g.uid, "n": g.n, "row": dict(g.fields)} for g in command["groups"]])
                 elif op in ("sync", "generate", "stop"):
-                    stream.pause()
-                    server.release({"op": op})
+                    stream.pause({"op": op})  # the TP followers are released to take the same command
                     if op == "stop":
                         send({"op": "stopped", "replica": replica, "groups": []})
                         return 0
@@ -266,13 +345,11 @@ def _follow_pool_agents(server: Any, commands: queue.Queue, sync: Callable[[dict
     """A pool replica's other TP ranks: follow rank 0's engine calls; at each release take the same command
     (the submits, which only rank 0 acts on, are skipped)."""
     while True:
-        marker = server.follow()
-        if marker is None:
-            raise RuntimeError("rollout pool: the replica's rank 0 closed its engine calls without a stop command")
+        marker = server.follow()  # native: at rank 0's release; SGLang: at once (its own processes are the group)
         command = commands.get()
         while command["op"] == "submit":
             command = commands.get()
-        if command["op"] != marker["op"]:
+        if marker is not None and command["op"] != marker["op"]:
             raise RuntimeError(f"rollout pool: the replica's rank 0 took {marker['op']!r}, this rank's next command "
                                f"is {command['op']!r}")
         if command["op"] == "stop":

@@ -263,14 +263,13 @@ SGLANG = RolloutEngine(
     "sglang",
     # The group's collectives only move handles between its ranks: gloo, whatever the training backend.
     RolloutCapabilities(group_backend="gloo", vocab_padding=64, moe_weights=False, routing_recording=False,
-                        partial_rollout=True, adapters=False, needs_sglang_python=True, agent_loop=True),
+                        partial_rollout=True, adapters=False, needs_sglang_python=True, agent_loop=True,
+                        agent_loop_async=True),
     build=_build_sglang, open_standalone=_open_sglang, check_model=_check_sglang_model,
     lacks={"moe_weights": "pushing the stacked experts into SGLang's fused-MoE weights is not wired yet; "
                           "`verl generate --engine sglang` runs the checkpoint: use native",
            "routing_recording": "the native engine records routing here: use native",
-           "adapters": "LoRA is not implemented",
-           "agent_loop_async": "its token server does not report the weights' version of each turn yet: use "
-                               "native, or the sync trainer"},
+           "adapters": "LoRA is not implemented"},
 )
 BUILTIN_ROLLOUTS = ("native", "sglang")
 _ENGINES.update({NATIVE.name: NATIVE, SGLANG.name: SGLANG})  # checked against the layout by the unit tests

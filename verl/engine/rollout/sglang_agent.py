@@ -49,6 +49,12 @@ class SGLangTokenServer:
         self.parked = 0          # turns waiting for resume_turns()
         self._paused: asyncio.Event | None = None  # set: turns may run; cleared by interrupt()
         self._running: set[str] = set()           # SGLang rids of the turn segments in flight
+        self.interruptible = True  # a turn is always resumable here (interrupt() aborts, resume_turns() goes on)
+        # The model version of the weights the engine holds (the asynchronous trainer's; None: untracked): each
+        # turn reports the versions that sampled its tokens (``versions``), one per turn segment that added some.
+        # Weights change only while every turn is held (interrupt(), then a push), so a segment's version is the
+        # one at its start.
+        self.version: int | None = None
 
     @property
     def calls(self) -> int:
@@ -59,6 +65,17 @@ class SGLangTokenServer:
     @property
     def _engine(self) -> Any:
         return self.rollout.engine
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """SGLang's event loop: its tokenizer manager lives there, so every turn runs on it; an agent stream runs
+        it on its own thread during a phase only (the engine's synchronous calls run it in between)."""
+        return self._engine.loop
+
+    @property
+    def busy(self) -> bool:
+        """A turn segment is in flight (after :meth:`interrupt`, False once every aborted one returned)."""
+        return bool(self._running)
 
     def run(self, coroutine: Any) -> Any:
         """Run the agent loops' coroutine on SGLang's event loop (its tokenizer manager lives there)."""
@@ -103,13 +120,15 @@ class SGLangTokenServer:
         limit = min(limit, context - len(prompt))
         tokens: list[int] = []
         log_probs: list[float] = []
+        versions: list[int | None] = []
         stops = set(params.stop_ids)
         gate = self._gate()
         while True:
             left = limit - len(tokens)
             if left <= 0:  # the budget is spent (or the context was full from the start)
-                return {"token_ids": tokens, "log_probs": log_probs, "stop_reason": "length"}
+                return {"token_ids": tokens, "log_probs": log_probs, "stop_reason": "length", "versions": versions}
             await wait_at_gate(self, gate)
+            version = self.version
             request = sglang_sampling_params(dataclasses.replace(params, response_length=left))
             if not params.greedy and params.seed is not None:  # reproducible, a new stream per turn segment
                 request["sampling_seed"] = params.seed + SEED_STRIDE * self.requests
@@ -130,6 +149,8 @@ class SGLangTokenServer:
             self.cached_tokens += int(meta.get("cached_tokens", 0))
             tokens += ids
             log_probs += [float(p[0]) for p in pairs[:len(ids)]]
+            if ids:
+                versions.append(version)
             finish = (meta.get("finish_reason") or {}).get("type", "length")
             if finish == "abort":
                 if gate.is_set():  # aborted by SGLang itself, not by interrupt()
@@ -137,4 +158,4 @@ class SGLangTokenServer:
                 self.interrupted += 1
                 continue  # resumes on the new weights once resume_turns() is called
             done = "completed" if ids and ids[-1] in stops else "length"
-            return {"token_ids": tokens, "log_probs": log_probs, "stop_reason": done}
+            return {"token_ids": tokens, "log_probs": log_probs, "stop_reason": done, "versions": versions}

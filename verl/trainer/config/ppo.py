@@ -297,10 +297,6 @@ def _check_multi_turn(cfg: dict[str, Any], data_pending: bool) -> None:
     if mode in ("colocate_async", "separate_async"):
         require_capability(rollout["name"], "agent_loop_async", f"{key}.enable=true with trainer.v1.trainer_mode="
                                                                 f"{mode}")
-    if mode == "colocate_async" and rollout["tensor_model_parallel_size"] != 1:
-        raise ConfigError(f"{key}.enable=true with trainer.v1.trainer_mode=colocate_async: expected "
-                          f"{ARR}.rollout.tensor_model_parallel_size=1 (each rank a replica running its own "
-                          f"agent loops), found {rollout['tensor_model_parallel_size']}")
     if mt["format"] not in ToolParser._registry:
         raise ConfigError(f"{key}.format={mt['format']!r}: expected a tool-call format among "
                           f"{sorted(ToolParser._registry)} (or one registered by actor_rollout_ref.model.external_lib)")
