@@ -205,6 +205,10 @@ def _build_native(rollout: Any, site: RolloutSite) -> Any:
     engine = NativeRollout(site.model_config, tp_group=site.tp_group, dtype=_dtype(rollout.dtype),
                            pad_token_id=site.pad_token_id)
     engine.record_routing = bool(rollout.enable_rollout_routing_replay)
+    # verl's enable_prefix_caching (the trainer's rollout section; generation jobs run no agent turns): agent turns
+    # keep their trajectory's K/V, at most one full batch's worth
+    engine.prefix_caching = bool(getattr(rollout, "enable_prefix_caching", True))
+    engine.prefix_cache_tokens = site.max_rows * site.max_seq_len
     return engine
 
 

@@ -135,7 +135,7 @@ _VLLM_KNOB = ("a vLLM engine setting; the native engine generates each rank's wh
 NO_EFFECT: dict[str, str] = {
     **{f"{ARR}.rollout.{key}": _VLLM_KNOB for key in (
         "enforce_eager", "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill",
-        "enable_prefix_caching", "disable_log_stats")},
+        "disable_log_stats")},
     f"{ARR}.rollout.calculate_log_probs": "the rollout always returns its log-probs (rollout_log_probs)",
     f"{ARR}.actor.use_torch_compile": "nothing is torch.compile'd here",
     f"{ARR}.actor.data_loader_seed": "mini-batch shuffles are seeded by the step (actor.shuffle)",

@@ -31,6 +31,7 @@ from verl.engine.rollout.base import (
 from verl.engine.rollout.native.flat_params import FlatParams
 from verl.engine.rollout.native.kv_cache import KVCache
 from verl.engine.rollout.native.model import RolloutTransformer
+from verl.engine.rollout.native.prefix_cache import PrefixCache
 from verl.engine.rollout.native.sampler import sample_tokens
 from verl.engine.rollout.native.weights import load_hf_checkpoint
 from verl.engine.rollout.partial import SegmentStop
@@ -70,6 +71,13 @@ class NativeRollout(BaseRollout):
         # verl's rollout.enable_rollout_routing_replay: the last call's routed_experts (see generate_responses).
         self.record_routing = False
         self.routed_experts: torch.Tensor | None = None
+        # Prefix reuse (generate_responses' prefix_kv / keep_kv): the last call's prefilled tokens and kept K/V.
+        self.prefilled_tokens = 0
+        self.kept_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        # verl's rollout.enable_prefix_caching: the agent token server keeps each trajectory's K/V across turns,
+        # at most this many tokens (None: the server sizes it, see TokenServer)
+        self.prefix_caching = True
+        self.prefix_cache_tokens: int | None = None
 
     # ---------------------------------------------------------------- weights and memory
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -112,12 +120,19 @@ class NativeRollout(BaseRollout):
     @torch.inference_mode()
     def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            sampling_params: SamplingParams, pad_token_id: int, limits: torch.Tensor | None = None,
-                           stop: SegmentStop | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           stop: SegmentStop | None = None, prefix_kv: list | None = None,
+                           keep_kv: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``limits`` [B*n]: each row's own token budget (<= response_length; a resumed partial rollout has
         used part of it); ``stop``: end the call early, before every row finished (partial rollout).
         With ``record_routing`` (an MoE model) ``routed_experts`` [B*n, P+R, MoE layers, top k] then holds
         the experts every prompt and response token was routed to, aligned with prompt + response columns
-        (verl's ``routed_experts``)."""
+        (verl's ``routed_experts``).
+
+        Prefix reuse (n=1; the agent token server's turns): ``prefix_kv[i]`` None or the K/V [layers, kv_heads,
+        c, head_dim] of row i's first c prompt tokens (c < its prompt length), kept from an earlier call; the
+        prefill then starts at the first column some row has no K/V for, and only the columns from there on are
+        computed (``prefilled_tokens`` counts them, over all rows). ``keep_kv``: ``kept_kv[i]`` then holds row
+        i's K/V of every token this call fed (its prompt and its sampled tokens but the last)."""
         if self.params.released:
             raise RuntimeError("native rollout: expected weights in memory, found them released; call resume() "
                                "and write the weights first")
@@ -139,7 +154,13 @@ class NativeRollout(BaseRollout):
         causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=device).tril_()
         # Padding queries see only themselves, so their softmax rows stay finite (and unused).
         allowed = (causal & prompt_valid[:, None, None, :]) | torch.eye(prompt_len, dtype=torch.bool, device=device)
-        logits = self.model.forward(input_ids, positions, keys, values, 0, allowed)
+        pads = prompt_len - prompt_valid.sum(-1)
+        start = 0
+        if prefix_kv is not None and not record:
+            start = self._place_prefix(prefix_kv, pads.tolist(), sp.n, prompt_len, keys, values)
+        self.prefilled_tokens = batch * (prompt_len - start)
+        logits = self.model.forward(input_ids[:, start:], positions[:, start:], keys, values, start,
+                                    allowed[:, :, start:])
         if record:
             routed = empty_routing(batch, prompt_len + steps, self.config, device)
             routed[:, :prompt_len] = self.model.routing
@@ -177,7 +198,31 @@ class NativeRollout(BaseRollout):
         response_mask = torch.arange(steps, device=device)[None, :] < lengths[:, None]
         self.model.record_routing = False
         self.routed_experts = None if routed is None else routed.cpu()
+        if keep_kv:  # a row's fed tokens sit in contiguous slots: its prompt, then its sampled tokens but the last
+            ends = (prompt_len + lengths - 1).clamp(min=prompt_len).tolist()
+            self.kept_kv = [(keys[:, i, :, pad:end].clone(), values[:, i, :, pad:end].clone())
+                            for i, (pad, end) in enumerate(zip(pads.tolist(), ends, strict=True))]
         return responses.cpu(), response_mask.cpu(), log_probs.cpu()
+
+    def _place_prefix(self, prefix_kv: list, pads: list[int], n: int, prompt_len: int, keys: torch.Tensor,
+                      values: torch.Tensor) -> int:
+        """Write the kept K/V of each row's prompt prefix into the call's cache; returns the first column the
+        prefill must compute (every column before it holds K/V: kept, or zeros under the padding)."""
+        if n != 1 or len(prefix_kv) != len(pads):
+            raise RuntimeError(f"prefix reuse: expected n=1 and one entry per row ({len(pads)}), found n={n} and "
+                               f"{len(prefix_kv)}")
+        start = min((pad + (0 if kv is None else kv[0].shape[2]) for pad, kv in zip(pads, prefix_kv, strict=True)),
+                    default=0)
+        start = min(start, prompt_len - 1)  # every row computes at least its last prompt column (its logits)
+        if start == 0:
+            return 0
+        keys[:, :, :, :start].zero_()  # padding columns nobody computes: finite, and masked out
+        values[:, :, :, :start].zero_()
+        for i, (pad, kv) in enumerate(zip(pads, prefix_kv, strict=True)):
+            if kv is not None and start > pad:
+                keys[:, i, :, pad:start] = kv[0][:, :, :start - pad]
+                values[:, i, :, pad:start] = kv[1][:, :, :start - pad]
+        return start
 
 
 # ---------------------------------------------------------------------------- token-in/token-out for agent loops
@@ -222,6 +267,17 @@ class _Request:
     limit: int
     params: SamplingParams
     future: asyncio.Future
+    key: str  # the trajectory's request_id: its kept K/V
+
+
+def prefix_budget(rollout: NativeRollout) -> int:
+    """The prefix cache's budget in tokens: the engine's ``prefix_cache_tokens`` (the registry sets one full
+    batch's KV: max rows x max sequence length), else what 1 GiB of the whole model's K/V holds."""
+    if rollout.prefix_cache_tokens is not None:
+        return int(rollout.prefix_cache_tokens)
+    c = rollout.config
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * rollout.kv_cache.dtype.itemsize
+    return max(1, 2**30 // per_token)
 
 
 class TokenServer:
@@ -240,16 +296,19 @@ class TokenServer:
     come back: ``log_softmax(logits / temperature)`` at the sampled token, what the actor recomputes);
     ``repetition_penalty`` other than 1 is refused. Requests whose parameters differ run in separate calls.
 
-    KV cache: not kept across turns. Each turn prefills the whole trajectory again (prompt, earlier turns, tool
-    results) in the call's batched prefill and then decodes. The cost is one prefill of the trajectory's prefix
-    per turn: prefill tokens grow as turns x length instead of length. The engine's cache is one contiguous
-    [batch, slots] block shared by the rows of a call (``KVCache``), so keeping a trajectory's cache while it
-    waits on a tool would hold a whole row of slots idle and pin it to one batch position; a prefill of a few
-    hundred tokens costs about as much as a few decode steps of the batch, which is the trade taken here.
+    KV cache across turns (``rollout.enable_prefix_caching``, verl's key; on by default): after each call the K/V
+    of every token a trajectory fed (its prompt and sampled tokens) is kept under its ``request_id``
+    (:class:`~verl.engine.rollout.native.prefix_cache.PrefixCache`, at most ``prefix_cache_tokens`` tokens, least
+    recently used out first); its next turn's prompt starts with them, so the call copies them into its cache
+    slots and prefills only from the first column some row of the batch has no K/V for (rows are left-padded to
+    one width, so a row appended to more than the others sets where the prefill starts). ``prompt_tokens`` /
+    ``cached_tokens``: the turns' prompt tokens, and those not computed again. Kept K/V is dropped when the
+    weights may change (an :meth:`interrupt`, a new ``version``) and at :meth:`drop_prefix_cache`.
 
     Rollout TP > 1: only the group's rank 0 runs the agent loops and this server; every engine call's inputs are
     broadcast to the other ranks of the group first, which run the same call in :meth:`follow` (the tools run
-    once, and every rank decodes exactly the same batch). :meth:`close` ends the followers' loop.
+    once, and every rank decodes exactly the same batch; rank 0's choice of kept K/V goes with the inputs, and each
+    rank keeps its own heads'). :meth:`close` ends the followers' loop.
 
     Partial rollout (``interruptible``; the V1 asynchronous trainers): :meth:`interrupt` (any thread) stops the
     engine call in flight after its current decode step; a turn it cut keeps its tokens and log-probs and waits,
@@ -275,6 +334,11 @@ class TokenServer:
         # The model version of the weights the engine holds (the asynchronous trainer's; None: untracked): each
         # turn reports the versions that sampled its tokens (``versions``), one per engine call that added some.
         self.version: int | None = None
+        self.prefix = PrefixCache(prefix_budget(rollout)) if rollout.prefix_caching else None
+        self._prefix_version: int | None = None
+        self._drop_prefix = False  # an interrupt: the weights may change before the next call
+        self.prompt_tokens = 0  # the turns' prompt tokens
+        self.cached_tokens = 0  # of them, those whose K/V came from the prefix cache
 
     # ------------------------------------------------------------------ the agent loops' side
     def request_params(self, sampling_params: Mapping[str, Any]) -> tuple[SamplingParams, int]:
@@ -296,7 +360,7 @@ class TokenServer:
         while True:
             await wait_at_gate(self, self._ensure_gate())
             request = _Request(list(prompt_ids) + tokens, limit - len(tokens), params,
-                               asyncio.get_running_loop().create_future())
+                               asyncio.get_running_loop().create_future(), str(request_id))
             self._pending.append(request)
             if self._driver is None:
                 self._driver = asyncio.ensure_future(self._drive())
@@ -321,10 +385,12 @@ class TokenServer:
 
     def interrupt(self) -> None:
         """Stop the engine call in flight after its decode step and hold every turn until :meth:`resume_turns`
-        (callable from any thread: the flag is read by the engine thread, the gate closed on the loop)."""
+        (callable from any thread: the flag is read by the engine thread, the gate closed on the loop). The kept
+        K/V goes at the next call: the weights may change meanwhile."""
         self._abort = True
-        if self._loop is None or self._gate is None:
-            return  # the gate is made closed
+        self._drop_prefix = True
+        if self._loop is None or self._gate is None or self._loop.is_closed():
+            return  # the gate is made closed (on the next loop)
         try:
             on_loop = asyncio.get_running_loop() is self._loop
         except RuntimeError:
@@ -387,12 +453,16 @@ class TokenServer:
         self.calls += 1
         self.requests += rows
         interruptible = self.interruptible
+        plan = self._prefix_plan(requests)
         if self.rollout.tp_size > 1:
-            dist.broadcast_object_list([(input_ids, attention, params, limits, interruptible)],
+            dist.broadcast_object_list([(input_ids, attention, params, limits, interruptible, plan)],
                                        group=self.rollout.tp_group, group_src=0)
         stop = _interrupt_rule(rows, lambda: self._abort) if interruptible else None
-        responses, mask, log_probs = self.rollout.generate_responses(input_ids, attention, params,
-                                                                    self.pad_token_id, limits=limits, stop=stop)
+        responses, mask, log_probs = self._generate(input_ids, attention, params, limits, stop, plan)
+        self.prompt_tokens += sum(len(r.prompt_ids) for r in requests)
+        if plan is not None:  # the prefill started at column `start`: each row's real tokens before it were kept
+            start = width - self.rollout.prefilled_tokens // rows
+            self.cached_tokens += int((start - (width - attention.sum(-1))).clamp(min=0).sum())
         stops = set(params.stop_ids)
         out = []
         for i in range(rows):
@@ -406,15 +476,58 @@ class TokenServer:
                         "version": self.version})
         return out
 
+    # ------------------------------------------------------------------ K/V kept across turns
+    def _prefix_plan(self, requests: list[_Request]) -> tuple[bool, list[tuple[str, int]]] | None:
+        """Rank 0: (drop what is kept first?, per row its key and how many leading prompt tokens have kept K/V);
+        None without prefix caching. Always leaves a row's last prompt token to compute (its logits)."""
+        if self.prefix is None:
+            return None
+        clear = self._drop_prefix or self.version != self._prefix_version
+        if clear:
+            self._drop_prefix, self._prefix_version = False, self.version
+            self.prefix.clear()
+        return clear, [(r.key, min(self.prefix.match(r.key, r.prompt_ids), len(r.prompt_ids) - 1)) for r in requests]
+
+    def _generate(self, input_ids: torch.Tensor, attention: torch.Tensor, params: SamplingParams,
+                  limits: torch.Tensor, stop: SegmentStop | None,
+                  plan: tuple[bool, list[tuple[str, int]]] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The engine call (every rank of the group, the same ``plan``), then each row's fed tokens kept."""
+        if plan is None:
+            return self.rollout.generate_responses(input_ids, attention, params, self.pad_token_id, limits=limits,
+                                                   stop=stop)
+        clear, rows = plan
+        if clear:
+            self.prefix.clear()
+        prefix_kv = [self.prefix.get(key, c) if c else None for key, c in rows]
+        try:
+            responses, mask, log_probs = self.rollout.generate_responses(
+                input_ids, attention, params, self.pad_token_id, limits=limits, stop=stop, prefix_kv=prefix_kv,
+                keep_kv=True)
+            for i, (key, _) in enumerate(rows):
+                n = int(mask[i].sum())
+                fed = input_ids[i][attention[i].bool()].tolist() + responses[i, :max(n - 1, 0)].tolist()
+                self.prefix.put(key, fed, *self.rollout.kept_kv[i])
+        finally:
+            self.rollout.kept_kv = None
+        return responses, mask, log_probs
+
+    def drop_prefix_cache(self) -> None:
+        """Free the kept K/V now (the engine idle; the asynchronous trainers' pause, before training)."""
+        if self.prefix is not None:
+            self.prefix.clear()
+
     # ------------------------------------------------------------------ rollout TP > 1
     def close(self) -> None:
-        """Rank 0 of a TP group: release the followers (no-op at TP 1)."""
+        """Rank 0 of a TP group: release the followers (no-op at TP 1). The kept K/V goes."""
+        self.drop_prefix_cache()
         if self.rollout.tp_size > 1:
             dist.broadcast_object_list([None], group=self.rollout.tp_group, group_src=0)
 
     def release(self, marker: dict) -> None:
         """Rank 0 of a TP group, between engine calls: let the followers out of :meth:`follow` with ``marker``
-        (what they are to do before following again: a standalone pool's command); no-op at TP 1."""
+        (what they are to do before following again: a standalone pool's command); no-op at TP 1. Every rank's
+        kept K/V goes (the command may change the weights)."""
+        self.drop_prefix_cache()
         if self.rollout.tp_size > 1:
             dist.broadcast_object_list([marker], group=self.rollout.tp_group, group_src=0)
 
@@ -425,11 +538,12 @@ class TokenServer:
             box = [None]
             dist.broadcast_object_list(box, group=self.rollout.tp_group, group_src=0)
             if not isinstance(box[0], tuple):
+                self.drop_prefix_cache()
                 return box[0]
-            input_ids, attention, params, limits, interruptible = box[0]
+            input_ids, attention, params, limits, interruptible, plan = box[0]
             # an interruptible call: rank 0's decision to stop reaches every rank through the rule's all-reduce
             stop = _interrupt_rule(len(limits), None) if interruptible else None
-            self.rollout.generate_responses(input_ids, attention, params, self.pad_token_id, limits=limits, stop=stop)
+            self._generate(input_ids, attention, params, limits, stop, plan)
 
 
 def _interrupt_rule(rows: int, abort: Any) -> SegmentStop:
