@@ -1,14 +1,18 @@
-"""Agent loops that live across training steps: ``rollout.multi_turn`` under ``trainer.v1.trainer_mode=colocate_async``.
+"""Agent loops that live across training steps: ``rollout.multi_turn`` under verl's V1 asynchronous trainers.
 
-The sync trainer runs a batch's agent loops to their end inside one generation call. The asynchronous trainer
-keeps them going from step to step instead: each rollout replica runs its trajectories as asyncio tasks on an
-event loop of its own (a thread), over the engine's interruptible token server. A generation *phase* opens the
-server on the weights of version ``G - 1`` (:meth:`AgentStream.open`); the trainer polls the finished
-trajectories (:meth:`AgentStream.poll`) until a batch is ready, then closes the phase (:meth:`AgentStream.pause`):
-the engine call in flight stops after its decode step, and the turn it cut keeps its tokens and log-probs and
-waits, with every new turn, for the next phase, where it goes on from its prompt + the tokens it has on the
-newer weights (partial rollout). A tool call that is running goes on between phases; only the engine is held,
-so the trainer can take the rollout's memory back.
+The sync trainer runs a batch's agent loops to their end inside one generation call (:mod:`.agent_batch`). The
+asynchronous trainers keep them going from step to step instead: each rollout replica runs its trajectories as
+asyncio tasks on an event loop thread, over the engine's interruptible token server. A generation *phase* opens the
+server on the weights of one version (:meth:`AgentStream.open`); finished trajectories are polled
+(:meth:`AgentStream.poll`); the phase ends at :meth:`AgentStream.pause`: the engine call in flight stops after
+its decode step, and the turn it cut keeps its tokens and log-probs and waits, with every new turn, for the next
+phase, where it goes on from its prompt + the tokens it has on the newer weights (partial rollout). Only the
+engine is held, so the trainer can take the rollout's memory back.
+
+* ``colocate_async``: a phase is a step's generation on the training ranks (:mod:`verl.trainer.v1.agent_phases`);
+  under rollout TP a replica's other ranks follow its engine calls (:class:`AgentFollower`).
+* ``separate_async``: a standalone pool's replica is always in a phase but while it takes a command (a weight
+  sync, validation): :func:`serve_pool_agents`.
 
 A finished trajectory carries the model versions that sampled its tokens (the token server's ``versions``, one
 per engine call that added tokens): verl's ``min_global_steps`` / ``max_global_steps`` of a trajectory.
