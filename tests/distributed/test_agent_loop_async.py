@@ -7,7 +7,7 @@ reissued, and every prompt is trained once."""
 
 import pytest
 import torch
-from helpers.agent_runs import agent_train_cmd
+from helpers.agent_runs import async_agent_cmd
 from helpers.train_runs import check_accounting, ledger, read_metrics, run_train
 
 pytestmark = pytest.mark.distributed
@@ -16,17 +16,11 @@ STEPS = 3  # then two more after the resume
 
 
 def test_colocate_async_trains_agent_trajectories_and_resumes_with_them(tmp_path):
-    out, cmd = agent_train_cmd(
-        tmp_path, [(a, b) for a in range(2, 8) for b in range(3, 6)], "test_random_length_calls",
-        "trainer.use_v1=true", "trainer.v1.trainer_mode=colocate_async",
-        "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "data.max_prompt_length=48", "data.max_response_length=64",
-        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
-        "trainer.save_freq=3", "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.resume_mode=auto")
+    out, cmd = async_agent_cmd(
+        tmp_path, "colocate_async", "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.save_freq=3", "trainer.test_freq=-1", "trainer.resume_mode=auto")
     run_train(cmd + [f"trainer.total_training_steps={STEPS}"])
     metrics = read_metrics(out)
     assert sorted(metrics) == list(range(1, STEPS + 1))
@@ -64,18 +58,11 @@ def test_colocate_async_agent_loops_at_rollout_tp2(tmp_path):
     """One rollout replica of TP 2 on the 2 training ranks: rank 0 runs the agent loops and the tools, rank 1 runs
     each of its engine calls on a thread beside the trainer's polls during a phase and is released at the pause;
     validation's loops run on the same group."""
-    out, cmd = agent_train_cmd(
-        tmp_path, [(a, b) for a in range(2, 8) for b in range(3, 6)], "test_random_length_calls",
-        "trainer.use_v1=true", "trainer.v1.trainer_mode=colocate_async",
-        "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-        "data.max_prompt_length=48", "data.max_response_length=64",
-        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-        "trainer.save_freq=-1", "trainer.test_freq=3", "trainer.val_before_train=false",
-        "trainer.total_training_steps=3")
+    out, cmd = async_agent_cmd(
+        tmp_path, "colocate_async", "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.save_freq=-1", "trainer.test_freq=3", "trainer.total_training_steps=3", micro=8)
     run_train(cmd)
     metrics = read_metrics(out)
     assert sorted(metrics) == [1, 2, 3]

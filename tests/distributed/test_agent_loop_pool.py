@@ -7,7 +7,7 @@ the release waits for them). Validation's agent loops run on the pool too. Turns
 deterministically."""
 
 import pytest
-from helpers.agent_runs import agent_train_cmd
+from helpers.agent_runs import async_agent_cmd
 from helpers.train_runs import check_accounting, ledger, read_metrics, run_train
 
 pytestmark = pytest.mark.distributed
@@ -16,20 +16,12 @@ STEPS = 3
 
 
 def test_separate_async_pool_streams_agent_trajectories_across_syncs(tmp_path):
-    out, cmd = agent_train_cmd(
-        tmp_path, [(a, b) for a in range(2, 8) for b in range(3, 6)], "test_random_length_calls",
-        "trainer.use_v1=true", "trainer.v1.trainer_mode=separate_async",
-        "trainer.v1.separate_async.parameter_sync_step=2",
+    out, cmd = async_agent_cmd(
+        tmp_path, "separate_async", "trainer.v1.separate_async.parameter_sync_step=2",
         "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=2",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-        "data.max_prompt_length=48", "data.max_response_length=64",
-        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
-        f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1", f"trainer.test_freq={STEPS}",
-        "trainer.val_before_train=false")
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1", f"trainer.test_freq={STEPS}", micro=2)
     run_train(cmd, env={"VERL_TEST_POOL_COMMAND_DELAY": "1:0.3"})
     metrics = read_metrics(out)
     assert sorted(metrics) == list(range(1, STEPS + 1))

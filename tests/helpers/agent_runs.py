@@ -40,3 +40,16 @@ def agent_train_cmd(tmp_path, problems, tool_format, *overrides, python=None):
         f"actor_rollout_ref.rollout.multi_turn.format={tool_format}",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3", *overrides)
     return out, [python or sys.executable, *cmd[1:]]
+
+
+def async_agent_cmd(tmp_path, mode, *overrides, micro=4, python=None):
+    """(output dir, command) of the asynchronous trainers' agent tests: verl's V1 ``mode`` over 18 problems whose
+    turns end on ~1 token in 8 (``test_random_length_calls``: trajectories finish at different times, so a weight
+    sync can cut a turn), batches of 4 prompts x 2 responses, ``micro`` responses per micro-batch."""
+    return agent_train_cmd(
+        tmp_path, [(a, b) for a in range(2, 8) for b in range(3, 6)], "test_random_length_calls",
+        "trainer.use_v1=true", f"trainer.v1.trainer_mode={mode}", "trainer.val_before_train=false",
+        "data.max_prompt_length=48", "data.max_response_length=64", "data.train_batch_size=4",
+        "actor_rollout_ref.rollout.n=2", f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}", *overrides, python=python)

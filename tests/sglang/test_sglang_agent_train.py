@@ -9,7 +9,7 @@ so a phase's end may cut some; the deterministic cut is tests/sglang/test_sglang
 import subprocess
 
 import pytest
-from helpers.agent_runs import agent_train_cmd
+from helpers.agent_runs import async_agent_cmd
 from helpers.train_runs import REPO, check_accounting, ledger, read_metrics, train_env
 from test_sglang_trainer import assert_no_sglang_left, sglang_processes
 
@@ -29,18 +29,11 @@ MODES = {
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_sglang_agent_loops_stream_across_weight_syncs(sglang_python, tmp_path, mode):
     before = sglang_processes()
-    out, cmd = agent_train_cmd(
-        tmp_path, [(a, b) for a in range(2, 8) for b in range(3, 6)], "test_random_length_calls",
-        "actor_rollout_ref.rollout.name=sglang", "trainer.use_v1=true", f"trainer.v1.trainer_mode={mode}", *MODES[mode],
-        "trainer.n_gpus_per_node=1", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "data.max_prompt_length=48", "data.max_response_length=64",
-        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
-        "trainer.save_freq=-1", f"trainer.test_freq={STEPS}", "trainer.val_before_train=false",
-        f"trainer.total_training_steps={STEPS}", python=sglang_python)
+    out, cmd = async_agent_cmd(
+        tmp_path, mode, "actor_rollout_ref.rollout.name=sglang", *MODES[mode], "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "trainer.save_freq=-1",
+        f"trainer.test_freq={STEPS}", f"trainer.total_training_steps={STEPS}", python=sglang_python)
     proc = subprocess.run(cmd, cwd=REPO, env={**train_env(), "PYTHONWARNINGS": "ignore"}, capture_output=True,
                           text=True, timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -332,9 +332,13 @@ def preempted_grpo(cluster):
            "out": os.path.join(root, "grpo.out"), "steps": 12}
     os.makedirs(root)
     try:
+        # Each generation takes rank 0 0.5 s longer (fault injection): a step of this tiny run is well under a
+        # second, so without it the 11 steps after step 1 could all end before USR1 reaches the ranks (seen once
+        # under CI's load: "stopped after step 12").
         run["job_id"] = submit_and_wait_for_step(jobs, run["out"], run["run_dir"], 1,
                                                  **grpo_env(run["run_dir"], run["data_dir"], run["steps"],
-                                                            "trainer.save_freq=-1"))
+                                                            "trainer.save_freq=-1"),
+                                                 VERL_TEST_SLOW_GENERATION="0:0.5")
         ranks = [pid for pid, argv in job_pids(run["job_id"]).items() if "--config" in argv]
         run["rank_hosts"] = {int(job_environ(pid)["SLURM_PROCID"]): job_node(pid) for pid in ranks}
         run["listening"] = {job_node(pid): listening(pid) for pid in ranks}
