@@ -359,7 +359,6 @@ class ActorRolloutRefWorker(Worker):
         into the rollout first when they are not there yet). ``groups``: the prompt groups to start, each
         ``{uid, n, replica, row}``; this rank's replica starts those with its ``replica`` and lets its held
         turns go on. See :mod:`verl.workers.agent_stream`."""
-        from verl.experimental.agent_loop import AgentLoopRunner
         from verl.workers.agent_stream import AgentFollower, AgentStream
 
         metrics = {} if self._rollout_synced else self.hybrid_engine.to_rollout()
@@ -370,10 +369,7 @@ class ActorRolloutRefWorker(Worker):
             if self.rollout_tp_rank != 0:  # rollout TP > 1: the replica's rank 0 runs the loops, this rank follows
                 self._agent_stream = AgentFollower(server)
             else:
-                runner = AgentLoopRunner({"actor_rollout_ref": self.config}, server, self.tokenizer)
-                p = self.train_sampling
-                self._agent_stream = AgentStream(runner, server, {"temperature": p.temperature, "top_p": p.top_p,
-                                                                  "top_k": p.top_k, "logprobs": True})
+                self._agent_stream = AgentStream.over(server, self.config, self.tokenizer, params)
         self._agent_stream.open(version, [g for g in groups if g["replica"] == self.rollout_dp_rank])
         return metrics
 

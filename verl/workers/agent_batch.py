@@ -21,6 +21,12 @@ from verl.protocol import DataProto
 ROW_FIELDS = ("raw_prompt", "agent_name", "extra_info", "tools_kwargs", "index", "data_source", "reward_model")
 
 
+def loop_sampling(params: Any) -> dict[str, Any]:
+    """The sampling parameters the agent loops send with each turn (verl's names), from the replica's
+    :class:`~verl.engine.rollout.base.SamplingParams`; the log-probs always come back."""
+    return {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k, "logprobs": True}
+
+
 class AgentBatch:
     """The agent loops of one rollout replica, for whole batches. ``config``: the ``actor_rollout_ref`` section.
     Tools and custom loops are loaded once, at the first batch."""
@@ -58,9 +64,7 @@ class AgentBatch:
             if self.runner is None:
                 self.runner = AgentLoopRunner({"actor_rollout_ref": self.config}, server, self.tokenizer)
             self.runner.server_manager = server
-            sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-                        "logprobs": True}
-            result = server.run(self.runner.generate(rows, sampling))  # on the engine's event loop
+            result = server.run(self.runner.generate(rows, loop_sampling(params)))  # on the engine's event loop
         finally:
             server.close()
         fields = pad_outputs(result.outputs, prompt_length, params.response_length, pad)

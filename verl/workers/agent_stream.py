@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from verl.utils.logging_utils import get_logger
+from verl.workers.agent_batch import loop_sampling
 
 logger = get_logger(__name__)
 
@@ -116,6 +117,15 @@ class AgentStream:
         self._run_loop()
         self._call(self._hold())  # closed until the first phase opens
         self._park_loop()
+
+    @classmethod
+    def over(cls, server: Any, config: Any, tokenizer: Any, params: Any) -> AgentStream:
+        """A stream of the configured agent loops (``config``: the ``actor_rollout_ref`` section, its tools and
+        custom loops) over ``server``, each turn sampled with the replica's ``params``."""
+        from verl.experimental.agent_loop import AgentLoopRunner
+
+        runner = AgentLoopRunner({"actor_rollout_ref": config}, server, tokenizer)
+        return cls(runner, server, loop_sampling(params))
 
     # ------------------------------------------------------------------ the trainer's side (its thread)
     def open(self, version: int, groups: list[Mapping[str, Any]]) -> None:
@@ -288,15 +298,11 @@ def serve_pool_agents(start: Mapping[str, Any], engine: Any, commands: queue.Que
     and at each command rank 0 releases them (:meth:`TokenServer.release`) to take the same command.
     ``start``: the controller's ``stream`` command (``params``, ``seed``, ``version``); ``commands``: the queue
     the controller's commands arrive in; ``config``: the ``actor_rollout_ref`` section."""
-    from verl.experimental.agent_loop import AgentLoopRunner
-
     params = dataclasses.replace(start["params"], seed=int(start["seed"]))
     server = engine.token_server(params, engine.pad_token_id)
     if tp_rank != 0:
         return _follow_pool_agents(server, commands, sync, generate)
-    runner = AgentLoopRunner({"actor_rollout_ref": config}, server, tokenizer)
-    stream = AgentStream(runner, server, {"temperature": params.temperature, "top_p": params.top_p,
-                                          "top_k": params.top_k, "logprobs": True})
+    stream = AgentStream.over(server, config, tokenizer, params)
     version = start.get("version")
     stream.open(version, [])
     in_flight: dict[str, Any] = {}  # uid -> the prompt group (its trajectories filled as they finish)

@@ -89,6 +89,8 @@ class ReplayBufferSource(BatchSource):
     buffer and generates its segments; its state (the sampler, the buffer) is checkpointed."""
 
     off_policy = True
+    # rollout.multi_turn: the trainer's side of the agent loops (a standalone pool runs them on its own: None)
+    agent_phases_class: type[AgentPhases] | None = AgentPhases
 
     def __init__(self, trainer: Any):
         super().__init__(trainer)
@@ -108,15 +110,12 @@ class ReplayBufferSource(BatchSource):
         self.stop_ids = trainer.actor_rollout_wg.worker.train_sampling.stop_ids
         # rollout.multi_turn: agent loops that run across steps instead of the segments below
         self.multi_turn = bool(rollout.multi_turn.enable)
-        self.agents = self._agent_phases() if self.multi_turn else None
+        phases = self.agent_phases_class
+        self.agents = phases(self) if self.multi_turn and phases is not None else None
 
     @staticmethod
     def _warmup_batches(v1: Any) -> int:
         return v1.colocate_async.num_warmup_batches
-
-    def _agent_phases(self) -> AgentPhases | None:
-        """The trainer's side of the agent loops (a standalone pool runs them on its own: none)."""
-        return AgentPhases(self)
 
     def _make_group(self, index: int, epoch: int, step: int) -> PromptGroup:
         item = self.trainer.train_dataset[index]

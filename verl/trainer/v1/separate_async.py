@@ -49,6 +49,7 @@ class PoolSource(ReplayBufferSource):
     them."""
 
     buffer_replicated = False  # training rank 0 holds the buffer
+    agent_phases_class = None  # the agent loops run on the pool (verl.workers.agent_stream.serve_pool_agents)
 
     def __init__(self, trainer: Any):
         super().__init__(trainer)
@@ -60,11 +61,6 @@ class PoolSource(ReplayBufferSource):
     @staticmethod
     def _warmup_batches(v1: Any) -> int:
         return v1.separate_async.num_warmup_batches
-
-    def _agent_phases(self) -> None:
-        """None: the agent loops run on the pool, streaming as the segments do
-        (:func:`verl.workers.agent_stream.serve_pool_agents`)."""
-        return None
 
     def _start_generation(self) -> None:
         """Weights of the current version to the pool, then streaming generation (rank 0 drives it)."""
