@@ -45,10 +45,13 @@ def agent_train_cmd(tmp_path, problems, tool_format, *overrides, python=None):
 def async_agent_cmd(tmp_path, mode, *overrides, micro=4, python=None):
     """(output dir, command) of the asynchronous trainers' agent tests: verl's V1 ``mode`` over 18 problems whose
     turns end on ~1 token in 8 (``test_random_length_calls``: trajectories finish at different times, so a weight
-    sync can cut a turn), batches of 4 prompts x 2 responses, ``micro`` responses per micro-batch."""
+    sync can cut a turn), batches of 4 prompts x 2 responses, ``micro`` responses per micro-batch. Staleness is
+    bounded by the policy, not by timing: ``wait`` with a threshold of 2 versions trains no group older than
+    G - P + 1 = 2, so a trajectory's worst staleness is at most 1 however slowly its turns run."""
     return agent_train_cmd(
         tmp_path, [(a, b) for a in range(2, 8) for b in range(3, 6)], "test_random_length_calls",
         "trainer.use_v1=true", f"trainer.v1.trainer_mode={mode}", "trainer.val_before_train=false",
+        "trainer.v1.sampler.max_off_policy_strategy=wait", "trainer.v1.sampler.max_off_policy_threshold=2",
         "data.max_prompt_length=48", "data.max_response_length=64", "data.train_batch_size=4",
         "actor_rollout_ref.rollout.n=2", f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
