@@ -81,6 +81,6 @@ PYEOF
 cp "$CPU_DIR/torchvision_op_shim.py" "$SITE/sitecustomize.py"
 
 # Prove the install: SGLang's engine and our loader import in a fresh process.
-"$VENV/bin/python" -c "import sglang, torchvision, megatron.core, verl._C; from sglang.srt.entrypoints.engine import Engine; import verl.engine.rollout.sglang_cpu.loader"
+"$VENV/bin/python" -c "import sglang, torchvision, megatron.core, verl._C; from sglang.srt.entrypoints.engine import Engine; import verl.engine.rollout.sglang_loader"
 echo "$want_stamp" > "$STAMP"
 echo "setup_sglang: installed sglang==$SGLANG_VERSION (CPU route) and verl-hpc with megatron-core into $VENV in $(( $(date +%s) - start )) s" >&2

@@ -1011,6 +1011,8 @@ class DataProto:
     def __setstate__(self, state) -> None:
         encoded_batch, non_tensor_batch, meta_info = state
         if isinstance(encoded_batch, (bytes, bytearray)):
+            # Whether CUDA tensors can be restored here at all (torch's capability, not the rank's device choice of
+            # verl.utils.device, a module of the layer above this one): else every tensor lands on the CPU.
             location = None if torch.cuda.is_available() else "cpu"
             # The batch is torch.save of a TensorDict: tensors and TensorDict's own state, which torch's
             # weights-only loader reads without running any code the bytes name.

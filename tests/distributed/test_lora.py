@@ -58,8 +58,8 @@ def _megatron_job(base_dir, merged_dir, adapter):
     from megatron.core import parallel_state as mpu
 
     from verl.engine.lora import MEGATRON_TARGETS, LoRASettings, adapter_parameters
-    from verl.engine.lora.megatron import gather_full_adapters, load_full_adapters
     from verl.engine.megatron.engine import MegatronEngine, OptimConfig
+    from verl.engine.megatron.lora import gather_full_adapters, load_full_adapters
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.engine.roles import Actor
     from verl.models.hf_io import HFCheckpoint
@@ -124,9 +124,9 @@ def _fsdp_job(base_dir, merged_dir, adapter):
     from helpers.megatron_tiny_models import sft_loss
 
     from verl.engine.fsdp.engine import FSDPEngine
+    from verl.engine.fsdp.lora import full_adapters, init_adapters
     from verl.engine.fsdp.parallel import fsdp_mesh
     from verl.engine.lora import LoRASettings, adapter_parameters
-    from verl.engine.lora.fsdp import full_adapters, init_adapters
     from verl.engine.megatron.engine import OptimConfig
     from verl.engine.roles import Actor
 

@@ -41,8 +41,8 @@ def _megatron_job(base_dir, root):
     import torch.distributed as dist
 
     from verl.engine.lora import MEGATRON_TARGETS, LoRASettings
-    from verl.engine.lora.megatron import gather_full_adapters
     from verl.engine.megatron.engine import MegatronEngine, OptimConfig
+    from verl.engine.megatron.lora import gather_full_adapters
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.engine.roles import Actor
 
@@ -92,9 +92,9 @@ def _megatron_job(base_dir, root):
 
 def _fsdp_job(base_dir, root, export_dir):
     from verl.engine.fsdp.engine import FSDPEngine
+    from verl.engine.fsdp.lora import full_adapters
     from verl.engine.fsdp.parallel import fsdp_mesh
     from verl.engine.lora import LoRASettings
-    from verl.engine.lora.fsdp import full_adapters
     from verl.engine.megatron.engine import OptimConfig
     from verl.engine.roles import Actor
 

@@ -126,8 +126,8 @@ def _sync_cases(engine, config, base, full_adapters, tp_sizes, batches, actor):
 
 def _megatron_job(base_dir):
     from verl.engine.lora import MEGATRON_TARGETS, LoRASettings
-    from verl.engine.lora.megatron import gather_full_adapters
     from verl.engine.megatron.engine import MegatronEngine, OptimConfig
+    from verl.engine.megatron.lora import gather_full_adapters
     from verl.engine.megatron.parallel import destroy_megatron, initialize_megatron
     from verl.engine.roles import Actor
 
@@ -147,9 +147,9 @@ def _megatron_job(base_dir):
 
 def _fsdp_job(base_dir):
     from verl.engine.fsdp.engine import FSDPEngine
+    from verl.engine.fsdp.lora import full_adapters
     from verl.engine.fsdp.parallel import fsdp_mesh
     from verl.engine.lora import LoRASettings
-    from verl.engine.lora.fsdp import full_adapters
     from verl.engine.megatron.engine import OptimConfig
     from verl.engine.roles import Actor
 
@@ -221,7 +221,6 @@ def _pool_job(rank, nproc, cfg, rollout_tp, replicas):
     from verl.hybrid_engine.cross_pool import PoolPlacement, plan_cross_pool
     from verl.hybrid_engine.layouts import TrainingLayout
     from verl.hybrid_engine.lora_sync import (
-        MEGATRON,
         AdapterTrainingLayout,
         LoRASyncError,
         PoolLoRAReceiver,
@@ -238,13 +237,13 @@ def _pool_job(rank, nproc, cfg, rollout_tp, replicas):
     placement = PoolPlacement(training, rollout_tp, replicas)
     bridge = Bridge(dist.distributed_c10d._get_default_group(), rank, nproc)
     train_group = dist.new_group([0, 1])
-    spec = adapter_spec(config, RANK, ALPHA, MEGATRON)
+    spec = adapter_spec(config, RANK, ALPHA)
     hf = random_hf_weights(config, 5)
     full = random_adapters(config, spec, 1)
     plan = plan_cross_pool(config, placement, rank, BUCKET, "float32")
     records = []
     if rank < 2:
-        source = ShardSource(config, AdapterTrainingLayout(training, spec, MEGATRON), rank, full)
+        source = ShardSource(config, AdapterTrainingLayout(training, spec), rank, full)
         lora = PoolLoRASender(source, config, placement, rank, BUCKET, bridge, verify=True, group=train_group)
         flat, offsets = training_shard(config, training, rank, hf, torch.float32)
         base = PoolSender(plan, flat, offsets, bridge, verify=True)
@@ -270,7 +269,7 @@ def _pool_job(rank, nproc, cfg, rollout_tp, replicas):
     j = (rank - 2) % rollout_tp
     specs = [(s.name, s.shape) for s in rollout_param_specs(config, rollout_tp, j)]
     receiver = PoolReceiver(plan, specs, bridge, verify=True)
-    lora = PoolLoRAReceiver(config, PoolPlacement(AdapterTrainingLayout(training, spec, MEGATRON), rollout_tp,
+    lora = PoolLoRAReceiver(config, PoolPlacement(AdapterTrainingLayout(training, spec), rollout_tp,
                                                   replicas), rank, BUCKET, bridge)
     for step in range(3):
         info = bridge.recv_object(0)

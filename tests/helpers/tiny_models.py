@@ -8,7 +8,7 @@ import torch
 
 # Qwen2: tied embeddings, qkv bias, vocab a multiple of 64 (no rollout padding).
 # Llama: untied lm_head, vocab 300 (padded to 320 in the rollout layout, to 512 in Megatron's at TP2).
-# Two KV heads: on CPU SGLang pads (not replicates) KV heads when tp > kv heads, see sglang_cpu.loader.
+# Two KV heads: on CPU SGLang pads (not replicates) KV heads when tp > kv heads, see sglang_loader.
 MODELS = {
     "qwen2": dict(model_type="qwen2", vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from verl.engine.rollout.base import SamplingParams
-from verl.engine.rollout.sglang_cpu.loader import (
+from verl.engine.rollout.sglang_loader import (
     RolloutBucketError,
     bucket_name,
     check_model_matches_layout,
@@ -86,7 +86,7 @@ def test_sampling_params_map_to_sglang_names():
 def test_sglang_cpu_head_padding_is_rejected_by_the_loader():
     from types import SimpleNamespace
 
-    from verl.engine.rollout.sglang_cpu.loader import check_no_head_padding
+    from verl.engine.rollout.sglang_loader import check_no_head_padding
 
     # What SGLang 0.5.23 leaves in model.config on CPU for 4 heads / 1 KV head at tp 2.
     padded = SimpleNamespace(num_attention_heads=8, num_key_value_heads=2, original_num_attention_heads=4,

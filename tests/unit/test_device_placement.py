@@ -89,3 +89,16 @@ def test_a_cpu_tensor_mixed_into_a_meta_forward_is_caught():
     allowed = torch.ones(2, 1, 4, 4, dtype=torch.bool, device=meta)
     with pytest.raises(Exception, match="device"):
         engine.model.forward(ids, positions, keys, values, 0, allowed)
+
+
+def test_one_device_rule_every_other_module_asks_verl_utils_device():
+    """``torch.cuda.is_available()`` appears in verl.utils.device alone, so VERL_DEVICE=cpu reaches every engine,
+    role and CLI; verl.protocol (a layer below verl.utils) asks torch only whether CUDA tensors can load at all."""
+    import pathlib
+
+    root = pathlib.Path(dev.__file__).resolve().parents[1]
+    allowed = {"utils/device.py", "protocol.py"}
+    found = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py"))
+             if str(path.relative_to(root)) not in allowed
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if "cuda.is_available(" in line]
+    assert not found, found

@@ -456,9 +456,9 @@ def auto_layout(tree: dict[str, Any], overrides: Sequence[str], world: int,
 
 
 def _has_accelerator() -> bool:
-    import torch
+    from verl.utils.device import is_cuda_available
 
-    return torch.cuda.is_available()
+    return is_cuda_available()
 
 
 def _launcher_world_size() -> int:

@@ -26,6 +26,7 @@ import torch
 
 from verl.errors import refuse
 from verl.ops.copy_program import make_program, run_copy_program, validate_program
+from verl.utils.device import is_cuda_available
 from verl.utils.torch_dtypes import DTYPES
 
 MB = 1 << 20
@@ -266,7 +267,7 @@ def main(argv=None) -> int:
                         help="where the buffers live (cuda: timed to completion with torch.cuda.synchronize)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not is_cuda_available():
         return refuse("verl bench kernels", "--device cuda: expected a CUDA device, found none")
     try:
         sizes = [int(s) for s in args.sizes_mb.split(",") if s]

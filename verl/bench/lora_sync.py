@@ -17,17 +17,18 @@ from verl.models.config import ModelConfig
 LINEAR_ROLES = ("qkv", "attn_out", "gate_up", "mlp_out")
 
 
-def adapter_spec(config: ModelConfig, rank: int, alpha: float, backend: str, modules=None):
-    """Every decoder linear adapted (``all-linear`` / Megatron's four linears) unless ``modules`` names them."""
+def adapter_spec(config: ModelConfig, rank: int, alpha: float, shared_a: bool = True, modules=None):
+    """Every decoder linear adapted (``all-linear`` / Megatron's four linears) unless ``modules`` names them;
+    ``shared_a``: a fused linear shares one ``A`` (Megatron's adapters) or each HF module has its own (PEFT's)."""
     from verl.hybrid_engine.layouts import hf_tensor_shapes
-    from verl.hybrid_engine.lora_sync import MEGATRON, AdapterSpec
+    from verl.hybrid_engine.lora_sync import AdapterSpec
     from verl.models.spec.registry import model_spec
 
     if modules is None:  # the HF weights of the spec's four dense linears (not the MoE router, not biases)
         params = model_spec(config.model_type).mcore_params(config, 1, 0)
         linear = {name for p in params if p.role in LINEAR_ROLES and p.mcore.endswith(".weight") for name in p.hf}
         modules = tuple(name for name in hf_tensor_shapes(config) if name in linear)  # in HF order
-    return AdapterSpec(rank, alpha / rank, tuple(modules), shared_a=backend == MEGATRON)
+    return AdapterSpec(rank, alpha / rank, tuple(modules), shared_a=shared_a)
 
 
 def random_adapters(config: ModelConfig, spec, seed: int) -> dict[str, torch.Tensor]:
@@ -86,13 +87,13 @@ def colocated_lora_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_
     from verl.hybrid_engine.executor import ReshardProcessGroups
     from verl.hybrid_engine.groups import derive_groups
     from verl.hybrid_engine.layouts import TrainingLayout
-    from verl.hybrid_engine.lora_sync import MEGATRON, AdapterTrainingLayout, ColocatedLoRASync
+    from verl.hybrid_engine.lora_sync import AdapterTrainingLayout, ColocatedLoRASync
     from verl.utils.torch_dtypes import DTYPES
 
     config = ModelConfig.from_fields(cfg)
     dtype = DTYPES[dtype_name]
-    spec = adapter_spec(config, lora_rank, 2.0 * lora_rank, MEGATRON)
-    training = AdapterTrainingLayout(TrainingLayout(*train), spec, MEGATRON)
+    spec = adapter_spec(config, lora_rank, 2.0 * lora_rank)
+    training = AdapterTrainingLayout(TrainingLayout(*train), spec)
     full = random_adapters(config, spec, seed)
     source = ShardSource(config, training, rank, full)
     groups = derive_groups(training, rollout_tp)

@@ -39,6 +39,7 @@ import torch
 from verl.errors import InputError, refuse
 from verl.hybrid_engine.planner import DEFAULT_BUCKET_BYTES
 from verl.models.config import ModelConfig
+from verl.utils.device import is_cuda_available
 from verl.utils.torch_dtypes import DTYPES
 
 # ------------------------------------------------------------------------------------------------
@@ -521,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not is_cuda_available():
         return refuse("verl bench reshard", "--device cuda: expected a CUDA device, found none")
     from verl.hybrid_engine.layouts import FSDPLayout, TrainingLayout, hf_tensor_shapes
     from verl.hybrid_engine.planner import plan_reshard
@@ -574,7 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not sglang_importable():
                 raise InputError(f"--push sglang: expected SGLang importable by {sys.executable}, found none "
                                  "(bash launch/setup_sglang.sh, then .venv-sglang/bin/verl bench reshard ...)")
-            if not torch.cuda.is_available():
+            if not is_cuda_available():
                 try:
                     check_cpu_tp(config, rollout_tp)
                 except SGLangRolloutError as err:

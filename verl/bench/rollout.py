@@ -26,6 +26,7 @@ import time
 import torch
 
 from verl.errors import refuse
+from verl.utils.device import is_cuda_available
 from verl.utils.torch_dtypes import DTYPES
 
 
@@ -146,7 +147,7 @@ def main(argv=None) -> int:
                         help="hf: also time transformers' generate on the same weights and prompts")
     parser.add_argument("--json", metavar="PATH", help="write the results to this JSON file")
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not is_cuda_available():
         return refuse("verl bench rollout", "--device cuda: expected a CUDA device, found none")
     for key in ("batch", "prompt_len", "new_tokens", "repeats", "threads"):
         if getattr(args, key) < 1:

@@ -194,6 +194,14 @@ class TrainingEngine(abc.ABC):
         the training weights where they already match, copies (dropped after the transition) otherwise. Read
         anew at every transition when :meth:`bind_reshard` returned None."""
 
+    def lora_sync_source(self, model_config: ModelConfig, training: AnyTrainingLayout) -> Any:
+        """The adapter-only sync's source (verl's ``lora.merge=false``, :mod:`verl.hybrid_engine.lora_sync`): an
+        object with ``spec`` and ``training`` (the adapters as an :class:`AdapterTrainingLayout`),
+        ``base_sources(dtype, device)`` (the frozen base by name, sent once), ``adapter_sources(device)`` and
+        ``fingerprint()``. None (the default: no LoRA, or ``merge=true``): the rollout takes the dense weights of
+        :meth:`reshard_sources`, adapters merged in."""
+        return None
+
     # ------------------------------------------------------------------ weights on disk
     @abc.abstractmethod
     def save_checkpoint(self, path: str) -> None:

@@ -10,6 +10,7 @@ methods read the composed config as a mapping (the loader's dict or the trainer'
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,12 +25,31 @@ def check_divides(what: str, divisor: int, total_what: str, total: int) -> None:
                           f"found remainder {total % divisor}")
 
 
+@dataclasses.dataclass(frozen=True)
+class LoRAKeys:
+    """How a backend reads verl's LoRA keys and names what LoRA touches: what :mod:`verl.engine.lora` asks instead
+    of the backend's name."""
+
+    name: str                  # the strategy as messages name it
+    block: bool                # verl's ``model.lora`` block (rank, alpha, dropout, ...); else the flat ``lora_rank``,
+                               # ``lora_alpha``, ``target_modules`` keys (verl's FSDP keys)
+    value_head: str            # the critic's value head module: trained beside the adapters
+    all_linear_keyword: bool   # ``target_modules: all-linear`` means every linear (PEFT's keyword)
+
+
 class BackendConfigRules(abc.ABC):
     """One training backend's config rules. ``model_engine``: verl 0.9's ``model_engine`` value that selects
-    it; ``sections``: the role keys only this backend reads (set on another backend they do nothing)."""
+    it; ``sections``: the role keys only this backend reads (set on another backend they do nothing);
+    ``lora``: how it reads verl's LoRA keys."""
 
     model_engine: str
     sections: tuple[str, ...]
+    lora: LoRAKeys
+
+    @abc.abstractmethod
+    def lora_candidate_modules(self, model: Any) -> list[str]:
+        """The linear modules LoRA may target in ``model`` (a ModelConfig), by the names ``target_modules``
+        match on this backend."""
 
     @abc.abstractmethod
     def model_parallel_sizes(self, actor: Mapping[str, Any]) -> tuple[int, int]:

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from verl.engine.config_rules import BackendConfigRules
 
 STRATEGIES = {"megatron": "megatron", "fsdp": "fsdp", "fsdp2": "fsdp"}  # verl's strategy -> engine name
-FSDP_ENGINE = "fsdp"
 
 
 def engine_name(strategy: str) -> str:
@@ -25,14 +24,6 @@ def engine_name(strategy: str) -> str:
     if strategy not in STRATEGIES:
         raise InputError(f"strategy: expected one of {', '.join(STRATEGIES)}, found {strategy!r}")
     return STRATEGIES[strategy]
-
-
-def is_fsdp(strategy: str) -> bool:
-    """Whether ``strategy`` runs on the FSDP engine (every rank a DP rank) rather than Megatron's (t, p, d)."""
-    return engine_name(strategy) == FSDP_ENGINE
-
-
-FSDP_STRATEGIES = tuple(name for name in STRATEGIES if is_fsdp(name))
 
 
 def config_rules(strategy: str) -> BackendConfigRules:

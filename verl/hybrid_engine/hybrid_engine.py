@@ -69,8 +69,7 @@ class HybridEngine:
         self._bind = (plan, specs, process_groups)
         bound = actor_engine.bind_reshard(model_config, training)
         # LoRA with lora.merge=false: the base once, then the adapters alone (lora_sync).
-        lora_source = getattr(actor_engine, "lora_sync_source", None)
-        lora_source = lora_source(model_config, training) if lora_source is not None else None
+        lora_source = actor_engine.lora_sync_source(model_config, training)
         self.lora: ColocatedLoRASync | None = None
         if lora_source is not None:
             self.lora = ColocatedLoRASync(lora_source, model_config, rollout_tp, bucket_bytes, self.groups,

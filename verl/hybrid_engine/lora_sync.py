@@ -62,7 +62,6 @@ METRIC_ADAPTER_BYTES = "perf/lora_sync_bytes"
 METRIC_BASE_BYTES = "perf/lora_base_sync_bytes"
 METRIC_MERGE_SECONDS = "timing_s/lora_merge"
 METRIC_BASE_COPY_MB = "perf/lora_base_copy_mb"
-MEGATRON, FSDP = "megatron", "fsdp"
 
 
 class LoRASyncError(RuntimeError):
@@ -140,7 +139,10 @@ class AdapterTrainingLayout:
 
     base: AnyTrainingLayout
     spec: AdapterSpec
-    backend: str
+    # True: every factor is one parameter under its PEFT name, split on dim 0 like every parameter of a fully
+    # sharded engine (one stage). False: the factors follow their base linear's TP placement (A of a row linear
+    # split on columns, B of a column linear on rows), on the base's stages.
+    flat_shards: bool = False
 
     # -- what the groups and the planner ask of a training layout: the base's answers
     @property
@@ -205,9 +207,9 @@ class AdapterTrainingLayout:
     def params(self, config: ModelConfig, pp_rank: int = 0, ep_rank: int = 0) -> list[ParamLayout]:
         """The adapter parameters stage ``pp_rank`` holds, by the training engine's own names."""
         spec, adapted = self.spec, set(self.spec.modules)
-        if self.backend == FSDP:
+        if self.flat_shards:
             if pp_rank:
-                raise LayoutError(f"pp rank: expected 0 (FSDP has one stage), found {pp_rank}")
+                raise LayoutError(f"pp rank: expected 0 (a fully sharded engine has one stage), found {pp_rank}")
             out = []
             for name in spec.shapes(config):
                 out.append(ParamLayout(peft_name(name), (name,), ChunkShard(0)))

@@ -130,7 +130,9 @@ def detect_device_memory(ranks_per_node: int) -> tuple[int, bool, str]:
     """(bytes per device, whether it is an accelerator, where the number comes from)."""
     import torch
 
-    if torch.cuda.is_available():
+    from verl.utils.device import is_cuda_available
+
+    if is_cuda_available():
         total = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
         return total, True, f"{torch.cuda.get_device_name(0)}"
     import psutil

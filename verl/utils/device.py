@@ -31,6 +31,11 @@ def is_cuda_available() -> bool:
     return available
 
 
+def visible_gpu_count() -> int:
+    """CUDA devices torch sees, whatever VERL_DEVICE says: what ``verl check-env`` reports about the hardware."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def get_device_name() -> str:
     """``"cuda"`` or ``"cpu"``."""
     return "cuda" if is_cuda_available() else "cpu"

@@ -82,11 +82,11 @@ def check_extension() -> list[Check]:
                       required=True)]
     checks = [Check(OK, "verl._C (cpu)", f"copy-program op present, {_C.cpu_num_threads()} OpenMP threads",
                     required=True)]
-    import torch
+    from verl.utils.device import visible_gpu_count
 
     if _C.built_with_cuda():
         checks.append(Check(OK, "verl._C (cuda)", "CUDA copy-program op present"))
-    elif torch.cuda.is_available():
+    elif visible_gpu_count():
         checks.append(Check(FAIL, "verl._C (cuda)", "a GPU is visible but the extension was built without CUDA",
                             fix="VERL_BUILD_CUDA=1 pip install --no-build-isolation -e .", required=True))
     else:
@@ -162,9 +162,9 @@ def check_nvcc() -> Check:
 
 def check_gpus() -> Check:
     try:
-        import torch
+        from verl.utils.device import visible_gpu_count
 
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        count = visible_gpu_count()
     except Exception:
         count = 0
     if count == 0:

@@ -230,9 +230,8 @@ class ActorRolloutRefWorker(Worker):
         if self._agent_stream is not None:
             self._agent_stream.close()
             self._agent_stream = None
-        stop = getattr(self.rollout, "shutdown", None)
-        if stop is not None:
-            stop()
+        if self.rollout is not None:
+            self.rollout.shutdown()
 
     def dispatch_meshes(self) -> dict[str, MeshRank]:
         return {"megatron": dp_mesh(self.actor.engine),

@@ -72,6 +72,6 @@ class AgentBatch:
         out = DataProto(batch=fields, non_tensor_batch=repeated, meta_info=meta)
         out.meta_info["metrics"] = {**result.metrics, "agent_loop/engine_calls": float(server.calls),
                                     "agent_loop/turns_per_call": server.requests / max(1, server.calls)}
-        if getattr(server, "prompt_tokens", 0):  # the share of turns' prompt tokens the engine's cache held
+        if server.prompt_tokens:  # the share of turns' prompt tokens the engine's cache held
             out.meta_info["metrics"]["agent_loop/cached_prompt_fraction"] = server.cached_tokens / server.prompt_tokens
         return out

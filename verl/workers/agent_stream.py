@@ -107,7 +107,7 @@ class AgentStream:
     def __init__(self, runner: Any, server: Any, sampling: Mapping[str, Any]):
         self.runner, self.server, self.sampling = runner, server, dict(sampling)
         server.interruptible = True
-        self._engine_loop = getattr(server, "loop", None)
+        self._engine_loop = server.loop
         self.loop = self._engine_loop or asyncio.new_event_loop()
         self.thread: threading.Thread | None = None
         self._finished: queue.Queue[FinishedTrajectory] = queue.Queue()

@@ -243,9 +243,7 @@ class Judge:
         """Bytes the engine holds now: its weights and KV cache (0 asleep)."""
         if not self.awake:
             return 0
-        kv = getattr(self.engine, "kv_cache", None)
-        cache = 0 if kv is None or kv.keys is None else 2 * kv.keys.numel() * kv.keys.element_size()
-        return self.weight_bytes + cache
+        return sum(t.numel() * t.element_size() for t in self.engine.resident_tensors())
 
     def close(self) -> None:
         self._stack.close()

@@ -34,6 +34,7 @@ from verl.launcher.pools import current_bridge
 from verl.launcher.spawn import FORWARDED_SIGNALS
 from verl.protocol import DataProto
 from verl.single_controller.generation_wait import GenerationTimeoutError, injected_delay
+from verl.utils.device import get_device_name, is_cuda_available
 from verl.utils.logging_utils import get_logger
 from verl.utils.torch_dtypes import DTYPES
 from verl.workers.agent_batch import AgentBatch
@@ -64,8 +65,7 @@ class RolloutPoolLink:
         ce = rollout_config.checkpoint_engine
         plan = plan_cross_pool(model_config, self.placement, self.rank, bucket_bytes, rollout_config.dtype)
         # LoRA with lora.merge=false: the base at the first sync, then the adapters alone (lora_sync).
-        lora_source = getattr(engine, "lora_sync_source", None)
-        lora_source = lora_source(model_config, training) if lora_source is not None else None
+        lora_source = engine.lora_sync_source(model_config, training)
         self.lora = None if lora_source is None else PoolLoRASender(lora_source, model_config, self.placement,
                                                                      self.rank, bucket_bytes, self.bridge, ce.verify)
         self._lora_based = False
@@ -80,7 +80,7 @@ class RolloutPoolLink:
         self._sources_of = None
         self._plan, self._ce = plan, ce
         self.sender: PoolSender | None = None  # bound at the first sync when sources come by name
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = get_device_name()
         bound = engine.bind_reshard(model_config, training)
         if lora_source is not None:
             self._sources_of = lambda: lora_source.base_sources(self.dtype, device)
@@ -312,19 +312,19 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
         specs = [(s.name, s.shape) for s in rollout_param_specs(model_config, tp, tp_rank)]
         receiver = PoolReceiver(plan, specs, bridge, verify=init["verify"])
         engine.resume()
-        swap = getattr(engine, "swap_weight_buffer", None)
+        swap = engine.swaps_weight_buffer
         live = staging = None
-        if swap is not None:
+        if swap:
             # The staging buffer: one more shard, so the engine can keep reading the old weights meanwhile.
             live = engine.weight_buffer()
             staging = torch.empty_like(live)
             for buffer in (live, staging):
                 receiver.zero_padding(buffer)
-        elif init["delta"] and torch.cuda.is_available():
+        elif init["delta"] and is_cuda_available():
             raise InputError("actor_rollout_ref.rollout.checkpoint_engine.delta: expected a rollout whose weights stay "
                              "readable between syncs (native, or SGLang on CPU), found SGLang on a GPU (it drops "
                              "its push buffer after every push)")
-        buffers = {"staging": staging, "live": live} if swap is not None else None
+        buffers = {"staging": staging, "live": live} if swap else None
         lora = None
         if init.get("lora_placement") is not None:  # LoRA, lora.merge=false: the base once, then adapters only
             lora = PoolLoRAReceiver(model_config, init["lora_placement"], bridge.rank, init["bucket_bytes"], bridge,
@@ -346,7 +346,7 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
             if buffers is not None:
                 receive(buffers["staging"], buffers["live"], command)
                 # The step boundary: the new weights become the engine's.
-                buffers["staging"], buffers["live"] = swap(buffers["staging"]), buffers["staging"]
+                buffers["staging"], buffers["live"] = engine.swap_weight_buffer(buffers["staging"]), buffers["staging"]
             else:  # SGLang: its push buffer (kept in shared memory on CPU: the last sync's weights)
                 buffer = engine.weight_buffer()
                 receiver.zero_padding(buffer)
@@ -393,9 +393,7 @@ def serve_rollout_pool(config: Any, tokenizer: Any) -> int:
             else:
                 raise RuntimeError(f"rollout pool: expected a command sync/generate/stream/stop, found {op!r}")
     finally:
-        stop = getattr(engine, "shutdown", None)
-        if stop is not None:
-            stop()
+        engine.shutdown()
 
 
 class ReplicaCommands:
@@ -473,7 +471,7 @@ def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, tp_group
 
     bridge = current_bridge()
     # SGLang's group engine generates on its owner alone (is_owner): its ranks need no agreement on segments.
-    commands = ReplicaCommands(tp_group if tp_group is not None and not hasattr(engine, "is_owner") else None)
+    commands = ReplicaCommands(tp_group if tp_group is not None and not engine.owner_generates else None)
     receive_commands(commands.queue)
     params, per_segment, seed = start["params"], int(start["groups_per_segment"]), int(start["seed"])
     pad = engine.pad_token_id
@@ -482,7 +480,7 @@ def _serve_stream(start: dict, engine: Any, replica: int, tp_rank: int, tp_group
     segment = 0
     # An SGLang group's other ranks hold no engine: the owner generates for the group; they only take commands
     # (a sync is collective over the group).
-    member_only = not getattr(engine, "is_owner", True)
+    member_only = not engine.is_owner
     while True:
         generating = bool(in_flight) and version is not None and not member_only
         command = commands.next(generating)

@@ -6,13 +6,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from verl.engine.config_rules import ARR, BackendConfigRules, check_divides
+from verl.engine.config_rules import ARR, BackendConfigRules, LoRAKeys, check_divides
 from verl.utils.config_checks import ConfigError
 
 
 class FSDPConfigRules(BackendConfigRules):
     model_engine = "dp"
     sections = ("fsdp_config", "grad_clip")
+    lora = LoRAKeys(name="fsdp", block=False, value_head="score", all_linear_keyword=True)
+
+    def lora_candidate_modules(self, model: Any) -> list[str]:
+        """The HF model's 2-D layer weights (PEFT's names)."""
+        from verl.models.spec.registry import model_spec
+
+        return [n.removesuffix(".weight") for n, shape in model_spec(model.model_type).hf_shapes(model).items()
+                if len(shape) == 2 and n.endswith(".weight") and ".layers." in n]
 
     def model_parallel_sizes(self, actor: Mapping[str, Any]) -> tuple[int, int]:
         return 1, 1
@@ -31,7 +39,7 @@ class FSDPConfigRules(BackendConfigRules):
                               f"world size {world}, found 0")
         from verl.engine.lora import check_lora_config  # LoRA's keys against the model (imports torch: here)
 
-        check_lora_config(cfg, model, "fsdp")
+        check_lora_config(cfg, model, self)
 
     def check_role_layouts(self, cfg: Mapping[str, Any], sections: Mapping[str, Any]) -> None:
         """One device mesh per process: one ``fsdp_size``. The rollout dtype may differ from FSDP's master dtype

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from verl.engine.base import Batch, EngineSpec, LossFn, OptimConfig, OutputFn, TrainingEngine, optim_config
+from verl.engine.fsdp.config_rules import RULES
 from verl.engine.fsdp.model import (
     build_empty_hf_model,
     build_hf_model,
@@ -118,18 +119,18 @@ class FSDPEngine(TrainingEngine):
         streamed = has_hf_weights(model_path)
         model = build_empty_hf_model(model_path, head, model_dtype) if streamed \
             else build_hf_model(model_path, head, model_dtype, seed)
-        # LoRA (verl.engine.lora.fsdp): PEFT's layers go in before fully_shard, so FSDP shards the adapters too.
+        # LoRA (verl.engine.fsdp.lora): PEFT's layers go in before fully_shard, so FSDP shards the adapters too.
         self.lora = lora
         self.save_lora_only, self.export_merged = False, False  # from_spec reads them from the config
         if lora is not None:
-            from verl.engine.lora import fsdp as lora_fsdp
+            from verl.engine.fsdp import lora as lora_fsdp
 
-            lora_fsdp.inject(model, lora, keep=value_head(head, "fsdp"))
+            lora_fsdp.inject(model, lora, keep=value_head(head, RULES))
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         # Pinned host memory needs CUDA; on a CPU-only machine the shards are on the CPU anyway.
-        offload_policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
+        offload_policy = CPUOffloadPolicy(pin_memory=is_cuda_available()) if offload else OffloadPolicy()
         kwargs = dict(mesh=mesh.mesh, mp_policy=policy, offload_policy=offload_policy,
                       reshard_after_forward=reshard_after_forward)
         for layer in model.model.layers:
@@ -183,7 +184,7 @@ class FSDPEngine(TrainingEngine):
         optim = None if spec.optim is None else optim_config(spec.optim, spec.total_training_steps,
                                                               clip_grad=spec.role.grad_clip)
         engine = fsdp_engine(spec.model_config, spec.model_path, spec.head, spec.role, spec.model, optim, spec.seed,
-                             lora=lora_settings(spec.model, "fsdp", model_key(spec.head)))
+                             lora=lora_settings(spec.model, RULES, model_key(spec.head)))
         # param_offload is FSDP2's CPUOffloadPolicy here (shards and gradients live in host memory throughout)
         engine.save_lora_only, engine.export_merged = lora_export_options(spec)
         engine.idle_offload = {"params": False, "grads": False,
@@ -215,7 +216,7 @@ class FSDPEngine(TrainingEngine):
         from verl.engine.fsdp.reshard import FSDPReshardSource
 
         if self.lora is not None:  # the dense model's names: the rollout takes merged weights
-            from verl.engine.lora.fsdp import BaseNamesView
+            from verl.engine.fsdp.lora import BaseNamesView
 
             return FSDPReshardSource(BaseNamesView(self.module)).bind_reshard(model_config, training)
         return FSDPReshardSource(self.module).bind_reshard(model_config, training)
@@ -231,7 +232,7 @@ class FSDPEngine(TrainingEngine):
 
     def reshard_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
         if self.lora is not None:
-            from verl.engine.lora.fsdp import merged_reshard_sources
+            from verl.engine.fsdp.lora import merged_reshard_sources
 
             return merged_reshard_sources(self.module, dtype, device)
         from verl.engine.fsdp.reshard import fsdp_reshard_sources
@@ -262,7 +263,7 @@ class FSDPEngine(TrainingEngine):
         if self.lora is None:
             export_actor_hf(self, model_path, out_dir, tokenizer)
             return
-        from verl.engine.lora.fsdp import full_adapters, iter_merged_tensors
+        from verl.engine.fsdp.lora import full_adapters, iter_merged_tensors
         from verl.engine.lora.peft_io import write_adapter
 
         adapters = full_adapters(self.module)

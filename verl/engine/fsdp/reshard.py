@@ -105,17 +105,17 @@ class FSDPLoRASyncSource:
 
     def __init__(self, module: torch.nn.Module, model_config: ModelConfig, settings, training: FSDPLayout):
         from verl.engine.lora import hf_base_name
-        from verl.hybrid_engine.lora_sync import FSDP, AdapterSpec, AdapterTrainingLayout
+        from verl.hybrid_engine.lora_sync import AdapterSpec, AdapterTrainingLayout
 
         layers = {hf_base_name(n) + ".weight" for n, m in module.named_modules()
                   if hasattr(m, "base_layer") and hasattr(m, "lora_A")}
         modules = tuple(n for n in hf_tensor_shapes(model_config) if n in layers)
         self.spec = AdapterSpec(settings.rank, settings.scale, modules, shared_a=False)
-        self.training = AdapterTrainingLayout(training, self.spec, FSDP)
+        self.training = AdapterTrainingLayout(training, self.spec, flat_shards=True)
         self.module = module
 
     def base_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
-        from verl.engine.lora.fsdp import BaseNamesView
+        from verl.engine.fsdp.lora import BaseNamesView
 
         return fsdp_reshard_sources(BaseNamesView(self.module), dtype, device)
 

@@ -4,10 +4,10 @@ the base model with its adapters disabled.
 Keys (verl's; the critic reads the same under ``critic.model``): the FSDP engines read the flat
 ``actor_rollout_ref.model.{lora_rank (0 = off), lora_alpha, target_modules ("all-linear" or HF module names),
 exclude_modules, lora_adapter_path}`` and put PEFT's LoRA layers on transformers' linears
-(:mod:`verl.engine.lora.fsdp`); Megatron reads the block
+(:mod:`verl.engine.fsdp.lora`); Megatron reads the block
 ``actor_rollout_ref.model.lora.{rank, alpha, dropout, target_modules ([linear_qkv, linear_proj, linear_fc1,
 linear_fc2] or fnmatch patterns of full module names), exclude_modules, merge, adapter_path}`` and puts adapters on
-megatron's own column/row-parallel linears (:mod:`verl.engine.lora.megatron`). Either way the update is
+megatron's own column/row-parallel linears (:mod:`verl.engine.megatron.lora`). Either way the update is
 ``y = W x + (alpha / r) * B (A x)``, ``A`` [r, in] random (PEFT's kaiming-uniform), ``B`` [out, r] zero, so a
 fresh adapter leaves the model unchanged. Only ``A`` and ``B`` require gradients (and a critic's value head:
 :func:`value_head`): Megatron's DDP and its (distributed) optimizer build their buffers from ``requires_grad``
@@ -47,7 +47,7 @@ Checkpoints (``actor_rollout_ref.actor.checkpoint.save_lora_only``, verl's key):
 is the engine's usual one (Megatron dist_checkpointing, FSDP DCP) with the adapters in it; on, it holds the
 adapters and their optimizer state only, and the base comes from ``model.path`` on resume (it is frozen). Either
 resumes bit-exactly. Megatron's sharded state gets the adapters' own TP sharding
-(:func:`verl.engine.lora.megatron.adapter_sharded_state`): ``B`` of a column linear split on rows (gate/up halves
+(:func:`verl.engine.megatron.lora.adapter_sharded_state`): ``B`` of a column linear split on rows (gate/up halves
 through megatron's factory), ``A`` of a row linear on columns, the other factor replicated. HF export
 (``trainer.export_hf_*``) writes a PEFT adapter directory at ``<output_dir>/actor_hf`` (``adapter_config.json``
 naming the base, ``adapter_model.safetensors``, the tokenizer), and with ``checkpoint.export_merged`` the merged
@@ -60,11 +60,14 @@ import contextlib
 import dataclasses
 import fnmatch
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from verl.utils.config_checks import ConfigError
+
+if TYPE_CHECKING:
+    from verl.engine.config_rules import BackendConfigRules
 
 MEGATRON_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 # HF modules of each Megatron linear (the dense families' names): what "all-linear" means on FSDP too.
@@ -108,12 +111,10 @@ def model_key(head: str) -> str:
     return "critic.model" if head == "value" else "actor_rollout_ref.model"
 
 
-def value_head(head: str, backend: str) -> tuple[str, ...]:
+def value_head(head: str, rules: BackendConfigRules) -> tuple[str, ...]:
     """The modules that stay trainable beside the adapters: a critic's value head (an LM checkpoint has none,
-    so it starts at zero and has to be learnt), by its module name on ``backend``."""
-    if head != "value":
-        return ()
-    return ("output_layer",) if backend == "megatron" else ("score",)
+    so it starts at zero and has to be learnt), by its module name on the backend of ``rules``."""
+    return (rules.lora.value_head,) if head == "value" else ()
 
 
 def in_modules(name: str, modules: Sequence[str]) -> bool:
@@ -126,12 +127,13 @@ def trained_names(module: torch.nn.Module) -> set[str]:
     return {n for n, p in module.named_parameters() if p.requires_grad}
 
 
-def lora_settings(model: Any, backend: str, where: str = "actor_rollout_ref.model") -> LoRASettings | None:
-    """The LoRA a role's ``model`` section (at key ``where``) asks of ``backend`` ("megatron" or "fsdp"); None
-    when off. Megatron reads the ``lora`` block, FSDP the flat ``lora_*`` keys (as verl)."""
+def lora_settings(model: Any, rules: BackendConfigRules, where: str = "actor_rollout_ref.model"
+                  ) -> LoRASettings | None:
+    """The LoRA a role's ``model`` section (at key ``where``) asks of the backend of ``rules``; None when off.
+    Megatron reads the ``lora`` block, FSDP the flat ``lora_*`` keys (as verl): ``rules.lora.block``."""
     if model is None:
         return None
-    if backend == "megatron":
+    if rules.lora.block:
         block = model.get("lora") if hasattr(model, "get") else None
         if not block or not block.get("rank"):
             return None
@@ -162,14 +164,14 @@ def lora_export_options(spec: Any) -> tuple[bool, bool]:
     return bool(get("save_lora_only", False)), bool(get("export_merged", False))
 
 
-def check_settings(settings: LoRASettings, backend: str) -> None:
+def check_settings(settings: LoRASettings, rules: BackendConfigRules) -> None:
     """The settings on their own (before any model exists): one :class:`LoRAError` line naming the key."""
-    rank_key = "rank" if backend == "megatron" else "lora_rank"
+    rank_key = "rank" if rules.lora.block else "lora_rank"
     if settings.rank <= 0:
         raise LoRAError(f"{settings.where}.{rank_key}: expected a positive rank with LoRA on (0 turns it off), "
                         f"found {settings.rank}")
     if settings.alpha <= 0:
-        key = "alpha" if backend == "megatron" else "lora_alpha"
+        key = "alpha" if rules.lora.block else "lora_alpha"
         raise LoRAError(f"{settings.where}.{key}: expected a positive alpha, found {settings.alpha}")
     if not 0 <= settings.dropout < 1:
         raise LoRAError(f"{settings.where}.dropout: expected a value in [0, 1), found {settings.dropout}")
@@ -177,44 +179,31 @@ def check_settings(settings: LoRASettings, backend: str) -> None:
         raise LoRAError(f"{settings.where}.target_modules: expected module names, found none")
 
 
-def candidate_modules(model: Any, backend: str) -> list[str]:
-    """The linear modules LoRA may target in ``model`` (a ModelConfig), by the names target_modules match:
-    Megatron's (global layer numbers) or HF's."""
-    if backend == "megatron":
-        from verl.models.mcore.weights import weight_rules
-
-        return [r.mcore.removesuffix(".weight") for r in weight_rules(model, 1, 0)
-                if r.mcore.rsplit(".", 2)[-2].startswith("linear_") and r.mcore.endswith(".weight")]
-    from verl.models.spec.registry import model_spec
-
-    return [n.removesuffix(".weight") for n, shape in model_spec(model.model_type).hf_shapes(model).items()
-            if len(shape) == 2 and n.endswith(".weight") and ".layers." in n]
-
-
-def check_lora_config(cfg: Any, model: Any, backend: str) -> None:
+def check_lora_config(cfg: Any, model: Any, rules: BackendConfigRules) -> None:
     """The composed config's actor LoRA against ``model`` before any rank starts (:func:`check_lora_section`)."""
-    check_lora_section(cfg["actor_rollout_ref"]["model"], "actor_rollout_ref.model", model, backend)
+    check_lora_section(cfg["actor_rollout_ref"]["model"], "actor_rollout_ref.model", model, rules)
 
 
-def check_lora_section(arr: Any, where: str, model: Any, backend: str) -> None:
+def check_lora_section(arr: Any, where: str, model: Any, rules: BackendConfigRules) -> None:
     """One role's ``model`` section (at key ``where``) against its ``model``: rank, alpha, the other backend's
     keys set instead, targets that match nothing, MoE, and an adapter directory that does not fit."""
     block = arr.get("lora") or {}
-    if backend == "megatron" and arr.get("lora_rank") and not block.get("rank"):
-        raise LoRAError(f"{where}.lora_rank: LoRA on the megatron strategy reads verl's lora block: set "
+    keys = rules.lora
+    if keys.block and arr.get("lora_rank") and not block.get("rank"):
+        raise LoRAError(f"{where}.lora_rank: LoRA on the {keys.name} strategy reads verl's lora block: set "
                         f"{where}.lora.rank (and lora.alpha, lora.target_modules) instead")
-    if backend != "megatron" and block.get("rank") and not arr.get("lora_rank"):
-        raise LoRAError(f"{where}.lora.rank: LoRA on the {backend} strategy reads verl's flat keys: "
+    if not keys.block and block.get("rank") and not arr.get("lora_rank"):
+        raise LoRAError(f"{where}.lora.rank: LoRA on the {keys.name} strategy reads verl's flat keys: "
                         f"set {where}.lora_rank (and lora_alpha, target_modules) instead")
-    settings = lora_settings(arr, backend, where)
+    settings = lora_settings(arr, rules, where)
     if settings is None:
         return
-    check_settings(settings, backend)
+    check_settings(settings, rules)
     if model.is_moe:
         raise LoRAError(f"{settings.where}: LoRA on MoE models is not implemented (adapters on the experts' grouped "
                         "linears under expert parallelism): use a dense model or LoRA off")
-    names = candidate_modules(model, backend)
-    if settings.target_modules != ("all-linear",) or backend == "megatron":
+    names = rules.lora_candidate_modules(model)
+    if settings.target_modules != ("all-linear",) or not keys.all_linear_keyword:
         found = [n for n in names if matches(n, settings.target_modules) and not matches(n, settings.exclude_modules)]
     else:
         found = [n for n in names if not matches(n, settings.exclude_modules)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from verl.engine.config_rules import ARR, BackendConfigRules, check_divides
+from verl.engine.config_rules import ARR, BackendConfigRules, LoRAKeys, check_divides
 from verl.utils.config_checks import ConfigError
 
 LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "dtype")
@@ -16,6 +16,14 @@ LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "dt
 class MegatronConfigRules(BackendConfigRules):
     model_engine = "megatron"
     sections = ("megatron",)
+    lora = LoRAKeys(name="megatron", block=True, value_head="output_layer", all_linear_keyword=False)
+
+    def lora_candidate_modules(self, model: Any) -> list[str]:
+        """Megatron's linears, by global layer number."""
+        from verl.models.mcore.weights import weight_rules
+
+        return [r.mcore.removesuffix(".weight") for r in weight_rules(model, 1, 0)
+                if r.mcore.rsplit(".", 2)[-2].startswith("linear_") and r.mcore.endswith(".weight")]
 
     def model_parallel_sizes(self, actor: Mapping[str, Any]) -> tuple[int, int]:
         mega = actor["megatron"]
@@ -40,7 +48,7 @@ class MegatronConfigRules(BackendConfigRules):
                       "trainer.nnodes * trainer.n_gpus_per_node", world)
         from verl.engine.lora import check_lora_config  # LoRA's keys against the model (imports torch: here)
 
-        check_lora_config(cfg, model, "megatron")
+        check_lora_config(cfg, model, self)
 
     def check_role_layouts(self, cfg: Mapping[str, Any], sections: Mapping[str, Any]) -> None:
         """One Megatron parallel state per process: the roles' (tp, pp) and dtype are the actor's, and so is

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from verl.utils.device import is_cuda_available
+
 # megatron modules that create tensors with a literal device="cuda" on the training path.
 CUDA_LITERAL_MODULES = (
     "megatron.core.pipeline_parallel.schedules",  # total_num_tokens
@@ -191,7 +193,7 @@ PATCHES: dict[str, CpuPatch] = {p.name: p for p in (
 
 
 def cpu_patches_needed() -> bool:
-    return not torch.cuda.is_available()
+    return not is_cuda_available()
 
 
 def apply_cpu_patches(names: list[str] | None = None) -> list[str]:

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from verl.engine.base import Batch, BoundBuffer, EngineSpec, LossFn, OptimConfig, OutputFn, TrainingEngine, optim_config
 from verl.engine.lora import LoRASettings, lora_export_options, lora_settings, model_key, value_head
+from verl.engine.megatron.config_rules import RULES
 from verl.engine.megatron.padding import attention_mask_4d
 from verl.engine.megatron.parallel import ensure_megatron
 from verl.engine.micro_batches import split_micro_batches, token_budget_groups
@@ -63,9 +64,9 @@ class MegatronEngine(TrainingEngine):
         # trainer-side choices for a LoRA actor's checkpoints and export (from_spec reads them from the config)
         self.save_lora_only, self.export_merged = False, False
         if lora is not None:
-            from verl.engine.lora.megatron import apply_lora
+            from verl.engine.megatron.lora import apply_lora
 
-            apply_lora(module, config, lora, seed=lora_seed, keep=value_head(head, "megatron"))
+            apply_lora(module, config, lora, seed=lora_seed, keep=value_head(head, RULES))
         self.optimizer = None
         self.scheduler = None
         if optim is None:
@@ -108,7 +109,7 @@ class MegatronEngine(TrainingEngine):
         mega = spec.role.megatron
         optim = None if spec.optim is None else optim_config(spec.optim, spec.total_training_steps,
                                                               mega.use_distributed_optimizer)
-        lora = lora_settings(spec.model, "megatron", model_key(spec.head))
+        lora = lora_settings(spec.model, RULES, model_key(spec.head))
         engine = cls(spec.model_config, spec.head, optim,
                      **engine_options(mega, spec.model if optim is not None else None), lora=lora,
                      lora_seed=spec.seed)
@@ -146,8 +147,8 @@ class MegatronEngine(TrainingEngine):
     def load_adapter(self, adapter_dir: str, model_path: str) -> None:
         """A PEFT adapter directory (``lora.adapter_path``) into this rank's adapter shards, checked against the
         model first (:func:`verl.engine.lora.peft_io.read_adapter`)."""
-        from verl.engine.lora.megatron import load_full_adapters
         from verl.engine.lora.peft_io import read_adapter
+        from verl.engine.megatron.lora import load_full_adapters
 
         tensors = read_adapter(adapter_dir, self.lora, model_path)
         load_full_adapters(self.module, self.config, lambda name: tensors[name])
@@ -283,7 +284,7 @@ class MegatronEngine(TrainingEngine):
 
     def reshard_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
         if self.lora is not None:
-            from verl.engine.lora.megatron import merged_reshard_sources
+            from verl.engine.megatron.lora import merged_reshard_sources
 
             return merged_reshard_sources(self.module, dtype, device)
         from verl.engine.megatron.reshard import megatron_reshard_sources
@@ -314,8 +315,8 @@ class MegatronEngine(TrainingEngine):
         if self.lora is None:
             export_actor_hf(self, self.config, model_path, out_dir, tokenizer)
             return
-        from verl.engine.lora.megatron import MergedView, gather_full_adapters
         from verl.engine.lora.peft_io import write_adapter
+        from verl.engine.megatron.lora import MergedView, gather_full_adapters
 
         adapters = gather_full_adapters(self.module, self.config)
         if dist.get_rank() == 0:

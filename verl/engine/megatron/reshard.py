@@ -73,19 +73,20 @@ class MegatronLoRASyncSource:
     plans the same sync)."""
 
     def __init__(self, module: torch.nn.Module, model_config: ModelConfig, settings: Any, training: Any):
-        from verl.engine.lora import candidate_modules, is_adapter_name, matches
+        from verl.engine.lora import is_adapter_name, matches
+        from verl.engine.megatron.config_rules import RULES
         from verl.hybrid_engine.layouts import hf_tensor_shapes
-        from verl.hybrid_engine.lora_sync import MEGATRON, AdapterSpec, AdapterTrainingLayout
+        from verl.hybrid_engine.lora_sync import AdapterSpec, AdapterTrainingLayout
         from verl.models.mcore.weights import weight_rules
 
         rules = {r.mcore: r.hf for r in weight_rules(model_config, 1, 0)}
         adapted = set()
-        for name in candidate_modules(model_config, "megatron"):
+        for name in RULES.lora_candidate_modules(model_config):
             if matches(name, settings.target_modules) and not matches(name, settings.exclude_modules):
                 adapted.update(rules[f"{name}.weight"])
         modules = tuple(n for n in hf_tensor_shapes(model_config) if n in adapted)
         self.spec = AdapterSpec(settings.rank, settings.scale, modules, shared_a=True)
-        self.training = AdapterTrainingLayout(training, self.spec, MEGATRON)
+        self.training = AdapterTrainingLayout(training, self.spec)
         self.module = module
         self._is_adapter = is_adapter_name
 

@@ -193,9 +193,19 @@ class BaseRollout(abc.ABC):
     greedy with n=1, verl's validation mode), ``eos_token_id`` and ``pad_token_id``.
     """
 
+    # An engine driven from one rank of its TP group (SGLang's group engine): the other ranks hold no engine, return
+    # None from ``generate_sequences`` and take no part in a segment's stop rule. False: every rank generates.
+    owner_generates: bool = False
+    # Takes ``swap_weight_buffer``: a standalone pool fills a staging buffer while the engine reads the old one.
+    swaps_weight_buffer: bool = False
+
     def __init__(self, config: ModelConfig, pad_token_id: int = 0):
         self.config = config
         self.pad_token_id = pad_token_id
+        # verl's rollout.enable_rollout_routing_replay, for engines declaring routing_recording: ``generate``
+        # returns the last call's ``routed_experts`` [B*n, P+R, MoE layers, top k] when set.
+        self.record_routing = False
+        self.routed_experts: torch.Tensor | None = None
 
     # ---------------------------------------------------------------- what an engine provides
     @abc.abstractmethod
@@ -222,6 +232,30 @@ class BaseRollout(abc.ABC):
         rollout (``sglang_group.SGLangGroupRollout``) pushes it to its out-of-process engine."""
         return {}
 
+    def swap_weight_buffer(self, flat: torch.Tensor) -> torch.Tensor:
+        """Generate with ``flat`` (laid out as ``weight_buffer()``) from now on; returns the old buffer. Only
+        engines declaring ``swaps_weight_buffer``."""
+        raise NotImplementedError(f"{type(self).__name__}: no weight buffer swap (swaps_weight_buffer is False)")
+
+    def token_server(self, base: SamplingParams, pad_token_id: int | None = None) -> Any:
+        """verl's token-in/token-out server for agent loops over this engine (engines declaring the ``agent_loop``
+        capability; see :mod:`verl.engine.rollout.token_server` for what a server provides)."""
+        raise NotImplementedError(f"{type(self).__name__}: no agent-loop token server (capability agent_loop)")
+
+    @property
+    def is_owner(self) -> bool:
+        """Whether this rank returns its group's results (every rank unless ``owner_generates``)."""
+        return True
+
+    def resident_tensors(self) -> list[torch.Tensor]:
+        """The tensors the engine holds in this process now (weights, KV cache), for memory metrics."""
+        buffer = self.weight_buffer()
+        return [] if buffer is None else [buffer]
+
+    def shutdown(self) -> None:  # noqa: B027 - optional: a no-op by default
+        """Stop what outlives a step (an engine's own processes, shared-memory names); idempotent. Default:
+        nothing (an in-process engine's memory goes with the object)."""
+
     @abc.abstractmethod
     def release(self) -> None:
         """Free weight and KV-cache memory (weights must be written again before ``resume``d use)."""
@@ -241,10 +275,9 @@ class BaseRollout(abc.ABC):
         n = sampling_params.n
         out = assemble_rollout_batch(input_ids.repeat_interleave(n, 0), attention_mask.repeat_interleave(n, 0),
                                      responses, response_mask, log_probs)
-        routed = getattr(self, "routed_experts", None)
-        if getattr(self, "record_routing", False) and routed is not None:
+        if self.record_routing and self.routed_experts is not None:
             # Recorded over the longest response; the batch's responses are that long too.
-            out["routed_experts"] = routed[:, :out["input_ids"].shape[1]]
+            out["routed_experts"] = self.routed_experts[:, :out["input_ids"].shape[1]]
         return out
 
     def generate_sequences(self, prompts: Any, sampling_params: SamplingParams) -> Any:

@@ -246,12 +246,11 @@ def _open_sglang(site: StandaloneSite) -> contextlib.AbstractContextManager:
 
 
 def _check_sglang_model(config: Any, tp_size: int) -> None:
-    import torch
-
     from verl.engine.rollout.sglang_rollout import check_cpu_tp, check_sglang_model
+    from verl.utils.device import is_cuda_available
 
     check_sglang_model(config)
-    if not torch.cuda.is_available():
+    if not is_cuda_available():
         check_cpu_tp(config, tp_size)
 
 

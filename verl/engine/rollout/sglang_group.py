@@ -5,7 +5,7 @@ Rank 0 of the group (the *owner*) starts the engine (``tp`` SGLang scheduler pro
 actor's weights into its own flat rollout buffer (the 3D-HybridEngine writes it in place), then sends
 the owner only a *handle* per bucket: torch's multiprocessing serialization of a view of that buffer,
 a shared-memory file name on CPU or a CUDA IPC handle on GPUs (bytes of metadata). SGLang TP rank ``i``
-opens rank ``i``'s handles and our custom loader (``sglang_cpu.loader``) copies each bucket into its
+opens rank ``i``'s handles and our custom loader (``sglang_loader``) copies each bucket into its
 parameters with ``verl._C`` copy programs. The weights never pass through the owner.
 
 Lifetime: the engine starts once (with ``load_format=dummy``: every generation is preceded by a push),
@@ -27,14 +27,14 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from verl.engine.rollout.base import SamplingParams
-from verl.engine.rollout.sglang_cpu.loader import spec_offsets
+from verl.engine.rollout.base import BaseRollout, SamplingParams
+from verl.engine.rollout.sglang_loader import spec_offsets
 from verl.engine.rollout.sglang_rollout import (
     SGLangRollout,
     SGLangRolloutError,
@@ -49,6 +49,7 @@ from verl.models.config import ModelConfig
 from verl.models.hf_io import read_config
 from verl.models.rollout_shapes import rollout_param_specs
 from verl.protocol import DataProto
+from verl.utils.device import get_device_name
 from verl.utils.shared_buffer import shared_name, unlink_if_unmapped
 
 METRIC_PUSH_SECONDS = "timing_s/push_weights"
@@ -103,7 +104,7 @@ def signals_ignored_by_children(signals: Sequence[signal.Signals] = RANK_SIGNALS
             signal.signal(sig, handler)
 
 
-class SGLangGroupRollout:
+class SGLangGroupRollout(BaseRollout):
     """This rank's part of a rollout TP group served by one SGLang engine (see the module docstring).
 
     ``group_ranks``: the global ranks of the group, in rollout TP order; ``group``: a process group over
@@ -112,13 +113,14 @@ class SGLangGroupRollout:
     on CPU. ``engine_kwargs`` go to ``sglang.Engine`` last (verl's ``rollout.engine_kwargs.sglang``).
     """
 
+    owner_generates = True  # the owner drives the group's one engine; its other ranks hold none
+
     def __init__(self, config: ModelConfig, model_path: str, group_ranks: Sequence[int], group: Any,
                  dtype: torch.dtype, bucket_bytes: int, pad_token_id: int = 0, seed: int = 0,
                  group_index: int = 0, num_groups: int = 1, max_rows: int = 64, max_seq_len: int = 512,
                  mem_fraction_static: float = 0.5, free_cache_engine: bool = True,
                  engine_kwargs: dict[str, Any] | None = None):
-        self.config = config
-        self.pad_token_id = pad_token_id
+        super().__init__(config, pad_token_id)
         self.group_ranks = tuple(group_ranks)
         self.group = group
         self.tp_size = len(self.group_ranks)
@@ -127,7 +129,7 @@ class SGLangGroupRollout:
         self.dtype = dtype
         self.bucket_bytes = int(bucket_bytes)
         self.free_cache_engine = free_cache_engine
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = get_device_name()
         self.numel = spec_offsets(rollout_param_specs(config, self.tp_size, self.tp_rank))[1]
         self.ranges = bucket_ranges(self.numel, bucket_elems(dtype, self.bucket_bytes))
         self._buffer: torch.Tensor | None = None
@@ -220,6 +222,24 @@ class SGLangGroupRollout:
         handle_bytes = sum(len(p) for ranks in gathered for p in ranks) if self.is_owner else sum(len(p) for p in mine)
         return {METRIC_PUSH_SECONDS: time.perf_counter() - start, METRIC_HANDLE_BYTES: float(handle_bytes)}
 
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """This rank's named rollout-layout tensors -> its buffer, then the group's push (collective: every rank
+        of the group calls it with its own shard)."""
+        specs = rollout_param_specs(self.config, self.tp_size, self.tp_rank)
+        offsets, _ = spec_offsets(specs)
+        shapes = {spec.name: spec.shape for spec in specs}
+        flat, seen = self.weight_buffer(), set()
+        for name, tensor in named_tensors:
+            if tuple(tensor.shape) != shapes.get(name, ()):
+                raise SGLangRolloutError(f"load_weights {name}: expected a rollout tensor of shape "
+                                         f"{shapes.get(name)}, found {tuple(tensor.shape)}")
+            flat[offsets[name]:offsets[name] + tensor.numel()].copy_(tensor.reshape(-1))
+            seen.add(name)
+        missing = sorted(set(shapes) - seen)
+        if missing:
+            raise SGLangRolloutError(f"load_weights: expected every rollout tensor, found {missing[:3]} missing")
+        self.push_weights()
+
     def resume(self) -> None:
         if self.engine is not None:
             self.engine.resume()
@@ -240,7 +260,7 @@ class SGLangGroupRollout:
     def token_server(self, base: SamplingParams, pad_token_id: int | None = None) -> Any:
         """Agent loops (``rollout.multi_turn``): the owner's server over its engine; the group's other ranks get
         one whose :meth:`follow` returns at once (SGLang's own processes are the group's TP ranks)."""
-        from verl.engine.rollout.sglang_agent import SGLangTokenServer
+        from verl.engine.rollout.sglang_token_server import SGLangTokenServer
 
         pad = self.pad_token_id if pad_token_id is None else pad_token_id
         return SGLangTokenServer(self.engine if self.engine is not None else self, base, pad)

@@ -5,7 +5,7 @@ token ids (no tokenizer: ``skip_tokenizer_init``); responses come back with per-
 are returned in verl's fields through :class:`BaseRollout`. Weights arrive as serialized buckets of
 each rollout TP rank's flat buffer (``rollout_param_specs`` order, as the hybrid engine's executor
 produces it): :meth:`SGLangRollout.push_serialized` sends them in one ``update_weights_from_tensor``
-call with our custom loader (``sglang_cpu.loader``), which copies each bucket into SGLang's parameters
+call with our custom loader (``sglang_loader``), which copies each bucket into SGLang's parameters
 with ``verl._C`` copy programs. :meth:`SGLangRollout.update_weights` does it for buffers all held by
 this process (``verl generate``, the benches); in the trainer every rank holds its own and
 ``sglang_group.SGLangGroupRollout`` gathers only their handles. On CPU the engine uses SGLang's
@@ -34,11 +34,12 @@ from typing import Any
 import torch
 
 from verl.engine.rollout.base import BaseRollout, SamplingParams
-from verl.engine.rollout.sglang_cpu.loader import LOADER_PATH, bucket_name, spec_offsets
+from verl.engine.rollout.sglang_loader import LOADER_PATH, bucket_name, spec_offsets
 from verl.errors import InputError
 from verl.hybrid_engine.planner import DEFAULT_BUCKET_BYTES
 from verl.models.config import ModelConfig
 from verl.models.rollout_shapes import rollout_param_specs
+from verl.utils.device import get_device_name
 from verl.utils.torch_dtypes import NAME_OF_DTYPE
 
 MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_TYPES
@@ -85,7 +86,7 @@ def serialize_handle(tensor: torch.Tensor) -> bytes:
 
 
 def check_cpu_tp(config: ModelConfig, tp_size: int) -> None:
-    """SGLang's CPU path pads attention heads instead of replicating KV heads (see sglang_cpu.loader),
+    """SGLang's CPU path pads attention heads instead of replicating KV heads (see sglang_loader),
     so a rollout-layout weight push matches it only when tp divides both head counts."""
     if config.num_key_value_heads % tp_size or config.num_attention_heads % tp_size:
         raise SGLangConfigError(
@@ -209,7 +210,7 @@ class SGLangRollout(BaseRollout):
             raise SGLangConfigError(f"dtype: expected one of {list(NAME_OF_DTYPE)}, found {dtype}")
         self.tp_size = tp_size
         self.dtype = dtype
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device or get_device_name()
         if self.device == "cpu":
             check_cpu_tp(config, tp_size)
             # SGLang picks its CPU code paths at import time from this variable (is_cpu()).
@@ -398,8 +399,8 @@ class SGLangRollout(BaseRollout):
     # ---------------------------------------------------------------- generation
     def token_server(self, base: SamplingParams, pad_token_id: int | None = None) -> Any:
         """verl's token-in/token-out server over this engine for agent loops
-        (:class:`verl.engine.rollout.sglang_agent.SGLangTokenServer`)."""
-        from verl.engine.rollout.sglang_agent import SGLangTokenServer
+        (:class:`verl.engine.rollout.sglang_token_server.SGLangTokenServer`)."""
+        from verl.engine.rollout.sglang_token_server import SGLangTokenServer
 
         return SGLangTokenServer(self, base, self.pad_token_id if pad_token_id is None else pad_token_id)
 

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from verl.errors import InputError
 from verl.models.config import ModelConfig
 from verl.models.rope import inv_freq as rope_inv_freq
+from verl.utils.device import is_cuda_available
 
 # Megatron's make_vocab_size_divisible_by default; the padded vocab is a multiple of this times tp.
 MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
@@ -113,7 +114,7 @@ def transformer_config(config: ModelConfig, tp_size: int, pp_size: int, *,
 
     etp_size = tp_size if etp_size is None else etp_size
     check_parallel_layout(config, tp_size, pp_size, ep_size, etp_size)
-    on_gpu = torch.cuda.is_available()
+    on_gpu = is_cuda_available()
     kwargs = dict(
         num_layers=config.num_hidden_layers,
         hidden_size=config.hidden_size,

@@ -64,9 +64,9 @@ def chosen_overrides(path: str | None, overrides: Sequence[str], launcher_world_
     memory = _device_memory()
     accelerator = None
     if memory is not None:
-        import torch
+        from verl.utils.device import is_cuda_available
 
-        accelerator = torch.cuda.is_available()
+        accelerator = is_cuda_available()
     choice = choose_layout(ModelConfig.from_pretrained(cfg.actor_rollout_ref.model.path), world,
                            ranks_per_node=min(world, int(cfg.trainer.n_gpus_per_node)), device_memory=memory,
                            accelerator=accelerator, dtype_bytes=2 if dtype in _HALF_PRECISION else 4)

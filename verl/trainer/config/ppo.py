@@ -88,9 +88,9 @@ RULES: dict[str, Rule] = {
 
 
 def _cuda() -> bool:
-    import torch
+    from verl.utils.device import is_cuda_available
 
-    return torch.cuda.is_available()
+    return is_cuda_available()
 
 
 # Keys that parse but have no meaning on this stack: (key, predicate on the value that is refused, why and
@@ -576,7 +576,7 @@ def _check_critic_lora(cfg: dict[str, Any], actor_model: Any) -> None:
         raise ConfigError(f"critic.model.path: {err}") from None
     from verl.engine.lora import check_lora_section  # imports torch: only with LoRA on
 
-    check_lora_section(section, "critic.model", model, engine_name(cfg["critic"]["strategy"]))
+    check_lora_section(section, "critic.model", model, config_rules(cfg["critic"]["strategy"]))
 
 
 def _check_role_layouts(cfg: dict[str, Any]) -> None:

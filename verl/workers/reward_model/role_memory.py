@@ -55,10 +55,7 @@ def local_role_memory(trainer: Any) -> dict[str, float]:
             out["memory/ref_gb"] = _storages(engine_tensors(ref.engine), seen) / GIB
         rollout = getattr(arr, "rollout", None)
         if rollout is not None:
-            kv = getattr(rollout, "kv_cache", None)
-            buffer = rollout.weight_buffer() if hasattr(rollout, "weight_buffer") else None
-            out["memory/rollout_gb"] = _storages([buffer, getattr(kv, "keys", None), getattr(kv, "values", None)],
-                                                 seen) / GIB
+            out["memory/rollout_gb"] = _storages(rollout.resident_tensors(), seen) / GIB
     critic = getattr(getattr(trainer, "critic_wg", None), "worker", None)
     if critic is not None and getattr(critic, "critic", None) is not None:
         out["memory/critic_gb"] = _storages(engine_tensors(critic.critic.engine), seen) / GIB

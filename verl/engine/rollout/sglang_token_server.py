@@ -22,13 +22,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl.engine.rollout.base import SamplingParams
-from verl.engine.rollout.native.engine import turn_params, wait_at_gate
 from verl.engine.rollout.sglang_rollout import SGLangRolloutError, sglang_sampling_params
+from verl.engine.rollout.token_server import BaseTokenServer, turn_params, wait_at_gate
 
 SEED_STRIDE = 7919  # a turn's sampling seed: base seed + stride x the turn's arrival index
 
 
-class SGLangTokenServer:
+class SGLangTokenServer(BaseTokenServer):
     """``await generate(request_id=, prompt_ids=, sampling_params=)`` -> ``{"token_ids", "log_probs",
     "stop_reason"}`` over an :class:`~verl.engine.rollout.sglang_rollout.SGLangRollout` (see the module doc).
 
@@ -39,22 +39,13 @@ class SGLangTokenServer:
     included), ``prompt_tokens`` and ``cached_tokens`` (of them, the ones SGLang's radix cache held)."""
 
     def __init__(self, rollout: Any, base: SamplingParams, pad_token_id: int):
+        super().__init__(base, pad_token_id)
         self.rollout = rollout
-        self.base = dataclasses.replace(base, n=1)
-        self.pad_token_id = pad_token_id
-        self.requests = 0
-        self.prompt_tokens = 0
-        self.cached_tokens = 0
-        self.interrupted = 0     # turn segments cut by interrupt()
-        self.parked = 0          # turns waiting for resume_turns()
         self._paused: asyncio.Event | None = None  # set: turns may run; cleared by interrupt()
         self._running: set[str] = set()           # SGLang rids of the turn segments in flight
         self.interruptible = True  # a turn is always resumable here (interrupt() aborts, resume_turns() goes on)
-        # The model version of the weights the engine holds (the asynchronous trainer's; None: untracked): each
-        # turn reports the versions that sampled its tokens (``versions``), one per turn segment that added some.
-        # Weights change only while every turn is held (interrupt(), then a push), so a segment's version is the
-        # one at its start.
-        self.version: int | None = None
+        # ``versions``: one per turn segment that added tokens. Weights change only while every turn is held
+        # (interrupt(), then a push), so a segment's version is the one at its start.
 
     @property
     def calls(self) -> int:
@@ -81,15 +72,8 @@ class SGLangTokenServer:
         """Run the agent loops' coroutine on SGLang's event loop (its tokenizer manager lives there)."""
         return self._engine.loop.run_until_complete(coroutine)
 
-    def follow(self) -> None:
-        """Rollout TP > 1: SGLang's own processes are the group's ranks; the other trainer ranks have nothing
-        to follow."""
-
-    def release(self, marker: dict) -> None:
-        """No followers to release (see :meth:`follow`)."""
-
-    def close(self) -> None:
-        """Nothing to release: the engine outlives the server."""
+    # follow / release / close: the base's no-ops. Rollout TP > 1: SGLang's own processes are the group's ranks,
+    # so the other trainer ranks have nothing to follow; the engine outlives the server.
 
     # ------------------------------------------------------------------ partial rollout
     def _gate(self) -> asyncio.Event:
