@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from verl.api.dataflow import REWARD_KEY, ROLLOUT_KEYS, DataFlow, DataFlowTrainer, TrainerConfig
+from verl.engine.strategies import STRATEGIES, engine_entry
 from verl.errors import InputError
 
 # rollout_config keys that are the data section's (the rest are actor_rollout_ref.rollout.*).
@@ -128,9 +129,10 @@ class DataPipeline:
         if "learning_rate" in actor:
             config.learning_rate = float(actor["learning_rate"])
         if "strategy" in actor:
-            config.overrides["model_engine"] = {"megatron": "megatron", "fsdp": "dp"}.get(actor["strategy"])
-            if config.overrides["model_engine"] is None:
-                raise InputError(f"actors[0].strategy: expected 'megatron' or 'fsdp', found {actor['strategy']!r}")
+            if actor["strategy"] not in STRATEGIES:
+                raise InputError(f"actors[0].strategy: expected one of {', '.join(STRATEGIES)}, "
+                                 f"found {actor['strategy']!r}")
+            config.overrides["model_engine"] = engine_entry(actor["strategy"]).model_engine
 
         if len(self.critics) > 1:
             raise InputError(f"critics: expected at most one critic, found {len(self.critics)}")

@@ -38,11 +38,9 @@ class LoRAKeys:
 
 
 class BackendConfigRules(abc.ABC):
-    """One training backend's config rules. ``model_engine``: verl 0.9's ``model_engine`` value that selects
-    it; ``sections``: the role keys only this backend reads (set on another backend they do nothing);
-    ``lora``: how it reads verl's LoRA keys."""
+    """One training backend's config rules. ``sections``: the role keys only this backend reads (set on another
+    backend they do nothing); ``lora``: how it reads verl's LoRA keys."""
 
-    model_engine: str
     sections: tuple[str, ...]
     lora: LoRAKeys
 

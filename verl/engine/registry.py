@@ -1,4 +1,4 @@
-"""verl's training ``strategy`` -> the engine class that runs it (the names: :mod:`verl.engine.strategies`).
+"""verl's training ``strategy`` -> the engine class that runs it (the table: :mod:`verl.engine.strategies`).
 
 Engine classes are imported on first use, so an FSDP run never imports Megatron-core.
 """
@@ -8,17 +8,13 @@ from __future__ import annotations
 import importlib
 
 from verl.engine.base import EngineSpec, TrainingEngine
-from verl.engine.strategies import STRATEGIES, engine_name
+from verl.engine.strategies import STRATEGIES, engine_entry, engine_name
 
-__all__ = ["ENGINES", "STRATEGIES", "build_engine", "engine_class", "engine_name"]
-
-# engine name -> its class ("module:Class"); the engine name is also what its checkpoints record.
-ENGINES = {"megatron": "verl.engine.megatron.engine:MegatronEngine",
-           "fsdp": "verl.engine.fsdp.engine:FSDPEngine"}
+__all__ = ["STRATEGIES", "build_engine", "engine_class", "engine_name"]
 
 
 def engine_class(strategy: str) -> type[TrainingEngine]:
-    module, name = ENGINES[engine_name(strategy)].split(":")
+    module, name = engine_entry(strategy).engine_class.split(":")
     return getattr(importlib.import_module(module), name)
 
 

@@ -11,7 +11,6 @@ from verl.utils.config_checks import ConfigError
 
 
 class FSDPConfigRules(BackendConfigRules):
-    model_engine = "dp"
     sections = ("fsdp_config", "grad_clip")
     lora = LoRAKeys(name="fsdp", block=False, value_head="score", all_linear_keyword=True)
 

@@ -14,7 +14,6 @@ LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "dt
 
 
 class MegatronConfigRules(BackendConfigRules):
-    model_engine = "megatron"
     sections = ("megatron",)
     lora = LoRAKeys(name="megatron", block=True, value_head="output_layer", all_linear_keyword=False)
 
