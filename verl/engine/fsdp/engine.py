@@ -216,7 +216,7 @@ class FSDPEngine(TrainingEngine):
         from verl.engine.fsdp.reshard import FSDPReshardSource
 
         if self.lora is not None:  # the dense model's names: the rollout takes merged weights
-            from verl.engine.fsdp.lora import BaseNamesView
+            from verl.engine.fsdp.reshard import BaseNamesView
 
             return FSDPReshardSource(BaseNamesView(self.module)).bind_reshard(model_config, training)
         return FSDPReshardSource(self.module).bind_reshard(model_config, training)

@@ -137,16 +137,3 @@ def full_adapters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
     return {adapter_hf_name(n): (p.full_tensor() if isinstance(p, DTensor) else p.detach()).cpu().clone()
             for n, p in model.named_parameters() if is_adapter_name(n)}
-
-
-class BaseNamesView:
-    """The model as the reshard's layout check sees a dense one: base parameters under their HF names."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-
-    def modules(self):
-        return self.model.modules()
-
-    def named_parameters(self):
-        return ((hf_base_name(n), p) for n, p in self.model.named_parameters() if not is_adapter_name(n))

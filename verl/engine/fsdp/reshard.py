@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from verl.engine.base import BoundBuffer
+from verl.engine.lora import hf_base_name, is_adapter_name
 from verl.hybrid_engine.layouts import FSDPLayout, LayoutError, hf_tensor_shapes, local_shape
 from verl.models.config import ModelConfig
 
@@ -104,7 +105,6 @@ class FSDPLoRASyncSource:
     adapters. Collective-free: every rank holds the same PEFT layers."""
 
     def __init__(self, module: torch.nn.Module, model_config: ModelConfig, settings, training: FSDPLayout):
-        from verl.engine.lora import hf_base_name
         from verl.hybrid_engine.lora_sync import AdapterSpec, AdapterTrainingLayout
 
         layers = {hf_base_name(n) + ".weight" for n, m in module.named_modules()
@@ -115,14 +115,10 @@ class FSDPLoRASyncSource:
         self.module = module
 
     def base_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
-        from verl.engine.fsdp.lora import BaseNamesView
-
         return fsdp_reshard_sources(BaseNamesView(self.module), dtype, device)
 
     def adapter_params(self) -> dict[str, torch.Tensor]:
         from torch.distributed.tensor import DTensor
-
-        from verl.engine.lora import is_adapter_name
 
         reshard_module(self.module)
         return {name: (p.to_local() if isinstance(p, DTensor) else p) for name, p in self.module.named_parameters()
@@ -137,3 +133,17 @@ class FSDPLoRASyncSource:
         from verl.hybrid_engine.lora_sync import live_fingerprint
 
         return live_fingerprint(self.adapter_params())
+
+
+class BaseNamesView:
+    """A PEFT model as the reshard's layout check sees a dense one: base parameters under their HF names (the
+    merged-weights reshard and the adapter-only sync's base both read it)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def modules(self):
+        return self.model.modules()
+
+    def named_parameters(self):
+        return ((hf_base_name(n), p) for n, p in self.model.named_parameters() if not is_adapter_name(n))

@@ -12,6 +12,9 @@ an interrupted turn's tokens and log-probs are kept and the turn resumes, on wha
 then, when :meth:`SGLangTokenServer.resume_turns` is called (by the prompt + the tokens it has, the radix
 cache's prefix again); the agent loop sees one turn whose log-probs are per token, each from the weights that
 sampled it.
+
+Import circle, on purpose: ``SGLangRollout.token_server`` builds this server (a lazy import at the call), and
+the server uses the rollout module's error type and sampling-parameter mapping.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -15,9 +15,6 @@ from verl.engine.rollout.base import SamplingParams, check_prompts
 from verl.engine.rollout.native.prefix_cache import PrefixCache
 from verl.engine.rollout.partial import SegmentStop
 from verl.engine.rollout.token_server import BaseTokenServer, turn_params, wait_at_gate
-
-if TYPE_CHECKING:
-    from verl.engine.rollout.native.engine import NativeRollout
 
 
 @dataclasses.dataclass
@@ -29,7 +26,7 @@ class _Request:
     key: str  # the trajectory's request_id: its kept K/V
 
 
-def prefix_budget(rollout: NativeRollout) -> int:
+def prefix_budget(rollout: Any) -> int:
     """The prefix cache's budget in tokens: the engine's ``prefix_cache_tokens`` (the registry sets one full
     batch's KV: max rows x max sequence length), else what 1 GiB of the whole model's K/V holds."""
     if rollout.prefix_cache_tokens is not None:
@@ -76,7 +73,8 @@ class TokenServer(BaseTokenServer):
     sampled it. ``parked``: turns waiting for ``resume_turns``.
     """
 
-    def __init__(self, rollout: NativeRollout, base: SamplingParams, pad_token_id: int):
+    def __init__(self, rollout: Any, base: SamplingParams, pad_token_id: int):
+        # rollout: the NativeRollout this server batches turns into (not imported: it builds this server)
         super().__init__(base, pad_token_id)
         self.rollout = rollout
         self._calls = 0  # engine calls made (batched turns)
