@@ -1,13 +1,20 @@
-"""A checkpoint is on disk before it is published, and its small files are checksummed: every file and
-directory is fsynced before the staging directory is renamed (and before `latest` names it), and a trainer
-state or RNG file changed in place (same size) makes the checkpoint incomplete, naming the file."""
+"""A checkpoint is on disk before it is published, and every file is checksummed: every file and directory is
+fsynced before the staging directory is renamed (and before `latest` names it); a trainer state or RNG file
+changed in place (same size) makes the checkpoint incomplete, naming the file; one flipped bit in a large file
+(a replay-buffer shard) fails the resume with one line naming the file (exit 2)."""
 
 import json
 import os
+import re
+import zlib
 
 import pytest
 
+from verl.engine.rollout.partial import PromptGroup
+from verl.errors import exit_code
+from verl.trainer.v1.replay_buffer import PromptStream, ReplayBuffer
 from verl.utils import checkpoint as ckpt
+from verl.utils.dataset.rl_dataset import ResumableSampler
 
 pytestmark = pytest.mark.unit
 
@@ -76,15 +83,49 @@ def test_a_small_file_changed_in_place_makes_the_checkpoint_incomplete(tmp_path,
     assert ckpt.find_resume_dir(str(tmp_path), "auto") == previous
 
 
-def test_large_files_are_sized_not_checksummed_and_old_manifests_still_load(tmp_path, monkeypatch):
-    monkeypatch.setattr(ckpt, "CHECKSUM_MAX_BYTES", 1000)
-    final = ckpt.save_trainer_checkpoint(str(tmp_path), 1, {}, writer(5000))
+def test_every_file_gets_its_crc32_and_old_manifests_without_checksums_still_load(tmp_path):
+    final = ckpt.save_trainer_checkpoint(str(tmp_path), 1, {}, writer(ckpt.CHECKSUM_MAX_BYTES + 5000))
     with open(os.path.join(final, ckpt.MANIFEST_FILE)) as fh:
         manifest = json.load(fh)
-    shard = os.path.join("actor", "__0_0.distcp")
-    assert manifest["files"][shard] == 5000 and shard not in manifest["crc32"]
-    assert ckpt.STATE_FILE in manifest["crc32"]
-    del manifest["crc32"]  # a checkpoint written before checksums: sizes only, still complete
+    assert set(manifest["crc32"]) == set(manifest["files"]) == {ckpt.STATE_FILE, os.path.join("rng", "rank0.pt"),
+                                                                os.path.join("actor", "__0_0.distcp")}
+    for name, crc in manifest["crc32"].items():
+        with open(os.path.join(final, name), "rb") as fh:
+            assert crc == f"{zlib.crc32(fh.read()):08x}", name
+    del manifest["crc32"]  # a checkpoint written before checksums: sizes only, still complete and loadable
     with open(os.path.join(final, ckpt.MANIFEST_FILE), "w") as fh:
         json.dump(manifest, fh)
     assert ckpt.checkpoint_problem(final) is None
+    assert ckpt.load_trainer_state(final)["step"] == 1
+
+
+def _replay_buffer(tokens_per_trajectory):
+    buffer = ReplayBuffer(8, "drop", lambda index, epoch, step: PromptGroup(
+        uid=f"{epoch}-{index}", index=index, epoch=epoch, submit_step=step, prompt=[1, 2], fields={}, n=2),
+        PromptStream(ResumableSampler(4, shuffle=False, seed=0)))
+    for group in buffer.submit(2, step=1):
+        for t in group.trajectories:
+            t.tokens = list(range(100_000, 100_000 + tokens_per_trajectory))
+            t.log_probs, t.finished, t.min_version, t.max_version = [-0.5] * tokens_per_trajectory, True, 0, 0
+    buffer.collect_finished()
+    return buffer
+
+
+def test_a_flipped_bit_in_a_large_replay_buffer_shard_fails_the_resume_naming_the_file(tmp_path):
+    buffer = _replay_buffer(40_000)
+    final = ckpt.save_trainer_checkpoint(str(tmp_path), 1, {}, lambda staging: buffer.save_trajectories(staging, 0, 1))
+    shard = os.path.join(final, "replay_buffer", "shard0-of-1.pt")
+    with open(shard, "rb") as fh:
+        data = bytearray(fh.read())
+    assert len(data) > ckpt.CHECKSUM_MAX_BYTES  # beyond the files the completeness check reads
+    data[data.index((123_456).to_bytes(8, "little"))] ^= 0x01  # token 123456 becomes 123457
+    with open(shard, "wb") as fh:
+        fh.write(data)
+    assert ckpt.find_resume_dir(str(tmp_path), "auto") == final  # sizes match: complete, and picked
+    assert ReplayBuffer.load_trajectories(final)[0][0].tokens[23_456] == 123_457  # torch.load does not notice
+    with pytest.raises(ckpt.CheckpointError) as err:
+        ckpt.load_trainer_state(final)
+    message = str(err.value)
+    assert "\n" not in message and shard in message, message
+    assert re.search(r"expected CRC32 [0-9a-f]{8}, found [0-9a-f]{8}", message), message
+    assert exit_code(err.value) == 2

@@ -1,6 +1,7 @@
-"""Auto-resume never trusts a cut checkpoint: a manifest with every file's size is written last, and
-a bad latest checkpoint (a cut shard, a garbled state file or latest_checkpointed_iteration.txt)
-gives one warning naming the bad file and the newest complete checkpoint is used instead."""
+"""Auto-resume never trusts a cut checkpoint: a manifest with every file's size is written last (a directory
+without one is incomplete), and a bad latest checkpoint (a cut shard, a garbled state file or
+latest_checkpointed_iteration.txt) gives one warning naming the bad file and the newest complete checkpoint is
+used instead; so does a `latest` that names an older complete one."""
 
 import json
 import logging
@@ -67,6 +68,28 @@ def test_no_complete_checkpoint_starts_over_with_a_warning_and_explicit_ones_rai
     with pytest.raises(ckpt.CheckpointError, match="trainer.resume_from_path"):
         ckpt.find_resume_dir(str(tmp_path), "resume_path", str(bad))
     assert ckpt.find_resume_dir(str(tmp_path / "empty"), "auto") is None
+
+
+def test_a_directory_without_a_manifest_is_not_complete(tmp_path, verl_warnings):
+    previous = _fake_checkpoint(tmp_path, 2)
+    cut = tmp_path / "global_step_4"  # every file in place, but the save died before its manifest
+    (cut / "actor").mkdir(parents=True)
+    (cut / "actor" / "__0_0.distcp").write_bytes(b"w" * 100)
+    (cut / ckpt.STATE_FILE).write_text(json.dumps({"step": 4}))
+    (tmp_path / ckpt.LATEST_FILE).write_text("4\n")
+    assert ckpt.MANIFEST_FILE in ckpt.checkpoint_problem(str(cut))
+    assert ckpt.find_resume_dir(str(tmp_path), "auto") == str(previous)
+    with pytest.raises(ckpt.CheckpointError, match=ckpt.MANIFEST_FILE):
+        ckpt.find_resume_dir(str(tmp_path), str(cut))
+
+
+def test_the_newest_complete_step_wins_over_an_older_latest(tmp_path, verl_warnings):
+    _fake_checkpoint(tmp_path, 2)
+    newest = _fake_checkpoint(tmp_path, 4)
+    (tmp_path / ckpt.LATEST_FILE).write_text("2\n")  # the save of step 4 died between its rename and `latest`
+    assert ckpt.find_resume_dir(str(tmp_path), "auto") == str(newest)
+    warned = [r.getMessage() for r in verl_warnings.records if ckpt.LATEST_FILE in r.getMessage()]
+    assert len(warned) == 1 and str(newest) in warned[0] and "global_step_2" in warned[0], warned
 
 
 # ----------------------------------------------------------------------------- max_*_ckpt_to_keep

@@ -3,8 +3,10 @@ LR schedule and the optimizer step count in the manifest; loadable at another wo
 (DCP reshards on load).
 
 Atomic as the Megatron checkpoints, through :func:`verl.utils.checkpoint.save_engine_checkpoint`: every rank
-writes into ``<dir>.tmp``; after a barrier rank 0 writes ``verl_checkpoint.json`` (the file list) and renames
-the directory, so a crash never leaves a half-written ``<dir>``. RNG states are the trainer's (``rng/``).
+writes into ``<dir>.tmp`` and checksums and fsyncs its own files; after a barrier rank 0 writes
+``verl_checkpoint.json`` (the file list, each file's size and CRC32) and renames the directory, so a crash never
+leaves a half-written ``<dir>``; a full disk inside DCP's save is a DiskFullError on every rank. Loading checks
+every file's CRC32 first (split over the ranks). RNG states are the trainer's (``rng/``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """Megatron checkpoints with ``megatron.core.dist_checkpointing``: model, optimizer, LR scheduler,
 RNG and iteration, loadable into a different (tp, pp).
 
-Atomic (:func:`verl.utils.checkpoint.save_engine_checkpoint`): every rank writes into ``<dir>.tmp``; after a
-barrier rank 0 records the file list in ``verl_checkpoint.json`` and renames the directory, so a crash never
-leaves a half-written ``<dir>``.
-Loading first checks that every recorded file is present (one clear error naming the missing one).
+Atomic (:func:`verl.utils.checkpoint.save_engine_checkpoint`): every rank writes into ``<dir>.tmp`` and
+checksums and fsyncs its own files; after a barrier rank 0 records the file list, each file's size and CRC32 in
+``verl_checkpoint.json`` and renames the directory, so a crash never leaves a half-written ``<dir>``. A full disk
+inside dist_checkpointing's save (its writer processes report it without an errno) is a DiskFullError on every
+rank.
+Loading first checks that every recorded file is present, of its size and CRC32 (one clear error naming the
+file; the CRC32 checks split over the ranks).
 
 Entry scripts need an ``if __name__ == "__main__"`` guard: dist_checkpointing's saver starts a
 spawn-context Manager that re-imports ``__main__`` (without the guard it hangs).
@@ -50,7 +53,7 @@ def _sharded_state(engine: MegatronEngine, with_optimizer: bool, is_loading: boo
                    lora_only: bool = False):
     model_state = engine.module.sharded_state_dict()
     if engine.lora is not None:  # adapters sharded as their parameters (and alone with save_lora_only)
-        from verl.engine.lora.megatron import adapter_sharded_state
+        from verl.engine.megatron.lora import adapter_sharded_state
 
         model_state = adapter_sharded_state(engine.module, model_state, lora_only)
     state = {"model": model_state}
