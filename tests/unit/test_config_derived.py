@@ -24,8 +24,9 @@ def test_the_strategy_names_are_one_table_the_registry_and_the_config_read():
     assert registry.STRATEGIES is strategies.STRATEGIES and registry.engine_name is strategies.engine_name
     for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model"):
         assert RULES[f"{role}.strategy"].choices == tuple(strategies.STRATEGIES)
-    assert strategies.FSDP_STRATEGIES == ("fsdp", "fsdp2")
-    assert set(registry.ENGINES) == set(strategies.STRATEGIES.values())
+    assert strategies.ENGINE_TABLE["fsdp"].strategies == ("fsdp", "fsdp2")
+    assert set(strategies.ENGINE_TABLE) == set(strategies.STRATEGIES.values())
+    assert registry.engine_class("fsdp2").__name__ == "FSDPEngine"  # the class path is the table's
 
 
 def test_the_strategy_table_and_the_config_check_import_no_engine():
