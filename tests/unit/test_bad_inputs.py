@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from verl.cli import main as verl_main
-from verl.utils.sglang_env import sglang_importable
+from verl.utils.engine_env import sglang_importable
 
 pytestmark = pytest.mark.unit
 

@@ -104,10 +104,10 @@ def _rollout_config(model_path, tp):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="SGLang replicates KV heads on GPUs")
 def test_preflight_refuses_a_cpu_rollout_tp_sglang_would_pad(tmp_path, monkeypatch):
-    import verl.utils.sglang_env as sglang_env
+    import verl.utils.engine_env as engine_env
     from verl.trainer.preflight import PreflightError, check_rollout_engine
 
-    monkeypatch.setattr(sglang_env, "sglang_importable", lambda: True)
+    monkeypatch.setattr(engine_env, "importable", lambda package: True)
     cfg = {"model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
            "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 1}
     (tmp_path / "model.json").write_text(json.dumps(cfg))

@@ -570,7 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan_reshard(config, training, RolloutLayout(rollout_tp), 0, args.bucket_bytes, args.dtype)
         if args.push == "sglang":
             from verl.engine.rollout.sglang_rollout import SGLangRolloutError, check_cpu_tp
-            from verl.utils.sglang_env import sglang_importable
+            from verl.utils.engine_env import sglang_importable
 
             if not sglang_importable():
                 raise InputError(f"--push sglang: expected SGLang importable by {sys.executable}, found none "

@@ -27,7 +27,7 @@ import torch
 
 from verl.engine.rollout.sglang_rollout import kv_pool_tokens
 from verl.errors import InputError, refuse
-from verl.utils.sglang_env import REPO, sglang_importable, sglang_python
+from verl.utils.engine_env import REPO, sglang_importable, sglang_python
 from verl.utils.torch_dtypes import DTYPES
 
 

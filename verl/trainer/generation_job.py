@@ -209,7 +209,7 @@ def prepare(cfg: dict[str, Any]):
         raise ConfigError(f"trainer.n_gpus_per_node: expected a multiple of rollout.tensor_model_parallel_size "
                           f"({tp}), found {ranks}")
     engine = rollout_engine(rollout["name"], "rollout.name")
-    if engine.capabilities.needs_sglang_python and ranks != tp:
+    if engine.capabilities.python_env is not None and ranks != tp:
         raise ConfigError(f"trainer.n_gpus_per_node: expected {tp} (= rollout.tensor_model_parallel_size: SGLang "
                           f"runs one engine over its TP workers), found {ranks}")
     if not os.path.isdir(model["path"]):
@@ -383,14 +383,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = load_config(argv)
-        from verl.engine.rollout.registry import rollout_sglang_python_needed
-        from verl.utils.sglang_env import sglang_importable
+        from verl.engine.rollout.registry import rollout_python_env
+        from verl.utils.engine_env import importable
 
-        if rollout_sglang_python_needed(cfg["rollout"]["name"]) and not sglang_importable():
+        package = rollout_python_env(cfg["rollout"]["name"])
+        if package is not None and not importable(package):
             prepare(cfg)  # fail here, once, before the other environment starts
-            from verl.trainer.main_generation import rerun_under_sglang_python
+            from verl.trainer.main_generation import rerun_under_engine_python
 
-            return rerun_under_sglang_python(argv, "rollout.name=sglang", InputError)
+            return rerun_under_engine_python(package, argv, f"rollout.name={cfg['rollout']['name']}", InputError)
         path = run(cfg)
     except InputError as exc:
         print(f"main_generation: error: {exc}", file=sys.stderr)

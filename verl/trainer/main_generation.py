@@ -31,7 +31,7 @@ from verl.utils.torch_dtypes import DTYPES
 RENDEZVOUS_ENV = "VERL_GENERATE_RENDEZVOUS"
 OUTPUT_ENV = "VERL_GENERATE_OUTPUT"
 # Set by `verl generate --engine sglang` in the command it re-runs with the SGLang environment's python.
-IN_SGLANG_ENV = "VERL_GENERATE_IN_SGLANG_ENV"
+IN_ENGINE_ENV = "VERL_GENERATE_IN_ENGINE_ENV"
 RANK_TIMEOUT_S = 300
 
 
@@ -202,34 +202,37 @@ def _run_rank(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_sglang(args: argparse.Namespace, argv: list[str]) -> int:
+def _run_in_engine_env(args: argparse.Namespace, argv: list[str], package: str) -> int:
+    """An engine that lives in its own environment (SGLang, vLLM): its own processes are its TP ranks, so one
+    process here drives it, under that environment's python when this one cannot import ``package``."""
     from verl.engine.rollout.registry import rollout_engine
-    from verl.utils.sglang_env import sglang_importable
+    from verl.utils.engine_env import importable
 
-    config = prepare(args)[0]  # fail here, once, before SGLang starts
+    config = prepare(args)[0]  # fail here, once, before the engine starts
     check_model = rollout_engine(args.engine, "--engine").check_model
     if check_model is not None:
         check_model(config, args.tp)
-    if sglang_importable():
+    if importable(package):
         _write(generate_json(args), args.json)
         return 0
-    return rerun_under_sglang_python(argv, "--engine sglang", UsageError)
+    return rerun_under_engine_python(package, argv, f"--engine {args.engine}", UsageError)
 
 
-def rerun_under_sglang_python(argv: list[str], what: str, error: type[Exception]) -> int:
-    """``python -m verl.trainer.main_generation ARGV`` again under the SGLang venv's python (this one cannot import
-    sglang); ``error(...)`` names ``what`` when that python is missing or is this one."""
+def rerun_under_engine_python(package: str, argv: list[str], what: str, error: type[Exception]) -> int:
+    """``python -m verl.trainer.main_generation ARGV`` again under the python of ``package``'s environment (this one
+    cannot import it); ``error(...)`` names ``what`` when that python is missing or is this one."""
     from verl.launcher.spawn import child_preexec
-    from verl.utils.sglang_env import REPO, sglang_python
+    from verl.utils.engine_env import ENGINE_ENVS, REPO
 
-    python = sglang_python()
-    if os.environ.get(IN_SGLANG_ENV):
-        raise error(f"{what}: expected sglang importable in {sys.executable}, found it is not")
+    env_spec = ENGINE_ENVS[package]
+    python = env_spec.python
+    if os.environ.get(IN_ENGINE_ENV):
+        raise error(f"{what}: expected {package} importable in {sys.executable}, found it is not")
     if not os.path.isfile(python):
-        raise error(f"{what}: sglang is not importable here and {python} does not exist; "
-                    "run launch/setup_sglang.sh or set VERL_SGLANG_PYTHON")
+        raise error(f"{what}: {package} is not importable here and {python} does not exist; "
+                    f"run {env_spec.setup} or set {env_spec.python_var}")
     env = dict(os.environ)
-    env[IN_SGLANG_ENV] = "1"
+    env[IN_ENGINE_ENV] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
     return subprocess.run([python, "-m", "verl.trainer.main_generation", *argv], env=env,
                           preexec_fn=child_preexec()).returncode
@@ -269,12 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         from verl.launcher.spawn import without_option
 
         return megatron_generate(without_option(argv, "--engine"))
-    from verl.engine.rollout.registry import rollout_sglang_python_needed
+    from verl.engine.rollout.registry import rollout_python_env
 
     try:
         args = build_parser().parse_args(argv)
-        if rollout_sglang_python_needed(args.engine):
-            return _run_sglang(args, argv)
+        package = rollout_python_env(args.engine)
+        if package is not None:
+            return _run_in_engine_env(args, argv, package)
         if RENDEZVOUS_ENV in os.environ:
             return _run_rank(args)
         if args.tp == 1:

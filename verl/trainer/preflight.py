@@ -64,22 +64,25 @@ def check_datasets(config: PPOSections, tokenizer: Any) -> None:
 
 
 def check_rollout_engine(config: PPOSections) -> None:
-    """The rollout engine can start here: one that needs SGLang finds it in this Python, and the engine's own
-    limits on the model and rollout tp (SGLang on CPU pads attention heads instead of replicating KV heads)."""
+    """The rollout engine can start here: one that lives in its own environment (SGLang, vLLM) finds its package in
+    this Python, and the engine's own limits on the model and rollout tp (SGLang on CPU pads attention heads instead
+    of replicating KV heads)."""
     import sys
 
     from verl.engine.rollout.registry import rollout_engine
 
     rollout = config.actor_rollout_ref.rollout
     engine = rollout_engine(rollout.name)
-    if engine.capabilities.needs_sglang_python:
-        from verl.utils.sglang_env import sglang_importable
+    package = engine.capabilities.python_env
+    if package is not None:
+        from verl.utils.engine_env import ENGINE_ENVS, importable
 
-        if not sglang_importable():
+        if not importable(package):
+            env = ENGINE_ENVS[package]
             raise PreflightError(
-                f"actor_rollout_ref.rollout.name={rollout.name}: expected SGLang importable by {sys.executable}, "
-                "found none; `bash launch/setup_sglang.sh` builds .venv-sglang (SGLang and Megatron), then run "
-                ".venv-sglang/bin/verl train ... (launch/quickstart.sh does both)")
+                f"actor_rollout_ref.rollout.name={rollout.name}: expected {env.name} importable by {sys.executable}, "
+                f"found none; `bash {env.setup}` builds {env.venv} ({env.name} and Megatron), then run "
+                f"{env.venv}/bin/verl train ... (launch/quickstart.sh does both)")
     if engine.check_model is None:
         return
     from verl.models.config import ModelConfig

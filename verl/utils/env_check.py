@@ -125,16 +125,26 @@ def check_slurm() -> Check:
     return Check(OK, "slurm", out or "version unknown")
 
 
-def check_sglang() -> Check:
-    from verl.utils.sglang_env import sglang_importable, sglang_python
+def check_engine_env(package: str) -> Check:
+    """A rollout engine that lives in its own environment (verl.utils.engine_env): here, in its venv, or absent."""
+    from verl.utils.engine_env import ENGINE_ENVS, importable
 
-    if sglang_importable():
-        return Check(OK, "sglang", _version("sglang") or "installed, import failed")
-    if os.path.isfile(sglang_python()):
-        return Check(OK, "sglang", f"in {os.path.dirname(os.path.dirname(sglang_python()))} (rollout.name=sglang runs "
-                                   "under its bin/verl)")
-    return Check(WARN, "sglang", "not installed (optional; the native rollout engine is used)",
-                 fix="bash launch/setup_sglang.sh   (CPU route, .venv-sglang; GPU nodes: SGLang's own install)")
+    env = ENGINE_ENVS[package]
+    if importable(package):
+        return Check(OK, package, _version(package) or "installed, import failed")
+    if os.path.isfile(env.python):
+        return Check(OK, package, f"in {os.path.dirname(os.path.dirname(env.python))} (rollout.name={package} runs "
+                                  "under its bin/verl)")
+    return Check(WARN, package, "not installed (optional; the native rollout engine is used)",
+                 fix=f"bash {env.setup}   (CPU route, {env.venv}; GPU nodes: {env.name}'s own install)")
+
+
+def check_sglang() -> Check:
+    return check_engine_env("sglang")
+
+
+def check_vllm() -> Check:
+    return check_engine_env("vllm")
 
 
 def check_apex() -> Check:
@@ -177,7 +187,7 @@ def check_gpus() -> Check:
 
 CHECKS: list[Callable[[], object]] = [
     check_python, check_torch, check_megatron, check_extension, check_mpi, check_slurm,
-    check_sglang, check_apex, check_nvcc, check_gpus,
+    check_sglang, check_vllm, check_apex, check_nvcc, check_gpus,
 ]
 
 

@@ -128,8 +128,8 @@ def check_judge(cfg: dict[str, Any], actor_tokenizer: str | None) -> None:
     engine = rollout_engine(rollout["name"], name_key)
     # The judge runs in each trainer rank's own Python and stops its call at the deadline (a segment stop).
     caps = engine.capabilities
-    if caps.needs_sglang_python or not caps.partial_rollout:
-        why = "runs only in SGLang's Python" if caps.needs_sglang_python else "cannot stop a call at a deadline"
+    if caps.python_env is not None or not caps.partial_rollout:
+        why = f"runs only in {caps.python_env}'s Python" if caps.python_env else "cannot stop a call at a deadline"
         raise ConfigError(f"{name_key}: expected an engine that runs in the trainer's process and stops at "
                           f"judge.timeout_s (native), found {rollout['name']!r}, which {why}")
     if rollout["tensor_model_parallel_size"] != 1:

@@ -58,7 +58,8 @@ def reset_rotary_tables(model: torch.nn.Module, device: torch.device) -> None:
 def load_sharded_weights(model: torch.nn.Module, model_path: str, head: str) -> None:
     """Each parameter's local shard from the HF checkpoint, one full tensor in memory at a time (read, cut to
     this rank's rows, copied, dropped). A score head the checkpoint lacks starts at zero. With PEFT's LoRA
-    layers in the model: the base by its HF name, the adapters untouched (``engine.fsdp.lora.init_adapters`` sets them)."""
+    layers in the model: the base by its HF name, the adapters untouched (``lora.init_adapters`` of this folder
+    sets them)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     from verl.engine.lora import hf_base_name, is_adapter_name

@@ -31,12 +31,13 @@ class RolloutCapabilities:
     routing_recording: bool     # records the routed experts of every token (routing replay R3)
     partial_rollout: bool       # generates in segments that stop early and resume on new weights (async modes)
     adapters: bool              # serves LoRA adapters
-    needs_sglang_python: bool   # runs only in a Python where SGLang imports (.venv-sglang)
     # serves verl's agent loops token in / token out (``token_server``; rollout.multi_turn.enable)
     agent_loop: bool = False
     # its token server's turns report the model version that sampled them (``version``/``versions``), so agent
     # loops can run across the colocated asynchronous trainer's steps (rollout.multi_turn with colocate_async)
     agent_loop_async: bool = False
+    # runs only where this package imports: its own environment (verl.utils.engine_env.ENGINE_ENVS); None: anywhere
+    python_env: str | None = None
 
 
 CAPABILITIES = tuple(f.name for f in dataclasses.fields(RolloutCapabilities))
@@ -257,8 +258,7 @@ def _check_sglang_model(config: Any, tp_size: int) -> None:
 NATIVE = RolloutEngine(
     "native",
     RolloutCapabilities(group_backend=None, vocab_padding=64, moe_weights=True, routing_recording=True,
-                        partial_rollout=True, adapters=False, needs_sglang_python=False, agent_loop=True,
-                        agent_loop_async=True),
+                        partial_rollout=True, adapters=False, agent_loop=True, agent_loop_async=True),
     build=_build_native, open_standalone=_open_native,
     lacks={"adapters": "LoRA is not implemented"},
 )
@@ -266,8 +266,8 @@ SGLANG = RolloutEngine(
     "sglang",
     # The group's collectives only move handles between its ranks: gloo, whatever the training backend.
     RolloutCapabilities(group_backend="gloo", vocab_padding=64, moe_weights=False, routing_recording=False,
-                        partial_rollout=True, adapters=False, needs_sglang_python=True, agent_loop=True,
-                        agent_loop_async=True),
+                        partial_rollout=True, adapters=False, agent_loop=True, agent_loop_async=True,
+                        python_env="sglang"),
     build=_build_sglang, open_standalone=_open_sglang, check_model=_check_sglang_model,
     lacks={"moe_weights": "pushing the stacked experts into SGLang's fused-MoE weights is not wired yet; "
                           "`verl generate --engine sglang` runs the checkpoint: use native",
@@ -278,13 +278,13 @@ BUILTIN_ROLLOUTS = ("native", "sglang")
 _ENGINES.update({NATIVE.name: NATIVE, SGLANG.name: SGLANG})  # checked against the layout by the unit tests
 
 
-def rollout_sglang_python_needed(name: str) -> bool:
-    """Whether engine ``name`` (registered or not) must run where SGLang imports; an unknown name: False."""
+def rollout_python_env(name: str) -> str | None:
+    """The environment engine ``name`` must run in (its package's name), None for any Python or an unknown name."""
     engine = _ENGINES.get(name)
-    return engine is not None and engine.capabilities.needs_sglang_python
+    return None if engine is None else engine.capabilities.python_env
 
 
 __all__ = ["BUILTIN_ROLLOUTS", "CAPABILITIES", "REFUSED_ROLLOUT_NAMES", "ROLLOUT_NAME_CHOICES", "RolloutCapabilities",
            "RolloutCapabilityError", "RolloutEngine", "RolloutSite", "StandaloneSite", "UnknownRolloutEngineError",
            "register_rollout", "require_capability", "rollout_capabilities", "rollout_engine", "rollout_names",
-           "rollout_sglang_python_needed", "unregister_rollout"]
+           "rollout_python_env", "unregister_rollout"]
