@@ -1,6 +1,6 @@
 """verl's tool interfaces at verl's import paths: ``BaseTool`` (stateful), ``@function_tool`` (stateless),
 ``schemas``, ``tool_registry.load_all_tools``; built-in tools: ``calculator.CalculatorTool`` and
-``sandbox.CodeInterpreterTool``."""
+``code_interpreter.CodeInterpreterTool`` (model code run in ``sandbox``)."""
 
 from verl.tools.base_tool import BaseTool
 from verl.tools.function_tool import FunctionTool, function_tool

@@ -7,7 +7,6 @@ The OpenAI schema comes from the signature (types, defaults -> ``required``) and
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import inspect
 import json
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl.errors import InputError
+from verl.tools.concurrency import run_in_daemon_thread
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 FUNCTION_TOOL_REGISTRY: dict[str, FunctionTool] = {}
@@ -29,7 +29,8 @@ _LOADED_PATHS: dict[str, list[FunctionTool]] = {}
 
 @dataclass
 class FunctionTool:
-    """A registered function: ``name``, ``tool_schema`` and the callable (sync ones run in a thread)."""
+    """A registered function: ``name``, ``tool_schema`` and the callable (sync ones run on a daemon thread, so one
+    that hangs past the tool time limit holds neither the generation nor the process's exit)."""
 
     name: str
     fn: Callable[..., Any]
@@ -39,7 +40,7 @@ class FunctionTool:
     async def call(self, parameters: dict[str, Any]) -> Any:
         if self.is_async:
             return await self.fn(**parameters)
-        return await asyncio.to_thread(self.fn, **parameters)
+        return await run_in_daemon_thread(self.fn, **parameters)
 
 
 _SIMPLE = {int: "integer", float: "number", str: "string", bool: "boolean", dict: "object", list: "array",

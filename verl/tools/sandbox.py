@@ -1,25 +1,38 @@
-"""Run model-written Python in a sandbox, and the ``code_interpreter`` tool on top of it.
+"""Run model-written Python in a sandbox (the ``code_interpreter`` tool, :mod:`verl.tools.code_interpreter`, is
+built on it).
 
 Each run is one ``bwrap`` (bubblewrap, Debian's ``bubblewrap`` package) process tree with:
 
-* its own user, mount, PID, network, IPC and UTS namespaces (``--unshare-all``): no network interface but
-  loopback, no view of the host's processes; it dies with its parent (``--die-with-parent``) and killing it
-  kills everything it started (PID 1 of its namespace);
+* its own user, mount, PID, network, IPC and UTS namespaces (``--unshare-all --unshare-user``): no network
+  interface but loopback, no view of the host's processes; it dies with its parent (``--die-with-parent``) and
+  killing it kills everything it started (PID 1 of its namespace). ``--disable-userns``: the program cannot open
+  a user namespace of its own (where it would hold every capability);
 * a root made only of the host's ``/usr`` read-only (plus the merged-usr links ``/bin``, ``/lib``...): the
   project, ``/work``, ``$HOME``, ``/etc`` and ``/root`` are simply not there; ``/tmp`` and ``/dev/shm`` are
   private tmpfs of a fixed size (the disk cannot be filled), ``/dev`` is read-only;
-* rlimits (``prlimit``) on CPU seconds, address space, file size and processes. When we run as root the run
-  also drops to a uid of its own (``RLIMIT_NPROC`` does not bind root, and a per-run uid keeps concurrent
-  runs from sharing one process budget), so a fork bomb stops at ``max_processes``;
+* rlimits (``prlimit``), set *inside* the namespaces, on the program. ``RLIMIT_NPROC`` counts the processes and
+  threads of a uid within one user namespace, and at the namespace's creation the creator's limit becomes the cap
+  on its whole uid: set outside (as before), 32 processes would have bounded every thread of the user on the
+  host, and a training rank alone has more (bwrap then fails with EAGAIN). Inside the run's own namespace the
+  count starts at zero, so ``max_processes`` bounds this run's processes and threads only, and concurrent runs do
+  not share it. When we run as root the run also drops to a uid of its own (``RLIMIT_NPROC`` does not bind root);
 * a wall-clock deadline: past it the tree is killed and the result says ``timed_out``; stdout and stderr are
   each kept to ``max_output_bytes`` (a run that prints more is killed and marked ``truncated``).
 
+What is bounded per run: processes and threads (``max_processes``), wall time, output, ``/tmp`` and ``/dev/shm``.
+Per process: CPU seconds, address space (``memory_bytes``) and file size, so a run's memory is bounded by
+``max_processes x memory_bytes``, not ``memory_bytes``. No cgroup is used (a job's user cannot in general write its
+own), so the sandbox asks the OOM killer to pick it first (``oom_score_adj`` 1000, util-linux's ``choom``):
+memory pressure from a run ends the run, not a training rank.
+
 The interpreter is the system's ``/usr/bin/python3`` (the project's venv lives under the hidden ``/work``).
+This module needs only the standard library and :mod:`verl.errors`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import os
 import shutil
@@ -28,16 +41,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl.tools.base_tool import BaseTool
-from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from verl.errors import InputError
 
 _UID_BASE = 420000  # per-run uids are _UID_BASE + k: far above any account's uid, never a real user
 _UID_SPAN = 50000
 _uid_counter = itertools.count(os.getpid() * 97 % _UID_SPAN)
+OOM_SCORE_ADJ = 1000  # the OOM killer's first choice: a run, never the rank that started it
 
 
-class SandboxUnavailableError(RuntimeError):
-    """bwrap (or prlimit) is not installed or user namespaces are off: install bubblewrap (launch/setup_env.sh)."""
+class SandboxUnavailableError(InputError, RuntimeError):
+    """The sandbox cannot run on this host (bwrap or prlimit missing, a bwrap older than 0.8 without
+    ``--disable-userns``, user namespaces off, a host limit bwrap cannot start under): one line, before any
+    rollout (exit 2)."""
+
+
+class SandboxError(RuntimeError):
+    """bwrap itself failed on one run (the program never ran); the agent loop counts it as a tool error."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +79,8 @@ class SandboxResult:
     timed_out: bool = False
     truncated: bool = False
     wall_s: float = 0.0
+    sandbox_error: str | None = None
+    """bwrap's own failure (the program never ran), e.g. ``bwrap: Creating new namespace failed: ...``."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_text(self) -> str:
@@ -79,6 +100,7 @@ class SandboxResult:
 
 
 def sandbox_available() -> bool:
+    """bwrap and prlimit are installed (whether they work here is :func:`check_sandbox`'s question)."""
     return shutil.which("bwrap") is not None and shutil.which("prlimit") is not None
 
 
@@ -93,17 +115,20 @@ def _root_args() -> list[str]:
     return args
 
 
-def build_command(code: str, limits: SandboxLimits) -> list[str]:
-    """The argv of one sandboxed run (prlimit -> bwrap -> python)."""
-    bwrap, prlimit = shutil.which("bwrap"), shutil.which("prlimit")
+def build_command(code: str, limits: SandboxLimits, status_fd: int | None = None) -> list[str]:
+    """The argv of one sandboxed run: [choom ->] bwrap -> prlimit -> python. ``status_fd``: bwrap's
+    ``--json-status-fd`` (it reports the program's exit there, which tells a bwrap failure from the program's)."""
+    bwrap, prlimit, choom = shutil.which("bwrap"), shutil.which("prlimit"), shutil.which("choom")
     if bwrap is None or prlimit is None:
         raise SandboxUnavailableError("the code sandbox needs bwrap and prlimit: apt-get install -y bubblewrap "
                                       "util-linux (launch/setup_env.sh installs them)")
     cpu = max(1, int(limits.cpu_seconds))
+    oom = [choom, "-n", str(OOM_SCORE_ADJ), "--"] if choom else []  # choom: util-linux >= 2.33
+    status = ["--json-status-fd", str(status_fd)] if status_fd is not None else []
     return [
-        prlimit, f"--cpu={cpu}:{cpu + 1}", f"--as={limits.memory_bytes}", f"--fsize={limits.max_file_bytes}",
-        f"--nproc={limits.max_processes}", "--core=0", "--",
-        bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+        *oom,
+        bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+        "--clearenv", *status,
         *_root_args(),
         "--proc", "/proc", "--dev", "/dev",
         "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
@@ -112,6 +137,10 @@ def build_command(code: str, limits: SandboxLimits) -> list[str]:
         "--hostname", "sandbox", "--chdir", "/tmp",
         "--setenv", "HOME", "/tmp", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
         "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+        "--",
+        # inside the new user namespace (see the module doc): the process count is this run's alone
+        prlimit, f"--cpu={cpu}:{cpu + 1}", f"--as={limits.memory_bytes}", f"--fsize={limits.max_file_bytes}",
+        f"--nproc={limits.max_processes}", "--core=0", "--",
         limits.python, "-I", "-c", code,
     ]
 
@@ -134,25 +163,64 @@ async def _read_capped(stream: asyncio.StreamReader, cap: int, over: asyncio.Eve
 
 
 def _kill_tree(proc: asyncio.subprocess.Process) -> None:
-    # prlimit execs bwrap in the session we started; its sandbox dies with it (PID 1 of its namespace)
+    # choom and prlimit exec; bwrap leads the session we started, and its sandbox dies with it (PID 1 of its
+    # namespace)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
 
 
+def _drain(fd: int) -> bytes:
+    """What is in the pipe now (its writers are gone or done: never blocks)."""
+    os.set_blocking(fd, False)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run ``code`` in a fresh sandbox and return what it printed; never raises for what the code does."""
+    """Run ``code`` in a fresh sandbox and return what it printed; never raises for what the code does. A run
+    that bwrap could not start carries ``sandbox_error``. Cancelling the call kills the run."""
     limits = limits or SandboxLimits()
-    argv = build_command(code, limits)
+    status_r, status_w = os.pipe()
     user_kwargs: dict[str, Any] = {}
     if os.geteuid() == 0:
         uid = _UID_BASE + next(_uid_counter) % _UID_SPAN
         user_kwargs = {"user": uid, "group": uid, "extra_groups": []}
     start = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        start_new_session=True, cwd="/", env={"PATH": "/usr/bin:/bin"}, **user_kwargs)
+    try:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *build_command(code, limits, status_fd=status_w), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True, cwd="/",
+                env={"PATH": "/usr/bin:/bin"}, pass_fds=(status_w,), **user_kwargs)
+        finally:
+            os.close(status_w)
+        out, err, timed_out, truncated = await _supervise(proc, limits)
+        status = _drain(status_r)
+    finally:
+        os.close(status_r)
+    result = SandboxResult(stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
+                           returncode=proc.returncode, timed_out=timed_out, truncated=truncated,
+                           wall_s=time.monotonic() - start)
+    # bwrap writes "exit-code" once the program has exited; without it (and without our kill) the program never
+    # ran: a namespace, mount or exec failure of bwrap's, whose message is its stderr
+    if b'"exit-code"' not in status and not (timed_out or truncated):
+        lines = result.stderr.strip().splitlines()
+        result.sandbox_error = lines[0] if lines else f"bwrap exited with {proc.returncode} before the program ran"
+    return result
+
+
+async def _supervise(proc: asyncio.subprocess.Process, limits: SandboxLimits) -> tuple[bytes, bytes, bool, bool]:
+    """(stdout, stderr, timed_out, truncated) of a started run; its tree is dead when this returns or raises."""
     over = asyncio.Event()
     readers = asyncio.gather(_read_capped(proc.stdout, limits.max_output_bytes, over),
                              _read_capped(proc.stderr, limits.max_output_bytes, over))
@@ -175,48 +243,41 @@ async def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxR
             out, err = await readers
     finally:
         over_wait.cancel()
-        if proc.returncode is None:
-            _kill_tree(proc)
+        # first, and without awaiting: a cancelled call (a tool time limit) takes its run with it even if it is
+        # cancelled again below. Normally only leftovers: the PID namespace died with bwrap.
+        _kill_tree(proc)
+        if proc.returncode is None or not readers.done():
+            # cancelled: reap it, and read its pipes to EOF so that their transports close on this loop
             await proc.wait()
-        _kill_tree(proc)  # leftovers in the session (none normally: the PID namespace died with bwrap)
-    return SandboxResult(stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
-                         returncode=proc.returncode, timed_out=timed_out, truncated=over.is_set(),
-                         wall_s=time.monotonic() - start)
+            await asyncio.wait({readers}, timeout=2.0)
+    return out, err, timed_out, over.is_set()
 
 
-class CodeInterpreterTool(BaseTool):
-    """``code_interpreter(code)``: runs the model's Python in the sandbox and returns its output.
+def check_sandbox(limits: SandboxLimits | None = None) -> None:
+    """The start-up probe: ``print(1)`` through the real argv, from this process (its uid, its threads);
+    :class:`SandboxUnavailableError` in one line when that does not print 1."""
+    limits = limits or SandboxLimits()
+    build_command("", limits)  # missing binaries: the install line
+    # on a thread of its own: the caller may be inside a running event loop
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sandbox-probe") as pool:
+        result = pool.submit(asyncio.run, run_python("print(1)", limits)).result()
+    if result.returncode == 0 and result.stdout == "1\n":
+        return
+    if result.sandbox_error:
+        why = result.sandbox_error
+    elif result.timed_out:
+        why = f"no answer within wall_seconds={limits.wall_seconds:g}"
+    else:
+        lines = result.stderr.strip().splitlines()
+        why = f"exit code {result.returncode}" + (f": {lines[-1]}" if lines else "")
+    raise SandboxUnavailableError(f"the code sandbox cannot run here: print(1) through bwrap failed ({why}); "
+                                  "docs/security.md says what it needs")
 
-    ``config`` keys (all optional): the fields of :class:`SandboxLimits` (``wall_seconds``, ``cpu_seconds``,
-    ``memory_bytes``, ``max_processes``, ``max_output_bytes``, ``max_file_bytes``, ``tmp_bytes``, ``python``)
-    and ``max_concurrency`` (sandboxes of this tool running at once; default 4).
-    """
 
-    def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None):
-        super().__init__(config, tool_schema)
-        fields = set(SandboxLimits.__dataclass_fields__)
-        unknown = set(self.config) - fields - {"type", "max_concurrency"}
-        if unknown:
-            raise ValueError(f"code_interpreter config: unknown keys {sorted(unknown)} (known: {sorted(fields)})")
-        self.limits = SandboxLimits(**{k: v for k, v in self.config.items() if k in fields})
-        if not sandbox_available():
-            raise SandboxUnavailableError("code_interpreter needs bubblewrap: apt-get install -y bubblewrap")
-        self._slots = asyncio.Semaphore(int(self.config.get("max_concurrency", 4)))
+def __getattr__(name: str):
+    # the tool's former home: a tool YAML's ``class_name: verl.tools.sandbox.CodeInterpreterTool`` still loads
+    if name == "CodeInterpreterTool":
+        from verl.tools.code_interpreter import CodeInterpreterTool
 
-    def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
-        return OpenAIFunctionToolSchema.model_validate({
-            "type": "function",
-            "function": {"name": "code_interpreter",
-                         "description": "Run a Python program and return what it prints (no network, no files "
-                                        "kept between calls).",
-                         "parameters": {"type": "object", "required": ["code"], "properties": {
-                             "code": {"type": "string", "description": "Python source; print the answer."}}}}})
-
-    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
-        code = parameters.get("code")
-        if not isinstance(code, str) or not code.strip():
-            return ToolResponse(text="Error: 'code' must be a non-empty string"), 0.0, {"error": 1}
-        async with self._slots:
-            result = await run_python(code, self.limits)
-        metrics = {"timed_out": int(result.timed_out), "returncode": result.returncode, "wall_s": result.wall_s}
-        return ToolResponse(text=result.as_text()), 0.0, metrics
+        return CodeInterpreterTool
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

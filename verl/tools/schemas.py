@@ -55,7 +55,7 @@ class OpenAIFunctionCallSchema(BaseModel):
         """(call, has_decode_error): arguments that are not a JSON object become ``{}`` with the flag set."""
         try:
             arguments = json.loads(parsed.arguments)
-        except (json.JSONDecodeError, TypeError):
+        except (ValueError, TypeError, RecursionError):  # bad JSON, a number past the digit limit, deep nesting
             return OpenAIFunctionCallSchema(name=parsed.name, arguments={}), True
         if not isinstance(arguments, dict):
             return OpenAIFunctionCallSchema(name=parsed.name, arguments={}), True

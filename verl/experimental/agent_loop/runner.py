@@ -22,6 +22,7 @@ from verl.experimental.agent_loop.agent_loop import (
     instantiate_agent_loop,
     load_agent_loop_config,
 )
+from verl.tools.concurrency import LoopSemaphore
 from verl.tools.tool_registry import load_all_tools
 
 
@@ -71,7 +72,8 @@ class AgentLoopRunner:
             load_agent_loop_config(path)
         self.default_agent_loop = str(cfg_get(rollout, "agent.default_agent_loop", "single_turn_agent"))
         check_agent_names([self.default_agent_loop])
-        self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        # per event loop: generate_sync runs each batch under a new asyncio.run
+        self._slots = LoopSemaphore(max_concurrency) if max_concurrency else None
 
     def agent_names(self, rows: list[Mapping[str, Any]]) -> list[str]:
         names = [str(row.get("agent_name") or self.default_agent_loop) for row in rows]

@@ -3,14 +3,15 @@
 generate -> parse tool calls -> run them (at most ``max_parallel_calls`` per turn, concurrently) -> append the
 tool messages as chat-template deltas -> generate ... until a turn has no call, ``max_assistant_turns`` or
 ``max_user_turns`` is reached, or the response budget (``rollout.response_length``) is spent. Every tool
-outcome is a tool message: an unknown tool, unreadable arguments or a raising tool tell the model what went
-wrong and the trajectory goes on.
+outcome is a tool message: an unknown tool, unreadable arguments, a raising tool or one past
+``multi_turn.tool_timeout_s`` tell the model what went wrong and the trajectory goes on. Those, and the calls of
+a turn beyond ``max_parallel_calls`` (not run, as in verl), count in ``tool_call_errors``: nothing the model
+writes raises out of the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from enum import Enum
@@ -27,11 +28,12 @@ from verl.experimental.agent_loop.agent_loop import (
     token_output,
 )
 from verl.experimental.agent_loop.chat_template import Trajectory
-from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
+from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser, loads
 from verl.tools.function_tool import FunctionTool, normalize_function_tool_return
 from verl.tools.schemas import ToolResponse
 
 logger = logging.getLogger(__name__)
+CANCEL_GRACE_S = 5.0  # how long a tool cancelled at multi_turn.tool_timeout_s may take to clean up
 
 
 class AgentState(Enum):
@@ -82,6 +84,8 @@ class ToolAgentLoop(AgentLoopBase):
         self.max_parallel_calls = int(cfg_get(mt, "max_parallel_calls", 1))
         self.max_tool_response_length = int(cfg_get(mt, "max_tool_response_length", 256))
         self.tool_response_truncate_side = str(cfg_get(mt, "tool_response_truncate_side", "middle"))
+        timeout = cfg_get(mt, "tool_timeout_s")  # null (or absent): no limit
+        self.tool_timeout_s = float(timeout) if timeout is not None else None
         tool_list = tools.tools if isinstance(tools, ToolListWrap) else list(tools or [])
         self.tools = {tool.name: tool for tool in tool_list}
         self.tool_schemas = [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in tool_list]
@@ -140,6 +144,10 @@ class ToolAgentLoop(AgentLoopBase):
             return AgentState.TERMINATED
         content, calls = self.tool_parser.parse_text(text)
         data.tool_calls = calls[:self.max_parallel_calls]
+        if len(calls) > self.max_parallel_calls:  # dropped unanswered, as in verl, but counted
+            dropped = len(calls) - self.max_parallel_calls
+            data.tool_call_count += dropped
+            data.tool_error_count += dropped
         traj.messages.append(self._assistant_message(content, data.tool_calls))
         return AgentState.PROCESSING_TOOLS if data.tool_calls else AgentState.TERMINATED
 
@@ -148,10 +156,14 @@ class ToolAgentLoop(AgentLoopBase):
         message: dict[str, Any] = {"role": "assistant", "content": content}
         tool_calls = []
         for call in calls:
+            # always a mapping: templates iterate ``arguments|items``; the model's own text is already in its tokens,
+            # and this message is only rendered to find the next messages' delta
             try:
-                arguments = json.loads(call.arguments)
-            except json.JSONDecodeError:
-                arguments = call.arguments  # kept as written: the template shows what the model said
+                arguments = loads(call.arguments)
+            except ValueError:
+                arguments = {}
+            if not isinstance(arguments, dict):
+                arguments = {}
             entry: dict[str, Any] = {"type": "function", "function": {"name": call.name, "arguments": arguments}}
             if call.tool_call_id is not None:
                 entry["id"] = call.tool_call_id
@@ -166,7 +178,9 @@ class ToolAgentLoop(AgentLoopBase):
         data.metrics.tool_calls += time.perf_counter() - start
         messages = []
         for call, (response, reward, _metrics) in zip(data.tool_calls, results, strict=True):
-            message: dict[str, Any] = {"role": "tool", "content": response.text or ""}
+            # a lone surrogate (a JSON "\ud800" escape echoed by a tool) cannot be tokenized: it becomes "?"
+            text = (response.text or "").encode("utf-8", "replace").decode("utf-8")
+            message: dict[str, Any] = {"role": "tool", "content": text}
             if call.tool_call_id is not None:
                 message["tool_call_id"] = call.tool_call_id
             messages.append(message)
@@ -181,39 +195,65 @@ class ToolAgentLoop(AgentLoopBase):
 
     async def _call_tool(self, call: FunctionCall, data: AgentData) -> tuple[ToolResponse, float, dict]:
         data.tool_call_count += 1
-        if call.error is not None:
-            data.tool_error_count += 1
-            return ToolResponse(text=f"Error: {call.error}"), 0.0, {}
-        tool = self.tools.get(call.name)
-        if tool is None:
-            data.tool_error_count += 1
-            return ToolResponse(text=f"Error: unknown function '{call.name}'. Available tools: "
-                                     f"{sorted(self.tools)}"), 0.0, {}
         try:
-            args = json.loads(call.arguments)
-        except json.JSONDecodeError as e:
+            response, reward, metrics = await self._run_tool(call, data)
+        except _CallFailed as failed:
             data.tool_error_count += 1
-            return ToolResponse(text=f"Error: the arguments of '{call.name}' are not valid JSON: {e.msg}"), 0.0, {}
-        if not isinstance(args, dict):
-            data.tool_error_count += 1
-            return ToolResponse(text=f"Error: the arguments of '{call.name}' must be a JSON object"), 0.0, {}
-        instance_id = None
-        try:
-            if isinstance(tool, FunctionTool):
-                response, reward, metrics = normalize_function_tool_return(await tool.call(args))
-            else:
-                create_kwargs = (data.tools_kwargs.get(call.name) or {}).get("create_kwargs", {})
-                instance_id, _ = await tool.create(create_kwargs=create_kwargs)
-                response, reward, metrics = await tool.execute(instance_id, args, agent_data=data)
-        except Exception as e:  # a tool's failure is the model's observation, never the rollout's crash
-            data.tool_error_count += 1
-            logger.warning("tool %s raised %s: %s", call.name, type(e).__name__, e)
-            return ToolResponse(text=f"Error executing tool '{call.name}': {type(e).__name__}: {e}"), 0.0, {}
-        finally:
-            if instance_id is not None:
-                try:
-                    await tool.release(instance_id)
-                except Exception as e:
-                    logger.warning("tool %s release raised %s: %s", call.name, type(e).__name__, e)
+            return ToolResponse(text=str(failed)), 0.0, {}
         text = truncate_tool_text(response.text or "", self.max_tool_response_length, self.tool_response_truncate_side)
         return ToolResponse(text=text, image=response.image, video=response.video), reward, metrics
+
+    async def _run_tool(self, call: FunctionCall, data: AgentData) -> tuple[ToolResponse, float, dict]:
+        name = _clip(call.name)
+        if call.error is not None:
+            raise _CallFailed(f"Error: {call.error}")
+        tool = self.tools.get(call.name)
+        if tool is None:
+            raise _CallFailed(f"Error: unknown function '{name}'. Available tools: {sorted(self.tools)}")
+        try:
+            args = loads(call.arguments)
+        except ValueError as e:
+            raise _CallFailed(f"Error: the arguments of '{name}' are not valid JSON: {e}") from None
+        if not isinstance(args, dict):
+            raise _CallFailed(f"Error: the arguments of '{name}' must be a JSON object")
+        invocation = asyncio.ensure_future(self._invoke(tool, call.name, args, data))
+        try:
+            done, _ = await asyncio.wait({invocation}, timeout=self.tool_timeout_s)
+        finally:
+            if not invocation.done():  # past the limit, or this trajectory was cancelled
+                invocation.cancel()  # a subprocess goes with it; a blocking call's thread is a daemon
+        if not done:
+            # the tool's own cleanup (killing its subprocess, release) before the trajectory goes on
+            await asyncio.wait({invocation}, timeout=CANCEL_GRACE_S)
+            logger.warning("tool %s did not finish within multi_turn.tool_timeout_s=%g s", name, self.tool_timeout_s)
+            raise _CallFailed(f"Error: tool '{name}' did not finish within {self.tool_timeout_s:g} s")
+        try:
+            return invocation.result()
+        except Exception as e:  # a tool's failure is the model's observation, never the rollout's crash
+            logger.warning("tool %s raised %s: %s", name, type(e).__name__, e)
+            raise _CallFailed(f"Error executing tool '{name}': {type(e).__name__}: {e}") from None
+
+    @staticmethod
+    async def _invoke(tool: Any, name: str, args: dict[str, Any], data: AgentData) -> tuple[ToolResponse, float, dict]:
+        if isinstance(tool, FunctionTool):
+            return normalize_function_tool_return(await tool.call(args))
+        create_kwargs = (data.tools_kwargs.get(name) or {}).get("create_kwargs", {})
+        instance_id, _ = await tool.create(create_kwargs=create_kwargs)
+        try:
+            response, reward, metrics = await tool.execute(instance_id, args, agent_data=data)
+            if not isinstance(response, ToolResponse):
+                raise TypeError(f"execute returned a {type(response).__name__}, not a ToolResponse")
+            return response, reward, metrics
+        finally:  # also when the call is cancelled at its time limit
+            try:
+                await tool.release(instance_id)
+            except Exception as e:
+                logger.warning("tool %s release raised %s: %s", _clip(name), type(e).__name__, e)
+
+class _CallFailed(Exception):
+    """A call that failed; its message is the tool message the model reads."""
+
+
+def _clip(name: str, limit: int = 64) -> str:
+    """A tool name as echoed to the model and the log: the model's own string, so possibly huge."""
+    return name if len(name) <= limit else name[:limit] + "..."

@@ -5,14 +5,17 @@
 
 A call that cannot be read (bad JSON, no name, an unclosed tag) is returned as a ``FunctionCall`` carrying
 ``error``: the agent loop answers it with a tool message saying what was wrong instead of dropping it silently
-(the model learns nothing from a call that just vanishes).
+(the model learns nothing from a call that just vanishes). The model's text is hostile input: no text makes a
+parser raise (JSON nested past the interpreter's stack, an integer past Python's digit limit, an ``id`` that is
+not a string are failed calls), and the hermes scan is linear in the text (a regex over thousands of unclosed
+tags is quadratic and holds the event loop that every trajectory of the replica shares).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
@@ -24,6 +27,19 @@ class FunctionCall(BaseModel):
     tool_call_id: str | None = None
     error: str | None = None
     """Why the call could not be parsed, for the tool message; None for a well-formed call."""
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` of the model's text with every way it fails as a ``ValueError`` of a short message: bad
+    JSON, an integer past Python's 4300-digit limit, nesting deeper than the interpreter's stack."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{e.msg} at char {e.pos}") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except ValueError as e:
+        raise ValueError(str(e).split(":")[0]) from None
 
 
 class ToolParser:
@@ -72,28 +88,35 @@ def _strip_special(text: str, tokenizer) -> str:
 
 @ToolParser.register("hermes")
 class HermesToolParser(ToolParser):
-    _call = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-    _unclosed = re.compile(r"<tool_call>(?!.*</tool_call>)(.*)$", re.DOTALL)
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
     def parse_text(self, text: str) -> tuple[str, list[FunctionCall]]:
         text = _strip_special(text, self.tokenizer)
-        calls = [self._one(m.group(1)) for m in self._call.finditer(text)]
-        content = self._call.sub("", text)
-        unclosed = self._unclosed.search(content)
-        if unclosed:
-            calls.append(FunctionCall(name="", arguments=unclosed.group(1).strip(),
+        calls, kept, pos = [], [], 0
+        while (start := text.find(self.OPEN, pos)) >= 0:
+            end = text.find(self.CLOSE, start + len(self.OPEN))
+            if end < 0:
+                break
+            calls.append(self._one(text[start + len(self.OPEN):end]))
+            kept.append(text[pos:start])
+            pos = end + len(self.CLOSE)
+        content = "".join(kept) + text[pos:]
+        # an opening tag with no closing tag after it: the model stopped (or was cut) inside a call
+        last_close = content.rfind(self.CLOSE)
+        unclosed = content.find(self.OPEN, last_close + 1 if last_close >= 0 else 0)
+        if unclosed >= 0:
+            calls.append(FunctionCall(name="", arguments=content[unclosed + len(self.OPEN):].strip(),
                                       error="the tool call has no closing </tool_call>"))
-            content = content[:unclosed.start()]
+            content = content[:unclosed]
         return content.strip(), calls
 
     @staticmethod
     def _one(body: str) -> FunctionCall:
         body = body.strip()
         try:
-            call = json.loads(body)
-        except json.JSONDecodeError as e:
-            return FunctionCall(name="", arguments=body, error=f"the tool call is not valid JSON ({e.msg} at "
-                                                               f"char {e.pos}); expected "
+            call = loads(body)
+        except ValueError as e:
+            return FunctionCall(name="", arguments=body, error=f"the tool call is not valid JSON ({e}); expected "
                                                                '{"name": ..., "arguments": {...}}')
         if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
             return FunctionCall(name="", arguments=body, error='the tool call needs a "name" string')
@@ -101,8 +124,12 @@ class HermesToolParser(ToolParser):
         if isinstance(arguments, str):  # some models double-encode the arguments
             raw = arguments
         else:
-            raw = json.dumps(arguments, ensure_ascii=False)
-        return FunctionCall(name=call["name"], arguments=raw, tool_call_id=call.get("id"))
+            try:
+                raw = json.dumps(arguments, ensure_ascii=False)
+            except RecursionError:  # parsed near the stack's limit, deeper from here
+                return FunctionCall(name=call["name"], arguments=body, error="the arguments are nested too deeply")
+        call_id = call.get("id") if isinstance(call.get("id"), str) else None
+        return FunctionCall(name=call["name"], arguments=raw, tool_call_id=call_id)
 
 
 @ToolParser.register("gpt-oss")

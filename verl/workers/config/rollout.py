@@ -46,6 +46,7 @@ class MultiTurnConfig(Section):
     max_parallel_calls: int = checked(ge=1)
     max_tool_response_length: int = checked(ge=1)
     tool_response_truncate_side: str = checked(choices=("left", "middle", "right"))
+    tool_timeout_s: float | None = checked(gt=0)  # verl-hpc's: a call past it is a tool error (null: no limit)
     format: str
 
 
