@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-TIERS = ("unit", "distributed", "kernels", "sglang", "slurm")
+TIERS = ("unit", "distributed", "kernels", "sglang", "vllm", "slurm")
 MAY_SKIP_ON_CI = ("gpu",)
 
 os.environ.setdefault("VERL_STRICT_DATA_CHECK", "1")

@@ -320,6 +320,31 @@ def test_numbers_as_verl_users_write_them_are_accepted(world, tmp_path):
     assert load_config(GRPO, args + ["trainer.logger=console"]).trainer.logger == ["console"]
 
 
+HEAD_DIM_32 = os.path.join(os.path.dirname(GRPO), "models", "qwen2_0p7m_arith.json")
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ([], "vLLM's CPU attention takes head_dim in"),  # the quickstart's tiny model has head_dim 16
+    ([f"actor_rollout_ref.model.path={HEAD_DIM_32}"], "rollout.name=vllm: expected vLLM importable"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "runs TP 1"),
+    (["actor_rollout_ref.rollout.multi_turn.enable=true"], "lacks the capability agent_loop"),
+])
+def test_vllm_rollout_refusals_are_one_line(world, capfd, extra, needle):
+    """rollout.name=vllm is a registered engine (issue 55): what it cannot do here is one line and exit 2."""
+    from verl.utils.engine_env import importable
+
+    if "importable" in needle and importable("vllm"):
+        pytest.skip("vLLM is importable in this Python")
+    before = set(os.listdir(world["root"]))
+    code, out, err = _run(capfd, _train(world, "actor_rollout_ref.rollout.name=vllm", *extra))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert needle in lines[0], lines[0]
+    if "importable" in needle:  # .venv has no vllm: the preflight names the set-up script
+        assert "launch/setup_vllm.sh" in lines[0]
+    assert set(os.listdir(world["root"])) == before
+
+
 @pytest.mark.skipif(sglang_importable(), reason="SGLang is importable in this Python")
 def test_sglang_rollout_without_sglang_names_the_setup_command(world, capfd):
     before = set(os.listdir(world["root"]))

@@ -117,7 +117,7 @@ def test_job_samples_n_per_prompt_and_takes_plain_string_prompts(chat_model, tmp
 
 
 @pytest.mark.parametrize("case", ["no_prompt_column", "n_samples_0", "output_not_writable", "chat_without_template",
-                                  "greedy_n_samples_2", "vllm"])
+                                  "greedy_n_samples_2", "trtllm"])
 def test_job_bad_input_is_one_line_exit_2_and_nothing_written(case, chat_model, plain_model, tmp_path, capsys):
     data = _parquet(tmp_path / "in.parquet")
     out = tmp_path / "out" / "out.parquet"
@@ -134,15 +134,15 @@ def test_job_bad_input_is_one_line_exit_2_and_nothing_written(case, chat_model, 
         model = plain_model
     elif case == "greedy_n_samples_2":
         extra = ["data.n_samples=2"]
-    elif case == "vllm":
-        extra = ["rollout.name=vllm"]
+    elif case == "trtllm":
+        extra = ["rollout.name=trtllm"]
     before = sorted(os.listdir(tmp_path))
     assert generation_job.main(_job_args(model, data, out, *extra)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("main_generation: error:"), err
     expected = {"no_prompt_column": "'question'", "n_samples_0": "data.n_samples",
                 "output_not_writable": "data.output_path", "chat_without_template": "chat_template",
-                "greedy_n_samples_2": "data.n_samples", "vllm": "rollout.name"}[case]
+                "greedy_n_samples_2": "data.n_samples", "trtllm": "rollout.name"}[case]
     assert expected in err[0]
     assert sorted(os.listdir(tmp_path)) == before and not out.exists()
 

@@ -407,7 +407,8 @@ def test_generate_cli_writes_greedy_ids_and_logprobs_equal_to_hf_and_stops_at_mo
 @pytest.mark.parametrize("args,message", [
     (["--input-ids", ""], "--input-ids #0: expected at least one token id, found an empty prompt"),
     (["--input-ids", "1,2", "--max-new-tokens", "255"], "prompt length 2 + response_length 255 exceeds"),
-    (["--input-ids", "1", "--engine", "vllm"], "--engine: expected one of native, sglang, megatron, found 'vllm'"),
+    (["--input-ids", "1", "--engine", "trtllm"],
+     "--engine: expected one of native, sglang, vllm, megatron, found 'trtllm'"),
     (["--input-ids", "1", "--tp", "3"], "does not divide num_attention_heads=4"),
     (["--input-ids", "1,x"], "expected comma-separated integers, found '1,x'"),
     (["--input-ids", "1", "--tp"], "argument --tp: expected one argument"),

@@ -86,15 +86,15 @@ def test_a_registered_engine_passes_the_config_check_and_a_missing_capability_is
 
 
 def test_an_unknown_engine_is_refused_listing_the_registered_ones(scout, data_args):
-    with pytest.raises(ConfigError, match=rf"{ARR}.rollout.name: expected one of \['native', 'sglang', '{SCOUT}', "
-                                          r"'vllm', 'hf', 'trtllm'\], found 'nope'"):
+    with pytest.raises(ConfigError, match=rf"{ARR}.rollout.name: expected one of \['native', 'sglang', 'vllm', "
+                                          rf"'{SCOUT}', 'hf', 'trtllm'\], found 'nope'"):
         load_config(GRPO, [*data_args, f"{ARR}.rollout.name=nope"])
     unregister_rollout(SCOUT)
     with pytest.raises(ConfigError, match=f"found '{SCOUT}'"):
         load_config(GRPO, [*data_args, f"{ARR}.rollout.name={SCOUT}"])
-    # vLLM keeps its reason (no engine of that name is registered).
-    with pytest.raises(ConfigError, match="vLLM is not part of verl-hpc"):
-        load_config(GRPO, [*data_args, f"{ARR}.rollout.name=vllm"])
+    # A refused name keeps its reason (no engine of that name is registered).
+    with pytest.raises(ConfigError, match="verl-hpc's rollouts are native, sglang and vllm"):
+        load_config(GRPO, [*data_args, f"{ARR}.rollout.name=trtllm"])
 
 
 def test_require_capability_names_the_engine_and_the_capability():
@@ -154,7 +154,7 @@ def test_registration_rules():
 def test_the_registry_and_the_config_sections_import_without_torch():
     code = ("import sys\n"
             "import verl.engine.rollout.registry as r\n"
-            "assert r.rollout_names() == ('native', 'sglang'), r.rollout_names()\n"
+            "assert r.rollout_names() == ('native', 'sglang', 'vllm'), r.rollout_names()\n"
             "assert 'torch' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

@@ -204,7 +204,7 @@ def test_override_grammar_errors_are_one_line(data_args, no_ranks, capsys):
 
 
 def test_keys_without_meaning_here_are_refused_with_the_reason(data_args, no_ranks, capsys):
-    for override, fragment in (("actor_rollout_ref.rollout.name=vllm", "use native"),
+    for override, fragment in (("actor_rollout_ref.rollout.name=hf", "use native"),
                                ("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2",
                                 "interleaved"),
                                ("actor_rollout_ref.actor.megatron.context_parallel_size=2", "context parallelism"),

@@ -73,6 +73,17 @@ def check_rollout_engine(config: PPOSections) -> None:
 
     rollout = config.actor_rollout_ref.rollout
     engine = rollout_engine(rollout.name)
+    if engine.check_model is not None:  # the config's limits first: they hold wherever the engine is installed
+        from verl.models.config import ModelConfig
+
+        try:
+            engine.check_model(ModelConfig.from_pretrained(config.actor_rollout_ref.model.path),
+                               rollout.tensor_model_parallel_size)
+        except InputError as err:
+            message = str(err)  # named by its key already, or a rollout tp's limit
+            named = message.startswith("actor_rollout_ref.")
+            raise PreflightError(("" if named else "actor_rollout_ref.rollout.tensor_model_parallel_size: ") + message
+                                 ) from None
     package = engine.capabilities.python_env
     if package is not None:
         from verl.utils.engine_env import ENGINE_ENVS, importable
@@ -83,15 +94,6 @@ def check_rollout_engine(config: PPOSections) -> None:
                 f"actor_rollout_ref.rollout.name={rollout.name}: expected {env.name} importable by {sys.executable}, "
                 f"found none; `bash {env.setup}` builds {env.venv} ({env.name} and Megatron), then run "
                 f"{env.venv}/bin/verl train ... (launch/quickstart.sh does both)")
-    if engine.check_model is None:
-        return
-    from verl.models.config import ModelConfig
-
-    try:
-        engine.check_model(ModelConfig.from_pretrained(config.actor_rollout_ref.model.path),
-                           rollout.tensor_model_parallel_size)
-    except InputError as err:
-        raise PreflightError(f"actor_rollout_ref.rollout.tensor_model_parallel_size: {err}") from None
 
 
 def preflight(config: PPOSections) -> None:

@@ -256,6 +256,12 @@ class BaseRollout(abc.ABC):
         """Stop what outlives a step (an engine's own processes, shared-memory names); idempotent. Default:
         nothing (an in-process engine's memory goes with the object)."""
 
+    def __enter__(self) -> BaseRollout:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
     @abc.abstractmethod
     def release(self) -> None:
         """Free weight and KV-cache memory (weights must be written again before ``resume``d use)."""

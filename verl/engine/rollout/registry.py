@@ -108,9 +108,8 @@ _ENGINES: dict[str, RolloutEngine] = {}
 
 # Rollout names verl configs use that no engine here serves: refused by the config check with the reason.
 REFUSED_ROLLOUT_NAMES: dict[str, str] = {
-    "vllm": "vLLM is not part of verl-hpc: use native (the embedded engine) or sglang",
-    "hf": "verl-hpc's rollouts are native and sglang: use native",
-    "trtllm": "verl-hpc's rollouts are native and sglang: use native",
+    "hf": "verl-hpc's rollouts are native, sglang and vllm: use native",
+    "trtllm": "verl-hpc's rollouts are native, sglang and vllm: use native",
 }
 
 
@@ -274,8 +273,55 @@ SGLANG = RolloutEngine(
            "routing_recording": "the native engine records routing here: use native",
            "adapters": "LoRA is not implemented"},
 )
-BUILTIN_ROLLOUTS = ("native", "sglang")
-_ENGINES.update({NATIVE.name: NATIVE, SGLANG.name: SGLANG})  # checked against the layout by the unit tests
+
+
+def _vllm_engine(site: Any, model_path: str, dtype: str, load_format: str, engine_args: dict) -> Any:
+    from verl.engine.rollout.vllm.engine import VLLMRollout
+
+    return VLLMRollout(site.model_config, model_path, dtype=_dtype(dtype), pad_token_id=site.pad_token_id,
+                       seed=site.seed, max_rows=site.max_rows, max_seq_len=site.max_seq_len, load_format=load_format,
+                       engine_args=engine_args)
+
+
+def _build_vllm(rollout: Any, site: RolloutSite) -> Any:
+    """vLLM in this rank's process (rollout TP 1); its weights arrive from the reshard at the first sync."""
+    import tempfile
+
+    from verl.engine.rollout.sglang_group import engine_model_dir
+
+    model_dir = engine_model_dir(site.model_path, tempfile.mkdtemp(prefix="verl_vllm_model_"))
+    # verl's vLLM keys: these go to vLLM's engine arguments (engine_kwargs.vllm last, as verl passes them)
+    args = dict(enforce_eager=bool(rollout.enforce_eager), enable_prefix_caching=bool(rollout.enable_prefix_caching))
+    args.update(dict(rollout.engine_kwargs.vllm))
+    return _vllm_engine(site, model_dir, rollout.dtype, "dummy", args)
+
+
+def _open_vllm(site: StandaloneSite) -> contextlib.AbstractContextManager:
+    return _vllm_engine(site, os.path.abspath(site.model_dir), site.dtype, "auto", {})  # shut down at the exit
+
+
+def _check_vllm_model(config: Any, tp_size: int) -> None:
+    from verl.engine.rollout.vllm.engine import check_vllm_model
+
+    check_vllm_model(config, tp_size)
+
+
+VLLM = RolloutEngine(
+    "vllm",
+    RolloutCapabilities(group_backend=None, vocab_padding=64, moe_weights=False, routing_recording=False,
+                        partial_rollout=False, adapters=False, python_env="vllm"),
+    build=_build_vllm, open_standalone=_open_vllm, check_model=_check_vllm_model,
+    lacks={"moe_weights": "pushing the stacked experts into vLLM's fused-MoE weights is not wired yet: use native",
+           "routing_recording": "the native engine records routing here: use native",
+           "partial_rollout": "segments that stop and resume on new weights (the async trainers) are not wired to "
+                              "vLLM's abort yet: use native or sglang",
+           "adapters": "LoRA is not implemented",
+           "agent_loop": "a token-in/token-out server over vLLM's async engine is not wired yet: use native or sglang",
+           "agent_loop_async": "see agent_loop"},
+)
+BUILTIN_ROLLOUTS = ("native", "sglang", "vllm")
+# checked against the layout by the unit tests
+_ENGINES.update({NATIVE.name: NATIVE, SGLANG.name: SGLANG, VLLM.name: VLLM})
 
 
 def rollout_python_env(name: str) -> str | None:

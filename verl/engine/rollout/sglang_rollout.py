@@ -263,12 +263,6 @@ class SGLangRollout(BaseRollout):
         finally:
             self._release_rendezvous()
 
-    def __enter__(self) -> SGLangRollout:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
-
     # ---------------------------------------------------------------- memory
     def release(self, tags: Sequence[str] | None = None) -> None:
         """Free SGLang's memory of ``tags`` (among MEMORY_TAGS; all when None) after generation.

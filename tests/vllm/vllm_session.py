@@ -1,0 +1,62 @@
+"""Runs under .venv-vllm: ``python vllm_session.py SPEC OUT``. SPEC: ``{"cases": {name: case}}``, a case
+``{"model_dir", "push_model_dir", "prompts", "new_tokens", "dtype", "sample": {"temperature", "n", "seed"} | null}``.
+
+Per case: one :class:`VLLMRollout` starts on ``model_dir``'s checkpoint (vLLM loads it itself) and generates greedy
+("before"); then ``push_model_dir``'s weights, laid out as the rollout layout by the native engine's HF reader (what
+the 3D-HybridEngine writes), go through the engine's flat buffer and ``push_weights`` (vLLM's in-place reload) and it
+generates again ("after", and "sampled" when asked). OUT: per case and phase the responses' ids and log-probs.
+"""
+
+import json
+import sys
+
+import torch
+
+
+def main(spec_path: str, out_path: str) -> None:
+    from verl.engine.rollout.base import SamplingParams
+    from verl.engine.rollout.native.engine import NativeRollout
+    from verl.engine.rollout.vllm.engine import VLLMRollout
+    from verl.models.config import ModelConfig
+    from verl.utils.torch_dtypes import DTYPES
+
+    cases = json.load(open(spec_path))["cases"]
+    results = {}
+    for name, case in cases.items():
+        dtype = DTYPES[case.get("dtype", "float32")]
+        config = ModelConfig.from_pretrained(case["model_dir"])
+        prompts = case["prompts"]
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.int64)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        greedy = SamplingParams(do_sample=False, response_length=case["new_tokens"], eos_token_id=case.get("eos", ()))
+
+        def run(engine, params, ids=ids, mask=mask):
+            out = engine.generate(ids, mask, params)
+            rows = out["response_mask"].sum(-1).tolist()
+            return {"ids": [r[:n] for r, n in zip(out["responses"].tolist(), rows, strict=True)],
+                    "logprobs": [r[:n] for r, n in zip(out["rollout_log_probs"].tolist(), rows, strict=True)]}
+
+        with VLLMRollout(config, case["model_dir"], dtype=dtype, load_format="auto", max_rows=16,
+                         max_seq_len=width + case["new_tokens"] + 8) as engine:
+            result = {"before": run(engine, greedy)}
+            native = NativeRollout(ModelConfig.from_pretrained(case["push_model_dir"]), dtype=dtype)
+            native.load_hf_checkpoint(case["push_model_dir"])
+            engine.weight_buffer().copy_(native.weight_buffer())
+            del native
+            result["push"] = engine.push_weights()
+            result["after"] = run(engine, greedy)
+            if case.get("sample"):
+                s = case["sample"]
+                result["sampled"] = run(engine, SamplingParams(temperature=s["temperature"], n=s["n"], seed=s["seed"],
+                                                               response_length=case["new_tokens"]))
+        results[name] = result
+    with open(out_path, "w") as fh:
+        json.dump(results, fh)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
