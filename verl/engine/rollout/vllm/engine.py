@@ -20,6 +20,7 @@ off (verl's RL defaults) this is exactly ``log_softmax(logits / temperature)``, 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
@@ -80,6 +81,27 @@ def vllm_sampling_params(sp: SamplingParams, vllm_module: Any) -> Any:
         top_k=0 if greedy or sp.top_k in (-1, 0) else sp.top_k, max_tokens=sp.response_length,
         stop_token_ids=list(sp.stop_ids), ignore_eos=True,  # eos is among stop_ids unless ignore_eos
         logprobs=0, seed=sp.seed, detokenize=False)
+
+
+@contextlib.contextmanager
+def default_group_kept():
+    """vLLM's in-process engine builds its groups on torch.distributed's default group when one exists (the
+    trainer's: every rank starts its engine together, so the groups' collective creation matches) and, at its
+    shutdown, destroys the default group too. Inside this block only its own groups go; the trainer keeps its own
+    (found as 'Default process group has not been initialized' at the barrier after the last step)."""
+    import torch.distributed as dist
+
+    destroy = dist.destroy_process_group
+
+    def destroy_own_groups_only(group=None):
+        if group is not None:
+            destroy(group)
+
+    dist.destroy_process_group = destroy_own_groups_only
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = destroy
 
 
 def refresh_tied_head(model: Any) -> None:
@@ -183,8 +205,10 @@ class VLLMRollout(BaseRollout):
         llm, self.llm = getattr(self, "llm", None), None
         self._buffer = None
         if llm is not None:
-            del llm
-            gc.collect()
+            with default_group_kept():
+                llm.llm_engine.engine_core.shutdown()
+                del llm
+                gc.collect()
 
     # ---------------------------------------------------------------- generation
     def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
