@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 
-import pytest
 import torch
 from helpers.tolerance import log_prob_tolerance
 
