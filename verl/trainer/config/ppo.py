@@ -30,7 +30,7 @@ from typing import Any
 
 from verl.engine.config_rules import check_divides as _check_divides
 from verl.engine.rollout.registry import REFUSED_ROLLOUT_NAMES, require_capability, rollout_names
-from verl.engine.strategies import STRATEGIES, config_rules, engine_name
+from verl.engine.strategies import ENGINE_TABLE, STRATEGIES, config_rules, engine_entry, engine_name
 from verl.trainer.config.derived import (
     ARR,
     actor_dp_size,
@@ -66,7 +66,7 @@ logger = get_logger(__name__)
 CONFIG_NAME = "ppo_megatron_trainer"  # what `verl train --config F` files are written against
 VERL_DEFAULT_CONFIG_NAME = "ppo_trainer"  # verl 0.9's main_ppo default (model_engine: dp)
 # verl 0.9's model_engine -> (the packaged config with its defaults, the roles' strategy).
-MODEL_ENGINES = {"megatron": ("ppo_megatron_trainer", "megatron"), "dp": ("ppo_trainer", "fsdp")}
+MODEL_ENGINES = {e.model_engine: (e.default_config, e.strategies[0]) for e in ENGINE_TABLE.values()}
 REFUSED_ENGINES = {  # verl 0.9's other engines -> why not here
     "torchtitan": "TorchTitan is not part of verl-hpc",
     "veomni": "VeOmni is not part of verl-hpc",
@@ -372,9 +372,9 @@ def _settle_engine(cfg: dict[str, Any], engine: str | None) -> None:
     """``model_engine`` names the backend the roles run: an explicit one must agree with an explicitly set
     ``actor.strategy``; otherwise it is the strategy's (a file with ``strategy: fsdp`` is model_engine dp)."""
     strategy = cfg[ARR]["actor"]["strategy"]
-    backend = backend_rules(cfg).model_engine
+    backend = engine_entry(strategy).model_engine
     if engine is not None and backend != engine:
-        expected = " or ".join(name for name in STRATEGIES if config_rules(name).model_engine == engine)
+        expected = " or ".join(name for name in STRATEGIES if engine_entry(name).model_engine == engine)
         raise ConfigError(f"{ARR}.actor.strategy: expected {expected} with model_engine={engine} (it picks the "
                           f"backend), found {strategy!r}")
     cfg["model_engine"] = backend
