@@ -4,7 +4,7 @@ Weights: the 3D-HybridEngine reshards the actor into this rank's flat rollout bu
 layout of :mod:`verl.models.rollout_shapes`, as for the other engines); ``push_weights`` then hands vLLM that
 buffer's tensors by name through vLLM's own in-place reload (the worker's ``reload_weights`` over a weights
 iterator, in checkpoint format: vLLM's layerwise reload restores each layer's loading shapes, its model's
-``load_weights`` takes our stacked ``qkv_proj``/``gate_up_proj`` tensors as fused-on-disk ones, and the layer's
+``load_weights`` takes the layout's stacked q/k/v and gate/up tensors as fused-on-disk ones, and the layer's
 post-load processing, the CPU backend's weight packing included, runs again). The vocab tables go without the
 rollout layout's padding rows (vLLM pads its own). Nothing is read from disk after the start (``load_format``
 dummy in the trainer).
@@ -111,11 +111,14 @@ def refresh_tied_head(model: Any) -> None:
     models only). Rebuild it from the weight it shares now."""
     from vllm.platforms import current_platform
 
-    head = getattr(model, "lm_head", None)
-    if current_platform.is_cpu() and head is not None and hasattr(head, "cpu_linear"):
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    if not current_platform.is_cpu():
+        return
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
-        dispatch_cpu_unquantized_gemm(head, remove_weight=False)
+    for module in model.modules():
+        if isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear"):
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
 
 
 class VLLMRollout(BaseRollout):
