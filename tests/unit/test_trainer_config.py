@@ -326,6 +326,12 @@ def test_keys_without_effect_here_warn_when_set_and_stay_quiet_at_their_default(
         load_config(GRPO, [*data_args, "actor_rollout_ref.rollout.enforce_eager=False", "data.return_raw_chat=False"])
     assert "actor_rollout_ref.rollout.enforce_eager=False has no effect in verl-hpc" in caplog.text
     assert "data.return_raw_chat=False has no effect" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # the vLLM rollout reads enforce_eager itself; max_num_seqs it does not
+        load_config(GRPO, [*data_args, "actor_rollout_ref.rollout.name=vllm",
+                           "actor_rollout_ref.rollout.enforce_eager=False", "actor_rollout_ref.rollout.max_num_seqs=7"])
+    assert "enforce_eager=False has no effect" not in caplog.text
+    assert "max_num_seqs=7 has no effect" in caplog.text
 
 
 # --------------------------------------------------------------------------- verl 0.9's command line (issue 27)

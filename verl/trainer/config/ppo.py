@@ -130,6 +130,8 @@ REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 
 _VLLM_KNOB = ("a vLLM engine setting; the native engine generates each rank's whole batch at once, and SGLang "
               "takes its own engine settings from rollout.engine_kwargs.sglang")
+# The vLLM settings the vLLM rollout reads itself (verl.engine.rollout.registry._build_vllm): no warning with it.
+_VLLM_READS = {f"{ARR}.rollout.enforce_eager"}
 # Keys verl scripts set that change nothing here: a value other than the packaged default gets a warning
 # naming why (never silently ignored); the default itself is quiet.
 NO_EFFECT: dict[str, str] = {
@@ -163,8 +165,15 @@ def _warn_no_effect(cfg: dict[str, Any], defaults: dict[str, Any]) -> None:
             value, default = deep_get(cfg, key), deep_get(defaults, key)
         except KeyError:  # a --config-path config without the key
             continue
-        if value != default:
+        if value != default and not (why is _VLLM_KNOB and key in _VLLM_READS and _rollout_name(cfg) == "vllm"):
             logger.warning("config: %s=%r has no effect in verl-hpc: %s", key, value, why)
+
+
+def _rollout_name(cfg: dict[str, Any]) -> str | None:
+    try:
+        return deep_get(cfg, f"{ARR}.rollout.name")
+    except KeyError:
+        return None
 
 
 def _leaves(tree: Any, prefix: str) -> dict[str, Any]:
