@@ -245,7 +245,7 @@ fast_bench() {
   if [[ "$DRY" == 1 ]]; then model=$TINY; fi
   say "bench rollout --device $device ($model, $batch x $new, vs transformers generate)"
   "$PY" -m verl.cli bench rollout --device "$device" --model "$model" --batch "$batch" --prompt-len "$prompt" \
-    --new-tokens "$new" --dtype bfloat16 --repeats "$((reps > 2 ? 2 : reps))" --skip-sglang --baseline hf \
+    --new-tokens "$new" --dtype bfloat16 --repeats "$((reps > 2 ? 2 : reps))" --skip-sglang --skip-vllm --baseline hf \
     --json "$WORK/bench_rollout.json" || rc=1
   return $rc
 }

