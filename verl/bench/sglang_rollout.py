@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
+from verl.bench.generate_timing import time_generate
 from verl.engine.rollout.sglang_rollout import kv_pool_tokens
 from verl.errors import InputError, refuse
 from verl.utils.engine_env import REPO, sglang_importable, sglang_python
@@ -84,25 +84,11 @@ def _bench_in_process(model_dir: str, prompts: list[list[int]], new_tokens: int,
     from verl.models.config import ModelConfig
 
     ids = torch.tensor(prompts, dtype=torch.int64)
-    mask = torch.ones_like(ids)
     params = SamplingParams(temperature=temperature, response_length=new_tokens, seed=seed)
     start = time.perf_counter()
     with SGLangRollout(ModelConfig.from_pretrained(model_dir), model_dir, tp_size=tp_size, dtype=DTYPES[dtype],
                        seed=seed, max_total_tokens=kv_pool_tokens(len(prompts), ids.shape[1] + new_tokens)) as rollout:
-        engine_start = time.perf_counter() - start
-        rollout.generate(ids, mask, params)  # warm-up
-        seconds = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            out = rollout.generate(ids, mask, params)
-            seconds.append(time.perf_counter() - start)
-            if int(out["response_mask"].sum()) != len(prompts) * new_tokens:
-                raise SGLangBenchError("sglang bench: expected every sequence to generate all new tokens")
-    tokens = len(prompts) * new_tokens
-    median = statistics.median(seconds)
-    return {"tokens_per_s": tokens / median, "median_s": median, "seconds": seconds, "new_tokens": tokens,
-            "engine_start_s": engine_start}
-
+        return time_generate(rollout, ids, params, repeats, engine_start_s=time.perf_counter() - start)
 
 def _random_model(config_overrides: dict, path: str, seed: int, dtype: str) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM

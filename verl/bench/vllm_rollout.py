@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ import time
 
 import torch
 
+from verl.bench.generate_timing import time_generate
 from verl.utils.engine_env import ENGINE_ENVS, REPO, importable
 from verl.utils.torch_dtypes import DTYPES
 
@@ -65,25 +65,11 @@ def _bench_in_process(model_dir: str, prompts: list[list[int]], new_tokens: int,
     from verl.models.config import ModelConfig
 
     ids = torch.tensor(prompts, dtype=torch.int64)
-    mask = torch.ones_like(ids)
     params = SamplingParams(temperature=temperature, response_length=new_tokens, seed=seed, ignore_eos=True)
     start = time.perf_counter()
     with VLLMRollout(ModelConfig.from_pretrained(model_dir), model_dir, dtype=DTYPES[dtype], seed=seed,
                      max_rows=len(prompts), max_seq_len=ids.shape[1] + new_tokens, load_format="auto") as rollout:
-        engine_start = time.perf_counter() - start
-        rollout.generate(ids, mask, params)  # warm-up
-        seconds = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            out = rollout.generate(ids, mask, params)
-            seconds.append(time.perf_counter() - start)
-            if int(out["response_mask"].sum()) != len(prompts) * new_tokens:
-                raise VLLMBenchError("vllm bench: expected every sequence to generate all new tokens")
-    tokens = len(prompts) * new_tokens
-    median = statistics.median(seconds)
-    return {"tokens_per_s": tokens / median, "median_s": median, "seconds": seconds, "new_tokens": tokens,
-            "engine_start_s": engine_start}
-
+        return time_generate(rollout, ids, params, repeats, engine_start_s=time.perf_counter() - start)
 
 if __name__ == "__main__":  # the subprocess entry of bench_vllm: REQUEST.json RESULT.json
     with open(sys.argv[1], encoding="utf-8") as fh:

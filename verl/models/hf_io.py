@@ -33,7 +33,14 @@ from typing import Any
 import torch
 
 from verl.errors import OutputExistsError
-from verl.utils.checkpoint import DISK_FULL_ERRNOS, CheckpointError, DiskFullError, fsync_path, fsync_tree
+from verl.utils.checkpoint import (
+    DISK_FULL_ERRNOS,
+    CheckpointError,
+    DiskFullError,
+    fsync_path,
+    fsync_tree,
+    pid_running,
+)
 from verl.utils.logging_utils import get_logger
 
 logger = get_logger(__name__)
@@ -374,16 +381,6 @@ def _staging_prefix(out_dir: str) -> str:
     return f"{out_dir}.tmp-{socket.gethostname()}-"
 
 
-def _pid_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def clean_stale_staging(out_dir: str) -> list[str]:
     """Remove the staging directories of ``out_dir`` that writers on this host left when killed (their pid no
     longer runs, or is this process's own); a live writer's, and another host's, are left alone. Returns what
@@ -393,7 +390,7 @@ def clean_stale_staging(out_dir: str) -> list[str]:
     removed = []
     for name in os.listdir(parent) if os.path.isdir(parent) else []:
         pid = name[len(name_prefix):]
-        if name.startswith(name_prefix) and pid.isdigit() and (int(pid) == os.getpid() or not _pid_running(int(pid))):
+        if name.startswith(name_prefix) and pid.isdigit() and (int(pid) == os.getpid() or not pid_running(int(pid))):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
             removed.append(os.path.join(parent, name))
     if removed:
