@@ -13,9 +13,9 @@ import sys
 
 import pytest
 import torch
+from helpers import generate_cli
+from helpers.generate_cli import PROMPTS, REPO, engine_vs_native, max_logprob_diff
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PROMPTS = [[5, 17, 42, 99, 7], [250, 3, 3, 18, 77, 120, 64, 9, 31], [40]]
 NEW_TOKENS = 12
 TP = 2
 LOGPROB_ATOL = 1e-4
@@ -35,28 +35,16 @@ def model_dir(tmp_path_factory):
 
 
 def verl_generate(engine, model_dir, out, *extra, sglang_python=None, timeout=300):
-    cmd = [sys.executable, "-m", "verl.trainer.main_generation", "--engine", engine, "--model", model_dir,
-           "--json", str(out), *extra]
-    for prompt in PROMPTS:
-        cmd += ["--input-ids", ",".join(map(str, prompt))]
-    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
-    if sglang_python:
-        env["VERL_SGLANG_PYTHON"] = sglang_python
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return generate_cli.verl_generate(engine, model_dir, out, *extra, python_var="VERL_SGLANG_PYTHON",
+                                      python=sglang_python, timeout=timeout)
 
 
 def test_sglang_greedy_ids_equal_native_through_verl_generate(sglang_python, model_dir, tmp_path):
     common = ["--tp", str(TP), "--temperature", "0", "--max-new-tokens", str(NEW_TOKENS)]
-    results = {}
-    for engine in ("native", "sglang"):
-        proc = verl_generate(engine, model_dir, tmp_path / f"{engine}.json", *common, sglang_python=sglang_python)
-        assert proc.returncode == 0, f"verl generate --engine {engine} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
-        results[engine] = json.loads((tmp_path / f"{engine}.json").read_text())
+    results = engine_vs_native("sglang", model_dir, tmp_path, common, "VERL_SGLANG_PYTHON", sglang_python)
     assert [len(row) for row in results["sglang"]["output_ids"]] == [NEW_TOKENS] * len(PROMPTS)
     assert results["sglang"]["output_ids"] == results["native"]["output_ids"]
-    diff = max(abs(a - b) for ra, rb in zip(results["sglang"]["logprobs"], results["native"]["logprobs"], strict=False)
-               for a, b in zip(ra, rb, strict=False))
-    assert diff <= LOGPROB_ATOL
+    assert max_logprob_diff(results["sglang"], results["native"]) <= LOGPROB_ATOL
 
 
 @pytest.mark.parametrize("extra,message", [

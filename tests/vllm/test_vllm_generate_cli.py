@@ -6,16 +6,11 @@ random Qwen2 (head_dim 64, the smallest vLLM's CPU attention takes); log-probs w
 and exit 2 before vLLM starts.
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from helpers import generate_cli
+from helpers.generate_cli import PROMPTS, engine_vs_native, max_logprob_diff
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PROMPTS = [[5, 17, 42, 99, 7], [250, 3, 3, 18, 77, 120, 64, 9, 31], [40]]
 NEW_TOKENS = 12
 LOGPROB_ATOL = 1e-4
 
@@ -33,29 +28,12 @@ def model_dir(tmp_path_factory):
     return str(path)
 
 
-def verl_generate(engine, model_dir, out, *extra, vllm_python=None, timeout=300):
-    cmd = [sys.executable, "-m", "verl.trainer.main_generation", "--engine", engine, "--model", model_dir,
-           "--json", str(out), *extra]
-    for prompt in PROMPTS:
-        cmd += ["--input-ids", ",".join(map(str, prompt))]
-    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="2")
-    if vllm_python:
-        env["VERL_VLLM_PYTHON"] = vllm_python
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-
-
 def test_vllm_greedy_ids_equal_native_through_verl_generate(vllm_python, model_dir, tmp_path):
     common = ["--temperature", "0", "--max-new-tokens", str(NEW_TOKENS)]
-    results = {}
-    for engine in ("native", "vllm"):
-        proc = verl_generate(engine, model_dir, tmp_path / f"{engine}.json", *common, vllm_python=vllm_python)
-        assert proc.returncode == 0, f"verl generate --engine {engine} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
-        results[engine] = json.loads((tmp_path / f"{engine}.json").read_text())
+    results = engine_vs_native("vllm", model_dir, tmp_path, common, "VERL_VLLM_PYTHON", vllm_python, threads=2)
     assert [len(row) for row in results["vllm"]["output_ids"]] == [NEW_TOKENS] * len(PROMPTS)
     assert results["vllm"]["output_ids"] == results["native"]["output_ids"]
-    diff = max(abs(a - b) for ra, rb in zip(results["vllm"]["logprobs"], results["native"]["logprobs"], strict=True)
-               for a, b in zip(ra, rb, strict=True))
-    assert diff <= LOGPROB_ATOL
+    assert max_logprob_diff(results["vllm"], results["native"]) <= LOGPROB_ATOL
 
 
 @pytest.mark.parametrize("extra,message", [
@@ -63,8 +41,8 @@ def test_vllm_greedy_ids_equal_native_through_verl_generate(vllm_python, model_d
     (["--input-ids", ""], "empty prompt"),
 ])
 def test_bad_vllm_inputs_give_one_error_line_before_vllm_starts(model_dir, tmp_path, extra, message):
-    proc = verl_generate("vllm", model_dir, tmp_path / "out.json", *extra, vllm_python="/nonexistent/python",
-                         timeout=120)
+    proc = generate_cli.verl_generate("vllm", model_dir, tmp_path / "out.json", *extra,
+                                      python_var="VERL_VLLM_PYTHON", python="/nonexistent/python", timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("verl generate: error:") and message in lines[0], proc.stderr
