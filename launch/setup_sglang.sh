@@ -19,6 +19,8 @@ SGLANG_KERNEL_VERSION=0.4.10  # the sglang-kernel that sglang 0.5.23 pins
 REQS="$ROOT/launch/requirements-sglang-cpu.txt"
 CPU_DIR="$ROOT/verl/engine/rollout/sglang_cpu"
 STAMP="$VENV/.verl-sglang-cpu.stamp"
+# shellcheck source=launch/engine_venv.sh
+source "$ROOT/launch/engine_venv.sh"
 
 # One install at a time: tests/run_all.sh starts this in the background for the full suite, and the sglang
 # tier's fixture runs it again, waiting here until the first one is done (then the stamp makes it quick).
@@ -26,7 +28,7 @@ exec 9>"$VENV.lock"
 flock 9
 
 # The stamp records what was installed; any change to these inputs reinstalls the changed parts.
-want_stamp="$(cat "$0" "$REQS" "$ROOT/requirements.txt" "$CPU_DIR/sgl_kernel_stub/__init__.py" "$CPU_DIR/torchvision_op_shim.py" | sha256sum | cut -d' ' -f1) $ROOT"
+want_stamp="$(cat "$0" "$ROOT/launch/engine_venv.sh" "$REQS" "$ROOT/requirements.txt" "$CPU_DIR/sgl_kernel_stub/__init__.py" "$CPU_DIR/torchvision_op_shim.py" | sha256sum | cut -d' ' -f1) $ROOT"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" && -x "$VENV/bin/python" ]]; then
     exit 0
 fi
@@ -43,25 +45,8 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip setuptools wheel
 "${PIP[@]}" -r "$REQS"
 "${PIP[@]}" --no-deps "sglang==$SGLANG_VERSION"
-# verl-hpc's runtime requirements (megatron-core, hydra, ...) beside SGLang's: torch and the versions SGLang
-# pins stay as they are (a constraints file of what is installed now).
-cons="$(mktemp)"
-"$VENV/bin/python" -m pip freeze --disable-pip-version-check | grep -i -E '^(torch|transformers|tokenizers|numpy)==' > "$cons"
-"${PIP[@]}" -r "$ROOT/requirements.txt" -c "$cons"
-rm -f "$cons"
+install_verl_beside_engine "$VENV" setup_sglang
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-# verl-hpc itself: the checkout on the path (a .pth), with the verl._C that launch/setup_env.sh built there for
-# the same Python and torch==2.13.0; an editable install here would compile the extension a second time.
-"$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '2.13.0' else 1)" \
-    || { echo "setup_sglang: expected torch 2.13.0 in $VENV (the version verl._C is built for)" >&2; exit 1; }
-ls "$ROOT"/verl/_C*.so >/dev/null 2>&1 \
-    || { echo "setup_sglang: expected verl._C built in $ROOT/verl (run launch/setup_env.sh first)" >&2; exit 1; }
-echo "$ROOT" > "$SITE/verl_hpc_checkout.pth"
-# The `verl` command of this environment (what an installed verl-hpc's console script would be).
-# The guard matters: SGLang starts its processes with multiprocessing's spawn, which re-imports this script.
-printf '#!%s\nimport sys\nfrom verl.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
-    "$VENV/bin/python" > "$VENV/bin/verl"
-chmod +x "$VENV/bin/verl"
 rm -rf "$SITE/sgl_kernel"
 mkdir -p "$SITE/sgl_kernel"
 cp "$CPU_DIR/sgl_kernel_stub/__init__.py" "$SITE/sgl_kernel/__init__.py"

