@@ -97,6 +97,10 @@ class FSDPReshardSource:
     def reshard_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
         return fsdp_reshard_sources(self.module, dtype, device)
 
+    def lora_sync_source(self, model_config: ModelConfig, training: FSDPLayout) -> None:
+        """A bare model has no adapter-only sync (the engine contract's default: the dense weights every time)."""
+        return None
+
 
 class FSDPLoRASyncSource:
     """A PEFT-under-FSDP2 actor's sources for the adapter-only sync (``lora.merge=false``;
