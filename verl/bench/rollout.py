@@ -150,6 +150,11 @@ def bench_vllm(model_dir: str, prompts: torch.Tensor, new_tokens: int, dtype: st
     return {**_summary(result["seconds"], prompts.shape[0] * new_tokens), "engine_start_s": result["engine_start_s"]}
 
 
+# The engines measured in their own environments' CPU builds (launch/setup_sglang.sh, launch/setup_vllm.sh), each with
+# its --skip-<engine> flag.
+OWN_ENV_BENCHES = {"sglang": bench_sglang, "vllm": bench_vllm}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="verl bench rollout", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="HF config.json (random weights) or HF checkpoint dir")
@@ -188,8 +193,7 @@ def main(argv=None) -> int:
         results = {"native": bench_native(*common, device=args.device)}
         if args.baseline == "hf":
             results["hf"] = bench_hf(*common, device=args.device)
-        # SGLang and vLLM: their CPU builds here (launch/setup_sglang.sh, launch/setup_vllm.sh)
-        for engine, measure in (("sglang", bench_sglang), ("vllm", bench_vllm)):
+        for engine, measure in OWN_ENV_BENCHES.items():
             if getattr(args, f"skip_{engine}"):
                 results[engine] = {"skipped": f"--skip-{engine}"}
             elif args.device == "cuda":
@@ -210,7 +214,7 @@ def main(argv=None) -> int:
                   f"{r['new_tokens']} tokens{cpu})")
     if "native_over_hf" in record:
         print(f"native / hf generate: {record['native_over_hf']:.2f}x")
-    for engine in ("sglang", "vllm"):
+    for engine in OWN_ENV_BENCHES:
         if "tokens_per_s" in results[engine]:
             print(f"native / {engine}: {results['native']['tokens_per_s'] / results[engine]['tokens_per_s']:.2f}x")
     if args.json:
