@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from verl.engine.rollout.base import BaseRollout, RolloutInputError, SamplingParams
+from verl.engine.rollout.sglang_group import METRIC_PUSH_SECONDS  # the push's seconds, one name for both
 from verl.engine.rollout.sglang_loader import spec_offsets
 from verl.errors import InputError
 from verl.models.config import ModelConfig
@@ -38,12 +39,6 @@ from verl.models.spec.base import TP
 from verl.models.spec.registry import model_spec
 from verl.utils.device import is_cuda_available
 from verl.utils.torch_dtypes import NAME_OF_DTYPE
-
-METRIC_LOAD_SECONDS = "timing_s/push_weights"  # the push's seconds, under the SGLang push's name
-# verl's rollout keys vLLM reads (engine arguments) and those that have no meaning for it here.
-ENGINE_KEYS = ("gpu_memory_utilization", "enforce_eager", "max_num_batched_tokens", "max_num_seqs",
-               "enable_chunked_prefill", "enable_prefix_caching", "disable_log_stats", "load_format")
-
 
 # vLLM 0.32's CPU attention backend (CPUAttentionBackend.get_supported_head_sizes)
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -170,7 +165,7 @@ class VLLMRollout(BaseRollout):
         flat = self._buffer
         self.load_weights((s.name, flat[self.offsets[s.name]:self.offsets[s.name] + s.numel].view(s.shape))
                           for s in self.specs)
-        return {METRIC_LOAD_SECONDS: time.perf_counter() - start}
+        return {METRIC_PUSH_SECONDS: time.perf_counter() - start}
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Rollout-layout tensors (names of ``rollout_param_specs``) -> vLLM's model, in place (vLLM's reload)."""
