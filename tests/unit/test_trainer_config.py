@@ -160,8 +160,14 @@ def test_reward_model_config_needs_a_compatible_hf_directory(data_args, no_ranks
                            "reward_model.hot_swap.at_step=2"], "reward_model.hot_swap.path and", "both or neither")
     expect_exit_2(capsys, ["--config", GRPO, *data_args, "reward_model.hot_swap.watch=true"],
                   "reward_model.hot_swap: expected reward_model.enable=true")
+    # verl's split: a shorter last micro-batch (512 rows by 3), except where pipeline stages need equal ones.
+    assert load_config(GRPO, [*data_args, "reward_model.enable=true", f"reward_model.model.path={rm}",
+                              "reward_model.micro_batch_size_per_gpu=3"])
     expect_exit_2(capsys, ["--config", GRPO, *data_args, "reward_model.enable=true", f"reward_model.model.path={rm}",
-                           "reward_model.micro_batch_size_per_gpu=3"], "reward_model.micro_batch_size_per_gpu=3")
+                           "reward_model.micro_batch_size_per_gpu=3",
+                           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+                           "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"],
+                  "reward_model.micro_batch_size_per_gpu=3", "pipeline stages exchange")
 
 
 # --------------------------------------------------------------------------- verl's config grammar (issue 15)
@@ -416,10 +422,9 @@ def test_v1_trainer_modes_pick_their_trainer_and_check_their_placement(data_args
     pool = ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
             "actor_rollout_ref.rollout.n_gpus_per_node=1"]
     assert trainer_class(load_config(GRPO, [*data_args, *pool]))
-    expect_exit_2(capsys, ["--config", GRPO, *data_args, *pool, "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-                           "data.train_batch_size=16"],
-                  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=128: expected a divisor of "
-                  "actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n / dp")
+    # As verl: a log-prob micro-batch (128) larger than a mini-batch's 64 rows is one micro-batch.
+    assert trainer_class(load_config(GRPO, [*data_args, *pool, "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                                            "data.train_batch_size=16"]))
     expect_exit_2(capsys, ["--config", GRPO, *data_args, "trainer.v1.trainer_mode=async"],
                   "trainer.v1.trainer_mode: expected one of ['sync', 'colocate_async', 'separate_async']")
     # verl's legacy trainer (use_v1=false) never reads the mode: the synchronous loop.
@@ -549,3 +554,54 @@ def test_the_qwen3_30b_a3b_gpu_config_validates_and_its_memory_estimate_follows_
     line = actor_memory_estimate(config)
     assert line.startswith("estimated memory per rank: 2.20B training params (1.81B in experts)"), line
     assert "tp=2 pp=2 ep=8" in line
+
+
+def test_micro_batch_sizes_follow_verls_rules(data_args, no_ranks, capsys):
+    """verl splits a forward pass's rows into micro-batches of the given size (the last one shorter, one micro-batch
+    when the size is at least the rows): grpo_arith_tiny's log-prob micro-batches of 128 over 8 x 8 = 64 rows are
+    taken. What verl refuses (a mini-batch larger than the batch, a training micro-batch that does not divide the
+    mini-batch) stays refused, and what it takes but would break here says why."""
+    small = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+    config = load_config(GRPO, [*data_args, *small])
+    assert config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu == 128
+    assert load_config(GRPO, [*data_args, *small, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=48",
+                              "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=100"])
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "data.train_batch_size=8"],
+                  "actor_rollout_ref.actor.ppo_mini_batch_size=32: expected at most data.train_batch_size=8",
+                  "as verl")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "data.train_batch_size=48"],
+                  "ppo_mini_batch_size=32: expected a divisor of data.train_batch_size=48", "shorter last mini-batch")
+    # Pipeline stages exchange one micro-batch shape: a shorter last micro-batch is refused, a larger one taken.
+    pipeline = ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+                "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"]
+    assert load_config(GRPO, [*data_args, *small, *pipeline])
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, *small, *pipeline,
+                           "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=48"],
+                  "log_prob_micro_batch_size_per_gpu=48: expected a divisor of data.train_batch_size * rollout.n / "
+                  "dp=64 or at least it", "pipeline stages exchange activations of one micro-batch shape")
+    assert not no_ranks
+
+
+def test_split_micro_batches_is_verls_split():
+    import torch
+
+    from verl.engine.micro_batches import split_micro_batches
+
+    batch = {"input_ids": torch.arange(10).reshape(5, 2), "attention_mask": torch.ones(5, 2)}
+    assert [mb["input_ids"].shape[0] for mb in split_micro_batches(batch, 2)] == [2, 2, 1]
+    assert [mb["input_ids"].shape[0] for mb in split_micro_batches(batch, 128)] == [5]
+    with pytest.raises(ValueError, match="micro_batch_size: expected >= 1, found 0"):
+        split_micro_batches(batch, 0)
+
+
+def test_sft_micro_batch_at_least_the_ranks_batch_is_one_micro_batch(data_args):
+    from verl.trainer.main_sft import load_sft_config
+
+    sft = os.path.join(REPO, "configs", "sft_arith_tiny.yaml")
+    paths = [a for a in data_args if not a.startswith("data.tokenizer")]
+    tokenizer = [f"model.tokenizer_path={a.split('=', 1)[1]}" for a in data_args if a.startswith("data.tokenizer")]
+    cfg = load_sft_config(sft, [*paths, *tokenizer, "data.train_batch_size=64", "data.micro_batch_size_per_gpu=128"])
+    assert cfg["data"]["micro_batch_size_per_gpu"] == 128
+    with pytest.raises(ConfigError, match="micro_batch_size_per_gpu=48: expected a divisor of data.train_batch_size "
+                                          "/ dp = 64 / 1 or at least 64 .*equal micro-batches' losses"):
+        load_sft_config(sft, [*paths, *tokenizer, "data.train_batch_size=64", "data.micro_batch_size_per_gpu=48"])

@@ -15,8 +15,10 @@ def split_micro_batches(batch: Batch, micro_batch_size: int) -> list[dict[str, t
     size = next(iter(sizes.values()))
     if len(set(sizes.values())) != 1:
         raise ValueError(f"batch: expected one batch size for every field, found {sizes}")
-    if micro_batch_size < 1 or size % micro_batch_size:
-        raise ValueError(f"micro_batch_size: expected a divisor of the batch size {size}, found {micro_batch_size}")
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size: expected >= 1, found {micro_batch_size}")
+    # verl's split: micro-batches of micro_batch_size rows, the last one shorter when it does not divide the batch,
+    # one micro-batch when it is at least the batch.
     return [{k: v[i:i + micro_batch_size] for k, v in batch.items()} for i in range(0, size, micro_batch_size)]
 
 

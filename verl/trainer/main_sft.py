@@ -125,9 +125,14 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None) -> None:
                           f"expected a divisor of trainer.nproc={world}")
     dp = world // model_parallel
     batch, micro = data["train_batch_size"], data["micro_batch_size_per_gpu"]
-    if batch % dp or (batch // dp) % micro:
+    if batch % dp:
+        raise ConfigError(f"data.train_batch_size={batch}: expected a multiple of dp={dp} (as verl)")
+    # A micro-batch at least the rank's batch is one micro-batch (verl's split); a shorter last micro-batch is not
+    # taken: the step averages the micro-batches' losses equally, so its rows would count more than the others'.
+    if micro < batch // dp and (batch // dp) % micro:
         raise ConfigError(f"data.micro_batch_size_per_gpu={micro}: expected a divisor of data.train_batch_size / dp "
-                          f"= {batch} / {dp}")
+                          f"= {batch} / {dp} or at least {batch // dp} (one micro-batch), found remainder "
+                          f"{(batch // dp) % micro}: the step averages equal micro-batches' losses")
 
 
 def load_data(cfg: dict[str, Any]) -> tuple:

@@ -365,6 +365,14 @@ class MegatronEngine(TrainingEngine):
             keep = int(agreed)
         return self._sequence_parallel_width(keep)
 
+    @staticmethod
+    def _variable_rows_ok() -> bool:
+        """Whether micro-batches of different row counts can run: not under pipeline parallelism, whose stages
+        exchange activations of one [s, b, h] shape."""
+        from megatron.core import parallel_state as mpu
+
+        return mpu.get_pipeline_model_parallel_world_size() == 1
+
     def _token_exchange_group(self):
         """The group whose ranks exchange tokens in every MoE layer (megatron's expert-tensor-and-model
         group, EP x ETP), when it has several ranks; None otherwise. Its allgather dispatcher gathers equal
@@ -390,7 +398,12 @@ class MegatronEngine(TrainingEngine):
         forward_only = loss_fn is None
         if micro_batches is None:
             micro_batches = split_micro_batches(batch, micro_batch_size)
-        micro_batch_size = max(next(iter(mb.values())).size(0) for mb in micro_batches)
+        rows = [next(iter(mb.values())).size(0) for mb in micro_batches]
+        if len(set(rows)) > 1 and not self._variable_rows_ok():
+            raise InputError(f"micro_batch_size={micro_batch_size}: expected a divisor of the batch's {sum(rows)} "
+                             f"rows or at least them under pipeline parallelism, found micro-batches of {rows} rows: "
+                             f"pipeline stages exchange activations of one micro-batch shape")
+        micro_batch_size = max(rows)
         # Megatron divides each micro-batch's loss by their number; shares of a global loss must add up.
         loss_scale = len(micro_batches) if global_loss else 1
 

@@ -467,12 +467,26 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
     roles = [("actor_rollout_ref.actor", actor)] + ([("critic", critic)] if use_critic(cfg) else [])
     for name, role in roles:
         mini = role["ppo_mini_batch_size"]
-        _check_divides(f"{name}.ppo_mini_batch_size", mini, "data.train_batch_size", train_bs)
+        # verl refuses a mini-batch larger than the batch (train_batch_size >= ppo_mini_batch_size) and a training
+        # micro-batch that does not divide the mini-batch (its gradient accumulation is mini // micro); it takes a
+        # shorter last mini-batch, whose gradient it then scales as a full one's: an optimizer step weighted by
+        # rows it does not have, which this check refuses.
+        if mini > train_bs:
+            raise ConfigError(f"{name}.ppo_mini_batch_size={mini}: expected at most data.train_batch_size="
+                              f"{train_bs} (as verl: train_batch_size >= ppo_mini_batch_size)")
+        if train_bs % mini:
+            raise ConfigError(f"{name}.ppo_mini_batch_size={mini}: expected a divisor of data.train_batch_size="
+                              f"{train_bs}, found remainder {train_bs % mini}: a shorter last mini-batch would be "
+                              f"an optimizer step whose loss is scaled as a full mini-batch's")
         _check_divides(f"{name}.ppo_mini_batch_size * rollout.n / dp ({dp})", dp,
                        f"{name}.ppo_mini_batch_size * rollout.n", mini * n)
         if not role["use_dynamic_bsz"]:  # with it, micro-batches are cut by tokens (ppo_max_token_len_per_gpu)
-            _check_divides(f"{name}.ppo_micro_batch_size_per_gpu", role["ppo_micro_batch_size_per_gpu"],
-                           f"{name}.ppo_mini_batch_size * rollout.n / dp", mini * n // dp)
+            micro, rows = role["ppo_micro_batch_size_per_gpu"], mini * n // dp
+            if rows % micro:
+                raise ConfigError(f"{name}.ppo_micro_batch_size_per_gpu={micro}: expected a divisor of {name}."
+                                  f"ppo_mini_batch_size * rollout.n / dp={rows}, found remainder {rows % micro} "
+                                  f"(as verl: gradient accumulation over ppo_mini_batch_size // micro-batch "
+                                  f"equal micro-batches)")
     for key in ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
                 "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
         section, _, leaf = key.rpartition(".")
@@ -480,10 +494,11 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
             continue
         micro = arr[section.split(".")[1]][leaf]
         if trainer_mode(cfg) == "separate_async":  # each mini-batch is scored (and trained) as it arrives
-            _check_divides(key, micro, "actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n / dp (separate_async "
-                           "computes log-probs per mini-batch)", actor["ppo_mini_batch_size"] * n // dp)
+            _check_forward_micro(key, micro, "actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n / dp "
+                                 "(separate_async computes log-probs per mini-batch)",
+                                 actor["ppo_mini_batch_size"] * n // dp, pp)
         else:
-            _check_divides(key, micro, "data.train_batch_size * rollout.n / dp", train_bs * n // dp)
+            _check_forward_micro(key, micro, "data.train_batch_size * rollout.n / dp", train_bs * n // dp, pp)
     _check_token_budgets(cfg, roles, pp)
     if algo["adv_estimator"] in ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized",
                                  "reinforce_plus_plus_baseline") and n < 2:
@@ -501,8 +516,9 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
     elif cfg["reward_model"]["enable"]:
         _validate_reward_model(cfg, model, tp, pp, train_bs * n // dp)
         if algo["adv_estimator"] == "remax":  # the greedy baselines: one response per prompt
-            _check_divides("reward_model.micro_batch_size_per_gpu", cfg["reward_model"]["micro_batch_size_per_gpu"],
-                           "data.train_batch_size / dp (remax's greedy baselines)", train_bs // dp)
+            _check_forward_micro("reward_model.micro_batch_size_per_gpu",
+                                 cfg["reward_model"]["micro_batch_size_per_gpu"],
+                                 "data.train_batch_size / dp (remax's greedy baselines)", train_bs // dp, pp)
     elif cfg["reward_model"]["hot_swap"]["watch"] or cfg["reward_model"]["hot_swap"]["path"] is not None:
         raise ConfigError("reward_model.hot_swap: expected reward_model.enable=true to swap a reward model, "
                           "found it false")
@@ -512,6 +528,17 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
         raise ConfigError(f"trainer.nnodes * trainer.n_gpus_per_node{rollout_keys}: expected "
                           f"the launcher's world size {launcher_world_size}, found {trainer['nnodes']} * "
                           f"{trainer['n_gpus_per_node']}{pools} = {job_size(cfg)}")
+
+
+def _check_forward_micro(key: str, micro: int, total_what: str, total: int, pp: int) -> None:
+    """A forward-only micro-batch size (log-probs, reward scores) as verl reads it: the rows split into micro-batches
+    of ``micro`` rows, the last one shorter when ``micro`` does not divide them, one micro-batch when ``micro`` is at
+    least the rows (verl's ``DataProto.split``). Under pipeline parallelism the micro-batches must be equal."""
+    if micro >= total or total % micro == 0 or pp == 1:
+        return
+    raise ConfigError(f"{key}={micro}: expected a divisor of {total_what}={total} or at least it (one micro-batch) "
+                      f"with pipeline_model_parallel_size={pp}, found remainder {total % micro}: pipeline stages "
+                      f"exchange activations of one micro-batch shape, which a shorter last micro-batch breaks")
 
 
 def _check_token_budgets(cfg: dict[str, Any], roles: list[tuple[str, Any]], pp: int) -> None:
@@ -608,8 +635,8 @@ def _validate_reward_model(cfg: dict[str, Any], actor_model: Any, tp: int, pp: i
     from verl.workers.reward_model.plan import check_reward_models
 
     rm = cfg["reward_model"]
-    _check_divides("reward_model.micro_batch_size_per_gpu", rm["micro_batch_size_per_gpu"],
-                   "data.train_batch_size * rollout.n / dp", per_dp_batch)
+    _check_forward_micro("reward_model.micro_batch_size_per_gpu", rm["micro_batch_size_per_gpu"],
+                         "data.train_batch_size * rollout.n / dp", per_dp_batch, pp)
     swap = rm["hot_swap"]
     if (swap["path"] is None) != (swap["at_step"] is None):
         raise ConfigError(f"reward_model.hot_swap.path and reward_model.hot_swap.at_step: expected both or neither, "
