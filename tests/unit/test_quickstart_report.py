@@ -73,3 +73,45 @@ def test_quickstart_summary_says_when_the_rl_stage_stopped_before_its_last_step(
                                      "rerun the same command to resume")
     done = format_summary({**summary, "rl_steps": 100}, "/out", "GRPO")
     assert "100 of 100" in done and "stopped at step" not in done
+
+
+def test_the_report_puts_the_out_of_form_set_and_the_best_step_next_to_the_in_distribution_figure(tmp_path):
+    import json
+    import re
+
+    records = [{"step": 0, "val/accuracy": 0.5, "val/num_samples": 256.0, "val/accuracy_out_of_form": 0.1,
+                "val/num_samples_out_of_form": 128.0},
+               {"step": 1, "timing_s/step": 1.0},
+               {"step": 20, "timing_s/step": 1.0, "val/accuracy": 0.9, "val/accuracy_out_of_form": 0.125},
+               {"step": 40, "timing_s/step": 1.0, "val/accuracy": 0.875, "val/accuracy_out_of_form": 0.2}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = quickstart.summarize(str(tmp_path), {"grpo": 3.0}, 0, 40)
+    assert (summary["val_accuracy_after_sft"], summary["val_accuracy_after_rl"]) == (0.5, 0.875)
+    assert (summary["val_accuracy_best"], summary["val_accuracy_best_step"]) == (0.9, 20)
+    assert (summary["val_accuracy_out_of_form_after_sft"], summary["val_accuracy_out_of_form_after_rl"]) == (0.1, 0.2)
+    text = format_summary(summary, str(tmp_path), "GRPO")
+    assert re.search(r"val/accuracy best  \(step 20\) +0\.900", text), text
+    assert re.search(r"val/accuracy_out_of_form \(128 held-out, unseen form\): step 0 -> 40 +0\.100 -> 0\.200", text)
+
+
+def test_trainer_seed_seeds_the_data_and_the_sft_stage_too():
+    assert quickstart.seed_overrides(["trainer.total_training_steps=3"]) == ([], {"sft": [], "rl": []})
+    assert quickstart.seed_overrides(["trainer.seed=7", "trainer.seed=3"]) == (
+        ["--seed", "3"], {"sft": ["trainer.seed=3"], "rl": ["data.seed=3"]})
+    assert quickstart.seed_overrides(["trainer.seed=abc"]) == ([], {"sft": [], "rl": []})  # check_configs says it
+    assert quickstart.seed_overrides(["trainer.seed=[1"]) == ([], {"sft": [], "rl": []})
+
+
+def test_a_seeded_quickstart_passes_the_seed_to_every_stage(tmp_path, monkeypatch):
+    commands = {}
+
+    def run_stage(console, stage, cmd, *args, **kwargs):
+        commands[stage] = list(cmd)
+        if stage == "sft":  # stop there: the RL stage's data.seed is checked above (seed_overrides)
+            raise quickstart.StageFailed(stage, 9, "log")
+
+    monkeypatch.setattr(quickstart, "run_stage", run_stage)
+    assert quickstart.main(["--out", str(tmp_path / "qs"), "--fresh", "trainer.seed=4"]) == 9
+    data = commands["data"]
+    assert data[data.index("--seed") + 1] == "4"
+    assert "trainer.seed=4" in commands["sft"]

@@ -1,7 +1,9 @@
 """Arithmetic task generation, the char tokenizer (via AutoTokenizer), RLHFDataset, sampler, GSM8K preprocessing."""
 
 import json
+import re
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -46,6 +48,47 @@ def test_arithmetic_splits_are_disjoint_seeded_and_correct(data_dir):
     assert [arithmetic.make_row(p, "train", i) for i, p in enumerate(again)] == train
     other, _ = arithmetic.generate_problems(40, 12, seed=4, ops="+-")
     assert other != again
+
+
+def _computation(prompt: str) -> tuple:
+    """What ``a+b=`` / ``a-b=`` computes, read from the prompt: addition commutes (``37+48=`` is ``48+37=``)."""
+    a, op, b = re.fullmatch(r"(\d+)([+-])(\d+)=", prompt).groups()
+    return (op, *sorted((int(a), int(b)))) if op == "+" else (op, int(a), int(b))
+
+
+@pytest.mark.parametrize("num_train, num_test, seed, ops", [(4000, 256, 0, "+"), (3000, 300, 7, "+-")])
+def test_arithmetic_held_out_problems_are_held_out_by_computation(num_train, num_test, seed, ops):
+    # The quickstart's split (4000 / 256, seed 0) had 120 held-out problems whose commuted twin was trained on.
+    train, test = arithmetic.generate_problems(num_train, num_test, seed=seed, ops=ops)
+    assert len(train) == num_train and len(test) == num_test and len(set(train)) == num_train
+    prompt = lambda p: arithmetic.make_row(p, "x", 0)["prompt"][0]["content"]  # noqa: E731
+    held_out = [_computation(prompt(p)) for p in test]
+    assert len(set(held_out)) == num_test  # each held-out computation once
+    assert not set(held_out) & {_computation(prompt(p)) for p in train}
+    if "-" in ops:  # a-b and b-a are two computations: both may be drawn
+        assert any((a, "-", b) in train and (b, "-", a) in train for a, op, b in train if op == "-")
+
+
+def test_arithmetic_out_of_form_problems_are_a_form_training_never_shows(tmp_path):
+    assert arithmetic.main(["--out", str(tmp_path), "--num-train", "4000", "--num-test", "256",
+                            "--num-test-ood", "100"]) == 0
+    rows = {split: pq.read_table(tmp_path / f"{split}.parquet").to_pylist() for split in ("train", "test", "test_ood")}
+    digits = lambda row: sorted(len(n) for n in re.findall(r"\d+", row["prompt"][0]["content"]))  # noqa: E731
+    assert {tuple(digits(r)) for r in rows["train"] + rows["test"]} == {(2, 2)}
+    shapes = [tuple(digits(r)) for r in rows["test_ood"]]
+    assert len(shapes) == 100 and set(shapes) == {(1, 2), (2, 3)} and shapes.count((1, 2)) == 50
+    assert len({r["prompt"][0]["content"] for r in rows["test_ood"]}) == 100
+    trained = {_computation(r["prompt"][0]["content"]) for r in rows["train"]}
+    for row in rows["test_ood"]:
+        assert row["extra_info"]["out_of_form"] is True and row["data_source"] == "arithmetic"
+        assert _computation(row["prompt"][0]["content"]) not in trained
+        a, op, b = re.fullmatch(r"(\d+)([+-])(\d+)=", row["prompt"][0]["content"]).groups()
+        assert row["reward_model"]["ground_truth"] == str(int(a) + int(b))
+        assert len(row["prompt"][0]["content"]) <= 8  # the arithmetic configs' max_prompt_length
+    assert not any(r["extra_info"].get("out_of_form") for r in rows["train"] + rows["test"])
+    # 9 one-digit and 900 three-digit partners for each of 90 two-digit operands, either order.
+    with pytest.raises(DatasetError, match="at most 163620 out-of-form"):
+        arithmetic.generate_out_of_form(163621)
 
 
 def test_arithmetic_rejects_bad_options():
@@ -283,3 +326,27 @@ def test_gsm8k_bad_input_is_one_clear_error(tmp_path, content, message):
         gsm8k.main(["--input", str(raw), "--out", str(tmp_path / "out")])
     with pytest.raises(DatasetError, match="expected an input jsonl file, found nothing"):
         gsm8k.main(["--input", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "out")])
+
+
+def test_validation_reports_the_out_of_form_set_apart(data_dir, tokenizer):
+    from verl.trainer.ppo.validation import is_out_of_form, val_score_metrics
+
+    # Both held-out files through the dataset and collate, as the trainer's val dataloader reads them.
+    ds = RLHFDataset([str(data_dir / "test.parquet"), str(data_dir / "test_ood.parquet")], tokenizer,
+                     {"max_prompt_length": 8})
+    batch = DataProto.from_single_dict(collate_fn([ds[i] for i in range(len(ds))]))
+    apart = is_out_of_form(batch)
+    assert apart == [False] * 12 + [True] * 128
+    # Right on 9 of the 12 in-distribution rows, on 32 of the 128 out-of-form rows.
+    score = torch.tensor([1.0] * 9 + [0.0] * 3 + [1.0] * 32 + [0.0] * 96)
+    metrics = val_score_metrics(score, batch.non_tensor_batch["data_source"].tolist(), apart)
+    assert metrics == {"val/accuracy": 0.75, "val/num_samples": 12.0, "val/accuracy_out_of_form": 0.25,
+                       "val/num_samples_out_of_form": 128.0, "val-core/arithmetic/reward/mean@1": 0.75}
+    # Only in-distribution rows: as before, no out-of-form keys; only out-of-form rows: val/accuracy covers them.
+    assert val_score_metrics(score[:12], ["arithmetic"] * 12, apart[:12]) == {
+        "val/accuracy": 0.75, "val/num_samples": 12.0, "val-core/arithmetic/reward/mean@1": 0.75}
+    only = val_score_metrics(score[12:], ["arithmetic"] * 128, apart[12:])
+    assert only["val/accuracy"] == only["val/accuracy_out_of_form"] == 0.25 and only["val/num_samples"] == 128.0
+    rows = DataProto.from_single_dict({"input_ids": torch.zeros(2, 3, dtype=torch.long),
+                                       "extra_info": np.array([None, {"index": 1}], dtype=object)})
+    assert is_out_of_form(rows) == [False, False]

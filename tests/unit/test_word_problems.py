@@ -11,7 +11,16 @@ import pytest
 from launch import quickstart
 from verl.cli import main as verl_main
 from verl.utils.dataset.errors import DatasetError
-from verl.utils.dataset.word_problems import TEMPLATES, generate_problems, make_row
+from verl.utils.dataset.word_problems import (
+    ITEMS,
+    NAMES,
+    OOD_ITEMS,
+    OOD_NAMES,
+    OOD_TEMPLATES,
+    TEMPLATES,
+    generate_problems,
+    make_row,
+)
 from verl.utils.reward_score import default_compute_score, load_reward_fn
 from verl.utils.reward_score.word_problems import compute_score, extract_answer
 
@@ -37,16 +46,64 @@ def test_every_template_states_a_question_whose_worked_solution_gives_its_answer
             assert 0 < answer < 100  # small numbers: the task is sized for a 135M model
 
 
-def test_splits_are_seeded_disjoint_and_the_test_split_does_not_depend_on_num_train():
+def _computation(question: str) -> str:
+    """The question with every name, pronoun and item replaced by a placeholder: what is left is the template's
+    wording and the operands, which is what a problem computes (the issue's test: name and item don't count)."""
+    names = [n for n, _ in NAMES + OOD_NAMES]
+    text = re.sub(r"\b(" + "|".join(names) + r")\b", "<NAME>", question)
+    text = re.sub(r"\b(he|she|He|She)\b", "<PRONOUN>", text)
+    return re.sub(r"\b(" + "|".join(ITEMS + OOD_ITEMS) + r")\b", "<ITEM>", text, flags=re.IGNORECASE)
+
+
+def test_splits_are_seeded_and_disjoint_by_computation_not_only_by_text():
     train, test = generate_problems(300, 40, seed=5)
     assert len(train) == 300 and len(test) == 40
-    assert not {q for q, _, _ in train} & {q for q, _, _ in test}
     assert len({q for q, _, _ in train}) == 300
+    train_computations = {_computation(q) for q, _, _ in train}
+    test_computations = [_computation(q) for q, _, _ in test]
+    assert len(set(test_computations)) == 40  # no held-out computation counted twice
+    assert not train_computations & set(test_computations)
+    # Their worked solutions (the operations, step by step) tell the same: none of the test's is trained on.
+    assert not {s for _, s, _ in train} & {s for _, s, _ in test}
     assert generate_problems(300, 40, seed=5) == (train, test)
     assert generate_problems(900, 40, seed=5)[1] == test
     assert generate_problems(300, 40, seed=6)[1] != test
     with pytest.raises(DatasetError, match="num_test >= 1"):
         generate_problems(10, 0)
+
+
+def test_the_default_job_split_holds_out_every_computation():
+    # The real-model job's split (verl data word-problems' defaults): 51 of its 64 held-out problems had a
+    # training row with the same template and operands before the split was drawn by computation.
+    train, test, ood = generate_problems(2000, 64, seed=0, num_test_ood=64)
+    assert generate_problems(2000, 64, seed=0)[1] == test  # asking for the out-of-form set leaves it as it was
+    seen = {_computation(q) for q, _, _ in train}
+    assert [q for q, _, _ in test if _computation(q) in seen] == []
+
+
+def test_the_out_of_form_set_is_worded_named_and_stocked_as_training_never_is():
+    train, test, ood = generate_problems(2000, 64, seed=0, num_test_ood=64)
+    assert len(ood) == 64 and len({_computation(q) for q, _, _ in ood}) == 64
+    words = lambda text: set(re.findall(r"[A-Za-z']+", text))  # noqa: E731
+    train_words = set().union(*(words(q) for q, _, _ in train))
+    # No training row uses an out-of-form name or item.
+    assert not {n for n, _ in OOD_NAMES} & train_words and not set(OOD_ITEMS) & train_words
+    for question, solution, answer in ood:
+        assert _evaluate_solution(solution) == answer
+        assert words(question) & ({n for n, _ in OOD_NAMES} | set(OOD_ITEMS)) or "pages" in question
+        assert _computation(question) not in {_computation(q) for q, _, _ in train + test}
+        # Nor does any training or test problem compute it (the same steps on the same operands).
+        assert solution not in {s for _, s, _ in train + test}
+    # Every template has its reworded twin in the set's 64 problems, computing what the twin computes.
+    assert {s.count("=") for _, s, _ in ood} == {1, 2}
+    rng = random.Random(0)
+    shape = lambda solution: re.sub(r"\d+", "N", solution)  # noqa: E731  (the steps without their numbers)
+    for template, twin in zip(TEMPLATES, OOD_TEMPLATES, strict=True):
+        drawn = [template(rng, "Tom", "he", "apples") for _ in range(300)]
+        twins = [twin(rng, "Nina", "she", "coins") for _ in range(300)]
+        assert {shape(s) for _, s, _ in drawn} == {shape(s) for _, s, _ in twins}, template.__name__
+        assert all(_evaluate_solution(s) == a for _, s, a in twins)
+        assert not {_computation(q) for q, _, _ in drawn} & {_computation(q) for q, _, _ in twins}
 
 
 def test_rows_are_verl_chat_rows_with_a_gsm8k_style_solution():
@@ -59,11 +116,18 @@ def test_rows_are_verl_chat_rows_with_a_gsm8k_style_solution():
     assert row["extra_info"]["answer"].endswith("#### 7")
 
 
-def test_verl_data_word_problems_writes_both_splits(tmp_path, capsys):
-    assert verl_main(["data", "word-problems", "--out", str(tmp_path), "--num-train", "20", "--num-test", "8"]) == 0
+def test_verl_data_word_problems_writes_both_splits_and_the_out_of_form_set(tmp_path, capsys):
+    assert verl_main(["data", "word-problems", "--out", str(tmp_path), "--num-train", "20", "--num-test", "8",
+                      "--num-test-ood", "5"]) == 0
     train = pq.read_table(tmp_path / "train.parquet").to_pylist()
     test = pq.read_table(tmp_path / "test.parquet").to_pylist()
-    assert len(train) == 20 and len(test) == 8
+    ood = pq.read_table(tmp_path / "test_ood.parquet").to_pylist()
+    assert len(train) == 20 and len(test) == 8 and len(ood) == 5
+    assert all(r["extra_info"]["out_of_form"] is True and r["extra_info"]["split"] == "test_ood" for r in ood)
+    assert not any(r["extra_info"].get("out_of_form") for r in train + test)
+    assert verl_main(["data", "word-problems", "--out", str(tmp_path), "--num-train", "20", "--num-test", "8",
+                      "--num-test-ood", "0"]) == 0
+    assert not (tmp_path / "test_ood.parquet").exists()  # not left over from the first call
     for row in test:
         assert compute_score(f"The answer is {row['reward_model']['ground_truth']}.",
                              row["reward_model"]["ground_truth"]) == 1.0
@@ -79,20 +143,22 @@ def test_verl_data_word_problems_writes_both_splits(tmp_path, capsys):
     ("the answer is: $1,200.", "1200", 1.0),
     ("#### 12", "12", 1.0),
     ("The answer is 12.0.", "12", 1.0),
-    ("The answer is 24.\n24 / 4 = 6 apples each.", "6", 0.0),   # the first answer counts, not a later one
+    ("The answer is 24.\n24 / 4 = 6 apples each.", "6", 0.0),   # a number after the marker is no answer
+    ("The answer is 24.\nNo: 24 / 4 = 6. The answer is 6.", "6", 1.0),  # the final answer counts
+    ("x" * 5000 + " The answer is 6.", "6", 1.0),                 # however long the response (was: 600 chars)
     ("3 + 4 = 7. So he has 7 apples.", "7", 0.0),                # no marker: no reward
     ("The answer is N.", "7", 0.0),
     ("The answer is 5.\nThe answer is N.", "5", 1.0),
     ("The answer is -3.", "3", 0.0),
 ])
-def test_the_scorer_reads_the_first_final_answer_marker(response, truth, expected):
+def test_the_scorer_reads_the_final_answer_marker(response, truth, expected):
     assert compute_score(response, truth) == expected
     assert default_compute_score("word_problems", response, truth) == expected
     assert load_reward_fn("word_problems")("any_source", response, truth) == expected
 
 
 def test_extract_answer():
-    assert extract_answer("so 5 + 2 = 7. The answer is 7. #### 8") == "7"
+    assert extract_answer("so 5 + 2 = 7. The answer is 7. #### 8") == "8"
     assert extract_answer("#### 1,234") == "1234"
     assert extract_answer("no answer here 42") is None
 

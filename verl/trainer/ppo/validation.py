@@ -1,5 +1,10 @@
 """Validation: greedy decoding (``rollout.val_kwargs``) on ``data.val_files``, scored by the reward function
-(``val/accuracy``, verl's ``val-core/<source>/reward/mean@1``), dumped to ``trainer.validation_data_dir``."""
+(``val/accuracy``, verl's ``val-core/<source>/reward/mean@1``), dumped to ``trainer.validation_data_dir``.
+
+Rows marked ``extra_info.out_of_form`` (a held-out set in a form training never shows: ``verl data arithmetic`` /
+``word-problems`` write them to ``test_ood.parquet``) are reported apart, as ``val/accuracy_out_of_form`` and
+``val/num_samples_out_of_form``; ``val/accuracy`` and the ``val-core`` means cover the other rows (all rows when
+every row is out of form)."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ class Validation:
 
     def validate(self) -> dict[str, float]:
         """Greedy decoding (rollout.val_kwargs) on the validation set: val/accuracy and val-core names."""
-        scores, sources, generations, turn_stats = [], [], [], []
+        scores, sources, generations, turn_stats, out_of_form = [], [], [], [], []
         dump_dir = self.sections.trainer.validation_data_dir
         for batch_dict in self.val_dataloader:
             gen = self._prompt_batch(batch_dict, step=0, validate=True)
@@ -26,6 +31,7 @@ class Validation:
             turn_stats.append((len(out), out.meta_info.pop("metrics", None) or {}))
             scores.append(self._sequence_rewards(out))
             sources.extend(batch_ops.column(out, self.sections.data.reward_fn_key).tolist())
+            out_of_form.extend(is_out_of_form(out))
             rows = batch_ops.gather_to_rank0(out) if dump_dir else None
             if rows is not None and self.rank == 0:
                 reward = self.reward_fn(rows, return_dict=True)
@@ -33,13 +39,32 @@ class Validation:
                                                       self.tokenizer, self.global_step))
         if dump_dir and self.rank == 0:
             write_generations(dump_dir, self.global_step, generations)
-        score = torch.cat(scores)
-        metrics = {"val/accuracy": score.mean().item(), "val/num_samples": float(score.numel())}
-        sources_arr = np.array(sources, dtype=object)
-        for source in sorted(set(sources)):
-            mask = torch.as_tensor(sources_arr == source)
-            metrics[f"val-core/{source}/reward/mean@1"] = score[mask].mean().item()
-        return metrics | agent_val_metrics(turn_stats)
+        return val_score_metrics(torch.cat(scores), sources, out_of_form) | agent_val_metrics(turn_stats)
+
+
+def is_out_of_form(batch) -> list[bool]:
+    """Per row: whether its ``extra_info`` marks it out of form (rows without ``extra_info`` are not)."""
+    try:
+        infos = batch_ops.column(batch, "extra_info")
+    except KeyError:
+        return [False] * len(batch)
+    return [bool(isinstance(info, dict) and info.get("out_of_form")) for info in infos]
+
+
+def val_score_metrics(score: torch.Tensor, sources: list, out_of_form: list[bool]) -> dict[str, float]:
+    """``val/accuracy`` (and the per-source ``val-core`` means) over the in-form rows, or every row when none is;
+    ``val/accuracy_out_of_form`` over the out-of-form rows, when there are any."""
+    apart = torch.as_tensor(out_of_form, dtype=torch.bool)
+    in_form = ~apart if bool((~apart).any()) else torch.ones_like(apart)
+    metrics = {"val/accuracy": score[in_form].mean().item(), "val/num_samples": float(int(in_form.sum()))}
+    if bool(apart.any()):
+        metrics["val/accuracy_out_of_form"] = score[apart].mean().item()
+        metrics["val/num_samples_out_of_form"] = float(int(apart.sum()))
+    sources_arr = np.array(sources, dtype=object)
+    for source in sorted({s for s, keep in zip(sources, in_form.tolist(), strict=True) if keep}):
+        mask = torch.as_tensor(sources_arr == source) & in_form
+        metrics[f"val-core/{source}/reward/mean@1"] = score[mask].mean().item()
+    return metrics
 
 
 AGENT_VAL_KEYS = ("num_turns", "tool_call_counts", "tool_call_errors")

@@ -1,7 +1,9 @@
 """The quickstart task: two-digit arithmetic prompts (``37+48=``) with exact-match answers.
 
-``verl data arithmetic --out DIR`` writes verl-format ``train.parquet``/``test.parquet`` (disjoint
-problems, seeded) and a character-level tokenizer in HF format under ``DIR/tokenizer``.
+``verl data arithmetic --out DIR`` writes verl-format ``train.parquet``/``test.parquet`` (seeded, disjoint by
+computation: ``a+b`` and ``b+a`` count as one), ``test_ood.parquet`` (out-of-form held-out problems: one operand
+with a digit fewer or more than training ever shows, rows marked ``extra_info.out_of_form``) and a
+character-level tokenizer in HF format under ``DIR/tokenizer``.
 """
 
 from __future__ import annotations
@@ -24,10 +26,19 @@ SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos
 CHARACTERS = list("0123456789+-=*/() \n")
 
 
+def computation_key(problem: tuple[int, str, int]) -> tuple:
+    """What a problem computes: ``a+b`` and ``b+a`` are one computation (addition commutes), ``a-b`` and
+    ``b-a`` two. Held-out splits are disjoint in this key, not only in the prompt's text."""
+    a, op, b = problem
+    return (op, min(a, b), max(a, b)) if op == "+" else (op, a, b)
+
+
 def generate_problems(
     num_train: int, num_test: int, seed: int = 0, ops: str = "+", low: int = 10, high: int = 99
 ) -> tuple[list[tuple[int, str, int]], list[tuple[int, str, int]]]:
-    """Disjoint (a, op, b) problems with a, b in [low, high]: (train, test), shuffled with ``seed``."""
+    """(train, test) (a, op, b) problems with a, b in [low, high], shuffled with ``seed``: the test split's
+    problems are distinct computations (:func:`computation_key`) and no training problem computes one of them
+    (``37+48=`` held out keeps ``48+37=`` out of train)."""
     unknown = sorted(set(ops) - {"+", "-"})
     if not ops or unknown:
         raise DatasetError(f"arithmetic: expected ops made of '+' and '-', found {ops!r}")
@@ -40,22 +51,67 @@ def generate_problems(
             f"distinct problems, found num_train={num_train} num_test={num_test}"
         )
     random.Random(seed).shuffle(problems)
-    return problems[:num_train], problems[num_train : num_train + num_test]
+    test: list[tuple[int, str, int]] = []
+    held_out: set[tuple] = set()
+    for problem in problems:
+        if len(test) == num_test:
+            break
+        if computation_key(problem) not in held_out:
+            held_out.add(computation_key(problem))
+            test.append(problem)
+    train = [p for p in problems if computation_key(p) not in held_out][:num_train]
+    if len(test) < num_test or len(train) < num_train:
+        raise DatasetError(
+            f"arithmetic: {num_test} held-out computations leave {len(train)} training problems that compute none "
+            f"of them, found num_train={num_train}; ask for fewer"
+        )
+    return train, test
+
+
+def generate_out_of_form(num: int, seed: int = 0, ops: str = "+", low: int = 10, high: int = 99
+                         ) -> list[tuple[int, str, int]]:
+    """``num`` distinct problems in a form :func:`generate_problems` never draws: one operand in [low, high], the
+    other with one digit fewer (half of them, when such operands exist) or one more (``7+48=``, ``48+137=``;
+    either order). No training problem computes one of them; with the default range the char tokenizer writes
+    every prompt in at most 7 tokens and every answer in at most 4."""
+    if num < 1:
+        raise DatasetError(f"arithmetic: expected num >= 1 out-of-form problems, found {num}")
+    digits = len(str(low))
+    if low < 1 or len(str(high)) != digits or low > high:
+        raise DatasetError(f"arithmetic: out-of-form problems need 1 <= low <= high of one digit count, found "
+                           f"low={low} high={high}")
+
+    def pairs(width: int) -> list[tuple[int, str, int]]:
+        others = range(10 ** (width - 1), 10 ** width) if width > 0 else range(0)
+        return sorted({(x, op, y) for op in dict.fromkeys(ops) for n in range(low, high + 1) for m in others
+                       for x, y in ((n, m), (m, n))})
+
+    shorter, longer = pairs(digits - 1), pairs(digits + 1)
+    want_short = min(num // 2, len(shorter))
+    if num - want_short > len(longer):
+        raise DatasetError(f"arithmetic: expected at most {len(shorter) + len(longer)} out-of-form problems, "
+                           f"found num={num}")
+    rng = random.Random(seed)
+    chosen = rng.sample(shorter, want_short) + rng.sample(longer, num - want_short)
+    rng.shuffle(chosen)
+    return chosen
 
 
 def answer_of(a: int, op: str, b: int) -> int:
     return a + b if op == "+" else a - b
 
 
-def make_row(problem: tuple[int, str, int], split: str, index: int) -> dict:
-    """One verl-format row: data_source, prompt (chat messages), ability, reward_model, extra_info."""
+def make_row(problem: tuple[int, str, int], split: str, index: int, out_of_form: bool = False) -> dict:
+    """One verl-format row: data_source, prompt (chat messages), ability, reward_model, extra_info.
+    ``out_of_form``: ``extra_info.out_of_form`` is set, and validation reports the row apart
+    (``val/accuracy_out_of_form``)."""
     a, op, b = problem
     return {
         "data_source": DATA_SOURCE,
         "prompt": [{"role": "user", "content": f"{a}{op}{b}="}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(answer_of(a, op, b))},
-        "extra_info": {"split": split, "index": index},
+        "extra_info": {"split": split, "index": index, **({"out_of_form": True} if out_of_form else {})},
     }
 
 
@@ -158,17 +214,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--num-train", type=int, default=4000)
     parser.add_argument("--num-test", type=int, default=256)
+    parser.add_argument("--num-test-ood", type=int, default=128,
+                        help="out-of-form held-out problems written to test_ood.parquet (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ops", default="+", help="operators to use, e.g. '+' or '+-'")
     parser.add_argument("--tokenizer-out", default=None, help="tokenizer directory (default: OUT/tokenizer)")
     args = parser.parse_args(argv)
 
     train, test = generate_problems(args.num_train, args.num_test, args.seed, args.ops)
+    ood = generate_out_of_form(args.num_test_ood, args.seed, args.ops) if args.num_test_ood else []
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise DatasetError(f"--out: expected a directory (new or existing), found a file at {args.out}")
     os.makedirs(args.out, exist_ok=True)
     write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], os.path.join(args.out, "train.parquet"))
     write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(args.out, "test.parquet"))
+    ood_path = os.path.join(args.out, "test_ood.parquet")
+    if ood:
+        write_parquet([make_row(p, "test_ood", i, out_of_form=True) for i, p in enumerate(ood)], ood_path)
+    elif os.path.exists(ood_path):
+        os.remove(ood_path)  # a stale set from an earlier call is not this call's
     tokenizer_dir = build_char_tokenizer(args.tokenizer_out or os.path.join(args.out, "tokenizer"))
-    print(f"arithmetic: {len(train)} train / {len(test)} test problems -> {args.out}; tokenizer -> {tokenizer_dir}")
+    print(f"arithmetic: {len(train)} train / {len(test)} test / {len(ood)} out-of-form test problems -> {args.out}; "
+          f"tokenizer -> {tokenizer_dir}")
     return 0

@@ -1,14 +1,17 @@
 """A GSM8K-format task the project generates: short multi-step word problems with small numbers.
 
-``verl data word-problems --out DIR`` writes verl-format ``train.parquet`` / ``test.parquet`` (disjoint
-questions, seeded). Each row's prompt is one user turn (chat messages, so the model's own chat template
-renders it) asking for the answer as ``The answer is N.``; ``reward_model.ground_truth`` is N, and
+``verl data word-problems --out DIR`` writes verl-format ``train.parquet`` / ``test.parquet`` (seeded, disjoint
+by computation: no training problem has a held-out problem's template and operands, whatever its name and item)
+and ``test_ood.parquet`` (out-of-form held-out problems: reworded templates, names and items no training row
+uses; rows marked ``extra_info.out_of_form``). Each row's prompt is one user turn (chat messages, so the model's
+own chat template renders it) asking for the answer as ``The answer is N.``; ``reward_model.ground_truth`` is N, and
 ``extra_info.answer`` is a GSM8K-style worked solution ending in ``#### N``. The scorer is
 :mod:`verl.utils.reward_score.word_problems` (data source ``word_problems``).
 
 Sized for a small pretrained chat model: SmolLM2-135M-Instruct answers ~10% of the 64 held-out problems of
-seed 0 right greedily (one- and two-step problems, small operands, answers below 100; most misses answer
-before working it out or stop after one step), so RL has room to improve it.
+seed 0 right greedily (measured on the split before it was drawn by computation; one- and two-step problems,
+small operands, answers below 100; most misses answer before working it out or stop after one step), so RL has
+room to improve it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 from collections.abc import Callable, Sequence
 
 from verl.utils.dataset.arithmetic import write_parquet
@@ -101,40 +105,159 @@ TEMPLATES: tuple[Template, ...] = (_gets_more, _loses_some, _buy_then_give, _bag
                                    _more_than, _change, _pages)
 
 
+# The out-of-form held-out set: the same computations (each template above has a reworded twin, in order) asked
+# with names and items no training row uses, in wordings no training row uses.
+OOD_NAMES = (("Omar", "he"), ("Nina", "she"), ("Raj", "he"), ("Yuki", "she"), ("Ivan", "he"), ("Sara", "she"))
+OOD_ITEMS = ("coins", "stones", "buttons", "ribbons", "crayons", "beads")
+
+
+def _ood_gets_more(rng, name, he, item):
+    a, b = rng.randint(2, 19), rng.randint(2, 9)
+    return (f"There are {a} {item} in {name}'s box. A friend puts in {b} more. What is the number of {item} in "
+            f"the box now?", f"{a} + {b} = {a + b}.", a + b)
+
+
+def _ood_loses_some(rng, name, he, item):
+    a = rng.randint(6, 19)
+    b = rng.randint(2, a - 2)
+    return (f"{name} started the day with {a} {item}. By evening {b} were lost. What number of {item} remain?",
+            f"{a} - {b} = {a - b}.", a - b)
+
+
+def _ood_buy_then_give(rng, name, he, item):
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    c = rng.randint(1, a + b - 1)
+    return (f"{name} owns {a} {item}, then picks up {b} more and hands {c} to a neighbour. What is {name}'s "
+            f"count of {item} at the end?",
+            f"{a} + {b} = {a + b}. {a + b} - {c} = {a + b - c}.", a + b - c)
+
+
+def _ood_bags(rng, name, he, item):
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    return (f"Every box holds {b} {item}, and {name} fills {a} boxes. What is the total number of {item}?",
+            f"{a} * {b} = {a * b}.", a * b)
+
+
+def _ood_has_and_packs(rng, name, he, item):
+    a, b, c = rng.randint(2, 9), rng.randint(2, 5), rng.randint(2, 9)
+    return (f"{name} owns {a} loose {item}. Then {he} gets {b} packets, each holding {c} {item}. What is the "
+            f"total now?", f"{b} * {c} = {b * c}. {a} + {b * c} = {a + b * c}.", a + b * c)
+
+
+def _ood_share(rng, name, he, item):
+    each, friends = rng.randint(2, 9), rng.randint(2, 6)
+    total = each * friends
+    return (f"{total} {item} are split evenly between {friends} children by {name}. What does one child "
+            f"receive?", f"{total} / {friends} = {each}.", each)
+
+
+def _ood_more_than(rng, name, he, item):
+    other = rng.choice([n for n, _ in OOD_NAMES if n != name])
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    return (f"{name} collected {a} {item}, and {other} collected {b} {item} more than {name} did. What is their "
+            f"combined total?", f"{a} + {b} = {a + b}. {a} + {a + b} = {2 * a + b}.", 2 * a + b)
+
+
+def _ood_change(rng, name, he, item):
+    price, count = rng.randint(2, 9), rng.randint(2, 5)
+    bill = 20 if price * count < 20 else 50
+    return (f"One of the {item} sells for {price} dollars. {name} takes {count} of them and hands over {bill} "
+            f"dollars. What change comes back?",
+            f"{price} * {count} = {price * count}. {bill} - {price * count} = {bill - price * count}.",
+            bill - price * count)
+
+
+def _ood_pages(rng, name, he, item):
+    per_day, days, extra = rng.randint(2, 9), rng.randint(2, 5), rng.randint(2, 9)
+    return (f"For {days} days {name} gets through {per_day} pages a day, and afterwards another {extra} pages. "
+            f"What is the total number of pages?",
+            f"{per_day} * {days} = {per_day * days}. {per_day * days} + {extra} = {per_day * days + extra}.",
+            per_day * days + extra)
+
+
+OOD_TEMPLATES: tuple[Template, ...] = (_ood_gets_more, _ood_loses_some, _ood_buy_then_give, _ood_bags,
+                                       _ood_has_and_packs, _ood_share, _ood_more_than, _ood_change, _ood_pages)
+
+
+def computation_key(template: int, solution: str) -> tuple:
+    """What a problem computes: its template (by index; a reworded twin in :data:`OOD_TEMPLATES` has its twin's
+    index) and its operands, read from the worked solution (every operand appears in it, in the template's
+    order, whatever order the question states them in). The names and items do not count: two questions that
+    differ only in them are one computation."""
+    return (template, *(int(n) for n in re.findall(r"\d+", solution)))
+
+
+def _draw(rng: random.Random, templates: Sequence[Template], names, items) -> tuple[int, tuple[str, str, int]]:
+    index = rng.randrange(len(templates))
+    name, pronoun = names[rng.randrange(len(names))]
+    return index, templates[index](rng, name, pronoun, items[rng.randrange(len(items))])
+
+
 def make_problem(rng: random.Random) -> tuple[str, str, int]:
     """One (question, worked solution, answer), every choice drawn from ``rng``."""
-    template = TEMPLATES[rng.randrange(len(TEMPLATES))]
-    name, pronoun = NAMES[rng.randrange(len(NAMES))]
-    return template(rng, name, pronoun, ITEMS[rng.randrange(len(ITEMS))])
+    return _draw(rng, TEMPLATES, NAMES, ITEMS)[1]
 
 
-def generate_problems(num_train: int, num_test: int, seed: int = 0
-                      ) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
-    """(train, test): distinct questions, none in both splits; the test split is drawn first, so a
-    larger ``num_train`` never changes the held-out set of a seed."""
-    if num_train < 1 or num_test < 1:
-        raise DatasetError(f"word_problems: expected num_train >= 1 and num_test >= 1, found num_train={num_train} "
-                           f"num_test={num_test}")
+def generate_problems(num_train: int, num_test: int, seed: int = 0, num_test_ood: int = 0
+                      ) -> tuple[list[tuple[str, str, int]], ...]:
+    """(train, test), or (train, test, test_ood) when ``num_test_ood`` > 0, each problem a (question, worked
+    solution, answer). Held out means held out: the test split's problems are distinct computations
+    (:func:`computation_key`: template and operands) and no training problem computes one of them, whatever
+    its name and item; training questions are distinct. The test split is drawn first, so a larger ``num_train``
+    never changes the held-out set of a seed. ``test_ood``: distinct computations none of which is in train or
+    test, asked in the reworded :data:`OOD_TEMPLATES` with :data:`OOD_NAMES` / :data:`OOD_ITEMS`, which no
+    training question uses."""
+    if num_train < 1 or num_test < 1 or num_test_ood < 0:
+        raise DatasetError(f"word_problems: expected num_train >= 1, num_test >= 1 and num_test_ood >= 0, found "
+                           f"num_train={num_train} num_test={num_test} num_test_ood={num_test_ood}")
     rng = random.Random(seed)
+    held_out: set[tuple] = set()
+    test: list[tuple[str, str, int]] = []
+    train: list[tuple[str, str, int]] = []
     seen: set[str] = set()
-    splits: list[list[tuple[str, str, int]]] = [[], []]
-    # Far more distinct questions exist than any sensible request; the bound only stops a runaway loop.
-    attempts, limit = 0, 50 * (num_train + num_test) + 1000
-    for split, count in ((1, num_test), (0, num_train)):
-        while len(splits[split]) < count:
-            attempts += 1
-            if attempts > limit:
-                raise DatasetError(f"word_problems: could not draw {num_train + num_test} distinct questions "
-                                   f"(found {len(seen)}); ask for fewer")
-            problem = make_problem(rng)
-            if problem[0] not in seen:
-                seen.add(problem[0])
-                splits[split].append(problem)
-    return splits[0], splits[1]
+    # Far more distinct problems exist than any sensible request; the bound only stops a runaway loop.
+    attempts, limit = 0, 50 * (num_train + num_test + num_test_ood) + 1000
+
+    def attempt() -> None:
+        nonlocal attempts
+        attempts += 1
+        if attempts > limit:
+            raise DatasetError(f"word_problems: could not draw {num_train} train / {num_test} test / "
+                               f"{num_test_ood} out-of-form problems disjoint by computation (found {len(train)} / "
+                               f"{len(test)} / {len(ood)}); ask for fewer")
+
+    while len(test) < num_test:
+        attempt()
+        index, problem = _draw(rng, TEMPLATES, NAMES, ITEMS)
+        key = computation_key(index, problem[1])
+        if key not in held_out:
+            held_out.add(key)
+            test.append(problem)
+    ood: list[tuple[str, str, int]] = []
+    # Its own stream: asking for an out-of-form set leaves the test split as it was (train leaves its computations
+    # out).
+    ood_rng, ood_keys = random.Random(f"word_problems-ood-{seed}"), set()
+    while len(ood) < num_test_ood:
+        attempt()
+        index, problem = _draw(ood_rng, OOD_TEMPLATES, OOD_NAMES, OOD_ITEMS)
+        key = computation_key(index, problem[1])
+        if key not in held_out and key not in ood_keys:
+            ood_keys.add(key)
+            ood.append(problem)
+    while len(train) < num_train:
+        attempt()
+        index, problem = _draw(rng, TEMPLATES, NAMES, ITEMS)
+        key = computation_key(index, problem[1])
+        if key not in held_out and key not in ood_keys and problem[0] not in seen:
+            seen.add(problem[0])
+            train.append(problem)
+    return (train, test, ood) if num_test_ood else (train, test)
 
 
-def make_row(problem: tuple[str, str, int], split: str, index: int) -> dict:
-    """One verl-format row: data_source, prompt (chat messages), ability, reward_model, extra_info."""
+def make_row(problem: tuple[str, str, int], split: str, index: int, out_of_form: bool = False) -> dict:
+    """One verl-format row: data_source, prompt (chat messages), ability, reward_model, extra_info.
+    ``out_of_form``: ``extra_info.out_of_form`` is set, and validation reports the row apart
+    (``val/accuracy_out_of_form``)."""
     question, solution, answer = problem
     return {
         "data_source": DATA_SOURCE,
@@ -142,7 +265,7 @@ def make_row(problem: tuple[str, str, int], split: str, index: int) -> dict:
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(answer)},
         "extra_info": {"split": split, "index": index, "question": question,
-                       "answer": f"{solution}\n#### {answer}"},
+                       "answer": f"{solution}\n#### {answer}", **({"out_of_form": True} if out_of_form else {})},
     }
 
 
@@ -152,13 +275,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--num-train", type=int, default=2000)
     parser.add_argument("--num-test", type=int, default=64)
+    parser.add_argument("--num-test-ood", type=int, default=64,
+                        help="out-of-form held-out problems written to test_ood.parquet (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    train, test = generate_problems(args.num_train, args.num_test, args.seed)
+    train, test, *rest = generate_problems(args.num_train, args.num_test, args.seed, args.num_test_ood)
+    ood = rest[0] if rest else []
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise DatasetError(f"--out: expected a directory (new or existing), found a file at {args.out}")
     os.makedirs(args.out, exist_ok=True)
     write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], os.path.join(args.out, "train.parquet"))
     write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(args.out, "test.parquet"))
-    print(f"word_problems: {len(train)} train / {len(test)} test problems -> {args.out}")
+    ood_path = os.path.join(args.out, "test_ood.parquet")
+    if ood:
+        write_parquet([make_row(p, "test_ood", i, out_of_form=True) for i, p in enumerate(ood)], ood_path)
+    elif os.path.exists(ood_path):
+        os.remove(ood_path)  # a stale set from an earlier call is not this call's
+    print(f"word_problems: {len(train)} train / {len(test)} test / {len(ood)} out-of-form test problems -> {args.out}")
     return 0
