@@ -25,16 +25,42 @@ def test_checksum_matches_its_definition(dtype, numel):
     assert -(1 << 63) <= checksum(t) < 1 << 63
 
 
-def test_threads_split_a_large_buffer_without_changing_the_sum():
-    # 8 MiB: above the size where the CPU reduction goes parallel; mod-2^64 addition is order-free.
-    t = torch.randn(2 << 20, generator=torch.Generator().manual_seed(0))
-    small = torch.cat([t[:1000], t[1000:]])
-    assert checksum(t) == checksum(small)
-    head = t[:1000]
-    assert checksum(head) % (1 << 64) == reference(head)
-    want = (checksum(head) + sum(int(w & 0xFFFFFFFF) * (2 * i + 1) for i, w in
-                                 enumerate(t[1000:1010].view(torch.int32).tolist(), start=1000))) % (1 << 64)
-    assert checksum(t[:1010]) % (1 << 64) == want
+@pytest.fixture
+def openmp_threads():
+    """At least 2 OpenMP threads in the extension (verl._C shares torch's OpenMP runtime), restored afterwards: the
+    CPU kernel goes parallel only from 4 MiB *and* with more than one thread (a 1-thread CI job would otherwise
+    test the serial loop twice)."""
+    from verl.ops.copy_program import _ext
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(2, before))
+    try:
+        threads = _ext().cpu_num_threads()
+        assert threads >= 2, f"the extension kept {threads} OpenMP thread(s) after torch.set_num_threads"
+        yield threads
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32, torch.int64])
+def test_the_parallel_path_over_8_mib_matches_the_python_reference(dtype, openmp_threads):
+    # 8 MiB (twice the size where the CPU reduction goes parallel), split into tasks of 64 blocks over the threads:
+    # the kernel against the definition computed exactly in Python integers, on random words, on the same buffer
+    # from an unaligned start with a ragged last block and task, and on the largest words (all bits set).
+    size = torch.empty(0, dtype=dtype).element_size()
+    numel = (8 << 20) // size
+    raw = torch.randint(0, 256, ((numel + 301) * size,), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(size)).view(dtype)
+    whole, ragged = raw[:numel], raw[1:]
+    assert whole.numel() * size == 8 << 20 and ragged.numel() == numel + 300
+    for t in (whole, ragged):
+        assert checksum(t) % (1 << 64) == reference(t)
+    ones = torch.full((numel * size,), 255, dtype=torch.uint8).view(dtype)
+    assert checksum(ones) % (1 << 64) == reference(ones)
+    # One flipped bit anywhere (here in the last task) changes it.
+    flipped = whole.clone()
+    flipped.view(torch.uint8)[-5] ^= 1
+    assert checksum(flipped) != checksum(whole)
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32, torch.int64])
