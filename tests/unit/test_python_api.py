@@ -71,8 +71,9 @@ def test_a_missing_key_names_the_node_and_key_before_training():
     flow = DataFlow().add_node("judge", lambda scores: scores, input_keys=["scores"], output_keys=["reward"])
     with pytest.raises(InputError, match="dataflow node 'judge': input key 'scores'"):
         flow.build_trainer()
-    with pytest.raises(InputError, match="expected a node with output key 'reward'"):
-        DataFlow().add_node("n", len, input_keys=["responses"], output_keys=["size"]).validate()
+    with pytest.raises(InputError, match="expected a node after the rollout whose output .* is the reward, found "
+                                         "none"):
+        DataFlow().add_node("r", "rollout", output_keys=["responses"]).validate()
     with pytest.raises(InputError, match="dataflow node 'r': output key 'nope'"):
         DataFlow().add_node("r", "rollout", output_keys=["nope"])
 

@@ -7,13 +7,25 @@
                                                       learning_rate=1e-3))
     trainer.train(prompts=["1+2=", ...])
 
+Or as document 000 writes it, with a rollout function of the user's and any key names:
+
+    @register
+    def rollout(prompts):            # generates however it likes; returns one text per prompt
+        ...
+    dataflow.add_node("rollout", rollout, input_keys=["prompts"], output_keys=["responses"])
+    dataflow.add_node("reward", reward, input_keys=["responses"], output_keys=["scores"])
+    dataflow.add_node("actor", HFActor.from_pretrained(path))       # the model trained (or TrainerConfig(model=))
+
 The rollout node is the trainer's own generation (weights resharded into the rollout engine, log-probs recomputed by
-the actor). The nodes after it run where the reward manager runs (:class:`DataFlowReward` replaces the trainer's
-``reward_fn``): each receives the values of its ``input_keys`` for the whole batch as Python values (lists, or
-tensors for token ids and masks) and returns its ``output_keys`` (a dict, a tuple in that order, or the one value);
-the key ``reward`` (one number per response) becomes the score on each response's last token, from which the
-configured estimator (GRPO by default, PPO with a critic) computes advantages. Keys are checked before training
-(every input key made by an earlier node, a ``reward`` made by some node); lengths and types at the first step.
+the actor), or a user function reading only ``prompts`` added first: its texts are tokenized with the actor's
+tokenizer and the actor computes their log-probs (:mod:`verl.api.user_rollout`). The nodes after it run where the
+reward manager runs (:class:`DataFlowReward` replaces the trainer's ``reward_fn``): each receives the values of its
+``input_keys`` for the whole batch as Python values (lists, or tensors for token ids and masks) and returns its
+``output_keys`` (a dict, a tuple in that order, or the one value; no ``output_keys``: one value named after the node).
+The reward is found by its role: the output no later node reads (``reward`` when several are unread), one number per
+response; it becomes the score on each response's last token, from which the configured estimator (GRPO by default,
+PPO with a critic) computes advantages. Keys are checked before training (every input key made by an earlier node,
+one reward); lengths and types at the first step. ``HFActor`` / ``HFCritic`` nodes name the models trained.
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ ROLLOUT_KEYS = {
     "data_source": "the dataset's data_source (list of B str)",
 }
 DEBUG_MODES = ("full", "light", "none")
+_SEEN = "_user_rollout_seen"  # what a user rollout function was given and returned (its debug output)
 NODE_MARK = "_verl_dataflow_node"
 
 
@@ -73,13 +86,20 @@ def _is_dispatch_mode(obj: Any) -> bool:
 @dataclasses.dataclass
 class Node:
     name: str
-    fn: Any  # ROLLOUT, a callable, or a torch.nn.Module
+    fn: Any  # ROLLOUT, a callable, a torch.nn.Module, or an HFActor / HFCritic (a model the trainer trains)
     input_keys: tuple[str, ...]
     output_keys: tuple[str, ...]
+    user_rollout: bool = False  # a user function generating the responses (set by DataFlow.validate)
 
     @property
     def is_rollout(self) -> bool:
-        return isinstance(self.fn, str) and self.fn == ROLLOUT
+        return (isinstance(self.fn, str) and self.fn == ROLLOUT) or self.user_rollout
+
+    @property
+    def is_model(self) -> bool:
+        from verl.models.hf import HFModel
+
+        return isinstance(self.fn, HFModel)
 
 
 class DataFlow:
@@ -88,13 +108,18 @@ class DataFlow:
     def __init__(self) -> None:
         self.nodes: list[Node] = []
         self.debug_mode = "none"
+        self.reward_key = REWARD_KEY  # the reward node's output (DataFlow.validate finds it by its role)
 
     def add_node(self, name: Any, fn: Any = None, input_keys: Sequence[str] | None = None,
                  output_keys: Sequence[str] | None = None) -> DataFlow:
         """Add node ``name`` running ``fn``: ``"rollout"`` (the configured rollout engine), a function (or an
         ``@register``-ed one, whose recorded keys are the defaults), or a ``torch.nn.Module`` (its forward, called
-        with the input keys as keyword arguments: ``input_ids=...``). ``add_node(fn)``: an ``@register``-ed
-        function under its own name. Returns the dataflow (calls chain)."""
+        with the input keys as keyword arguments: ``input_ids=...``), or an ``HFActor`` /
+        ``HFCritic`` (the model the trainer trains, no keys). ``add_node(fn)``: an ``@register``-ed function under its
+        own name. Without ``output_keys`` a function's one value is named after the node. Returns the dataflow (calls
+        chain)."""
+        from verl.models.hf import HFModel
+
         if fn is None and callable(name):
             name, fn = getattr(name, NODE_MARK, {}).get("name") or name.__name__, name
         if not isinstance(name, str) or not name:
@@ -116,11 +141,18 @@ class DataFlow:
             if unknown:
                 raise InputError(f"dataflow node {name!r}: output key {unknown[0]!r}: expected one of the rollout's "
                                  f"keys {sorted(ROLLOUT_KEYS)}, found an unknown key")
+        elif isinstance(fn, HFModel):
+            if input_keys or output_keys:
+                raise InputError(f"dataflow node {name!r}: an {type(fn).__name__} (the model trained) expected no "
+                                 f"input_keys or output_keys, found {list(input_keys)} / {list(output_keys or ())}")
+            if any(node.is_model and type(node.fn) is type(fn) for node in self.nodes):
+                raise InputError(f"dataflow node {name!r}: expected one {type(fn).__name__}, found a second")
+            output_keys = ()
         elif not callable(fn):
-            raise InputError(f"dataflow node {name!r}: expected fn 'rollout', a function or a torch.nn.Module, found "
-                             f"{type(fn).__name__}")
+            raise InputError(f"dataflow node {name!r}: expected fn 'rollout', a function, a torch.nn.Module or an "
+                             f"HFActor / HFCritic, found {type(fn).__name__}")
         elif not output_keys:
-            raise InputError(f"dataflow node {name!r}: expected output_keys, found none")
+            output_keys = (name,)
         self.nodes.append(Node(name, fn, input_keys, tuple(output_keys)))
         return self
 
@@ -132,32 +164,86 @@ class DataFlow:
         self.debug_mode = mode
         return self
 
+    @property
+    def flow_nodes(self) -> list[Node]:
+        """The nodes that run each step (not the HFActor / HFCritic naming the models)."""
+        return [node for node in self.nodes if not node.is_model]
+
+    def model(self, role: str) -> Any:
+        """The ``HFActor`` (``role`` "actor") or ``HFCritic`` ("critic") added as a node, or None."""
+        return next((node.fn for node in self.nodes if node.is_model and node.fn.role == role), None)
+
+    @property
+    def user_rollout(self) -> Node | None:
+        return next((node for node in self.nodes if node.user_rollout), None)
+
     def validate(self) -> None:
-        """Every node's input keys made by an earlier node and a ``reward`` made by some node (InputError naming the
-        node and the key otherwise); a default rollout node first when none was added."""
-        if not self.nodes or not self.nodes[0].is_rollout:
+        """Each node's role and keys: the rollout first (the engine's, added when none was; or a user function
+        reading only ``prompts`` and making one value, the responses' texts), every input key made by an earlier
+        node, one reward (InputError naming the node and the key otherwise)."""
+        flow = self.flow_nodes
+        first = flow[0] if flow else None
+        if first is not None and not first.is_rollout and callable(first.fn) and not _is_module(first.fn) \
+                and set(first.input_keys) <= {"prompts"} and len(first.output_keys) == 1:
+            first.user_rollout = True
+        if first is None or not first.is_rollout:
             self.nodes.insert(0, Node(ROLLOUT, ROLLOUT, (), tuple(ROLLOUT_KEYS)))
-        available: dict[str, str] = {}
-        for node in self.nodes:
+        available: dict[str, str] = {"prompts": "the dataset"} if first is not None and first.user_rollout else {}
+        read: set[str] = set()
+        for node in self.flow_nodes:
             for key in node.input_keys:
                 if key not in available:
                     raise InputError(f"dataflow node {node.name!r}: input key {key!r}: expected it from an earlier "
                                      f"node, found none (available: {sorted(available)})")
+                read.add(key)
+            if node.user_rollout:  # its texts, tokenized: every rollout key but the rollout's log-probs
+                available.update({k: node.name for k in ROLLOUT_KEYS if k != "log_probs"})
             for key in node.output_keys:
                 available[key] = node.name
-        if REWARD_KEY not in available:
-            raise InputError(f"dataflow: expected a node with output key {REWARD_KEY!r} (one number per response), "
-                             f"found none (outputs: {sorted(available)})")
+        self.reward_key = self._reward_key(available, read)
+
+    def _reward_key(self, available: dict[str, str], read: set[str]) -> str:
+        """The reward by its role: the one output of a node after the rollout that no later node reads; ``reward``
+        among several such outputs."""
+        unread = [k for node in self.flow_nodes if not node.is_rollout for k in node.output_keys if k not in read]
+        if len(unread) == 1:
+            return unread[0]
+        if REWARD_KEY in unread:
+            return REWARD_KEY
+        if not unread:
+            raise InputError(f"dataflow: expected a node after the rollout whose output (one number per response) is "
+                             f"the reward, found none (outputs: {sorted(available)})")
+        raise InputError(f"dataflow: expected one reward (a node output no later node reads), found "
+                         f"{len(unread)}: {', '.join(f'{k!r} of node {available[k]!r}' for k in unread)}; name the "
+                         f"reward's output 'reward' or read the others in a later node")
 
     def build_trainer(self, config: Any = None) -> DataFlowTrainer:
         """The trainer for this dataflow (checked now); ``config``: a :class:`TrainerConfig`."""
         self.validate()
-        return DataFlowTrainer(self, config if config is not None else TrainerConfig())
+        return DataFlowTrainer(self, self._with_models(config if config is not None else TrainerConfig()))
+
+    def _with_models(self, config: TrainerConfig) -> TrainerConfig:
+        """``config`` with the HFActor / HFCritic nodes' models (their paths, tokenizer, LoRA and strategy)."""
+        actor, critic = self.model("actor"), self.model("critic")
+        if actor is None and critic is None:
+            return config
+        config = dataclasses.replace(config, overrides=dict(config.overrides))
+        if actor is not None:
+            apply_actor(config, actor)
+        if critic is not None:
+            config.critic = critic.path
+            config.algorithm = "gae"
+        return config
 
     # ------------------------------------------------------------------ one step's user nodes
     def run(self, values: dict[str, Any], batch_size: int, rank: int = 0) -> dict[str, Any]:
         """The nodes after the rollout over ``values`` (the rollout's outputs); every key's values."""
-        for node in self.nodes:
+        for node in self.flow_nodes:
+            if node.user_rollout:  # it ran before the step (UserRolloutGroup); its texts as trained (tokenized)
+                values[node.output_keys[0]] = values["responses"]
+                seen = values.get(_SEEN, (values["prompts"], values["responses"]))
+                self._debug(node, {"prompts": seen[0]}, {node.output_keys[0]: seen[1]}, rank)
+                continue
             if node.is_rollout:
                 values = {k: v for k, v in values.items() if k in node.output_keys}
                 self._debug(node, {}, values, rank)
@@ -165,7 +251,7 @@ class DataFlow:
             inputs = {k: values[k] for k in node.input_keys}
             out = _call_node(node, inputs)
             for key, value in out.items():
-                values[key] = _check_output(node, key, value, batch_size)
+                values[key] = _check_output(node, key, value, batch_size, key == self.reward_key)
             self._debug(node, inputs, {k: values[k] for k in out}, rank)
         return values
 
@@ -177,10 +263,17 @@ class DataFlow:
               f"{({k: show(v) for k, v in outputs.items()})}", flush=True)
 
 
+def _is_module(fn: Any) -> bool:
+    """A torch.nn.Module, or its bound method (``reward_model.forward``)."""
+    import torch
+
+    return isinstance(fn, torch.nn.Module) or isinstance(getattr(fn, "__self__", None), torch.nn.Module)
+
+
 def _call_node(node: Node, inputs: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    if isinstance(node.fn, torch.nn.Module):
+    if _is_module(node.fn):
         with torch.no_grad():
             result = node.fn(**inputs)
         if hasattr(result, "logits") and not isinstance(result, torch.Tensor):
@@ -202,8 +295,8 @@ def _call_node(node: Node, inputs: dict[str, Any]) -> dict[str, Any]:
     return dict(zip(keys, result, strict=True))
 
 
-def _check_output(node: Node, key: str, value: Any, batch_size: int) -> Any:
-    """A node's output for ``key``: one value per response; ``reward`` as numbers (a float tensor [B])."""
+def _check_output(node: Node, key: str, value: Any, batch_size: int, reward: bool = False) -> Any:
+    """A node's output for ``key``: one value per response; the reward as numbers (a float tensor [B])."""
     import numpy as np
     import torch
 
@@ -219,7 +312,7 @@ def _check_output(node: Node, key: str, value: Any, batch_size: int) -> Any:
     if length != batch_size:
         raise InputError(f"dataflow node {node.name!r}: output key {key!r}: expected {batch_size} values (one per "
                          f"response), found {length}")
-    if key == REWARD_KEY:
+    if reward:
         try:
             value = torch.as_tensor(value if not isinstance(value, torch.Tensor) else value.detach(),
                                     dtype=torch.float32).reshape(batch_size)
@@ -268,6 +361,10 @@ class DataFlowReward:
         rm = data.non_tensor_batch.get("reward_model")
         values["ground_truth"] = [r.get("ground_truth") if isinstance(r, dict) else None for r in rm] \
             if rm is not None else [None] * len(data)
+        from verl.api.user_rollout import PROMPTS_SEEN, TEXTS_RETURNED
+
+        if PROMPTS_SEEN in data.non_tensor_batch:  # a user rollout's own inputs and outputs, for the debug output
+            values[_SEEN] = (list(data.non_tensor_batch[PROMPTS_SEEN]), list(data.non_tensor_batch[TEXTS_RETURNED]))
         source = data.non_tensor_batch.get("data_source")
         values["data_source"] = list(source) if source is not None else [None] * len(data)
         return values
@@ -276,13 +373,13 @@ class DataFlowReward:
         import torch
 
         values = self.dataflow.run(self.rollout_values(data), len(data), self.rank)
-        reward = values[REWARD_KEY]
+        reward = values[self.dataflow.reward_key]
         lengths = data.batch["attention_mask"][:, data.batch["prompts"].shape[-1]:].sum(-1)
         scores = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
         rows = torch.nonzero(lengths > 0).flatten()  # an empty response has no token to carry its reward
         scores[rows, lengths[rows] - 1] = reward[rows]
         if return_dict:
-            return {"reward_tensor": scores, "reward_extra_info": {REWARD_KEY: reward.tolist()}}
+            return {"reward_tensor": scores, "reward_extra_info": {self.dataflow.reward_key: reward.tolist()}}
         return scores
 
 
@@ -409,6 +506,8 @@ class DataFlowTrainer:
         self.trainer = trainer = trainer_class(config)(config, load_tokenizer(config), train_dataset=train_dataset)
         if self.dataflow is not None:
             trainer.reward_fn = DataFlowReward(self.dataflow, trainer.tokenizer, trainer.rank)
+            if self.dataflow.user_rollout is not None:
+                _use_user_rollout(trainer, self.dataflow.user_rollout)
         try:
             trainer.fit()
         finally:
@@ -501,3 +600,42 @@ def _resume_dir(path: str) -> str:
         with open(latest, encoding="utf-8") as fh:
             return step_dir(path, int(fh.read().strip()))
     return os.path.abspath(path)
+
+
+def apply_actor(config: TrainerConfig, actor: Any) -> None:
+    """An ``HFActor``'s model in ``config``: its path and tokenizer (unless the config names them), LoRA keys and
+    strategy."""
+    from verl.engine.strategies import engine_entry
+
+    config.model = config.model or actor.path
+    config.tokenizer = config.tokenizer or actor.tokenizer_path
+    for dotted, value in actor.model_keys("actor_rollout_ref.model").items():
+        if dotted != "actor_rollout_ref.model.path":
+            config.overrides.setdefault(dotted, value)
+    if actor.strategy is not None:
+        config.overrides.setdefault("model_engine", engine_entry(actor.strategy).model_engine)
+
+
+def _use_user_rollout(trainer: Any, node: Node) -> None:
+    """The trainer's generation from the user's rollout node (:mod:`verl.api.user_rollout`)."""
+    from verl.api.user_rollout import UserRolloutGroup
+    from verl.trainer.ppo.trainer import PPOTrainer
+
+    sections = trainer.sections
+    rc = sections.algorithm.rollout_correction
+    if rc.bypass_mode or rc.rollout_is is not None or rc.rollout_rs is not None:
+        raise InputError(f"dataflow node {node.name!r}: a rollout function returns text, no log-probs: expected "
+                         f"algorithm.rollout_correction off (bypass_mode false, rollout_is and rollout_rs null), "
+                         f"found bypass_mode={rc.bypass_mode} rollout_is={rc.rollout_is} rollout_rs={rc.rollout_rs}")
+    if type(trainer) is not PPOTrainer:
+        raise InputError(f"dataflow node {node.name!r}: a rollout function expected the synchronous trainer "
+                         f"(trainer.v1.trainer_mode=sync), found {type(trainer).__name__}")
+
+    def generate(texts: list[str]) -> Any:
+        if not node.input_keys:  # no keys named: the prompts as its one argument
+            return node.fn(texts)
+        return _call_node(node, {"prompts": texts})[node.output_keys[0]]
+
+    trainer.actor_rollout_wg = UserRolloutGroup(trainer.actor_rollout_wg, generate, trainer.tokenizer,
+                                                sections.actor_rollout_ref.rollout.n,
+                                                sections.data.max_response_length, node.name)

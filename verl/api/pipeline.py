@@ -6,14 +6,16 @@ trainer `verl train` runs; nothing here trains by itself).
                             dataset="train.parquet")
     history = RLTrainer(pipeline=pipeline).run()     # a verl.metrics.History
 
-- ``actors``: one actor: a model path (an HF directory or a config.json), or a dict with ``model`` and optionally
-  ``tokenizer``, ``learning_rate``, ``strategy`` (``megatron`` or ``fsdp``);
-- ``reward_models``: reward functions (parameters named after the rollout's keys, e.g. ``(responses,
-  ground_truth)``, one number per response; several are summed), or one reward model's directory; none: the
-  dataset's scorer by ``data_source``, as `verl train`;
-- ``critics``: none (GRPO by default) or one critic model path (PPO with GAE);
+- ``actors``: one actor: a model path (an HF directory or a config.json), an :class:`~verl.models.HFActor`, or a
+  dict with ``model`` and optionally ``tokenizer``, ``learning_rate``, ``strategy`` (``megatron`` or ``fsdp``);
+- ``reward_models``: reward functions or ``torch.nn.Module`` s (parameters, of ``forward`` for a module, named after
+  the rollout's keys, e.g. ``(responses, ground_truth)`` or ``forward(input_ids)``, one number per response; several
+  are summed), or one reward model's directory; none: the dataset's scorer by ``data_source``, as `verl train`;
+- ``critics``: none (GRPO by default) or one critic: a model path or an :class:`~verl.models.HFCritic` (PPO with
+  GAE);
 - ``rollout_config``: the rollout's verl keys (``actor_rollout_ref.rollout.*``: ``n``, ``temperature``, ``name``,
-  ``tensor_model_parallel_size`` ...), plus ``max_prompt_length`` / ``max_response_length``;
+  ``tensor_model_parallel_size`` ...), plus ``max_prompt_length`` / ``max_response_length``, or ``max_length``
+  (prompt + response, as transformers' ``generate``: the response gets what the prompt leaves);
 - ``train_config``: a :class:`~verl.api.dataflow.TrainerConfig` or a dict of its fields.
 
 Ranks: every rank of a launch (srun / torchrun / mpirun, found as `verl train` finds them) runs the same script and
@@ -29,9 +31,10 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from verl.api.dataflow import REWARD_KEY, ROLLOUT_KEYS, DataFlow, DataFlowTrainer, TrainerConfig
+from verl.api.dataflow import REWARD_KEY, ROLLOUT_KEYS, DataFlow, DataFlowTrainer, TrainerConfig, apply_actor
 from verl.engine.strategies import STRATEGIES, engine_entry
 from verl.errors import InputError
+from verl.models.hf import HFModel
 
 # rollout_config keys that are the data section's (the rest are actor_rollout_ref.rollout.*).
 _LENGTHS = ("max_prompt_length", "max_response_length")
@@ -59,8 +62,11 @@ def _flatten(prefix: str, tree: Mapping[str, Any], out: dict[str, Any]) -> dict[
 
 
 def _reward_node(index: int, fn: Callable) -> tuple[str, Callable, tuple[str, ...]]:
+    import torch
+
     try:
-        params = [p for p in inspect.signature(fn).parameters.values()
+        signed = fn.forward if isinstance(fn, torch.nn.Module) else fn
+        params = [p for p in inspect.signature(signed).parameters.values()
                   if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     except (TypeError, ValueError):
         raise InputError(f"reward_models[{index}]: expected a function with named parameters, found "
@@ -117,6 +123,12 @@ class DataPipeline:
             raise InputError(f"actors: expected a list of one actor (the hybrid actor trains and generates), "
                              f"found {found}")
         actor = self.actors[0]
+        hf_actor = actor if isinstance(actor, HFModel) else None
+        if hf_actor is not None:
+            if hf_actor.role != "actor":
+                raise InputError(f"actors[0]: expected a model path, an HFActor or a dict, found an "
+                                 f"{type(hf_actor).__name__}")
+            actor = {"model": hf_actor.path, "tokenizer": hf_actor.tokenizer_path}
         if isinstance(actor, str):
             actor = {"model": actor}
         if not isinstance(actor, Mapping) or not isinstance(actor.get("model"), str):
@@ -126,6 +138,8 @@ class DataPipeline:
             raise InputError(f"actors[0]: key {unknown[0]!r}: expected one of {list(_ACTOR_KEYS)}")
         config.model = actor["model"]
         config.tokenizer = actor.get("tokenizer") or config.tokenizer or actor["model"]
+        if hf_actor is not None:
+            apply_actor(config, hf_actor)
         if "learning_rate" in actor:
             config.learning_rate = float(actor["learning_rate"])
         if "strategy" in actor:
@@ -138,6 +152,8 @@ class DataPipeline:
             raise InputError(f"critics: expected at most one critic, found {len(self.critics)}")
         if self.critics:
             critic = self.critics[0]
+            if isinstance(critic, HFModel):
+                critic = critic.path
             critic = critic.get("model") if isinstance(critic, Mapping) else critic
             if not isinstance(critic, str):
                 raise InputError(f"critics[0]: expected a model path or a dict with 'model', found {critic!r}")
@@ -158,6 +174,15 @@ class DataPipeline:
             config.reward_model = models[0]
 
         rollout = dict(self.rollout_config or {})
+        if "max_length" in rollout:  # transformers' total length: the response gets what the prompt leaves
+            total = int(rollout.pop("max_length"))
+            prompt = int(rollout.get("max_prompt_length", config.max_prompt_length))
+            if "max_response_length" in rollout or total <= prompt:
+                found = "max_response_length as well" if "max_response_length" in rollout else \
+                    f"max_length={total} <= max_prompt_length={prompt}"
+                raise InputError(f"rollout_config: expected max_length (prompt + response) above max_prompt_length, "
+                                 f"without max_response_length, found {found}")
+            rollout["max_response_length"] = total - prompt
         for key in _LENGTHS:
             if key in rollout:
                 setattr(config, key, int(rollout.pop(key)))
