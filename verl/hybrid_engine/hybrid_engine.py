@@ -2,11 +2,10 @@
 the rollout engine's buffer before generation (``to_rollout``) and releases the rollout memory after
 it (``to_training``).
 
-The rollout engine is any object with ``resume()``, ``weight_buffer()``, ``push_weights()`` and
-``release()`` (the native engine and the trainer's SGLang rollout). The actor engine is any object with the
-training-engine contract's ``bind_reshard(model_config, training)`` and ``reshard_sources(dtype, device)``
-(:class:`verl.engine.base.TrainingEngine`; each backend's half lives in its own ``verl/engine/<backend>/``):
-either one flat buffer its weights are views of, bound once, or its local shards by name at every transition.
+The rollout engine is any :class:`~verl.engine.rollout.base.BaseRollout` (``resume()``, ``weight_buffer()``,
+``push_weights()``, ``release()``). The actor engine's weights are read as :func:`~verl.hybrid_engine.weight_source.
+actor_weights` chooses (the training-engine contract; each backend's half lives in its own ``verl/engine/<backend>/``):
+one flat buffer its weights are views of, bound once, or its local shards by name at every transition.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from verl.hybrid_engine.layouts import AnyTrainingLayout, LayoutError
 from verl.hybrid_engine.lora_sync import METRIC_ADAPTER_BYTES, METRIC_BASE_BYTES, ColocatedLoRASync
 from verl.hybrid_engine.planner import plan_reshard
 from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
+from verl.hybrid_engine.weight_source import actor_weights
 from verl.models.config import ModelConfig
 from verl.utils.torch_dtypes import torch_dtype
 
@@ -53,10 +53,10 @@ class HybridEngine:
     """
 
     def __init__(self, actor_engine: Any, rollout: Any, model_config: ModelConfig, training: AnyTrainingLayout,
-                 rollout_tp: int, bucket_bytes: int, dtype: str):
+                 rollout_tp: int, bucket_bytes: int, dtype: str, groups: ReshardGroups | None = None):
         rank = dist.get_rank()
         self.rollout = rollout
-        self.groups = derive_groups(training, rollout_tp)
+        self.groups = groups if groups is not None else derive_groups(training, rollout_tp)
         plan = plan_reshard(model_config, training, RolloutLayout(rollout_tp), rank, bucket_bytes, dtype)
         j = self.groups.rollout_tp_rank[rank]
         specs = [(s.name, s.shape) for s in rollout_param_specs(model_config, rollout_tp, j)]
@@ -67,19 +67,17 @@ class HybridEngine:
         self._sources_of: Any = None
         self._dtype = torch_dtype(dtype)
         self._bind = (plan, specs, process_groups)
-        bound = actor_engine.bind_reshard(model_config, training)
+        weights = actor_weights(actor_engine, model_config, training)
         # LoRA with lora.merge=false: the base once, then the adapters alone (lora_sync).
-        lora_source = actor_engine.lora_sync_source(model_config, training)
         self.lora: ColocatedLoRASync | None = None
-        if lora_source is not None:
-            self.lora = ColocatedLoRASync(lora_source, model_config, rollout_tp, bucket_bytes, self.groups,
+        if weights.lora is not None:
+            self.lora = ColocatedLoRASync(weights.lora, model_config, rollout_tp, bucket_bytes, self.groups,
                                           process_groups)
             self.summary += "\n" + self.lora.plan.summary()
-            self._sources_of = lambda into: lora_source.base_sources(into.dtype, into.device)
-        elif bound is None:
-            self._sources_of = lambda into: actor_engine.reshard_sources(into.dtype, into.device)
+        if weights.named is not None:
+            self._sources_of = lambda into: weights.named(into.dtype, into.device)
         else:
-            flat, offsets = bound
+            flat, offsets = weights.bound
             self.executor = ReshardExecutor(plan, flat, offsets, specs, process_groups)
 
     def to_rollout(self) -> dict[str, float]:

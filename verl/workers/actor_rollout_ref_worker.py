@@ -1,12 +1,13 @@
-"""Actor, rollout and reference policy colocated on every rank, joined by the 3D-HybridEngine (or, with
-``rollout.nnodes > 0``, actor and reference here and the rollout in a standalone pool: :mod:`rollout_pool`).
+"""Actor, rollout and reference policy on every rank. The rollout side (:mod:`verl.workers.rollout_side`) is
+colocated, joined to the actor by the 3D-HybridEngine, or (``rollout.nnodes > 0``) a standalone pool
+(:mod:`verl.workers.rollout_pool`) that this rank feeds with its part of the weights.
 
-The actor trains in Megatron's (p, t, d) layout; the rollout engine generates in the SGLang layout
-(t_g, d_g·d). ``update_weights`` reshards the actor's weights into the rollout engine's flat buffer
-in place (``to_rollout``; verl's weight-sync phase, timed by the trainer as ``timing_s/update_weights``);
-``generate_sequences`` generates and releases the rollout memory (``to_training``), resharding first
-itself when no ``update_weights`` preceded it (validation). The training weights never move. The
-reference policy is a forward-only copy of the initial actor.
+The actor trains in Megatron's (p, t, d) layout (or FSDP2's); a colocated rollout engine generates in the SGLang
+layout (t_g, d_g·d). ``update_weights`` reshards the actor's weights into the rollout engine's flat buffer
+in place (verl's weight-sync phase, timed by the trainer as ``timing_s/update_weights``);
+``generate_sequences`` generates and releases the rollout memory, resharding first itself when no
+``update_weights`` preceded it (validation). The training weights never move. The reference policy is a
+forward-only copy of the initial actor (with LoRA: the actor with its adapters off).
 
 Dispatch: log-prob and update methods split the batch over Megatron DP replicas
 (MEGATRON_COMPUTE_PROTO); generation splits prompts over rollout DP replicas (mesh "rollout").
@@ -15,23 +16,16 @@ Dispatch: log-prob and update methods split the batch over Megatron DP replicas
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from verl.algorithms import core_algos
 from verl.engine.base import EngineSpec
 from verl.engine.lora import has_adapters
 from verl.engine.registry import build_engine
 from verl.engine.roles import Actor
-from verl.engine.rollout import registry as rollout_registry
-from verl.hybrid_engine.groups import derive_groups
-from verl.hybrid_engine.hybrid_engine import HybridEngine, rollout_tp_process_group
-from verl.hybrid_engine.weight_sync import METRIC_BYTES as METRIC_SYNC_BYTES
-from verl.hybrid_engine.weight_sync import METRIC_DELTA_FRACTION
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, make_nd_compute_dataproto_dispatch_fn, register
@@ -46,6 +40,7 @@ from verl.workers.role_utils import (
     ppo_mini_batches,
     token_budget,
 )
+from verl.workers.rollout_side import build_rollout_side, replica_params
 
 logger = get_logger(__name__)
 
@@ -178,36 +173,13 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
         self._build_sampling(arr, response_length)
-        self._rollout_synced = False  # the rollout engine holds the actor's current weights
-        self._agent_batch = None  # rollout.multi_turn.enable: the agent loops of a generation call, built on first use
-        self._agent_stream = None  # ... under colocate_async: the loops that live across steps (agent_open)
         self._seed = seed
         self._weights_version: int | None = None  # the asynchronous trainer's model version of those weights
-        self.pool = None
-        if arr.rollout.nnodes:  # a standalone rollout pool: this rank only sends weights and (rank 0) prompts
-            from verl.workers.rollout_pool import RolloutPoolLink
-
-            self.pool = RolloutPoolLink(engine, self.model_config, training, arr.rollout, bucket_bytes)
-            self.rollout = self.hybrid_engine = None
-            self.rollout_dp_rank, self.rollout_dp_size = 0, 1
-            self.rollout_tp_rank = 0 if dist.get_rank() == 0 else 1  # rank 0 collects the pool's rollouts
-            return
-        rollout_tp = arr.rollout.tensor_model_parallel_size
-        groups = derive_groups(training, rollout_tp)
-        rank = dist.get_rank()
-        rollout_engine = rollout_registry.rollout_engine(arr.rollout.name)
-        self.rollout_dp_rank, my_group_ranks, tp_group = rollout_tp_process_group(
-            groups, rank, backend=rollout_engine.capabilities.group_backend)
-        self.rollout_tp_rank = groups.rollout_tp_rank[rank]
-        self.rollout_dp_size = len(groups.rollout_tp_groups)
-        # Rows one engine generates at once: its replica's share of a training or a validation batch.
-        self.rollout = rollout_engine.build(arr.rollout, rollout_registry.RolloutSite(
-            self.model_config, arr.model.path, tp_group, tuple(my_group_ranks), self.rollout_dp_rank,
-            pad_token_id=tokenizer.pad_token_id if tokenizer is not None else 0, seed=seed, bucket_bytes=bucket_bytes,
-            max_rows=-(-max_batch_rows // self.rollout_dp_size), max_seq_len=max_seq_len))
-        self.hybrid_engine = HybridEngine(engine, self.rollout, self.model_config, training, rollout_tp,
-                                          bucket_bytes, arr.rollout.dtype)
-        self.hybrid_engine.to_training()  # start with the rollout memory released
+        # Colocated (the 3D-HybridEngine into this rank's rollout engine) or a standalone pool (rollout.nnodes).
+        offloaded = [engine] + ([ref_engine] if ref_engine is not None else [])
+        self.rollout_side = build_rollout_side(engine, offloaded, self.model_config, training, arr, tokenizer,
+                                               seed=seed, bucket_bytes=bucket_bytes, max_seq_len=max_seq_len,
+                                               max_batch_rows=max_batch_rows)
 
     def _build_sampling(self, arr: ActorRolloutRefConfig, response_length: int) -> None:
         """The training and validation sampling parameters (a standalone pool receives them with each request)."""
@@ -223,19 +195,14 @@ class ActorRolloutRefWorker(Worker):
                                            do_sample=val.do_sample, n=val.n, **common)
 
     def shutdown(self) -> None:
-        """Stop what outlives a step: the SGLang engine this rank owns (nothing for the native engine), or the
-        standalone rollout pool (training rank 0 tells it to stop)."""
-        if self.pool is not None:
-            self.pool.close()
-        if self._agent_stream is not None:
-            self._agent_stream.close()
-            self._agent_stream = None
-        if self.rollout is not None:
-            self.rollout.shutdown()
+        """Stop what outlives a step: the rollout engine this rank owns (an SGLang or vLLM engine; nothing for the
+        native engine), or the standalone rollout pool (training rank 0 tells it to stop)."""
+        self.rollout_side.close()
 
     def dispatch_meshes(self) -> dict[str, MeshRank]:
-        return {"megatron": dp_mesh(self.actor.engine),
-                "rollout": MeshRank(self.rollout_dp_rank, self.rollout_dp_size, self.rollout_tp_rank == 0)}
+        side = self.rollout_side
+        return {"megatron": dp_mesh(self.actor.engine), "rollout": MeshRank(side.dp_rank, side.dp_size,
+                                                                            side.tp_rank == 0)}
 
     # ------------------------------------------------------------------ generation
     @register(dispatch_mode=Dispatch.RANK_ZERO)
@@ -246,73 +213,24 @@ class ActorRolloutRefWorker(Worker):
         trainer's global step; kept for later syncs when None); ``force`` sends even unchanged weights."""
         if version is not None:
             self._weights_version = version
-        if self.pool is not None:
-            if self._rollout_synced and not force:  # the pool kept the current weights since the last sync
-                return {METRIC_SYNC_BYTES: 0.0, METRIC_DELTA_FRACTION: 0.0}
-            metrics = self.pool.sync_weights(self._weights_version)
-        else:
-            metrics = self.hybrid_engine.to_rollout()
-        self._rollout_synced = True
-        return metrics
+        return self.rollout_side.sync_weights(self._weights_version, force)
 
-    def _release_rollout(self) -> None:
-        """Free the rollout weights and KV cache; the next generation reshards again (a standalone pool keeps
-        its memory: its weights are only stale now)."""
-        if self.hybrid_engine is not None:
-            self.hybrid_engine.to_training()
-        self._rollout_synced = False
+    def _params(self, meta: dict, validate: bool = False) -> Any:
+        """The sampling parameters of a generation call (training or ``val_kwargs``), seeded per replica."""
+        params = self.val_sampling if validate else self.train_sampling
+        return replica_params(params, meta.get("seed"), self.rollout_side.dp_rank)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("rollout"), generation=True)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Prompts (input_ids/attention_mask [B, P]) -> verl rollout fields, n rows per prompt; the
-        rollout memory is released afterwards.
+        """Prompts (input_ids/attention_mask [B, P]) -> verl rollout fields, n rows per prompt; a colocated
+        rollout's memory is released afterwards.
 
         meta_info: ``validate`` (True: val_kwargs sampling), ``seed`` (sampling seed of this call;
         each rollout replica offsets it by its DP rank so replicas draw different streams).
         """
         meta = dict(prompts.meta_info)
-        params = self.val_sampling if meta.get("validate") else self.train_sampling
-        if meta.get("seed") is not None:
-            params = dataclasses.replace(params, seed=int(meta["seed"]) * 1009 + self.rollout_dp_rank)
-        if self.pool is not None:
-            metrics = {} if self._rollout_synced else self.update_weights()
-            if dist.get_rank() != 0:
-                return None
-            out = self.pool.generate(prompts, params, meta.get("seed"))
-            out.meta_info["metrics"] = {**metrics, **out.meta_info["metrics"]}
-            return out
-        metrics = {} if self._rollout_synced else self.hybrid_engine.to_rollout()
-        start = time.perf_counter()
-        engines = [self.actor.engine] + ([self.ref.engine] if self.ref is not None
-                                         and self.ref.engine is not self.actor.engine else [])
-        try:
-            # While the rollout generates, the state the config's *_offload keys name waits in host memory.
-            offloaded = sum(engine.offload_idle_state() for engine in engines)
-            if offloaded:
-                metrics = {**metrics, "perf/offloaded_mb": offloaded / 2**20}
-            if self.rollout_config.multi_turn.enable:
-                out = self._generate_agent_loops(prompts, params)
-            else:
-                out = self.rollout.generate_sequences(prompts, params)
-        finally:
-            for engine in engines:
-                engine.onload()
-            self._release_rollout()
-        if out is None:  # an SGLang group's other ranks: the owner returns the group's rollout
-            return None
-        out.meta_info["metrics"] = {**metrics, **out.meta_info.get("metrics", {}),  # the agent loops' own
-                                    "timing_s/generate_sequences": time.perf_counter() - start}
-        return out
-
-    def _generate_agent_loops(self, prompts: DataProto, params) -> DataProto | None:
-        """``rollout.multi_turn.enable``: this replica's agent loops over the batch
-        (:mod:`verl.workers.agent_batch`)."""
-        from verl.workers.agent_batch import AgentBatch
-
-        if self._agent_batch is None:  # tools and custom loops are loaded once per worker
-            self._agent_batch = AgentBatch(self.config, self.tokenizer)
-        return self._agent_batch.generate(self.rollout, prompts, params, self.rollout_tp_rank,
-                                          self.rollout_config.prompt_length)
+        return self.rollout_side.generate(prompts, self._params(meta, bool(meta.get("validate"))), meta.get("seed"),
+                                          self._weights_version)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("rollout"), generation=True)
     def generate_segment(self, rows: DataProto) -> DataProto:
@@ -322,34 +240,7 @@ class ActorRolloutRefWorker(Worker):
         ``group``), no ``required`` row is running, or every row finished. Returns the new tokens
         (``responses``, ``response_mask``, ``rollout_log_probs``), ``width`` (meta) columns wide; the rollout
         memory is released afterwards. See :mod:`verl.engine.rollout.partial`."""
-        from verl.engine.rollout.partial import generate_segment
-
-        if self.pool is not None:
-            raise RuntimeError("generate_segment: expected a colocated rollout, found a standalone pool")
-        meta = dict(rows.meta_info)
-        params = self.train_sampling
-        if meta.get("seed") is not None:
-            params = dataclasses.replace(params, seed=int(meta["seed"]) * 1009 + self.rollout_dp_rank)
-        inputs = {k: rows.batch[k] for k in ("input_ids", "attention_mask", "limits", "group", "required")}
-        local_groups = int(inputs["group"].unique().numel())
-        min_groups = -(-local_groups * int(meta["need"]) // int(meta["total_groups"]))
-        metrics = {} if self._rollout_synced else self.hybrid_engine.to_rollout()
-        start = time.perf_counter()
-        try:
-            responses, mask, log_probs = generate_segment(self.rollout, inputs, params, self.rollout.pad_token_id,
-                                                          min_groups)
-        finally:
-            self._release_rollout()
-        if self.rollout_tp_rank != 0:
-            return None
-        width = int(meta["width"])
-        pad = width - responses.shape[1]
-        out = DataProto.from_dict({
-            "responses": torch.nn.functional.pad(responses, (0, pad), value=self.rollout.pad_token_id),
-            "response_mask": torch.nn.functional.pad(mask.to(torch.int64), (0, pad)),
-            "rollout_log_probs": torch.nn.functional.pad(log_probs, (0, pad))})
-        out.meta_info["metrics"] = {**metrics, "timing_s/generate_sequences": time.perf_counter() - start}
-        return out
+        return self.rollout_side.generate_segment(rows, self._params(dict(rows.meta_info)), self._weights_version)
 
     # ------------------------------------------------------------------ agent loops across steps
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -358,33 +249,18 @@ class ActorRolloutRefWorker(Worker):
         into the rollout first when they are not there yet). ``groups``: the prompt groups to start, each
         ``{uid, n, replica, row}``; this rank's replica starts those with its ``replica`` and lets its held
         turns go on. See :mod:`verl.workers.agent_stream`."""
-        from verl.workers.agent_stream import AgentFollower, AgentStream
-
-        metrics = {} if self._rollout_synced else self.hybrid_engine.to_rollout()
-        self._rollout_synced = True
-        if self._agent_stream is None:
-            params = dataclasses.replace(self.train_sampling, seed=self._seed * 1009 + self.rollout_dp_rank)
-            server = self.rollout.token_server(params, self.rollout.pad_token_id)
-            if self.rollout_tp_rank != 0:  # rollout TP > 1: the replica's rank 0 runs the loops, this rank follows
-                self._agent_stream = AgentFollower(server)
-            else:
-                self._agent_stream = AgentStream.over(server, self.config, self.tokenizer, params)
-        self._agent_stream.open(version, [g for g in groups if g["replica"] == self.rollout_dp_rank])
-        return metrics
+        return self.rollout_side.agent_open(groups, version, self._params({"seed": self._seed}))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def agent_poll(self, wait_s: float) -> list:
         """This replica's trajectories finished since the last poll (waiting up to ``wait_s`` for one)."""
-        return self._agent_stream.poll(wait_s)
+        return self.rollout_side.agent_poll(wait_s)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def agent_pause(self) -> dict[str, float]:
         """End the phase: the engine stops after its decode step (the cut turns wait for the next phase) and the
         rollout memory is released for training."""
-        metrics = self._agent_stream.pause() if self._agent_stream is not None else \
-            {"agent_loop/engine_calls": 0.0, "agent_loop/interrupted_turns": 0.0, "agent_loop/held_turns": 0.0}
-        self._release_rollout()
-        return metrics
+        return self.rollout_side.agent_pause()
 
     # ------------------------------------------------------------------ log-probs
     @property
@@ -455,8 +331,8 @@ class ActorRolloutRefWorker(Worker):
         mini = cfg.ppo_mini_batch_size * self.rollout_config.n // self.dp_size
         self.actor.micro_batch_size = cfg.ppo_micro_batch_size_per_gpu
         self.actor.max_token_len = token_budget(cfg, "use_dynamic_bsz", "ppo_max_token_len_per_gpu")
-        if self._rollout_synced:  # weights synced before this update would be stale
-            self._release_rollout()
+        if self.rollout_side.synced:  # weights synced before this update would be stale
+            self.rollout_side.release()
         steps = []
         # One epoch over one mini-batch whose old log-probs are this actor's: the ratio is exactly 1 (not when
         # they came from an older snapshot, meta_info ``old_policy``).
@@ -487,8 +363,8 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> int:
-        if self._rollout_synced:
-            self._release_rollout()
+        if self.rollout_side.synced:
+            self.rollout_side.release()
         return self.actor.engine.load_checkpoint(path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -29,6 +29,7 @@ from verl.errors import InputError
 from verl.hybrid_engine.cross_pool import PoolPlacement, plan_cross_pool
 from verl.hybrid_engine.lora_sync import METRIC_ADAPTER_BYTES as METRIC_LORA_BYTES
 from verl.hybrid_engine.lora_sync import PoolLoRAReceiver, PoolLoRASender
+from verl.hybrid_engine.weight_source import actor_weights
 from verl.hybrid_engine.weight_sync import METRIC_BYTES, METRIC_DELTA_FRACTION, PoolReceiver, PoolSender
 from verl.launcher.pools import current_bridge
 from verl.launcher.spawn import FORWARDED_SIGNALS
@@ -64,10 +65,10 @@ class RolloutPoolLink:
         self.generation_timeout = float(rollout_config.generation_timeout)
         ce = rollout_config.checkpoint_engine
         plan = plan_cross_pool(model_config, self.placement, self.rank, bucket_bytes, rollout_config.dtype)
+        weights = actor_weights(engine, model_config, training)
         # LoRA with lora.merge=false: the base at the first sync, then the adapters alone (lora_sync).
-        lora_source = engine.lora_sync_source(model_config, training)
-        self.lora = None if lora_source is None else PoolLoRASender(lora_source, model_config, self.placement,
-                                                                     self.rank, bucket_bytes, self.bridge, ce.verify)
+        self.lora = None if weights.lora is None else PoolLoRASender(weights.lora, model_config, self.placement,
+                                                                      self.rank, bucket_bytes, self.bridge, ce.verify)
         self._lora_based = False
         if self.rank == 0:  # the pool plans from the same placement, and learns what to check
             for dst in range(self.placement.n_training, self.placement.world_size):
@@ -80,15 +81,11 @@ class RolloutPoolLink:
         self._sources_of = None
         self._plan, self._ce = plan, ce
         self.sender: PoolSender | None = None  # bound at the first sync when sources come by name
-        device = get_device_name()
-        bound = engine.bind_reshard(model_config, training)
-        if lora_source is not None:
-            self._sources_of = lambda: lora_source.base_sources(self.dtype, device)
-            self._device = device
-        elif bound is None:
-            self._sources_of = lambda: engine.reshard_sources(self.dtype, device)
+        device = self._device = get_device_name()
+        if weights.named is not None:
+            self._sources_of = lambda: weights.named(self.dtype, device)
         else:
-            self.sender = PoolSender(plan, bound[0], bound[1], self.bridge, verify=ce.verify, delta=ce.delta)
+            self.sender = PoolSender(plan, *weights.bound, self.bridge, verify=ce.verify, delta=ce.delta)
         self.summary = plan.summary()
 
     def _command(self, command: dict) -> None:

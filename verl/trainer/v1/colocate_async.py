@@ -105,9 +105,10 @@ class ReplayBufferSource(BatchSource):
         self.buffer = ReplayBuffer(v1.sampler.max_off_policy_threshold, v1.sampler.max_off_policy_strategy,
                                    self._make_group, self.stream)
         rollout = cfg.actor_rollout_ref.rollout
-        self.rollout_dp = trainer.world_size // rollout.tensor_model_parallel_size
+        worker = trainer.actor_rollout_wg.worker
+        self.rollout_dp = worker.rollout_side.dp_size  # the rollout replicas, as the worker derived them
         self.ledger_path = os.path.join(cfg.trainer.output_dir, LEDGER_FILE)
-        self.stop_ids = trainer.actor_rollout_wg.worker.train_sampling.stop_ids
+        self.stop_ids = worker.train_sampling.stop_ids
         # rollout.multi_turn: agent loops that run across steps instead of the segments below
         self.multi_turn = bool(rollout.multi_turn.enable)
         phases = self.agent_phases_class

@@ -56,7 +56,7 @@ class PoolSource(ReplayBufferSource):
         cfg = trainer.sections
         self.mini_groups = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
         self.sync_steps = cfg.trainer.v1.separate_async.parameter_sync_step
-        self.pool = trainer.actor_rollout_wg.worker.pool
+        self.pool = trainer.actor_rollout_wg.worker.rollout_side.stream
 
     @staticmethod
     def _warmup_batches(v1: Any) -> int:
