@@ -52,3 +52,17 @@ def test_exit_codes_input_2_internal_1(capsys):
     assert (EXIT_INPUT_ERROR, EXIT_INTERNAL_ERROR) == (2, 1)
     assert refuse("verl bench kernels", "--repeats: expected >= 1, found 0\nmore") == 2
     assert capsys.readouterr().err == "verl bench kernels: --repeats: expected >= 1, found 0\n"
+
+
+def test_the_exit_codes_are_written_once():
+    """Every entry point returns ``verl.errors``' names: a bare ``return 2`` / ``exit(2)`` / a module's own
+    ``EXIT_* = 2`` is a second definition of the policy (issue 54 item 7 found 15)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "verl"
+    literal = re.compile(r"return 2$|(exit\(|SystemExit\()[12]\)|^\s*EXIT_\w+\s*=\s*\d")
+    found = [f"{path.relative_to(root)}:{n}: {line.strip()}"
+             for path in sorted(root.rglob("*.py")) if path.name != "errors.py"
+             for n, line in enumerate(path.read_text().splitlines(), 1) if literal.search(line)]
+    assert not found, "\n".join(found)

@@ -15,6 +15,7 @@ import sys
 import time
 import traceback
 
+from verl.errors import EXIT_INTERNAL_ERROR
 from verl.launcher.bootstrap import DEFAULT_TIMEOUT_S, destroy_distributed, use_shm_collectives
 from verl.launcher.spawn import JOB_FILE, RENDEZVOUS_FILE, error_file, result_file
 
@@ -54,7 +55,7 @@ def main(job_dir: str) -> int:
         with open(tmp, "w") as f:
             f.write(text)
         os.replace(tmp, error_file(job_dir, rank))
-        return 1
+        return EXIT_INTERNAL_ERROR
     finally:
         destroy_distributed()
 

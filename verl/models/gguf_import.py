@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from verl.errors import InputError
+from verl.errors import EXIT_INPUT_ERROR, InputError
 from verl.utils.torch_dtypes import DTYPES
 
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(convert_gguf_to_hf(args.gguf, args.out, DTYPES[args.dtype]))
     except InputError as err:
         print(f"gguf_import: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT_ERROR
     return 0
 
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from verl.errors import InputError
+from verl.errors import EXIT_INPUT_ERROR, InputError
 
 
 def _has_option(argv: Sequence[str], name: str) -> bool:
@@ -70,7 +70,7 @@ def text_main(argv: list[str]) -> int:
         ids, tokenizer = prompt_ids(args.model, args.prompt, args.chat)
     except InputError as exc:
         print(f"verl generate: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT_ERROR
     rest = _without(argv, ("--prompt", "--json"), ("--chat",))
     with tempfile.TemporaryDirectory(prefix="verl-generate-text-") as tmp:
         output = os.path.join(tmp, "output.json")
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if _has_option(argv, "--chat"):
         print("verl generate: error: --chat: expected --prompt TEXT to apply the chat template to, found none",
               file=sys.stderr)
-        return 2
+        return EXIT_INPUT_ERROR
     from verl.trainer.main_generation import main as ids_main
 
     return ids_main(argv)

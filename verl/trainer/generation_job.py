@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from verl.errors import InputError
+from verl.errors import EXIT_INPUT_ERROR, InputError
 from verl.trainer.config.loader import (
     HYDRA_IGNORED,
     PACKAGED_CONFIG_DIR,
@@ -395,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = run(cfg)
     except InputError as exc:
         print(f"main_generation: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT_ERROR
     print(f"main_generation: wrote {path}")
     return 0
 

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from verl.errors import InputError
+from verl.errors import EXIT_INPUT_ERROR, InputError
 from verl.trainer.config.loader import HYDRA_IGNORED, PACKAGED_CONFIG_DIR, Rule, compose, resolve_path, rule
 
 CONFIG_NAME = "evaluation"
@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics = evaluate(load_config(argv))
     except InputError as exc:
         print(f"main_eval: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT_ERROR
     print(metrics)
     return 0
 

@@ -41,14 +41,13 @@ import sys
 from verl.errors import EXIT_INPUT_ERROR, exit_code
 from verl.launcher.env import launcher_rank
 
-EXIT_CONFIG_ERROR = EXIT_INPUT_ERROR  # verl.errors' exit-code policy, by the name this module used
 RANK_ERROR_DIR_ENV = "VERL_RANK_ERROR_DIR"  # set by the local launcher: ranks leave their one line there
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2
         print(f"verl train: {message}", file=sys.stderr)
-        raise SystemExit(EXIT_CONFIG_ERROR)
+        raise SystemExit(EXIT_INPUT_ERROR)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -194,7 +193,7 @@ def _open_log_dir(log_dir: str):
     except OSError as err:
         print(f"verl train: --log_dir: expected a writable directory, found {log_dir} ({err.strerror})",
               file=sys.stderr)
-        raise SystemExit(EXIT_CONFIG_ERROR) from None
+        raise SystemExit(EXIT_INPUT_ERROR) from None
 
 
 def actor_memory_estimate(config) -> str:
@@ -227,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         env = discover()
     except LaunchError as err:
         print(f"verl train: {err}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
+        return EXIT_INPUT_ERROR
     launched = env.source != "local"
     overrides, chosen = list(args.overrides), []
     config_dir = config_dir_from_cli(args.config_path, __file__)
@@ -242,10 +241,10 @@ def main(argv: list[str] | None = None) -> int:
                              config_dir=config_dir, config_name=args.config_name, resolve_only=args.cfg == "job")
     except ConfigError as err:
         print(f"verl train: config error: {err}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
+        return EXIT_INPUT_ERROR
     except InputError as err:  # the model a layout is chosen for does not load, or the memory given is no size
         print(f"verl train: {err}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
+        return EXIT_INPUT_ERROR
     if args.cfg == "job":
         from omegaconf import OmegaConf
 
@@ -260,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         preflight(PPOSections.from_tree(config, ""))
     except InputError as err:  # PreflightError, DatasetError, CheckpointError, ModelConfigError, ...
         print(f"verl train: {err}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
+        return EXIT_INPUT_ERROR
     if args.dry_run:
         print(actor_memory_estimate(config), flush=True)
     world = job_size(config)  # the training ranks, then a standalone rollout pool's (rollout.nnodes > 0)
@@ -271,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         if nnodes > 1:
             print(f"verl train: config error: {key}.nnodes={nnodes}: expected 1 outside a launcher (multi-node runs "
                   f"start under srun/mpirun, see slurm/)", file=sys.stderr)
-            return EXIT_CONFIG_ERROR
+            return EXIT_INPUT_ERROR
     import os
     import signal
     import tempfile

@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from verl.errors import InputError
+from verl.errors import EXIT_INTERNAL_ERROR, InputError
 from verl.trainer.config.loader import PACKAGED_CONFIG_DIR, ConfigError, Rule, compose, resolve_path
 from verl.trainer.config.sft import SFTSections
 from verl.trainer.sft_trainer import run_rank, total_steps
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics = run_ranks(run_rank, nproc, cfg, train, val, timeout_s=math.inf, threads_per_rank=threads)[0]
         except RankFailure as err:
             print(f"verl sft: {err}", file=sys.stderr)
-            return 1
+            return EXIT_INTERNAL_ERROR
     accuracy = metrics.get("val/accuracy")
     print(f"sft: {total_steps(cfg, len(train))} steps in {time.perf_counter() - tick:.1f}s | "
           f"final loss {metrics['train/loss']:.4f}"

@@ -18,6 +18,8 @@ import warnings
 from collections.abc import Callable
 from typing import TextIO
 
+from verl.errors import EXIT_INTERNAL_ERROR
+
 OK, WARN, FAIL = "✓", "!", "✗"
 
 
@@ -208,7 +210,7 @@ def check_env(stream: TextIO | None = None) -> int:
     missing = [c.name for c in results if c.required and c.status == FAIL]
     if missing:
         print(f"verl check-env: required components missing: {', '.join(missing)}", file=stream)
-        return 1
+        return EXIT_INTERNAL_ERROR
     return 0
 
 

@@ -23,6 +23,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from verl.errors import EXIT_INPUT_ERROR
+
 # (panel title, [(metric, legend label)], y label)
 PANELS: tuple[tuple[str, tuple[tuple[str, str], ...], str], ...] = (
     ("reward", (("critic/score/mean", "score (task)"), ("critic/rewards/mean", "reward (after KL)")),
@@ -127,13 +129,13 @@ def _timeline_main(args: argparse.Namespace) -> int:
     if not (os.path.isfile(path) or os.path.isfile(os.path.join(path, TIMELINE_FILE))):
         print(f"verl plot: expected a {TIMELINE_FILE} or a run directory holding one, found nothing at {path}",
               file=sys.stderr)
-        return 2
+        return EXIT_INPUT_ERROR
     try:
         steps = _steps(args.steps)
         out = plot_timeline(read_timeline(path), args.out, steps, args.title)
     except (MetricsError, ValueError) as exc:  # ValueError: only _steps' (a bad --steps)
         print(f"verl plot: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT_ERROR
     print(f"timeline -> {out}")
     return 0
 
@@ -148,15 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     if not (os.path.isfile(path) or os.path.isfile(os.path.join(path, "metrics.jsonl"))):
         print(f"verl plot: expected a metrics.jsonl file or a directory holding one, found nothing at {path}",
               file=sys.stderr)
-        return 2
+        return EXIT_INPUT_ERROR
     try:
         records = read_metrics(path)
     except MetricsError as exc:
         print(f"verl plot: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT_ERROR
     if not records:
         print(f"verl plot: expected at least one record in {path}, found an empty file", file=sys.stderr)
-        return 2
+        return EXIT_INPUT_ERROR
     out = plot_metrics(records, args.out, args.title)
     print(f"plot: {len(records)} steps -> {out}")
     return 0
