@@ -38,9 +38,11 @@ class ActorOutput:
 class HybridActor:
     """Build with :meth:`from_pretrained`."""
 
-    def __init__(self, worker_group: Any, tokenizer: Any, config: Any, max_new_tokens: int):
+    def __init__(self, worker_group: Any, tokenizer: Any, config: Any, max_new_tokens: int,
+                 tokenizer_path: str | None = None):
         self.worker_group, self.tokenizer, self.config = worker_group, tokenizer, config
         self.max_new_tokens = max_new_tokens
+        self.tokenizer_path = tokenizer_path
         self.training = True
 
     @classmethod
@@ -87,12 +89,21 @@ class HybridActor:
                          bucket_bytes=sections.hybrid_engine.bucket_bytes, response_length=max_new_tokens,
                          max_seq_len=max_prompt_length + max_new_tokens, max_batch_rows=max_batch_rows,
                          name="actor_rollout_ref")
-        return cls(wg, tok, config, max_new_tokens)
+        return cls(wg, tok, config, max_new_tokens, tokenizer or path)
 
     @property
     def worker(self) -> Any:
         """This rank's actor worker (its ``actor.engine``: the training engine; ``hybrid_engine``; ``rollout``)."""
         return self.worker_group.worker
+
+    def save_pretrained(self, out_dir: str) -> str:
+        """The actor's current weights (after its optimizer steps) as an HF directory at ``out_dir``, with its
+        tokenizer; every rank calls it (rank 0 writes). Returns ``out_dir``."""
+        import os
+
+        out_dir = os.path.abspath(out_dir)
+        self.worker.actor.engine.export_hf(self.config.actor_rollout_ref.model.path, out_dir, self.tokenizer)
+        return out_dir
 
     def train(self, mode: bool = True) -> HybridActor:
         self.training = bool(mode)
@@ -156,7 +167,7 @@ class HybridActor:
                  "responses": torch.where(targets == IGNORE_INDEX, input_ids[:, 1:], targets),
                  "response_mask": response_mask}
         worker = self.worker
-        worker._release_rollout()  # the rollout's copy of older weights would be stale after a step
+        worker.rollout_side.release()  # the rollout's copy of older weights would be stale after a step
         actor, rows = worker.actor, input_ids.shape[0]
         if self.training:
             metrics = actor.engine.train_step(batch, rows, actor.engine.token_log_probs(False), sft_loss)

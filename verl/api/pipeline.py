@@ -6,8 +6,9 @@ trainer `verl train` runs; nothing here trains by itself).
                             dataset="train.parquet")
     history = RLTrainer(pipeline=pipeline).run()     # a verl.metrics.History
 
-- ``actors``: one actor: a model path (an HF directory or a config.json), an :class:`~verl.models.HFActor`, or a
-  dict with ``model`` and optionally ``tokenizer``, ``learning_rate``, ``strategy`` (``megatron`` or ``fsdp``);
+- ``actors``: one actor: a model path (an HF directory or a config.json), an :class:`~verl.models.HFActor`, a
+  :class:`~verl.api.HybridActor` (its current weights, written under ``output_dir/hybrid_actor_hf``), or a dict
+  with ``model`` and optionally ``tokenizer``, ``learning_rate``, ``strategy`` (``megatron`` or ``fsdp``);
 - ``reward_models``: reward functions or ``torch.nn.Module`` s (parameters, of ``forward`` for a module, named after
   the rollout's keys, e.g. ``(responses, ground_truth)`` or ``forward(input_ids)``, one number per response; several
   are summed), or one reward model's directory; none: the dataset's scorer by ``data_source``, as `verl train`;
@@ -28,13 +29,15 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from verl.api.dataflow import REWARD_KEY, ROLLOUT_KEYS, DataFlow, DataFlowTrainer, TrainerConfig, apply_actor
+from verl.api.hybrid_actor import HybridActor
 from verl.engine.strategies import STRATEGIES, engine_entry
 from verl.errors import InputError
-from verl.models.hf import HFModel
+from verl.models.hf import HFActor, HFModel
 
 # rollout_config keys that are the data section's (the rest are actor_rollout_ref.rollout.*).
 _LENGTHS = ("max_prompt_length", "max_response_length")
@@ -123,6 +126,9 @@ class DataPipeline:
             raise InputError(f"actors: expected a list of one actor (the hybrid actor trains and generates), "
                              f"found {found}")
         actor = self.actors[0]
+        if isinstance(actor, HybridActor):  # its weights as they are now (after its steps), where the job writes
+            out = actor.save_pretrained(os.path.join(os.path.abspath(config.output_dir), "hybrid_actor_hf"))
+            actor = HFActor(out, actor.tokenizer_path)
         hf_actor = actor if isinstance(actor, HFModel) else None
         if hf_actor is not None:
             if hf_actor.role != "actor":
