@@ -25,12 +25,12 @@ def chat(tmp_path_factory):
     return save_chat_model(str(tmp_path_factory.mktemp("chat") / "model"))
 
 
-def run_script(tmp_path, body: str, *args: str) -> str:
+def run_script(tmp_path, body: str, *args: str, strict: bool = False) -> str:
     path = tmp_path / "snippet.py"
     path.write_text(textwrap.dedent(body))
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "OMPI_", "PMIX_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    env.update(PYTHONPATH=REPO, OMP_NUM_THREADS="1", VERL_STRICT_DATA_CHECK="1" if strict else "0")
     proc = subprocess.run([sys.executable, str(path), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=240)
     assert proc.returncode == 0, f"exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -237,21 +237,50 @@ MANUAL = """
     print("RESULT " + json.dumps({"step": trainer.global_step, "losses": losses, "rows": len(rollout_data),
                                   "version": verl.__version__, "rl_trainer": RLTrainer.__module__, "env": rc}))
     trainer.close()
+
+    # 003: the local trainer on a YAML of trainer / actor_rollout / critic / data sections
+    from transformers import AutoTokenizer
+    from verl.trainer.local_trainer import LocalPPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(DATA + "/tokenizer")
+    ds = RLHFDataset(data_files=[DATA + "/train.parquet"], tokenizer=tok, config={"max_prompt_length": 8})
+    LocalPPOTrainer(config_path=LOCAL_YAML, train_dataset=ds).fit()
+"""
+
+LOCAL_YAML = """
+    trainer: {total_training_steps: 1, output_dir: local, logger: [console], val_before_train: false, save_freq: 0,
+              test_freq: 0}
+    actor_rollout:
+      model: {path: MODEL}
+      actor: {ppo_mini_batch_size: 4, ppo_micro_batch_size_per_gpu: 8, use_kl_loss: true}
+      ref: {log_prob_micro_batch_size_per_gpu: 8}
+      rollout: {name: native, n: 2, log_prob_micro_batch_size_per_gpu: 8}
+    critic: {model: {path: MODEL}, ppo_mini_batch_size: 4, ppo_micro_batch_size_per_gpu: 8}
+    data: {train_files: DATA/train.parquet, tokenizer: DATA/tokenizer, max_prompt_length: 8, max_response_length: 6,
+           train_batch_size: 4}
 """
 
 
-def test_002_ppo_trainer_from_the_tiny_grpo_config_with_a_smaller_batch_steps_by_hand(tmp_path):
-    """configs/grpo_arith_tiny.yaml with data.train_batch_size=8: its log-prob micro-batches of 128 exceed the 8 x 8
-    rows, one micro-batch each (as verl), where they were refused as 'expected a divisor'."""
+def test_002_ppo_trainer_by_hand_from_the_tiny_grpo_config_with_a_smaller_batch_and_003_the_local_trainer(tmp_path):
+    """002: configs/grpo_arith_tiny.yaml with data.train_batch_size=8: its log-prob micro-batches of 128 exceed the
+    8 x 8 rows, one micro-batch each (as verl), where they were refused as 'expected a divisor'. 003: the local
+    trainer on a YAML whose actor section is `actor_rollout`, with the strict data checks on, printing its phases."""
     data = tmp_path / "data"
     data.mkdir()
     write_arithmetic_data(data, 16, 4)
+    model = os.path.join(REPO, "configs", "models", "qwen2_tiny_arith.json")
+    (tmp_path / "local.yaml").write_text(textwrap.dedent(LOCAL_YAML).replace("MODEL", model)
+                                         .replace("DATA", str(data)))
     script = (f"CONFIG = {os.path.join(REPO, 'configs', 'grpo_arith_tiny.yaml')!r}\nDATA = {str(data)!r}\n"
-              f"MODEL = {os.path.join(REPO, 'configs', 'models', 'qwen2_tiny_arith.json')!r}\n"
-              + textwrap.dedent(MANUAL))
-    res = result(run_script(tmp_path, script))
+              f"MODEL = {model!r}\nLOCAL_YAML = {str(tmp_path / 'local.yaml')!r}\n" + textwrap.dedent(MANUAL))
+    out = run_script(tmp_path, script, strict=True)
+    res = result(out)
     assert res["step"] == 2 and len(res["losses"]) == 2 and res["rows"] == 8 * 8
     assert res["version"] == verl_version() and res["rl_trainer"] == "verl.api.pipeline"
+    assert isinstance(res["env"], int) and "torch" in out
+    local = out[out.index("RESULT "):]
+    for phase in ("gen", "ref", "values", "adv", "update_actor"):
+        assert f"[{phase}] " in local, local[-2000:]
 
 
 def verl_version() -> str:
