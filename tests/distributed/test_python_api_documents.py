@@ -1,4 +1,4 @@
-"""The documents' snippets (../shared/docs/SEED_API.md, issue 59), each a user's script in a fresh process with no
+"""The documents' snippets (the shared SEED_API list, issue 59), each a user's script in a fresh process with no
 launcher, written with the documents' names: the minimal DataFlow (a rollout function of the user's that calls
 ``model.generate`` itself, a reward named ``scores``), any HF model (``HFActor`` from a ``PeftModel``, ``HFCritic``, a
 module's ``forward`` as the reward), the pipeline (``DataPipeline`` / ``RLTrainer``), ``HybridActor`` as 001 calls it,
