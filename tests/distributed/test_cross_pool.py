@@ -25,6 +25,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 from helpers.tiny_models import arithmetic_data_args  # noqa: E402
+from helpers.tolerance import rounding_log_prob_gap  # noqa: E402
 from helpers.train_runs import REPO, deterministic, read_metrics, run_train, train_cmd, train_env  # noqa: E402
 
 from verl.bench.weight_sync import separate_rank  # noqa: E402
@@ -32,6 +33,9 @@ from verl.launcher.spawn import run_ranks_with_rank  # noqa: E402
 from verl.models.config import ModelConfig  # noqa: E402
 
 MODEL = os.path.join(REPO, "configs", "models", "qwen2_tiny_arith.json")
+# How far past bf16's own rounding of the model (tests/helpers/tolerance.py: rounding_log_prob_gap) a bf16 pool's
+# log-probs may sit from the fp32 actor's.
+BF16_ROLLOUT_MARGIN = 4.0
 POOL = ["actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=2",
         "trainer.n_gpus_per_node=2"]
 
@@ -272,9 +276,20 @@ def test_fsdp_with_a_bf16_pool_trains_with_delta_syncs_and_a_preemption_checkpoi
     assert metrics[1]["perf/weight_sync_delta_fraction"] == 1.0  # nothing to compare with yet
     fractions = [metrics[step]["perf/weight_sync_delta_fraction"] for step in (1, 2, 3)]
     print(f"FSDP -> bf16 pool, lr 1e-6: perf/weight_sync_delta_fraction per step {fractions}")
-    for step in (2, 3):  # lr 1e-6: a few percent of the bf16 values change; every bucket's checksum verified
-        assert 0 < metrics[step]["perf/weight_sync_delta_fraction"] < 0.9, metrics[step]
-        assert metrics[step]["training/rollout_probs_diff_max"] < 0.9
+    # The bf16 pool's log-probs against the fp32 actor's, in log-prob space: at most what running this model in
+    # bf16 does to them (rounding its weights and activations; measured on the run's shapes, 8-token prompts and
+    # 6-token sampled responses) times a margin for the native rollout's kernels, the sampled tokens and two
+    # optimizer steps of lr 1e-6; a pool holding other weights is far above it.
+    rounding = rounding_log_prob_gap(MODEL, torch.bfloat16, prompt_len=8, response_len=6)
+    bound = BF16_ROLLOUT_MARGIN * rounding
+    assert bound < rounding_log_prob_gap(MODEL, torch.bfloat16, prompt_len=8, response_len=6,
+                                         other_seed=1) / 4
+    print(f"bf16 rounding moves the tiny model's log-probs by <= {rounding:.2e}; bound {bound:.2e}; run: "
+          f"{[metrics[step]['training/rollout_log_probs_diff_max'] for step in (1, 2, 3)]}")
+    for step in (1, 2, 3):  # lr 1e-6: a few percent of the bf16 values change; every bucket's checksum verified
+        if step > 1:
+            assert 0 < metrics[step]["perf/weight_sync_delta_fraction"] < 0.9, metrics[step]
+        assert 0 < metrics[step]["training/rollout_log_probs_diff_max"] <= bound, (step, metrics[step], bound)
 
 
 @pytest.mark.parametrize("mode", ["sync", "separate_async"])

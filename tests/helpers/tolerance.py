@@ -46,3 +46,37 @@ def log_prob_tolerance(dtype: torch.dtype, *, width: int, num_layers: int, vocab
     """Token log-probs: those logits through a log-softmax, one more reduction over ``vocab`` terms."""
     return logits_tolerance(dtype, width=width, num_layers=num_layers, scale=scale) + forward_tolerance(
         dtype, width=vocab, depth=1, scale=scale)
+
+
+def rounding_log_prob_gap(model_config: str, dtype: torch.dtype, *, prompt_len: int, response_len: int,
+                          rows: int = 64, seed: int = 0, other_seed: int | None = None) -> float:
+    """What running a model in ``dtype`` instead of float32 does to its token log-probs: the largest
+    |log p_dtype - log p_fp32| over ``rows`` responses of ``response_len`` tokens sampled at temperature 1 (as a
+    rollout samples) after random prompts of ``prompt_len`` tokens, for the architecture of ``model_config`` (a
+    config.json) at its initialisation scale (``initializer_range``), seeded. Both passes run the same weights;
+    the ``dtype`` pass rounds them and every activation to ``dtype`` (bfloat16: 8 significant bits).
+
+    ``other_seed``: instead, the same gap between the float32 model and one with other weights (initialised with
+    that seed) -- what a rollout with the wrong weights shows, for a check that a bound would catch it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_config)
+
+    def build(init_seed: int, as_dtype: torch.dtype):
+        torch.manual_seed(init_seed)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(as_dtype).eval()
+
+    reference = build(seed, torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, config.vocab_size, (rows, prompt_len), generator=gen)
+    with torch.no_grad():
+        for _ in range(response_len):
+            probs = torch.softmax(reference(ids).logits[:, -1].float(), dim=-1)
+            ids = torch.cat([ids, torch.multinomial(probs, 1, generator=gen)], dim=1)
+        other = build(seed if other_seed is None else other_seed, dtype if other_seed is None else torch.float32)
+
+        def log_probs(model) -> torch.Tensor:
+            logp = torch.log_softmax(model(ids).logits.float(), dim=-1)[:, prompt_len - 1:-1]
+            return logp.gather(-1, ids[:, prompt_len:, None]).squeeze(-1)
+
+        return (log_probs(other) - log_probs(reference)).abs().max().item()

@@ -7,6 +7,8 @@ exactly its shard's payload once (the formula), training ranks send evenly, buck
 the delta codec and checksum behave as the receiver relies on.
 """
 
+import math
+
 import pytest
 import torch
 from helpers.reshard_oracle import sglang_shard
@@ -164,6 +166,21 @@ def test_the_first_step_fails_loudly_past_the_rollout_dtype_bound():
         check_rollout_probs_diff({"training/rollout_probs_diff_max": 0.01}, "float32")
     with pytest.raises(RolloutMismatchError):
         check_rollout_probs_diff({"training/rollout_probs_diff_max": 0.97}, "bfloat16")
+
+
+def test_the_rollout_gap_is_also_reported_in_log_prob_space():
+    """A token the actor gives p = 0.01 and the rollout 0.02 differs by 0.01 in probability -- below the 0.9 a
+    bf16 rollout may show there -- but by log 2 in log-prob space, where rounding's gap is the same at every p."""
+    from verl.protocol import DataProto
+    from verl.trainer.metrics import compute_rollout_probs_diff_metrics
+
+    old = torch.tensor([[0.5, 0.01, 0.9]]).log()
+    rollout = torch.tensor([[0.5, 0.02, 0.3]]).log()
+    batch = DataProto.from_dict({"old_log_probs": old, "rollout_log_probs": rollout,
+                                 "response_mask": torch.tensor([[1, 1, 0]])})
+    metrics = compute_rollout_probs_diff_metrics(batch)
+    assert metrics["training/rollout_log_probs_diff_max"] == pytest.approx(math.log(2), rel=1e-6)
+    assert metrics["training/rollout_probs_diff_max"] == pytest.approx(0.01, rel=1e-5)  # the masked 0.6 is not seen
 
 
 @pytest.mark.parametrize("training,tg,replicas", [

@@ -127,9 +127,12 @@ def test_records_read_the_gpu_runs_outputs(tmp_path):
     (work / "qwen05b" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
     rec = gpu_fast.record("qwen05b", 0, 30.0, 120, str(work), str(out), dry_run=False)
     f = rec["figures"]
-    assert rec["status"] == "pass" and f["s_per_step"] == 4.0 and f["first_step_s"] == 9.0  # median after step 1
+    assert f["s_per_step"] == 4.0 and f["first_step_s"] == 9.0  # median after step 1
     assert f["peak_memory_allocated_gb"] == 30.0 and f["update_actor_tokens_per_s"] == pytest.approx(50000.0)
     assert f["phases"]["gen"] == 2.0 and rec["targets"]["s_per_step"]["met"] is False  # 4.0 > 3.6
+    # The command exited 0, but the step missed its target: the stage fails, naming it.
+    assert rec["status"] == "fail" and rec["missed_targets"] == ["s_per_step"] and rec["targets_enforced"]
+    assert json.loads((out / "qwen05b.json").read_text())["status"] == "fail"
     (work / "tests.xml").write_text(
         '<testsuites><testsuite name="pytest">'
         '<testcase classname="tests.gpu.a" name="t1" time="1.5"/>'
@@ -145,3 +148,30 @@ def test_records_read_the_gpu_runs_outputs(tmp_path):
     assert rec["status"] == "fail" and rec["figures"]["missing"] == ["kernels", "rollout"]
     assert rec["targets"]["reshard_over_copy"]["met"] is True
     assert gpu_fast.record("pool", 124, 90.0, 90, str(work), str(out), dry_run=False)["status"] == "timeout"
+
+
+@pytest.mark.parametrize("gain, status, missed", [(12.5, "pass", []), (0.0, "fail", ["learns"]),
+                                                   (None, "fail", ["learns"])])
+def test_a_stage_passes_only_when_its_targets_are_met(tmp_path, gain, status, missed):
+    """The quickstart stage's one target (RL gains over the SFT start): met passes; missed, or not measured (no
+    RL validation at the end), fails; the CPU rehearsal (dry run) reports the same figures against the same bounds
+    without enforcing them. Every bound comes from gpu_fast.TARGETS."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "quickstart").mkdir(parents=True)
+    (work / "quickstart" / "summary.json").write_text(json.dumps({"val_accuracy_gain_points": gain}))
+    rec = gpu_fast.record("quickstart", 0, 60.0, 300, str(work), str(out), dry_run=False)
+    assert (rec["status"], rec["missed_targets"]) == (status, missed)
+    assert rec["targets"]["learns"] == {"value": gain, "above": gpu_fast.TARGETS["quickstart"]["learns"][1],
+                                        "met": None if gain is None else gain > 0}
+    # Bench figures far below every bound (CPU stand-ins): reported, not enforced, in the dry run only.
+    (work / "bench_kernels.json").write_text(json.dumps([
+        {"bytes": 2**20, "ratio_vs_memcpy": 0.1, "case": "a", "device": "cpu", "dtype": "float32"},
+        {"bytes": 2**24, "ratio_vs_memcpy": 0.2, "case": "b", "device": "cpu", "dtype": "float32"}]))
+    (work / "bench_reshard.json").write_text(json.dumps({"verified": True, "seconds_over_memcpy": 9.0}))
+    (work / "bench_rollout.json").write_text(json.dumps({"batch": 2, "new_tokens": 4, "native": {"tokens_per_s": 1.0},
+                                                         "native_over_hf": 0.5}))
+    dry = gpu_fast.record("bench", 0, 5.0, 100, str(work), str(out), dry_run=True)
+    assert dry["status"] == "pass" and not dry["targets_enforced"] and "missed_targets" not in dry
+    assert all(t["met"] is False for t in dry["targets"].values()) and len(dry["targets"]) == 4
+    real = gpu_fast.record("bench", 0, 5.0, 100, str(work), str(out), dry_run=False)
+    assert real["status"] == "fail" and real["missed_targets"] == sorted(gpu_fast.TARGETS["bench"])

@@ -19,6 +19,9 @@
                                      debug metric: the rollout and the actor should agree closely); the
                                      first step of a run fails above the rollout dtype's bound
                                      (rollout_probs_diff_bound)
+  training/rollout_log_probs_diff_max   max |log p_rollout - log p_actor| over the response tokens: the same
+                                     gap in log-prob space, where a low-precision rollout's rounding shows at
+                                     every probability (tests bound it by what the dtype does to the model)
   perf/reshard_bytes, perf/reshard_peak_extra_mb   the colocated 3D-HybridEngine's weight sync
   perf/weight_sync_{bytes,delta_fraction,peak_extra_mb}   a standalone rollout pool's: bytes all training
                                      ranks sent, sent / dense (sparse delta), the senders' scratch
@@ -81,10 +84,12 @@ def compute_rollout_probs_diff_metrics(batch: DataProto) -> dict[str, float]:
     if "rollout_log_probs" not in batch.batch or "old_log_probs" not in batch.batch:
         return {}
     mask = batch.batch["response_mask"].bool()
+    log_diff = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs()[mask].float()
     diff = (batch.batch["rollout_log_probs"].exp() - batch.batch["old_log_probs"].exp()).abs()[mask].float()
     if diff.numel() == 0:
         return {}
     return {"training/rollout_probs_diff_max": diff.max().item(),
+            "training/rollout_log_probs_diff_max": log_diff.max().item(),
             "training/rollout_probs_diff_mean": diff.mean().item(),
             "training/rollout_probs_diff_std": diff.std(correction=0).item()}
 

@@ -225,6 +225,7 @@ def _partials(rows: DataProto) -> dict[str, torch.Tensor]:
         per_token("residual", b["returns"].float() - b["values"].float())
     if "rollout_log_probs" in keys and "old_log_probs" in keys:
         per_token("training/rollout_probs_diff", (b["rollout_log_probs"].exp() - b["old_log_probs"].exp()).abs())
+        per_token("training/rollout_log_probs_diff", (b["rollout_log_probs"] - b["old_log_probs"]).abs())
     lengths = {"response_length": m.sum(-1), "prompt_length": prompt_mask.sum(-1).to(torch.float64)}
     tops = {"response_length": response_length, "prompt_length": prompt_mask.shape[-1]}
     for name, values in lengths.items():
@@ -274,7 +275,8 @@ def step_metrics(batch: Batch, use_critic: bool, timing: dict[str, float], world
     if not bypass_old_log_prob and f"{diff}/sum" in t and tokens:
         mean = t[f"{diff}/sum"] / tokens
         metrics.update({f"{diff}_max": t[f"{diff}/max"], f"{diff}_mean": mean,
-                        f"{diff}_std": max(0.0, t[f"{diff}/sq"] / tokens - mean * mean) ** 0.5})
+                        f"{diff}_std": max(0.0, t[f"{diff}/sq"] / tokens - mean * mean) ** 0.5,
+                        "training/rollout_log_probs_diff_max": t["training/rollout_log_probs_diff/max"]})
     response_tokens, all_tokens = int(tokens), int(t["seq_tokens"])
     metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
     per_phase = {"gen": response_tokens, **{k: all_tokens for k in ("ref", "values", "adv", "update_critic",
@@ -300,7 +302,8 @@ def _partial_names(batch: ShardedBatch, inputs: list[str]) -> list[str]:
     if "values" in inputs:
         token.append(("residual", "values"))
     if "rollout_log_probs" in inputs and "old_log_probs" in inputs:
-        token.append(("training/rollout_probs_diff", "old_log_probs"))
+        token += [("training/rollout_probs_diff", "old_log_probs"),
+                  ("training/rollout_log_probs_diff", "old_log_probs")]
     for prefix, needed in token:
         if needed in inputs:
             names += [f"{prefix}/sum", f"{prefix}/sq", f"{prefix}/max", f"{prefix}/min"]
