@@ -20,15 +20,18 @@ def parse(verdict, *, question, response, reference, data_source, extra_info):
 '''
 
 
-def _section(template=TEMPLATE, parse_path=None, timeout_s=60.0, response_length=12, free=True):
+def _section(template=TEMPLATE, parse_path=None, timeout_s=60.0, response_length=12, free=True, score_range=(-100, 100),
+             prompt_length=200):
     from verl.workers.config.reward import RewardModelKeysConfig
 
     tree = {"enable": True, "enable_resource_pool": False, "n_gpus_per_node": 8, "nnodes": 0, "model_path": None,
             "rollout": {"name": "native", "dtype": "float32", "free_cache_engine": free,
                         "tensor_model_parallel_size": 1, "temperature": 1.0, "top_k": -1, "top_p": 1.0,
-                        "do_sample": False, "prompt_length": 200, "response_length": response_length, "seed": 1},
+                        "do_sample": False, "prompt_length": prompt_length, "response_length": response_length,
+                        "seed": 1},
             "judge": {"prompt_template": template, "parse_function": {"path": parse_path, "name": "parse"},
-                      "default_score": -3.0, "timeout_s": timeout_s}}
+                      "default_score": -3.0, "timeout_s": timeout_s, "score_min": score_range[0],
+                      "score_max": score_range[1]}}
     return RewardModelKeysConfig.from_tree(tree, "reward.reward_model")
 
 
@@ -149,3 +152,61 @@ def test_verl_train_refuses_a_template_without_response_before_any_rank_starts(t
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "expected a {response} placeholder" in lines[0], proc.stderr
     assert not (tmp_path / "ckpt").exists()
+
+
+# ----------------------------------------------------------------------------- issue 56, fault 8
+def test_a_huge_parsed_score_is_clamped_to_the_declared_range(judge_dir, tmp_path):
+    """Was: any finite number was the reward ("Score: 1e300" became 1e300 in the advantages)."""
+    root, _ = judge_dir
+    (tmp_path / "huge.py").write_text("def parse(verdict, **ctx):\n"
+                                      "    return 1e300 if ctx['reference'] == '4' else -7.0\n")
+    judge = _judge(root, _section(parse_path=str(tmp_path / "huge.py"), score_range=(0.0, 1.0), response_length=1))
+    fields, non_tensor, r_len = _batch(judge.actor_tokenizer, ROWS[:2])
+    scores, metrics, _ = judge.score(fields, non_tensor, r_len)
+    assert scores.tolist() == [1.0, 0.0]
+    assert metrics["reward_model/judge_clamped_frac"] == 1.0
+
+
+def test_the_default_parse_of_score_1e300_is_clamped_too(judge_dir):
+    from verl.workers.reward_judge import parse_verdict
+
+    assert parse_verdict("Score: 1e300") == 1e300  # the parse reads it; the judge's range bounds it
+    root, _ = judge_dir
+    judge = _judge(root, _section(score_range=(0.0, 10.0), response_length=1))
+    judge.parse = lambda verdict, **ctx: parse_verdict("Score: 1e300")
+    fields, non_tensor, r_len = _batch(judge.actor_tokenizer, ROWS[:1])
+    scores, _, _ = judge.score(fields, non_tensor, r_len)
+    assert scores.tolist() == [10.0]
+
+
+def test_score_min_must_be_below_score_max():
+    from verl.utils.config_checks import ConfigError
+
+    with pytest.raises(ConfigError, match=r"reward.reward_model.judge.score_min: expected less than "
+                       r"reward.reward_model.judge.score_max=1.0, found 2.0"):
+        _section(score_range=(2.0, 1.0))
+
+
+def test_a_long_response_is_cut_in_its_middle_never_the_instructions_or_the_reference(judge_dir):
+    """Was: the prompt lost tokens from its left, so a long response pushed out the instructions."""
+    root, _ = judge_dir
+    template = "judge this answer {response} the reference is {reference} done"
+    judge = _judge(root, _section(template=template, prompt_length=120, response_length=1))
+    response = "a" * 60 + "b" * 300 + "c" * 60
+    ids, cut = judge.fit("q", response, "4", 120)
+    assert cut and len(ids) <= 120
+    text = judge.tokenizer.decode(ids, skip_special_tokens=True)  # (this tokenizer has no space)
+    assert text.startswith("judgethisansweraaaa") and text.endswith("ccccthereferenceis4done")
+    assert "truncated" in text and "bbbb" not in text  # the middle went, both ends stayed
+    ids, cut = judge.fit("q", "short", "4", 120)
+    assert not cut and "short" in judge.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_instructions_that_alone_exceed_the_prompt_length_are_one_line(judge_dir):
+    from verl.errors import InputError
+
+    root, _ = judge_dir
+    judge = _judge(root, _section(template="x" * 200 + " {response}", prompt_length=50, response_length=1))
+    with pytest.raises(InputError, match=r"expected room for the judge template's instructions and reference "
+                       r"\(\d+ tokens with an empty response and question\), found prompt_length=50"):
+        judge.fit("q", "r" * 100, None, 50)

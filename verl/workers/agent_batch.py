@@ -38,6 +38,7 @@ class AgentBatch:
     def generate(self, rollout: Any, prompts: DataProto, params: Any, tp_rank: int,
                  prompt_length: int) -> DataProto | None:
         from verl.experimental.agent_loop import AgentLoopRunner, pad_outputs
+        from verl.experimental.agent_loop.runner import reward_columns
 
         meta = dict(prompts.meta_info or {})
         overrides = {}
@@ -69,6 +70,7 @@ class AgentBatch:
             server.close()
         fields = pad_outputs(result.outputs, prompt_length, params.response_length, pad)
         repeated = {k: np.repeat(v, n, axis=0) if n > 1 else v for k, v in non_tensor.items()}
+        repeated.update(reward_columns(result.outputs))  # the tools' rewards, for the reward function
         out = DataProto(batch=fields, non_tensor_batch=repeated, meta_info=meta)
         out.meta_info["metrics"] = {**result.metrics, "agent_loop/engine_calls": float(server.calls),
                                     "agent_loop/turns_per_call": server.requests / max(1, server.calls)}

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from verl.errors import InputError
 from verl.utils.logging_utils import get_logger
 from verl.workers.agent_batch import loop_sampling
 
@@ -51,6 +52,7 @@ class FinishedTrajectory:
     tool_calls: int = 0
     tool_errors: int = 0
     error: str | None = None         # the agent loop raised: the trainer ends the job with it
+    input_error: bool = False        # ... an InputError (the loop's own output refused): exit 2, not 1
 
     def into(self, traj: Any, prompt_length: int, response_length: int, version: int) -> None:
         """Write this finished trajectory into the replay buffer's ``traj`` (a
@@ -92,6 +94,29 @@ class _VersionedServer:
         out = await self.server.generate(**kwargs)
         self.versions.extend(v for v in out.get("versions", ()) if v is not None)
         return out
+
+
+class AgentStreamInputError(InputError):
+    """A trajectory the async trainer cannot train on as it is (its agent loop's output lacks what it needs)."""
+
+
+def refuse_unscored_tokens(out: Any, agent_name: str) -> None:
+    """The async trainer keeps each sampled token's rollout log-prob (the old policy's under
+    ``rollout_correction.bypass_mode``, the behaviour policy's for the staleness correction) and scores a
+    trajectory from its tokens only: one line for a loop that returned no log-probs for its sampled tokens (they
+    were 0.0 before: a probability of 1), or its own rewards (``reward_score``, non-zero tool rewards), which
+    the replay buffer does not carry to the reward."""
+    sampled = sum(1 for m in out.response_mask if m)
+    if out.response_logprobs is None and sampled:
+        raise AgentStreamInputError(
+            f"agent loop {agent_name!r}: expected AgentLoopOutput.response_logprobs for its {sampled} sampled tokens "
+            f"(the async trainer's rollout log-probs), found none: return the server's log_probs")
+    tool_rewards = [r for r in out.extra_fields.get("tool_rewards") or [] if r]
+    if out.reward_score is not None or tool_rewards or any((out.extra_fields.get("reward_scores") or {}).values()):
+        raise AgentStreamInputError(
+            f"agent loop {agent_name!r}: expected no reward of its own under the async trainer (its replay buffer "
+            f"scores the tokens with the reward function), found reward_score={out.reward_score!r}, tool rewards "
+            f"{tool_rewards[:4]}: use the synchronous trainer, where they reach compute_score")
 
 
 class AgentStream:
@@ -221,6 +246,7 @@ class AgentStream:
         server = _VersionedServer(self.server)
         try:
             out = await self.runner.run_one(row, self.sampling, server_manager=server)
+            refuse_unscored_tokens(out, str(row.get("agent_name") or self.runner.default_agent_loop))
             logprobs = out.response_logprobs if out.response_logprobs is not None else [0.0] * len(out.response_ids)
             record = FinishedTrajectory(
                 uid, sample, list(out.prompt_ids), list(out.response_ids), list(out.response_mask), list(logprobs),
@@ -232,7 +258,7 @@ class AgentStream:
         except Exception as err:  # noqa: BLE001 - every error ends the job, on the trainer's thread
             logger.exception("agent stream: trajectory %s of group %s failed", sample, uid)
             record = FinishedTrajectory(uid, sample, [], [], [], [], server.versions,
-                                        error=f"{type(err).__name__}: {err}")
+                                        error=f"{type(err).__name__}: {err}", input_error=isinstance(err, InputError))
         self._finished.put(record)
 
 

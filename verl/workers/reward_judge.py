@@ -8,14 +8,17 @@ For each row of its share of the step's batch a rank:
 1. renders the template: ``{question}`` = the dataset's prompt (the last user message of ``raw_prompt``, else the
    actor's prompt decoded), ``{response}`` = the actor's response decoded with the actor's tokenizer,
    ``{reference}`` = ``reward_model.ground_truth``; the judge's chat template (if its tokenizer has one) wraps it
-   as one user message with the generation prompt; prompts longer than ``rollout.prompt_length`` lose tokens from
-   their left (``reward_model/judge_truncated_frac``);
+   as one user message with the generation prompt; a prompt longer than ``rollout.prompt_length`` loses tokens
+   from the middle of its ``{response}`` (then of its ``{question}``), never from the template's instructions or
+   the reference (``reward_model/judge_truncated_frac``; instructions and reference that alone do not fit are one
+   error line);
 2. generates the verdicts on the judge's engine (``reward.reward_model.rollout``: sampling, ``response_length``),
    all rows in one call that stops at ``judge.timeout_s`` whatever is still generating;
 3. parses each verdict into a score with ``judge.parse_function`` (a user's ``fn(verdict, *, question, response,
    reference, data_source, extra_info)`` returning a number, or None when it finds no verdict; default:
    :func:`parse_verdict`). A row whose verdict was cut by the timeout, or whose parse returned None or a
-   non-finite number, scores ``judge.default_score``; ``reward_model/judge_default_frac`` counts them.
+   non-finite number, scores ``judge.default_score``; ``reward_model/judge_default_frac`` counts them. A parsed
+   score is clamped to the declared ``[judge.score_min, judge.score_max]`` (``reward_model/judge_clamped_frac``).
 
 The score goes on the last valid response token, as a classifier RM's does (the reward-model worker places it).
 With ``rollout.free_cache_engine`` the engine releases its weights and KV cache after judging and takes them back
@@ -196,6 +199,7 @@ class Judge:
         self.template = judge.prompt_template
         self.parse = load_parse_function(judge.parse_function.path, judge.parse_function.name)
         self.default_score = float(judge.default_score)
+        self.score_min, self.score_max = float(judge.score_min), float(judge.score_max)
         self.timeout_s = float(judge.timeout_s)
         self.actor_tokenizer = actor_tokenizer
         self.tokenizer = load_tokenizer(model_path, "reward_model.model.path")
@@ -271,10 +275,37 @@ class Judge:
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         return list(self.tokenizer(text)["input_ids"])
 
+    def fit(self, question: str, response: str, reference: Any, limit: int) -> tuple[list[int], bool]:
+        """The judge's prompt tokens for one row within ``limit`` tokens, and whether they were cut: the
+        response's middle goes first, then the question's; the template's own text and the reference are kept
+        whole (an InputError line when they alone exceed ``limit``)."""
+        ids = self.render(question, response, reference)
+        if len(ids) <= limit:
+            return ids, False
+        for field in ("response", "question"):
+            if field not in self.fields:
+                continue
+            text = response if field == "response" else question
+            parts = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            keep = len(parts)
+            while len(ids) > limit and keep > 0:
+                keep = max(0, keep - max(1, len(ids) - limit))
+                cut = _cut_middle(self.tokenizer, parts, keep)
+                if field == "response":
+                    response = cut
+                else:
+                    question = cut
+                ids = self.render(question, response, reference)
+            if len(ids) <= limit:
+                return ids, True
+        raise InputError(f"reward.reward_model.rollout.prompt_length: expected room for the judge template's "
+                         f"instructions and reference ({len(ids)} tokens with an empty response and question), "
+                         f"found prompt_length={limit}")
+
     def prompts(self, fields: Mapping[str, torch.Tensor], non_tensor: Mapping[str, Sequence[Any]],
                 response_length: int) -> tuple[list[dict[str, Any]], list[list[int]], list[bool]]:
         """Each row's context (question, response, reference, data_source, extra_info), its judge prompt tokens
-        cut from the left to ``rollout.prompt_length``, and whether it was cut."""
+        within ``rollout.prompt_length`` (:meth:`fit`), and whether they were cut."""
         rows = len(fields["input_ids"])
 
         def column(name: str) -> Sequence[Any]:
@@ -292,10 +323,10 @@ class Judge:
                                  f"every row, found none in row {i} (data_source={sources[i]!r})")
             context = {"question": _question(raw[i], prompt), "response": response, "reference": reference,
                        "data_source": sources[i], "extra_info": extra[i]}
-            ids = self.render(context["question"], response, reference)
-            cut.append(len(ids) > limit)
+            ids, was_cut = self.fit(context["question"], response, reference, limit)
+            cut.append(was_cut)
             contexts.append(context)
-            tokens.append(ids[-limit:])
+            tokens.append(ids)
         return contexts, tokens, cut
 
     # ------------------------------------------------------------------ judging
@@ -350,7 +381,7 @@ class Judge:
             if self.free_cache_engine:
                 self.sleep()
         generated = time.monotonic()
-        scores, timed_out, unparsed, texts = [], 0, 0, []
+        scores, timed_out, unparsed, clamped, texts = [], 0, 0, 0, []
         for i, (ids, done, context) in enumerate(zip(verdict_ids, finished, contexts, strict=True)):
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             texts.append(text)
@@ -367,8 +398,12 @@ class Judge:
                 unparsed += 1
                 scores.append(self.default_score)
             else:
-                scores.append(float(value))
+                value = float(value)
+                bounded = min(max(value, self.score_min), self.score_max)
+                clamped += bounded != value
+                scores.append(bounded)
         metrics = {"reward_model/judge_default_frac": (timed_out + unparsed) / rows,
+                   "reward_model/judge_clamped_frac": clamped / rows,
                    "reward_model/judge_timeout_frac": timed_out / rows,
                    "reward_model/judge_unparsed_frac": unparsed / rows,
                    "reward_model/judge_truncated_frac": sum(cut) / rows,
@@ -376,3 +411,16 @@ class Judge:
                    "reward_model/judge_wake_s": woke - start,
                    "reward_model/judge_generate_s": generated - woke}
         return torch.tensor(scores, dtype=torch.float32), metrics, texts
+
+
+TRUNCATION_MARK = " ...(truncated)... "
+
+
+def _cut_middle(tokenizer: Any, ids: list[int], keep: int) -> str:
+    """The text of ``ids`` with only ``keep`` tokens left, half from each end, a mark where the middle was."""
+    if keep >= len(ids):
+        return tokenizer.decode(ids, skip_special_tokens=True)
+    head = keep - keep // 2
+    tail = ids[len(ids) - keep // 2:] if keep // 2 else []
+    return (tokenizer.decode(ids[:head], skip_special_tokens=True) + TRUNCATION_MARK
+            + tokenizer.decode(tail, skip_special_tokens=True))

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from verl.errors import InputError
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
     DictConfigWrap,
@@ -105,10 +106,37 @@ class AgentLoopRunner:
         return asyncio.run(self.generate(rows, sampling_params))
 
 
+# The per-trajectory fields the reward reads (non-tensor columns, verl's names): the loop's turn count and its tools'
+# rewards (``execute``'s in call order, ``calc_reward`` per tool), passed to compute_score in extra_info.
+REWARD_COLUMNS = ("__num_turns__", "tool_rewards", "reward_scores")
+
+
+def reward_columns(outputs: list[AgentLoopOutput]):
+    """``{column: object array}`` of :data:`REWARD_COLUMNS` for a batch's outputs (empty lists and dicts where a
+    loop recorded none)."""
+    import numpy as np
+
+    def column(values: list) -> np.ndarray:
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
+
+    return {"__num_turns__": column([int(o.num_turns) for o in outputs]),
+            "tool_rewards": column([[float(r) for r in o.extra_fields.get("tool_rewards") or []] for o in outputs]),
+            "reward_scores": column([dict(o.extra_fields.get("reward_scores") or {}) for o in outputs])}
+
+
 def pad_outputs(outputs: list[AgentLoopOutput], prompt_length: int, response_length: int, pad_token_id: int):
     """The trainer's tensors (verl's layout): ``prompts`` left-padded, ``responses`` / ``response_mask`` /
-    ``rollout_log_probs`` right-padded, ``input_ids``, ``attention_mask``, ``position_ids``."""
+    ``rollout_log_probs`` right-padded, ``input_ids``, ``attention_mask``, ``position_ids``; ``rm_scores`` (the
+    score on each response's last token) when every loop scored its own trajectory (``reward_score``, verl's
+    rule; some but not all is refused in one line)."""
     import torch
+
+    scored = [o.reward_score is not None for o in outputs]
+    if any(scored) and not all(scored):
+        raise InputError(f"AgentLoopOutput.reward_score: expected every trajectory of a batch or none to carry the "
+                         f"loop's own score, found {sum(scored)} of {len(outputs)}")
 
     b = len(outputs)
     prompts = torch.full((b, prompt_length), pad_token_id, dtype=torch.long)
@@ -133,4 +161,11 @@ def pad_outputs(outputs: list[AgentLoopOutput], prompt_length: int, response_len
            "position_ids": position_ids}
     if outputs and all(o.response_logprobs is not None for o in outputs):
         out["rollout_log_probs"] = logprobs
+    if outputs and all(scored):
+        rm_scores = torch.zeros((b, response_length), dtype=torch.float32)
+        for i, o in enumerate(outputs):
+            length = min(len(o.response_ids), response_length)
+            if length:
+                rm_scores[i, length - 1] = float(o.reward_score)
+        out["rm_scores"] = rm_scores
     return out

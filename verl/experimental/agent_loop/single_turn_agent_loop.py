@@ -34,4 +34,4 @@ class SingleTurnAgentLoop(AgentLoopBase):
         return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=ids, response_mask=[1] * len(ids),
                                response_logprobs=logprobs, num_turns=2, metrics=metrics,
                                extra_fields={**out.extra_fields, "turn_scores": [], "tool_rewards": [],
-                                             "tool_call_counts": 0})
+                                             "reward_scores": {}, "tool_call_counts": 0})

@@ -66,6 +66,7 @@ class AgentData:
         self.metrics = AgentLoopMetrics()
         self.turn_scores: list[float] = []
         self.tool_rewards: list[float] = []
+        self.reward_scores: dict[str, float] = {}  # each tool's calc_reward after its last call (verl's key)
         self.tool_calls: list[FunctionCall] = []
         self.user_turns = 0
         self.assistant_turns = 0
@@ -107,7 +108,7 @@ class ToolAgentLoop(AgentLoopBase):
 
         n = self.response_length
         extra = dict(data.extra_fields)
-        extra.update(turn_scores=data.turn_scores, tool_rewards=data.tool_rewards,
+        extra.update(turn_scores=data.turn_scores, tool_rewards=data.tool_rewards, reward_scores=data.reward_scores,
                      tool_call_counts=data.tool_call_count, tool_call_errors=data.tool_error_count)
         return AgentLoopOutput(
             prompt_ids=trajectory.prompt_ids, response_ids=trajectory.response_ids[:n],
@@ -243,6 +244,10 @@ class ToolAgentLoop(AgentLoopBase):
             response, reward, metrics = await tool.execute(instance_id, args, agent_data=data)
             if not isinstance(response, ToolResponse):
                 raise TypeError(f"execute returned a {type(response).__name__}, not a ToolResponse")
+            try:  # the tool's own verdict on its state: compute_score reads it as extra_info.rollout_reward_scores
+                data.reward_scores[name] = float(await tool.calc_reward(instance_id, agent_data=data))
+            except Exception as e:  # its result stands; the reward function sees no score for it
+                logger.warning("tool %s calc_reward raised %s: %s", _clip(name), type(e).__name__, e)
             return response, reward, metrics
         finally:  # also when the call is cancelled at its time limit
             try:

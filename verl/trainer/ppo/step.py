@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from verl.algorithms import core_algos
+from verl.errors import InputError
 from verl.protocol import DataProto
 from verl.single_controller import data_plane
 from verl.single_controller.data_plane import ShardedBatch
@@ -28,6 +29,10 @@ from verl.trainer.ppo.data import PROMPT_FIELDS
 from verl.trainer.ppo.generations import generation_records, write_generations
 from verl.utils.seqlen_balancing import balanced_dp_order, seqlen_balance_metrics
 from verl.utils.torch_functional import masked_mean
+
+
+class RolloutLogProbsMissing(InputError):
+    """Bypass mode over a rollout that returned no log-probs (a custom agent loop's): refused, never zeros."""
 
 
 class StepDataflow:
@@ -98,6 +103,13 @@ class StepDataflow:
         if self.bypass_old_log_prob:
             # verl's rollout_correction.bypass_mode: the rollout's log-probs (same weights, same
             # temperature) are the old policy's; no separate forward, and no actor/entropy metric.
+            fields = batch.keys() if isinstance(batch, ShardedBatch) else batch.batch.keys()
+            if "rollout_log_probs" not in fields:  # an agent loop that returned none: never zeros
+                raise RolloutLogProbsMissing(
+                    "algorithm.rollout_correction.bypass_mode=true: expected the rollout's log-probs "
+                    "(rollout_log_probs) as the old policy's, found a batch without them (an agent loop that "
+                    "returns no AgentLoopOutput.response_logprobs): return them, or set bypass_mode=false to "
+                    "recompute them")
             batch_ops.add_fields(batch, lambda rows: {"old_log_probs": rows.batch["rollout_log_probs"]},
                                  ["rollout_log_probs"], anchor="rollout_log_probs")
         else:
@@ -154,7 +166,10 @@ class StepDataflow:
         rows sent to the reward pool: returns what :meth:`_finish_rewards` collects before the advantage."""
         pool = None if self.use_rm else self._reward_pool()
         if pool is None:
-            batch_ops.add_fields(batch, lambda rows: {"token_level_scores": self.reward_fn(rows)},
+            from verl.workers.reward_manager.naive import check_finite_scores
+
+            # any reward manager's scores: a NaN or inf would reach every advantage of its group
+            batch_ops.add_fields(batch, lambda rows: {"token_level_scores": check_finite_scores(self.reward_fn(rows))},
                                  batch.keys() if isinstance(batch, ShardedBatch) else ())
             return None
         if isinstance(batch, ShardedBatch):  # the rows this rank holds, as map_rows would score them
@@ -182,7 +197,8 @@ class StepDataflow:
         if pool is None or pool.reward_fn is not self.reward_fn:
             if pool is not None:
                 pool.close()
-            pool = self._reward_pool_instance = RewardPool(self.reward_fn, workers)
+            pool = self._reward_pool_instance = RewardPool(self.reward_fn, workers,
+                                                           timeout_s=self.sections.reward.timeout_s)
         return pool
 
     def _on_data_plane(self, gen: DataProto, step: int = 0) -> DataProto | ShardedBatch:

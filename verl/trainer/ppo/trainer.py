@@ -149,6 +149,10 @@ class PPOTrainer(RunLoop, StepDataflow, StepMetrics, Checkpointing, Validation, 
         manager = reward_manager_cls(sections)
         self.reward_fn = manager(tokenizer, num_examine=0, compute_score=compute_score,
                                  reward_fn_key=data.reward_fn_key)
+        from verl.workers.reward_manager import NaiveRewardManager
+
+        if isinstance(self.reward_fn, NaiveRewardManager):  # reward.timeout_s in the step's own process
+            self.reward_fn.timeout_s = sections.reward.timeout_s
         self.kl_ctrl = core_algos.get_kl_controller(sections.algorithm.kl_ctrl)
         self.dp_size, self.balance_block = balance_layout(sections, self.world_size)
 

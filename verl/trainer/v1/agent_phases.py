@@ -92,8 +92,10 @@ class AgentPhases:
 
     def _merge(self, record: Any, version: int) -> None:
         if record.error is not None:
-            raise RuntimeError(f"agent loop of trajectory {record.sample} of prompt group {record.uid}: "
-                               f"{record.error}")
+            from verl.errors import InputError
+
+            cls = InputError if getattr(record, "input_error", False) else RuntimeError
+            raise cls(f"agent loop of trajectory {record.sample} of prompt group {record.uid}: {record.error}")
         group = self.source.buffer.in_flight.get(record.uid)
         if group is None:
             raise RuntimeError(f"agent loops: a finished trajectory of prompt group {record.uid}, which is not in "

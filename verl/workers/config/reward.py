@@ -73,12 +73,21 @@ class ParseFunctionConfig(Section):
 class JudgeConfig(Section):
     """``reward.reward_model.judge`` (verl-hpc): the prompt a judge reads (``{response}``, optionally
     ``{question}`` and ``{reference}``), how its verdict becomes a score, and what a verdict that timed out or
-    did not parse scores."""
+    did not parse scores. A parsed score is clamped to ``[score_min, score_max]`` (``reward_model/
+    judge_clamped_frac``): a verdict of "Score: 1e300" is not the reward."""
 
     prompt_template: str | None
     parse_function: ParseFunctionConfig
     default_score: float
     timeout_s: float = checked(gt=0)
+    score_min: float
+    score_max: float
+
+    def __post_init__(self, key: str) -> None:
+        super().__post_init__(key)
+        if not self.score_min < self.score_max:
+            raise ConfigError(f"{key}.score_min: expected less than {key}.score_max={self.score_max}, found "
+                              f"{self.score_min}")
 
 
 @frozen
@@ -119,9 +128,11 @@ class SandboxFusionConfig(Section):
 @frozen
 class RewardConfig(Section):
     """``num_workers``: processes scoring rule-based and custom rewards while the step's other passes run
-    (:mod:`verl.workers.reward_manager.async_pool`); 0: in the step (after the fold, never null)."""
+    (:mod:`verl.workers.reward_manager.async_pool`); 0: in the step (after the fold, never null). ``timeout_s``
+    (verl-hpc): the longest one sample may score (null: no limit); past it the step ends naming the row."""
 
     num_workers: int | None = checked(ge=0)
+    timeout_s: float | None = checked(gt=0)
     custom_reward_function: CustomRewardKeysConfig
     reward_manager: RewardManagerKeysConfig
     reward_model: RewardModelKeysConfig
