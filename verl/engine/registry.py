@@ -14,7 +14,11 @@ __all__ = ["STRATEGIES", "build_engine", "engine_class", "engine_name"]
 
 
 def engine_class(strategy: str) -> type[TrainingEngine]:
-    module, name = engine_entry(strategy).engine_class.split(":")
+    """The row's class: ``module:Class`` imported on first use, or the class itself (a registered engine's)."""
+    spec = engine_entry(strategy).engine_class
+    if not isinstance(spec, str):
+        return spec
+    module, name = spec.split(":")
     return getattr(importlib.import_module(module), name)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from verl.errors import InputError
@@ -22,19 +23,21 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class EngineEntry:
-    """One training engine. ``name`` is also what its checkpoints record; ``engine_class`` is ``module:Class``;
+    """One training engine. ``name`` is also what its checkpoints record; ``engine_class`` its class;
     ``strategies`` are verl's role ``strategy`` values it runs (the first is the one ``model_engine`` sets);
     ``model_engine`` and ``default_config`` are verl 0.9's selector value and its packaged config."""
 
     name: str
-    engine_class: str
+    engine_class: str | type  # "module:Class", or the class (an engine registered from a user's module)
     strategies: tuple[str, ...]
     model_engine: str
     default_config: str
+    # ``module`` whose ``RULES`` are the engine's config rules; default ``verl.engine.<name>.config_rules``
+    rules: str | None = None
 
     @property
     def rules_module(self) -> str:
-        return f"verl.engine.{self.name}.config_rules"
+        return self.rules or f"verl.engine.{self.name}.config_rules"
 
 
 ENGINE_TABLE: dict[str, EngineEntry] = {e.name: e for e in (
@@ -42,8 +45,76 @@ ENGINE_TABLE: dict[str, EngineEntry] = {e.name: e for e in (
                 "ppo_megatron_trainer"),
     EngineEntry("fsdp", "verl.engine.fsdp.engine:FSDPEngine", ("fsdp", "fsdp2"), "dp", "ppo_trainer"),
 )}
-# verl's strategy -> engine name, derived from the table
+BUILTIN_ENGINES = tuple(ENGINE_TABLE)
+# verl's strategy -> engine name, derived from the table (kept in step with it by register_engine)
 STRATEGIES = {strategy: e.name for e in ENGINE_TABLE.values() for strategy in e.strategies}
+
+
+class _ModelEngines(Mapping):
+    """verl 0.9's ``model_engine`` value -> (its packaged config, the strategy it sets), read from the table when
+    asked, so an engine registered after import is selectable."""
+
+    def _table(self) -> dict[str, tuple[str, str]]:
+        return {e.model_engine: (e.default_config, e.strategies[0]) for e in ENGINE_TABLE.values()}
+
+    def __getitem__(self, key: str) -> tuple[str, str]:
+        return self._table()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+MODEL_ENGINES = _ModelEngines()
+
+
+class LiveNames(Sequence):
+    """A table's names read when asked: a config rule's choices that count rows registered after import."""
+
+    def __init__(self, names: Mapping[str, object]):
+        self._names = names
+
+    def __getitem__(self, index):
+        return tuple(self._names)[index]
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(tuple(self._names))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self._names))
+
+
+STRATEGY_NAMES = LiveNames(STRATEGIES)  # verl's role ``strategy`` values
+MODEL_ENGINE_NAMES = LiveNames(MODEL_ENGINES)  # verl 0.9's ``model_engine`` values
+
+
+def register_engine(entry: EngineEntry) -> EngineEntry:
+    """Add a training engine's row (an engine in a user's module, named by ``actor_rollout_ref.model.external_lib``,
+    or a test's); its strategies and ``model_engine`` must be new."""
+    taken = sorted(set(entry.strategies) & set(STRATEGIES))
+    if entry.name in ENGINE_TABLE or taken or entry.model_engine in MODEL_ENGINES:
+        raise ValueError(f"training engine {entry.name!r}: expected a new name, strategies and model_engine, found "
+                         f"{entry.name if entry.name in ENGINE_TABLE else taken or entry.model_engine!r} registered")
+    ENGINE_TABLE[entry.name] = entry
+    STRATEGIES.update({strategy: entry.name for strategy in entry.strategies})
+    return entry
+
+
+def unregister_engine(name: str) -> None:
+    """Remove a registered row (a test's engine); the built-in engines stay."""
+    if name in BUILTIN_ENGINES:
+        raise ValueError(f"training engine {name!r}: a built-in engine cannot be unregistered")
+    entry = ENGINE_TABLE.pop(name, None)
+    for strategy in entry.strategies if entry is not None else ():
+        STRATEGIES.pop(strategy, None)
 
 
 def engine_name(strategy: str) -> str:

@@ -41,7 +41,9 @@ class Rule:
 
 def rule(*types: type, nullable: bool | None = None, choices: Sequence[Any] | None = None,
          ge: float | None = None, gt: float | None = None, le: float | None = None) -> Rule:
-    return Rule(tuple(types), nullable, tuple(choices) if choices is not None else None, ge, gt, le)
+    if choices is not None and (isinstance(choices, list) or not isinstance(choices, Sequence)):
+        choices = tuple(choices)  # frozen; a Sequence view (a registry's live names) is kept as is
+    return Rule(tuple(types), nullable, choices, ge, gt, le)
 
 
 def _type_names(types: tuple[type, ...], nullable: bool) -> str:

@@ -30,7 +30,14 @@ from typing import Any
 
 from verl.engine.config_rules import check_divides as _check_divides
 from verl.engine.rollout.registry import REFUSED_ROLLOUT_NAMES, require_capability, rollout_names
-from verl.engine.strategies import ENGINE_TABLE, STRATEGIES, config_rules, engine_entry, engine_name
+from verl.engine.strategies import (
+    MODEL_ENGINE_NAMES,
+    MODEL_ENGINES,
+    STRATEGIES,
+    config_rules,
+    engine_entry,
+    engine_name,
+)
 from verl.trainer.config.derived import (
     ARR,
     actor_dp_size,
@@ -65,8 +72,6 @@ logger = get_logger(__name__)
 
 CONFIG_NAME = "ppo_megatron_trainer"  # what `verl train --config F` files are written against
 VERL_DEFAULT_CONFIG_NAME = "ppo_trainer"  # verl 0.9's main_ppo default (model_engine: dp)
-# verl 0.9's model_engine -> (the packaged config with its defaults, the roles' strategy).
-MODEL_ENGINES = {e.model_engine: (e.default_config, e.strategies[0]) for e in ENGINE_TABLE.values()}
 REFUSED_ENGINES = {  # verl 0.9's other engines -> why not here
     "torchtitan": "TorchTitan is not part of verl-hpc",
     "veomni": "VeOmni is not part of verl-hpc",
@@ -83,7 +88,7 @@ FSDP_ROLES = (f"{ARR}.actor", f"{ARR}.ref", "critic", "reward_model")
 # Each key's rule beyond its default's type (choices, ranges, other types): the one on its typed section's field
 # (verl.trainer.config.sections, verl.workers.config).
 RULES: dict[str, Rule] = {
-    "model_engine": rule(choices=tuple(MODEL_ENGINES)),
+    "model_engine": rule(choices=MODEL_ENGINE_NAMES),
     **PPOSections.rules(""),
 }
 

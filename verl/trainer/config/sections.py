@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from verl.algorithms.core_algos import ADV_ESTIMATOR_NAMES, KL_PENALTY_CHOICES, RegisteredNames
+from verl.algorithms.core_algos import ADV_ESTIMATOR_NAMES, KL_PENALTY_CHOICES
 from verl.utils.config_checks import ConfigError, Rule, check_value
 from verl.utils.dataset.rl_dataset import TRUNCATION_MODES
 from verl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
@@ -256,10 +256,14 @@ EXTERNAL_LIB_KEY = "actor_rollout_ref.model.external_lib"
 
 
 def rules_before_user_modules(rules: Mapping[str, Rule]) -> dict[str, Rule]:
-    """``rules`` without the registries' choices (:class:`RegisteredNames`): :func:`import_user_modules` checks
-    those once the user's modules have registered their names."""
-    return {key: dataclasses.replace(r, choices=None) if isinstance(r.choices, RegisteredNames) else r
-            for key, r in rules.items()}
+    """``rules`` without the registries' choices (live views: :class:`RegisteredNames`, the engine tables'
+    names): :func:`import_user_modules` checks those once the user's modules have registered their names."""
+    return {key: dataclasses.replace(r, choices=None) if _registry_choices(r) else r for key, r in rules.items()}
+
+
+def _registry_choices(r: Rule) -> bool:
+    """A rule whose choices are a registry's names, read when asked (a fixed list is a tuple)."""
+    return r.choices is not None and not isinstance(r.choices, tuple)
 
 
 def import_user_modules(cfg: Mapping[str, Any], rules: Mapping[str, Rule]) -> None:
@@ -273,7 +277,7 @@ def import_user_modules(cfg: Mapping[str, Any], rules: Mapping[str, Rule]) -> No
             raise ConfigError(f"{EXTERNAL_LIB_KEY}: expected an importable module, found {lib!r} "
                               f"({type(err).__name__}: {err})") from None
     for key, r in rules.items():
-        if isinstance(r.choices, RegisteredNames):
+        if _registry_choices(r):
             check_value(key, _leaf(cfg, key), None, r)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from verl.algorithms.core_algos import KL_PENALTY_CHOICES, LOSS_AGG_MODES, POLICY_LOSS_NAMES
-from verl.engine.strategies import STRATEGIES
+from verl.engine.strategies import STRATEGY_NAMES
 from verl.workers.config.engine import (
     CheckpointConfig,
     FSDPEngineConfig,
@@ -44,7 +44,7 @@ class RouterReplayConfig(Section):
 class ActorConfig(Section):
     """``actor_rollout_ref.actor``: PPO's policy update and the training engine it runs on."""
 
-    strategy: str = checked(choices=STRATEGIES)
+    strategy: str = checked(choices=STRATEGY_NAMES)
     ppo_mini_batch_size: int = checked(ge=1)
     ppo_micro_batch_size: int | None = checked(ge=1)
     ppo_micro_batch_size_per_gpu: int = checked(ge=1)
@@ -77,7 +77,7 @@ class ActorConfig(Section):
 class RefConfig(Section):
     """``actor_rollout_ref.ref``: the forward-only reference policy, in the actor's layout."""
 
-    strategy: str = checked(choices=STRATEGIES)
+    strategy: str = checked(choices=STRATEGY_NAMES)
     log_prob_micro_batch_size: int | None = checked(ge=1)
     log_prob_micro_batch_size_per_gpu: int = checked(ge=1)
     log_prob_use_dynamic_bsz: bool

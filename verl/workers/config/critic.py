@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl.algorithms.core_algos import LOSS_AGG_MODES
-from verl.engine.strategies import STRATEGIES
+from verl.engine.strategies import STRATEGY_NAMES
 from verl.workers.config.engine import (
     CheckpointConfig,
     CriticFSDPConfig,
@@ -35,7 +35,7 @@ class CriticModelConfig(LoRAModelKeys):
 
 @frozen
 class CriticConfig(Section):
-    strategy: str = checked(choices=STRATEGIES)
+    strategy: str = checked(choices=STRATEGY_NAMES)
     enable: bool | None
     model: CriticModelConfig
     ppo_mini_batch_size: int = checked(ge=1)

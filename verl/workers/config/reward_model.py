@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from verl.engine.strategies import STRATEGIES
+from verl.engine.strategies import STRATEGY_NAMES
 from verl.workers.config.engine import RewardModelFSDPConfig, RewardModelMcoreConfig
 from verl.workers.config.section import Section, checked
 
@@ -32,7 +32,7 @@ class HotSwapConfig(Section):
 @frozen
 class RewardModelConfig(Section):
     enable: bool
-    strategy: str = checked(choices=STRATEGIES)
+    strategy: str = checked(choices=STRATEGY_NAMES)
     model: RewardModelPathConfig
     micro_batch_size: int | None = checked(ge=1)
     micro_batch_size_per_gpu: int = checked(ge=1)
