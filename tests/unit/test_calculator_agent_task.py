@@ -75,6 +75,17 @@ def test_rows_are_tool_agent_problems_the_calculator_answers(data):
         cp.main(["--out", str(data), "--sft-templates", "9"])
 
 
+def test_held_out_problems_are_held_out_by_computation():
+    # One-operation templates and many training problems: splits disjoint only by question text shared 2 of these
+    # 300 held-out expressions with training (another name or item, the same numbers and operation).
+    splits = cp.generate_problems([300, 6000, 100, 2000], 1, [cp.ONE_OPERATION_TEMPLATES] * 4,
+                                  held_out=[True, False, True, False])
+    assert [len(s) for s in splits] == [300, 6000, 100, 2000]
+    test, train, sft_test, sft = ({expression for _, expression, _ in split} for split in splits)
+    assert not (test | sft_test) & (train | sft)
+    assert len({q for split in splits for q, _, _ in split}) == 8400  # and no question twice
+
+
 def test_demonstrations_are_what_the_tool_agent_loop_feeds_and_parses(data, tmp_path):
     tok_dir = save_chat_tokenizer(str(tmp_path / "tok"), SMOLLM2_TEMPLATE)
     from transformers import AutoTokenizer

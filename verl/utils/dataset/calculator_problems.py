@@ -151,16 +151,20 @@ def demonstration_rows(problem: tuple[str, str, int], split: str, index: int) ->
             {"prompt": second, "response": answer_text(answer), "extra_info": {**info, "turn": 2}}]
 
 
-def generate_problems(counts: Sequence[int], seed: int = 0, templates: Sequence[Sequence[int] | None] | None = None
-                      ) -> list[list[tuple[str, str, int]]]:
+def generate_problems(counts: Sequence[int], seed: int = 0, templates: Sequence[Sequence[int] | None] | None = None,
+                      held_out: Sequence[bool] | None = None) -> list[list[tuple[str, str, int]]]:
     """Distinct questions, ``counts[k]`` for split k (drawn in order: later splits never change earlier ones for
-    a seed), no question in two splits; ``templates[k]`` restricts split k's templates."""
+    a seed), no question in two splits; ``templates[k]`` restricts split k's templates. ``held_out[k]``: split k is
+    held out, and held out by computation: no problem of a split that is not (training data) has the expression of
+    one that is (the same operations on the same numbers, whatever the name and item), either way round."""
     if any(c < 0 for c in counts) or not any(counts):
         raise DatasetError(f"calculator_problems: expected non-negative counts, at least one positive, found "
                            f"{list(counts)}")
     templates = list(templates) if templates is not None else [None] * len(counts)
+    held_out = list(held_out) if held_out is not None else [False] * len(counts)
     rng = random.Random(seed)
     seen: set[str] = set()
+    computed: dict[bool, set[str]] = {True: set(), False: set()}  # expressions of the held-out / training splits
     splits: list[list[tuple[str, str, int]]] = [[] for _ in counts]
     attempts, limit = 0, 50 * sum(counts) + 1000
     for k, count in enumerate(counts):
@@ -170,8 +174,9 @@ def generate_problems(counts: Sequence[int], seed: int = 0, templates: Sequence[
                 raise DatasetError(f"calculator_problems: could not draw {sum(counts)} distinct questions "
                                    f"(found {len(seen)}); ask for fewer")
             problem = make_problem(rng, templates[k])
-            if problem[0] not in seen:
+            if problem[0] not in seen and problem[1] not in computed[not held_out[k]]:
                 seen.add(problem[0])
+                computed[held_out[k]].add(problem[1])
                 splits[k].append(problem)
     return splits
 
@@ -209,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise DatasetError(f"--out: expected a directory (new or existing), found a file at {args.out}")
     test, train, sft_test, sft = generate_problems(
         [args.num_test, args.num_train, args.num_sft_test, args.num_sft], args.seed,
-        [None, None, sft_templates, sft_templates])
+        [None, None, sft_templates, sft_templates], held_out=[True, False, True, False])
     os.makedirs(args.out, exist_ok=True)
     write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], os.path.join(args.out, "train.parquet"))
     write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(args.out, "test.parquet"))
