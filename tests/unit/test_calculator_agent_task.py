@@ -76,8 +76,8 @@ def test_rows_are_tool_agent_problems_the_calculator_answers(data):
 
 
 def test_held_out_problems_are_held_out_by_computation():
-    # One-operation templates and many training problems: splits disjoint only by question text shared 2 of these
-    # 300 held-out expressions with training (another name or item, the same numbers and operation).
+    # One-operation templates and many training problems: splits disjoint only by question text shared 6 expressions
+    # between the held-out and the training splits here (another name or item, the same numbers and operation).
     splits = cp.generate_problems([300, 6000, 100, 2000], 1, [cp.ONE_OPERATION_TEMPLATES] * 4,
                                   held_out=[True, False, True, False])
     assert [len(s) for s in splits] == [300, 6000, 100, 2000]
