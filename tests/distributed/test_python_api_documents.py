@@ -69,8 +69,8 @@ MINIMAL = """
         dataflow.add_node("actor", HFActor.from_pretrained(MODEL))   # the model PPO trains
         dataflow.enable_debug(mode="full")
         trainer = dataflow.build_trainer(config=TrainerConfig(num_epochs=1, batch_size=4, learning_rate=1e-6,
-                                                              rollout_n=2, output_dir="run"))
-        history = trainer.train(prompts=["Say hello", "Count to three", "Name a color", "Tell a joke"])
+                                                              output_dir="run"))
+        history = trainer.train(prompts=["Say hello", "Name a color"])
         print("RESULT " + json.dumps([{k: m[k] for k in ("step", "critic/score/mean", "response_length/mean")}
                                       for m in history]))
 
@@ -83,15 +83,17 @@ def test_000_minimal_dataflow_trains_on_its_own_rollout_function_and_scores(tmp_
     out = run_script(tmp_path, f"MODEL = {chat!r}\n" + textwrap.dedent(MINIMAL))
     steps = result(out)
     assert [s["step"] for s in steps] == [1]
-    # The rollout function ran once on the prompts as written (4 prompts x rollout_n 2) and its texts were trained.
+    # Two prompts under batch_size=4: one batch of both, said in one line.
+    assert "[dataflow] train(prompts): 2 prompts, fewer than batch_size=4: one batch of 2 per epoch" in out
+    # The rollout function ran once on the prompts as written (2 prompts x rollout.n 4) and its texts were trained.
     calls = [line for line in out.splitlines() if line.startswith("[dataflow] rollout: inputs {'prompts': [")]
-    assert len(calls) == 1 and calls[0].count("'Say hello'") == 2, out[-3000:]
+    assert len(calls) == 1 and calls[0].count("'Say hello'") == 4, out[-3000:]
     line = next(line for line in out.splitlines() if line.startswith("[dataflow] reward: inputs {'responses': ["))
     scores = eval(line[line.index("-> outputs ") + len("-> outputs "):])["scores"]  # noqa: S307 (our own print)
     responses = eval(line[len("[dataflow] reward: inputs "):line.index(" -> outputs ")])["responses"]  # noqa: S307
     assert scores == [1.0 if len(r) > 20 else 0.5 for r in responses] and len(scores) == 8
     # The step's score is the reward node's 'scores'; its responses the function's texts, tokenized (+ eos).
-    assert steps[0]["critic/score/mean"] == pytest.approx(sum(scores) / 8)
+    assert steps[0]["critic/score/mean"] == pytest.approx(sum(scores) / len(scores))
     assert 1 < steps[0]["response_length/mean"] <= 32
 
 

@@ -478,6 +478,12 @@ class DataFlowTrainer:
             dataset = loader.dataset
             tree = dataclasses.replace(self.config, batch_size=loader.batch_size, seed=loader.seed).verl_config(world)
             tree["data"]["shuffle"] = loader.shuffle
+        elif prompts is not None and 0 < len(prompts) < self.config.batch_size:
+            # Fewer prompts than a batch (000: batch_size=4, two prompts): one batch of them all per epoch.
+            if is_driver():
+                print(f"[dataflow] train(prompts): {len(prompts)} prompts, fewer than batch_size="
+                      f"{self.config.batch_size}: one batch of {len(prompts)} per epoch", flush=True)
+            tree = dataclasses.replace(self.config, batch_size=len(prompts)).verl_config(world)
         else:
             tree = self.config.verl_config(world)
         out_dir = tree["trainer"]["output_dir"]
@@ -547,11 +553,20 @@ def auto_layout(tree: dict[str, Any], overrides: Sequence[str], world: int,
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
-    from verl.api.pipeline import is_driver
-
     if is_driver():
         print(choice.describe(), flush=True)
     return choice
+
+
+def is_driver() -> bool:
+    """Whether this process is the rank that drives output (rank 0 of the launch; True outside a launcher)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist.get_rank() == 0
+    from verl.launcher.env import launcher_rank
+
+    return launcher_rank() == 0
 
 
 def _has_accelerator() -> bool:

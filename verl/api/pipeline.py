@@ -33,7 +33,15 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from verl.api.dataflow import REWARD_KEY, ROLLOUT_KEYS, DataFlow, DataFlowTrainer, TrainerConfig, apply_actor
+from verl.api.dataflow import (
+    REWARD_KEY,
+    ROLLOUT_KEYS,
+    DataFlow,
+    DataFlowTrainer,
+    TrainerConfig,
+    apply_actor,
+    is_driver,
+)
 from verl.api.hybrid_actor import HybridActor
 from verl.engine.strategies import STRATEGIES, engine_entry
 from verl.errors import InputError
@@ -42,17 +50,6 @@ from verl.models.hf import HFActor, HFModel
 # rollout_config keys that are the data section's (the rest are actor_rollout_ref.rollout.*).
 _LENGTHS = ("max_prompt_length", "max_response_length")
 _ACTOR_KEYS = ("model", "tokenizer", "learning_rate", "strategy")
-
-
-def is_driver() -> bool:
-    """Whether this process is the rank that drives output (rank 0 of the launch; True outside a launcher)."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return dist.get_rank() == 0
-    from verl.launcher.env import launcher_rank
-
-    return launcher_rank() == 0
 
 
 def _flatten(prefix: str, tree: Mapping[str, Any], out: dict[str, Any]) -> dict[str, Any]:
