@@ -9,8 +9,11 @@ rank.
 Loading first checks that every recorded file is present, of its size and CRC32 (one clear error naming the
 file; the CRC32 checks split over the ranks).
 
-Entry scripts need an ``if __name__ == "__main__"`` guard: dist_checkpointing's saver starts a
-spawn-context Manager that re-imports ``__main__`` (without the guard it hangs).
+No process outlives the rank: dist_checkpointing's writer collects its results through a queue of a spawn-context
+``multiprocessing.Manager`` it starts once per process and never stops (a server process re-importing ``__main__``,
+~330 MB, left behind by every rank that ends with :func:`~verl.launcher.bootstrap.exit_process` or a kill). The saves
+here are synchronous, so the queue's put and get both happen in the rank: :func:`_in_process_write_results` gives
+the writer an in-process queue instead, and no Manager is started.
 """
 
 from __future__ import annotations
@@ -66,6 +69,17 @@ def _sharded_state(engine: MegatronEngine, with_optimizer: bool, is_loading: boo
     return state
 
 
+def _in_process_write_results() -> None:
+    """Have dist_checkpointing's (synchronous) writer collect its results in an in-process queue rather than a
+    Manager's server process, which would outlive this rank (its module-level queue is created on first use)."""
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", False) is None:  # not yet created (and the name still there)
+        filesystem_async._results_queue = queue.Queue()
+
+
 def save_checkpoint(engine: MegatronEngine, path: str, iteration: int, with_optimizer: bool = True,
                     extra_manifest: dict | None = None, with_rng: bool = True) -> None:
     """Collective over every rank of the job; ``extra_manifest`` (JSON) is stored in the manifest.
@@ -85,6 +99,7 @@ def save_checkpoint(engine: MegatronEngine, path: str, iteration: int, with_opti
     def write(staging: str) -> None:
         state = _sharded_state(engine, with_optimizer, is_loading=False, with_rng=with_rng, lora_only=lora_only)
         state["iteration"] = iteration
+        _in_process_write_results()
         dist_checkpointing.save(state, staging)
 
     def manifest(files: list[str]) -> dict:
