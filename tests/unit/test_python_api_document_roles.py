@@ -182,6 +182,12 @@ def test_hf_actor_and_critic_name_a_model_a_peft_adapter_or_fail_in_one_line(cha
     assert tree["algorithm"]["adv_estimator"] == "gae" and tree["critic"]["model"]["path"] == chat_dir
     with pytest.raises(InputError, match="dataflow node 'again': expected one HFActor, found a second"):
         flow.add_node("again", actor)
+    tuned_critic = HFCritic.from_pretrained(peft_model)  # the critic's adapter: verl's critic.model LoRA keys
+    flow = (DataFlow().add_node("critic", tuned_critic)
+            .add_node("reward", lambda responses: [1.0] * len(responses), input_keys=["responses"]))
+    config = flow.build_trainer(config=TrainerConfig(model=chat_dir, tokenizer=chat_dir)).config
+    assert config.critic == chat_dir and config.overrides["critic.model.lora_rank"] == 4
+    assert config.overrides["critic.model.lora_adapter_path"] == tuned_critic.lora["lora_adapter_path"]
 
     # As DataPipeline models, with a module as the reward model and transformers' max_length.
     class LengthReward(torch.nn.Module):

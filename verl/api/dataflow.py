@@ -231,7 +231,7 @@ class DataFlow:
         if actor is not None:
             apply_actor(config, actor)
         if critic is not None:
-            config.critic = critic.path
+            apply_critic(config, critic)
             config.algorithm = "gae"
         return config
 
@@ -629,6 +629,14 @@ def apply_actor(config: TrainerConfig, actor: Any) -> None:
             config.overrides.setdefault(dotted, value)
     if actor.strategy is not None:
         config.overrides.setdefault("model_engine", engine_entry(actor.strategy).model_engine)
+
+
+def apply_critic(config: TrainerConfig, critic: Any) -> None:
+    """An ``HFCritic``'s model in ``config``: its path and LoRA keys (a PeftModel's adapter trains the critic)."""
+    config.critic = critic.path
+    for dotted, value in critic.model_keys("critic.model").items():
+        if dotted != "critic.model.path":
+            config.overrides.setdefault(dotted, value)
 
 
 def _use_user_rollout(trainer: Any, node: Node) -> None:

@@ -40,6 +40,7 @@ from verl.api.dataflow import (
     DataFlowTrainer,
     TrainerConfig,
     apply_actor,
+    apply_critic,
     is_driver,
 )
 from verl.api.hybrid_actor import HybridActor
@@ -156,6 +157,7 @@ class DataPipeline:
         if self.critics:
             critic = self.critics[0]
             if isinstance(critic, HFModel):
+                apply_critic(config, critic)
                 critic = critic.path
             critic = critic.get("model") if isinstance(critic, Mapping) else critic
             if not isinstance(critic, str):
