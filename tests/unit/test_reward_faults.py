@@ -316,3 +316,24 @@ def test_a_custom_loop_without_log_probs_is_refused_by_the_async_trainer_not_giv
                            extra_fields={"tool_rewards": [0.0], "reward_scores": {"calculator": 0.0}})
     record = _stream_record(fine)
     assert record.error is None and record.response_logprobs == [-0.5]
+
+
+def test_bypass_mode_over_a_batch_without_rollout_log_probs_is_one_line():
+    """Was (sync trainer): a custom loop without log-probs left rollout_log_probs out of the batch and bypass mode
+    failed on the missing field deep in the step (the async trainer's zeros: see the test above)."""
+    import contextlib
+    import types
+
+    from verl.errors import InputError
+    from verl.experimental.agent_loop import AgentLoopOutput, pad_outputs
+    from verl.trainer.ppo.step import StepDataflow
+
+    outputs = [AgentLoopOutput(prompt_ids=[1], response_ids=[3, 4], response_mask=[1, 1]),
+               AgentLoopOutput(prompt_ids=[1], response_ids=[3], response_mask=[1], response_logprobs=[-0.1])]
+    batch = DataProto.from_dict(pad_outputs(outputs, 2, 3, 0))
+    step = types.SimpleNamespace(sections=types.SimpleNamespace(trainer=types.SimpleNamespace(balance_batch=False)),
+                                 use_rm=False, bypass_old_log_prob=True, _start_rewards=lambda batch: None,
+                                 _timer=lambda name: contextlib.nullcontext())
+    with pytest.raises(InputError, match=r"^algorithm.rollout_correction.bypass_mode=true: expected the rollout's "
+                       r"log-probs \(rollout_log_probs\) as the old policy's, found a batch without them"):
+        StepDataflow._experience(step, batch, {}, 0)
