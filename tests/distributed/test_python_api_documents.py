@@ -89,7 +89,8 @@ def test_000_minimal_dataflow_trains_on_its_own_rollout_function_and_scores(tmp_
                                       "overrides": {"trainer.export_hf_at_end": False}}
     else:
         extra = {}
-    out = run_script(tmp_path, f"MODEL = {chat!r}\nEXTRA = {extra!r}\n" + textwrap.dedent(MINIMAL))
+    # strict data checks on: the fields made of the function's texts pass them at every union and worker return
+    out = run_script(tmp_path, f"MODEL = {chat!r}\nEXTRA = {extra!r}\n" + textwrap.dedent(MINIMAL), strict=True)
     steps = result(out)
     n = extra.get("rollout_n", 4)
     assert [s["step"] for s in steps] == [1]
