@@ -4,7 +4,7 @@ user (uid/gid 65534 through ``setpriv``, no supplementary groups, no capabilitie
 not bite; a cluster's ranks never do. Run by command B (``bash tests/run_all.sh``) as part of the unit tier.
 
 Not re-run here: the reward-pool tests (spawned processes, nothing privilege-dependent beyond what the in-process
-ones cover, ~20 s) and the tool-call fuzzing (pure parsing)."""
+ones cover, ~20 s), the built-in scorers and the tool-call fuzzing (pure parsing)."""
 
 import os
 import pathlib
@@ -17,8 +17,7 @@ import tempfile
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FILES = ["tests/unit/test_sandbox.py", "tests/unit/test_agent_loop.py", "tests/unit/test_reward_faults.py",
-         "tests/unit/test_reward_score.py"]
+FILES = ["tests/unit/test_sandbox.py", "tests/unit/test_agent_loop.py", "tests/unit/test_reward_faults.py"]
 DESELECT = "not pool and not worker"  # the reward pool's processes (see the module doc)
 NOBODY = 65534
 
@@ -53,4 +52,4 @@ def test_sandbox_agent_loop_and_reward_tests_pass_as_an_unprivileged_user_with_a
     assert uid == (NOBODY if prefix else os.geteuid()) and uid != 0
     assert threads > 40
     passed = int(re.search(r"(\d+) passed", out).group(1))
-    assert passed >= 30 and "skipped" not in out, out[-3000:]
+    assert passed >= 25 and "skipped" not in out, out[-3000:]
