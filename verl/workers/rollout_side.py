@@ -72,6 +72,11 @@ class RolloutSide:
     def agent_pause(self) -> dict[str, float]:
         raise RuntimeError(f"agent_pause: expected a colocated rollout, found {self.where}")
 
+    def resident_tensors(self) -> list | None:
+        """The rollout engine's tensors held on this rank now (``memory/rollout_gb``); None: no engine here (a
+        pool's link)."""
+        return None
+
     @property
     def stream(self) -> Any:
         """The pool link that streams generation across steps (separate_async)."""
@@ -117,6 +122,9 @@ class ColocatedRollout(RolloutSide):
         self.hybrid_engine = HybridEngine(actor_engine, self.engine, model_config, training, rollout_tp,
                                           bucket_bytes, arr.rollout.dtype, groups=groups)
         self.hybrid_engine.to_training()  # start with the rollout memory released
+
+    def resident_tensors(self) -> list:
+        return list(self.engine.resident_tensors())
 
     def sync_weights(self, version: int | None, force: bool = False) -> dict[str, float]:
         metrics = self.hybrid_engine.to_rollout()

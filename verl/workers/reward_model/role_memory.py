@@ -53,9 +53,9 @@ def local_role_memory(trainer: Any) -> dict[str, float]:
         ref = getattr(arr, "ref", None)
         if ref is not None:
             out["memory/ref_gb"] = _storages(engine_tensors(ref.engine), seen) / GIB
-        rollout = getattr(arr, "rollout", None)
+        rollout = arr.rollout_side.resident_tensors()
         if rollout is not None:
-            out["memory/rollout_gb"] = _storages(rollout.resident_tensors(), seen) / GIB
+            out["memory/rollout_gb"] = _storages(rollout, seen) / GIB
     critic = getattr(getattr(trainer, "critic_wg", None), "worker", None)
     if critic is not None and getattr(critic, "critic", None) is not None:
         out["memory/critic_gb"] = _storages(engine_tensors(critic.critic.engine), seen) / GIB
