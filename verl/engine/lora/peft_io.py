@@ -18,6 +18,9 @@ from verl.engine.lora import LoRAError, LoRASettings
 
 PREFIX = "base_model.model."
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+# PEFT adapter options verl-hpc does not apply, with the value that means "off" (an empty pattern is off too).
+UNSUPPORTED_ADAPTER_KEYS = {"use_rslora": False, "use_dora": False, "alpha_pattern": {}, "rank_pattern": {},
+                            "modules_to_save": None, "bias": "none"}
 
 
 def _hf_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
@@ -48,6 +51,13 @@ def read_adapter(adapter_dir: str, settings: LoRASettings, model_path: str) -> d
     if float(adapter_config.get("lora_alpha", -1)) != settings.alpha:
         raise LoRAError(f"{where}: expected lora_alpha {settings.alpha} (the configured alpha), found "
                         f"{adapter_config.get('lora_alpha')}")
+    # What would change the adapter's effect beyond (alpha / r) B A, which is all verl-hpc applies: refused rather
+    # than loaded with the wrong scaling (rsLoRA scales by alpha / sqrt(r)) or the wrong per-module rank or alpha.
+    for key, plain in UNSUPPORTED_ADAPTER_KEYS.items():
+        value = adapter_config.get(key)
+        if value not in (None, plain):
+            raise LoRAError(f"{where}: expected {CONFIG} with {key}={plain!r} (verl-hpc applies alpha/r to every "
+                            f"module), found {key}={value!r}")
     shapes = _hf_shapes(model_path)
     tensors = {}
     for name, tensor in load_file(weights_file).items():
@@ -94,16 +104,24 @@ def write_adapter(out_dir: str, tensors: dict[str, torch.Tensor], settings: LoRA
 
     from safetensors.torch import save_file
 
+    from verl.utils.checkpoint import fsync_path, fsync_tree
+
     targets = sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in tensors})
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".adapter_", dir=parent)
-    save_file({PREFIX + k: v.detach().cpu().clone().contiguous() for k, v in sorted(tensors.items())},
-              os.path.join(staging, WEIGHTS), metadata={"format": "pt"})
-    with open(os.path.join(staging, CONFIG), "w") as f:
-        json.dump(adapter_config(settings, base_path, targets), f, indent=2)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(staging)
+    try:
+        save_file({PREFIX + k: v.detach().cpu().clone().contiguous() for k, v in sorted(tensors.items())},
+                  os.path.join(staging, WEIGHTS), metadata={"format": "pt"})
+        with open(os.path.join(staging, CONFIG), "w") as f:
+            json.dump(adapter_config(settings, base_path, targets), f, indent=2)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        fsync_tree(staging)  # on disk before the rename publishes it (as the HF export): no zero-filled files
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a full disk or a crash of the writer leaves no staging dir
+        raise
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
     os.replace(staging, out_dir)
+    fsync_path(parent)
