@@ -67,3 +67,45 @@ def test_the_writer_fsyncs_every_file_before_publishing_and_cleans_up_a_failed_w
         peft_io.write_adapter(str(out), TENSORS, SETTINGS, "base", tokenizer=FullDisk())
     assert sorted(os.listdir(tmp_path)) == ["adapter"]  # no .adapter_* staging dir left behind
     assert json.loads((out / peft_io.CONFIG).read_text())["r"] == 4  # the published adapter is untouched
+
+
+def _base(path, seed):
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    save_file({"model.embed_tokens.weight": torch.randn(64, 16, generator=gen),
+               "model.layers.0.self_attn.q_proj.weight": torch.randn(16, 16, generator=gen)},
+              os.path.join(path, "model.safetensors"))
+    return str(path)
+
+
+def test_a_lora_only_checkpoint_resumed_on_another_base_is_refused(tmp_path):
+    """Was: the manifest recorded rank and alpha only, so adapters trained on one base (a fine-tune of the same
+    architecture) loaded silently onto another."""
+    import shutil
+    import types
+
+    from verl.engine.lora import base_fingerprint
+    from verl.engine.megatron.checkpoint import _check_lora, _lora_record
+    from verl.utils.checkpoint import CheckpointError
+
+    base_a, base_b = _base(tmp_path / "a", 1), _base(tmp_path / "b", 2)
+    shutil.copytree(base_a, tmp_path / "a_copy")
+    assert base_fingerprint(base_a) != base_fingerprint(base_b)  # same names, shapes and header
+    assert base_fingerprint(base_a) == base_fingerprint(str(tmp_path / "a_copy"))
+    assert base_fingerprint(str(tmp_path / "config_only")) is None
+
+    def engine(base):  # what load_hf_weights records on a LoRA engine
+        return types.SimpleNamespace(lora=SETTINGS, base_model_path=base, base_fingerprint=base_fingerprint(base))
+
+    manifest = {"lora_only": True, "lora": _lora_record(engine(base_a))}
+    assert _check_lora(engine(str(tmp_path / "a_copy")), manifest, "ckpt") is True
+    with pytest.raises(CheckpointError, match=rf"^checkpoint ckpt: expected adapters trained on this actor's base "
+                       rf"model {base_b} \(fingerprint [0-9a-f]{{8}}\), found adapters of another base"):
+        _check_lora(engine(base_b), manifest, "ckpt")
+    # a full checkpoint carries its base: another model.path is fine; a manifest before fingerprints resumes too
+    assert _check_lora(engine(base_b), {**manifest, "lora_only": False}, "ckpt") is False
+    assert _check_lora(engine(base_b), {"lora_only": True, "lora": {"rank": 4, "alpha": 8.0}}, "ckpt") is True
+    with pytest.raises(CheckpointError, match="expected a checkpoint of this actor's LoRA"):
+        _check_lora(engine(base_a), {"lora_only": True, "lora": {"rank": 8, "alpha": 8.0}}, "ckpt")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from verl.engine.fsdp.engine import FSDPEngine
+from verl.engine.lora import check_lora_record, lora_record
 from verl.models.config import ModelConfig
 from verl.utils.checkpoint import CheckpointError, save_engine_checkpoint
 from verl.utils.checkpoint import read_engine_manifest as read_manifest
@@ -45,7 +46,7 @@ def save_checkpoint(engine: FSDPEngine, path: str, iteration: int, with_optimize
     with_optimizer = with_optimizer and engine.optimizer is not None and not fresh_optimizer
     # save_lora_only: adapters and their optimizer state (AdamW holds the adapters alone)
     lora_only = engine.lora is not None and bool(getattr(engine, "save_lora_only", False))
-    lora = None if engine.lora is None else {"rank": engine.lora.rank, "alpha": engine.lora.alpha}
+    lora = lora_record(engine.lora, getattr(engine, "base_fingerprint", None))
 
     def manifest(files: list[str]) -> dict:
         return {"strategy": STRATEGY, "iteration": iteration, "world_size": dist.get_world_size(),
@@ -74,11 +75,9 @@ def load_checkpoint(engine: FSDPEngine, path: str, with_optimizer: bool = True) 
         raise CheckpointError(f"checkpoint {path}: expected the model of {engine.config.model_type} hidden "
                               f"{engine.config.hidden_size} x {engine.config.num_hidden_layers} layers, found "
                               f"another model config")
-    lora = None if engine.lora is None else {"rank": engine.lora.rank, "alpha": engine.lora.alpha}
+    lora = lora_record(engine.lora, getattr(engine, "base_fingerprint", None))
     lora_only = bool(manifest.get("lora_only"))
-    if manifest.get("lora") != lora and (manifest.get("lora") is not None or lora_only):
-        raise CheckpointError(f"checkpoint {path}: expected a checkpoint of this actor's LoRA {lora}, found LoRA "
-                              f"{manifest.get('lora')}")
+    check_lora_record(manifest.get("lora"), lora, lora_only, path, getattr(engine, "base_model_path", None))
     with_optimizer = with_optimizer and engine.optimizer is not None
     if with_optimizer and not manifest["with_optimizer"]:
         if not manifest.get("fresh_optimizer"):

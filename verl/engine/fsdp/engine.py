@@ -122,6 +122,14 @@ class FSDPEngine(TrainingEngine):
         # LoRA (verl.engine.fsdp.lora): PEFT's layers go in before fully_shard, so FSDP shards the adapters too.
         self.lora = lora
         self.save_lora_only, self.export_merged = False, False  # from_spec reads them from the config
+        # the HF checkpoint under the adapters, which a LoRA-only checkpoint records (verl.engine.lora)
+        self.base_model_path: str | None = model_path if lora is not None and streamed else None
+        if self.base_model_path is not None:
+            from verl.engine.lora import base_fingerprint
+
+            self.base_fingerprint: str | None = base_fingerprint(model_path)
+        else:
+            self.base_fingerprint = None
         if lora is not None:
             from verl.engine.fsdp import lora as lora_fsdp
 

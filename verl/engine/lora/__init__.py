@@ -75,6 +75,66 @@ HF_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 ADAPTER_SUFFIXES = ("lora_A.weight", "lora_B.weight", "lora_A.default.weight", "lora_B.default.weight")
 
 
+FINGERPRINT_SPAN = 1 << 20  # bytes read from each end of each weight file for the base's fingerprint
+
+
+def base_fingerprint(model_path: str | None) -> str | None:
+    """A fingerprint of the HF checkpoint a LoRA model is built on (None for a config-only, seeded model): CRC32
+    over each weight file's name, size, safetensors header and its first and last MiB. Two checkpoints of one
+    architecture (same names, shapes, header) differ in it unless their weights are the same at both ends of every
+    file. Read in milliseconds: a LoRA-only checkpoint records it and its resume compares it."""
+    import os
+    import zlib
+
+    if not model_path or not os.path.isdir(model_path):
+        return None
+    names = sorted(n for n in os.listdir(model_path) if n.endswith(".safetensors"))
+    names = names or sorted(n for n in os.listdir(model_path) if n.endswith((".bin", ".pt", ".pth")))
+    if not names:
+        return None
+    crc = 0
+    for name in names:
+        path = os.path.join(model_path, name)
+        size = os.path.getsize(path)
+        crc = zlib.crc32(f"{name}:{size}".encode(), crc)
+        with open(path, "rb") as fh:
+            crc = zlib.crc32(fh.read(FINGERPRINT_SPAN), crc)  # a safetensors file's header, then its first tensors
+            if size > FINGERPRINT_SPAN:
+                fh.seek(max(FINGERPRINT_SPAN, size - FINGERPRINT_SPAN))
+                crc = zlib.crc32(fh.read(FINGERPRINT_SPAN), crc)
+    return f"{crc:08x}"
+
+
+def lora_record(lora: LoRASettings | None, fingerprint: str | None) -> dict | None:
+    """What a checkpoint's manifest records of the LoRA it was trained with: rank, alpha, and its base's
+    fingerprint (:func:`base_fingerprint`) when the base was an HF checkpoint."""
+    if lora is None:
+        return None
+    record: dict = {"rank": lora.rank, "alpha": lora.alpha}
+    if fingerprint is not None:
+        record["base"] = fingerprint
+    return record
+
+
+def check_lora_record(saved: dict | None, mine: dict | None, lora_only: bool, path: str,
+                      model_path: str | None = None) -> None:
+    """One CheckpointError line unless a checkpoint of LoRA ``saved`` loads into an engine with LoRA ``mine``:
+    the same rank and alpha, and for adapters alone (``lora_only``: the base comes from this engine's HF
+    checkpoint) the same base when both recorded one."""
+    from verl.utils.checkpoint import CheckpointError
+
+    plain = {k: v for k, v in (saved or {}).items() if k != "base"} if saved is not None else None
+    mine_plain = {k: v for k, v in (mine or {}).items() if k != "base"} if mine is not None else None
+    if plain != mine_plain and (saved is not None or lora_only):
+        raise CheckpointError(f"checkpoint {path}: expected a checkpoint of this actor's LoRA {mine_plain}, found "
+                              f"LoRA {plain}")
+    base, my_base = (saved or {}).get("base"), (mine or {}).get("base")
+    if lora_only and base is not None and my_base is not None and base != my_base:
+        raise CheckpointError(f"checkpoint {path}: expected adapters trained on this actor's base model "
+                              f"{model_path or ''} (fingerprint {my_base}), found adapters of another base "
+                              f"(fingerprint {base}): resume with the model.path it was trained on")
+
+
 class LoRAError(ConfigError):
     """A LoRA setting or adapter directory that does not fit the model or the engine (an InputError: one line,
     exit 2)."""

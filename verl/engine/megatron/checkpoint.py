@@ -164,17 +164,20 @@ def load_checkpoint(engine: MegatronEngine, path: str, with_optimizer: bool = Tr
 
 
 def _lora_record(engine: MegatronEngine) -> dict | None:
-    lora = engine.lora
-    return None if lora is None else {"rank": lora.rank, "alpha": lora.alpha}
+    from verl.engine.lora import lora_record
+
+    return lora_record(engine.lora, getattr(engine, "base_fingerprint", None))
 
 
 def _check_lora(engine: MegatronEngine, manifest: dict, path: str) -> bool:
-    """Whether ``path`` holds adapters only; a LoRA checkpoint needs an engine with the same LoRA."""
-    saved, mine = manifest.get("lora"), _lora_record(engine)
-    if saved != mine and (saved is not None or manifest.get("lora_only")):
-        raise CheckpointError(f"checkpoint {path}: expected a checkpoint of this actor's LoRA {mine}, found "
-                              f"LoRA {saved}")
-    return bool(manifest.get("lora_only"))
+    """Whether ``path`` holds adapters only; a LoRA checkpoint needs an engine with the same LoRA (and adapters
+    alone, the same base)."""
+    from verl.engine.lora import check_lora_record
+
+    lora_only = bool(manifest.get("lora_only"))
+    check_lora_record(manifest.get("lora"), _lora_record(engine), lora_only, path,
+                      getattr(engine, "base_model_path", None))
+    return lora_only
 
 
 def _unshare_adam_steps(engine: MegatronEngine, iteration: int) -> None:

@@ -63,6 +63,9 @@ class MegatronEngine(TrainingEngine):
         self.lora = lora
         # trainer-side choices for a LoRA actor's checkpoints and export (from_spec reads them from the config)
         self.save_lora_only, self.export_merged = False, False
+        # the HF checkpoint under the adapters (load_hf_weights), which a LoRA-only checkpoint records
+        self.base_model_path: str | None = None
+        self.base_fingerprint: str | None = None
         if lora is not None:
             from verl.engine.megatron.lora import apply_lora
 
@@ -130,6 +133,10 @@ class MegatronEngine(TrainingEngine):
 
         if not os.path.isdir(model_path):
             return
+        if self.lora is not None:
+            from verl.engine.lora import base_fingerprint
+
+            self.base_model_path, self.base_fingerprint = model_path, base_fingerprint(model_path)
         checkpoint = HFCheckpoint(model_path)
         score_head = model_spec(self.config.model_type).score_head.bind(self.config)
 
