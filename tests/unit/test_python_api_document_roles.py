@@ -166,7 +166,7 @@ def test_hf_actor_and_critic_name_a_model_a_peft_adapter_or_fail_in_one_line(cha
     peft_model = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(chat_dir),
                                                 str(tmp_path / "adapter"))
     tuned = HFActor.from_pretrained(peft_model)
-    assert tuned.path == chat_dir and tuned.strategy == "fsdp"
+    assert tuned.path == chat_dir and tuned.strategy is None  # the engine table picks it when the trainer is built
     assert {k: v for k, v in tuned.lora.items() if k != "lora_adapter_path"} == \
         {"lora_rank": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
     written = json.load(open(os.path.join(tuned.lora["lora_adapter_path"], "adapter_config.json")))
@@ -180,6 +180,11 @@ def test_hf_actor_and_critic_name_a_model_a_peft_adapter_or_fail_in_one_line(cha
     assert tree["actor_rollout_ref"]["model"]["path"] == chat_dir and tree["data"]["tokenizer"] == chat_dir
     assert tree["actor_rollout_ref"]["model"]["lora_rank"] == 4 and tree["model_engine"] == "dp"
     assert tree["algorithm"]["adv_estimator"] == "gae" and tree["critic"]["model"]["path"] == chat_dir
+    on_megatron = HFActor.from_pretrained(peft_model, strategy="megatron")
+    with pytest.raises(InputError, match=r"strategy='megatron': expected one of \['fsdp', 'fsdp2'\]"):
+        (DataFlow().add_node("actor", on_megatron)
+         .add_node("reward", lambda responses: [1.0] * len(responses), input_keys=["responses"])
+         .build_trainer(config=TrainerConfig(num_epochs=1, batch_size=4, learning_rate=1e-6)))
     with pytest.raises(InputError, match="dataflow node 'again': expected one HFActor, found a second"):
         flow.add_node("again", actor)
     tuned_critic = HFCritic.from_pretrained(peft_model)  # the critic's adapter: verl's critic.model LoRA keys

@@ -620,15 +620,18 @@ def _resume_dir(path: str) -> str:
 def apply_actor(config: TrainerConfig, actor: Any) -> None:
     """An ``HFActor``'s model in ``config``: its path and tokenizer (unless the config names them), LoRA keys and
     strategy."""
-    from verl.engine.strategies import engine_entry
+    from verl.engine.strategies import engine_entry, peft_strategy
 
     config.model = config.model or actor.path
     config.tokenizer = config.tokenizer or actor.tokenizer_path
     for dotted, value in actor.model_keys("actor_rollout_ref.model").items():
         if dotted != "actor_rollout_ref.model.path":
             config.overrides.setdefault(dotted, value)
-    if actor.strategy is not None:
-        config.overrides.setdefault("model_engine", engine_entry(actor.strategy).model_engine)
+    strategy = actor.strategy
+    if actor.lora is not None:  # a PeftModel's adapter
+        strategy = peft_strategy(strategy, f"{type(actor).__name__}.from_pretrained(PeftModel)")
+    if strategy is not None:
+        config.overrides.setdefault("model_engine", engine_entry(strategy).model_engine)
 
 
 def apply_critic(config: TrainerConfig, critic: Any) -> None:

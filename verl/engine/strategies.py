@@ -34,6 +34,8 @@ class EngineEntry:
     default_config: str
     # ``module`` whose ``RULES`` are the engine's config rules; default ``verl.engine.<name>.config_rules``
     rules: str | None = None
+    # trains transformers' own modules, so a PEFT model's LoRA adapter loads onto them as it is
+    transformers_modules: bool = False
 
     @property
     def rules_module(self) -> str:
@@ -43,7 +45,8 @@ class EngineEntry:
 ENGINE_TABLE: dict[str, EngineEntry] = {e.name: e for e in (
     EngineEntry("megatron", "verl.engine.megatron.engine:MegatronEngine", ("megatron",), "megatron",
                 "ppo_megatron_trainer"),
-    EngineEntry("fsdp", "verl.engine.fsdp.engine:FSDPEngine", ("fsdp", "fsdp2"), "dp", "ppo_trainer"),
+    EngineEntry("fsdp", "verl.engine.fsdp.engine:FSDPEngine", ("fsdp", "fsdp2"), "dp", "ppo_trainer",
+                transformers_modules=True),
 )}
 BUILTIN_ENGINES = tuple(ENGINE_TABLE)
 # verl's strategy -> engine name, derived from the table (kept in step with it by register_engine)
@@ -126,6 +129,18 @@ def engine_name(strategy: str) -> str:
 
 def engine_entry(strategy: str) -> EngineEntry:
     return ENGINE_TABLE[engine_name(strategy)]
+
+
+def peft_strategy(strategy: str | None, who: str) -> str:
+    """The strategy a PEFT model's LoRA adapter trains under (it sits on transformers' linears, so an engine that
+    trains those modules takes it as it is): ``strategy`` when its engine does, the first such one for None."""
+    fitting = [s for s, name in STRATEGIES.items() if ENGINE_TABLE[name].transformers_modules]
+    if strategy is None:
+        return fitting[0]
+    if strategy not in fitting:
+        raise InputError(f"{who} strategy={strategy!r}: expected one of {fitting} (PEFT's LoRA on transformers' "
+                         f"linears), found {strategy!r}")
+    return strategy
 
 
 def config_rules(strategy: str) -> BackendConfigRules:

@@ -66,9 +66,6 @@ class HFModel:
         if not base or not os.path.isfile(os.path.join(base, "config.json")):
             raise InputError(f"{cls.__name__}.from_pretrained(PeftModel): expected the adapter's base model as a "
                              f"local HF directory (base_model_name_or_path), found {base!r}")
-        if strategy not in (None, "fsdp", "fsdp2"):
-            raise InputError(f"{cls.__name__}.from_pretrained(PeftModel, strategy={strategy!r}): expected fsdp "
-                             f"(PEFT's LoRA on transformers' linears), found {strategy!r}")
         adapter = tempfile.mkdtemp(prefix=f"verl_{cls.role}_adapter_")
         model.save_pretrained(adapter, selected_adapters=[name])
         written = os.path.join(adapter, name) if name != "default" else adapter
@@ -76,7 +73,8 @@ class HFModel:
         lora = {"lora_rank": int(config.r), "lora_alpha": int(config.lora_alpha),
                 "target_modules": targets if isinstance(targets, str) else sorted(targets),
                 "lora_adapter_path": written}
-        return cls(os.path.abspath(base), tokenizer, lora, strategy or "fsdp")
+        # the strategy is checked where the trainer is configured (verl.engine.strategies.peft_strategy)
+        return cls(os.path.abspath(base), tokenizer, lora, strategy)
 
     @property
     def tokenizer_path(self) -> str:
