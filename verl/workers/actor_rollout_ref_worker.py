@@ -105,6 +105,33 @@ def policy_loss_fn(cfg: ActorConfig, counts: dict[str, int], on_policy: bool = F
     return loss_fn
 
 
+class OldLogProbs:
+    """The on-policy shortcut's old log-probs: what an update's only forward computed for each row (before its
+    optimizer step, so exactly the old policy's), recorded by the loss function in the batch's row order."""
+
+    def __init__(self, rows: int, width: int):
+        self.log_probs = torch.zeros(rows, width)
+        self.entropy = torch.zeros(rows, width)
+        self.seen = torch.zeros(rows, dtype=torch.bool)
+
+    def recording(self, loss_fn: Callable) -> Callable:
+        def recorded(outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
+            rows = mb["row_index"].cpu()
+            self.log_probs[rows] = outputs["log_probs"].detach().float().cpu()
+            self.entropy[rows] = outputs["entropy"].detach().float().cpu()
+            self.seen[rows] = True
+            return loss_fn(outputs, mb)
+
+        return recorded
+
+    def fields(self) -> dict[str, torch.Tensor]:
+        """``old_log_probs`` and ``entropys`` [B, R]; every row must have been seen (a forward per row)."""
+        if not bool(self.seen.all()):
+            raise RuntimeError(f"update_actor(return_old_log_probs): expected a forward over every row, found "
+                               f"{int((~self.seen).sum())} of {self.seen.numel()} rows without one")
+        return {"old_log_probs": self.log_probs, "entropys": self.entropy}
+
+
 def _copy_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
     """The reference starts as the initial actor: copy each local parameter (same layout on both sides:
     Megatron shards, or FSDP DTensor shards on the same mesh)."""
@@ -322,7 +349,9 @@ class ActorRolloutRefWorker(Worker):
         the optimizer steps.
         """
         cfg = self.actor_config
-        keys = ACTOR_FIELDS + ("response_mask", "old_log_probs", "advantages") + _routing(data)
+        # The trainer's on-policy shortcut: no old log-probs came in; this update's forward returns them.
+        keep = bool(data.meta_info.get("return_old_log_probs"))
+        keys = ACTOR_FIELDS + ("response_mask", "advantages") + _routing(data) + (() if keep else ("old_log_probs",))
         if cfg.use_kl_loss:
             keys += ("ref_log_prob",)
         if "rollout_is_weights" in data.batch.keys():
@@ -336,14 +365,23 @@ class ActorRolloutRefWorker(Worker):
         steps = []
         # One epoch over one mini-batch whose old log-probs are this actor's: the ratio is exactly 1 (not when
         # they came from an older snapshot, meta_info ``old_policy``).
-        on_policy = (cfg.ppo_epochs == 1 and mini >= fields["response_mask"].size(0)
-                     and not data.meta_info.get("old_policy"))
+        rows = fields["response_mask"].size(0)
+        on_policy = cfg.ppo_epochs == 1 and mini >= rows and not data.meta_info.get("old_policy")
+        kept = None
+        if keep:
+            if not on_policy:
+                raise RuntimeError(f"update_actor(return_old_log_probs): expected one epoch over one mini-batch, found "
+                                   f"ppo_epochs={cfg.ppo_epochs} and {rows} rows over mini-batches of {mini}")
+            fields["row_index"] = torch.arange(rows)
+            kept = OldLogProbs(rows, fields["response_mask"].size(1))
         try:
             seed = int(data.meta_info.get("seed", 0))
             for batch in ppo_mini_batches(fields, mini, cfg.ppo_epochs, cfg.shuffle, seed):
                 counts = global_batch_info(batch["response_mask"], self.actor.engine.dp_group)
                 loss_fn = policy_loss_fn(cfg, counts, on_policy)
-                m = self.actor.update_policy(batch, loss_fn, calculate_entropy=cfg.entropy_coeff != 0,
+                if kept is not None:
+                    loss_fn = kept.recording(loss_fn)
+                m = self.actor.update_policy(batch, loss_fn, calculate_entropy=cfg.entropy_coeff != 0 or keep,
                                              temperature=self.log_prob_temperature, global_loss=True,
                                              summed_metrics=POLICY_LOSS_SHARES)
                 m = {k: v for k, v in m.items() if k.startswith("actor/")} | {
@@ -352,6 +390,8 @@ class ActorRolloutRefWorker(Worker):
         finally:
             self.actor.micro_batch_size = self.rollout_config.log_prob_micro_batch_size_per_gpu
             self.actor.max_token_len = self.log_prob_max_token_len
+        if kept is not None and self.actor.engine.is_output_rank:  # the ranks whose forward ends in log-probs
+            return DataProto.from_dict(kept.fields(), meta_info={"metrics": mean_metrics(steps)})
         return DataProto(meta_info={"metrics": mean_metrics(steps)})
 
     # ------------------------------------------------------------------ checkpoints

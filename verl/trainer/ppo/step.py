@@ -112,6 +112,9 @@ class StepDataflow:
                     "recompute them")
             batch_ops.add_fields(batch, lambda rows: {"old_log_probs": rows.batch["rollout_log_probs"]},
                                  ["rollout_log_probs"], anchor="rollout_log_probs")
+        elif self._old_log_probs_from_update(batch, step):
+            # Exactly on-policy: the update's forward gives the old log-probs (and actor/entropy) after the fact.
+            batch.meta_info["return_old_log_probs"] = True
         else:
             with self._timer("old_log_prob"):
                 old = self.actor_rollout_wg.compute_log_prob(batch)
@@ -153,12 +156,30 @@ class StepDataflow:
             # verl: the actor trains once critic_warmup <= the step (steps count from 1).
             if cfg.trainer.critic_warmup <= step:
                 with self._timer("update_actor"):
-                    metrics.update(metric_utils.reduce_metrics(
-                        self.actor_rollout_wg.update_actor(batch).meta_info["metrics"]))
+                    out = self.actor_rollout_wg.update_actor(batch)
+                    metrics.update(metric_utils.reduce_metrics(out.meta_info.pop("metrics")))
+                if batch.meta_info.pop("return_old_log_probs", False):
+                    batch.union(out)  # old_log_probs and entropys, on either data path
+                    metrics["actor/entropy"] = batch_ops.aggregate_rows(batch, "entropys",
+                                                                        cfg.actor_rollout_ref.actor.loss_agg_mode)
+                    batch_ops.pop_fields(batch, ["entropys"])
         if cfg.trainer.rollout_data_dir:
             with self._timer("dump_rollout_generations"):
                 self._dump_generations(batch, step)
         return batch
+
+    def _old_log_probs_from_update(self, batch, step: int) -> bool:
+        """Whether this step's old log-probs come from the actor update's own forward (TRL's on-policy shortcut,
+        ``actor.recompute_on_policy_old_log_prob=false``): only where that is exact -- the update is one epoch over
+        one mini-batch on the weights that generated the batch (the sync trainer), runs this step, and nothing
+        reads the old log-probs before it (no rollout correction, no KL in the reward)."""
+        cfg = self.sections
+        actor, rc = cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction
+        return (not actor.recompute_on_policy_old_log_prob and not self.off_policy and not self.dry_run
+                and actor.ppo_epochs == 1
+                and len(batch) <= actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
+                and rc.rollout_is is None and rc.rollout_rs is None and not cfg.algorithm.use_kl_in_reward
+                and cfg.trainer.critic_warmup <= step)
 
     # ------------------------------------------------------------------ the step's glue
     def _start_rewards(self, batch):

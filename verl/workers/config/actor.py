@@ -63,6 +63,7 @@ class ActorConfig(Section):
     kl_loss_coef: float = checked(ge=0)
     kl_loss_type: str = checked(choices=KL_PENALTY_CHOICES)
     ppo_epochs: int = checked(ge=1)
+    recompute_on_policy_old_log_prob: bool
     shuffle: bool
     data_loader_seed: int
     use_torch_compile: bool
