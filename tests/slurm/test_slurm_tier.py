@@ -335,6 +335,24 @@ def test_quickstart_preempted_by_usr1_checkpoints_and_exits_0(preempted_quicksta
     assert f"preempted: stopped after step {steps[-1]} with a checkpoint; exiting 0" in text, text
 
 
+def test_no_process_of_the_quickstart_job_outlives_it(preempted_quickstart):
+    """Issue 56, fault 12: after the job exited 0, two spawned children of its ranks (dist_checkpointing's
+    Manager, started by the Megatron checkpoint save at the preemption) stayed alive, parent pid 1, forever (this
+    cluster has no cgroup process tracking, as many do not). Every process that carries the job's id is gone."""
+    run = preempted_quickstart
+    assert run["returncode"] == 0
+    deadline = time.monotonic() + 30
+    while job_processes(run["job_id"]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = {pid: " ".join(argv)[:160] for pid, (argv, _) in job_processes(run["job_id"]).items()}
+    for pid in left:  # nothing stays behind for the next tests either
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    assert not left, f"processes of job {run['job_id']} outlived it: {left}"
+
+
 def test_quickstart_resubmission_resumes_from_the_preemption_checkpoint(preempted_quickstart):
     run = preempted_quickstart
     saved = metric_steps(run["run_dir"])[-1]
