@@ -104,7 +104,10 @@ def test_hung_program_ends_at_deadline_and_the_trajectory_goes_on():
     assert out.num_turns == 6
     with pytest.raises(ValueError, match="unknown keys"):
         CodeInterpreterTool({"type": "native", "wall_secs": 1})
-    assert sandbox.CodeInterpreterTool is CodeInterpreterTool  # a tool YAML's former class_name still loads
+    from verl.tools.tool_registry import get_tool_class
+
+    # a tool YAML's former class_name still loads
+    assert get_tool_class("verl.tools.sandbox.CodeInterpreterTool") is CodeInterpreterTool
 
 
 FORK_BOMB = ("import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(30)\n"
@@ -267,3 +270,30 @@ def test_tool_timeout_ends_the_call_and_kills_its_run():
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _processes_with(marker) == []
+
+
+def test_a_run_in_flight_survives_the_end_of_its_event_loops_thread():
+    """Issue 56, fault 6: SGLang's event loop runs on a thread that ends at every pause of the async trainers; a
+    run forked from that thread was SIGKILLed then (bwrap's --die-with-parent follows the forking thread), though
+    its trajectory was to go on after the pause. The loop is run on one thread until the run has started, that
+    thread ends, and the loop resumes on another: the run finishes and prints."""
+    import threading
+
+    loop = asyncio.new_event_loop()
+    try:
+        task = loop.create_task(sandbox.run_python("import time\ntime.sleep(0.8)\nprint('done')", LIMITS))
+
+        def until_started():
+            loop.run_until_complete(asyncio.sleep(0.4))
+
+        first = threading.Thread(target=until_started)
+        first.start()
+        first.join()
+        time.sleep(0.3)  # the loop's first thread is gone, the run still sleeping
+        second = threading.Thread(target=lambda: loop.run_until_complete(task))
+        second.start()
+        second.join(timeout=30)
+        result = task.result()
+    finally:
+        loop.close()
+    assert (result.stdout, result.returncode, result.sandbox_error) == ("done\n", 0, None), result

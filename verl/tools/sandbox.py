@@ -37,6 +37,8 @@ import itertools
 import os
 import shutil
 import signal
+import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,7 +164,7 @@ async def _read_capped(stream: asyncio.StreamReader, cap: int, over: asyncio.Eve
             buf += chunk
 
 
-def _kill_tree(proc: asyncio.subprocess.Process) -> None:
+def _kill_tree(proc: _Run) -> None:
     # choom and prlimit exec; bwrap leads the session we started, and its sandbox dies with it (PID 1 of its
     # namespace)
     try:
@@ -186,9 +188,80 @@ def _drain(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+_spawner_lock = threading.Lock()
+_spawner_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _spawner() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread that forks every run, alive as long as this process. bwrap's ``--die-with-parent`` is
+    PR_SET_PDEATHSIG, which the kernel ties to the *thread* that forked it: forked from an event loop's thread, a
+    run died whenever that thread ended, as SGLang's does at every pause of the async trainers (fault 6 of issue
+    56), though the run was meant to go on. From this thread it dies with the process only."""
+    global _spawner_pool
+    with _spawner_lock:
+        if _spawner_pool is None:
+            _spawner_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sandbox-spawner")
+        return _spawner_pool
+
+
+class _Run:
+    """A run forked by :func:`_spawner`, with what :func:`_supervise` uses of asyncio's ``Process``: ``pid``,
+    ``returncode``, ``stdout`` / ``stderr`` (StreamReaders on the running loop) and ``wait()``."""
+
+    def __init__(self, popen: subprocess.Popen, stdout: asyncio.StreamReader, stderr: asyncio.StreamReader):
+        self._popen, self.pid, self.stdout, self.stderr = popen, popen.pid, stdout, stderr
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    async def wait(self) -> int:
+        delay = 0.001
+        while self._popen.poll() is None:  # no thread per run: the exit is polled, at most 20 ms late
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        return self._popen.returncode
+
+
+def _discard(popen: subprocess.Popen) -> None:
+    """Kill and reap a run no caller will supervise (its start was cancelled)."""
+    try:
+        os.killpg(popen.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    popen.wait()
+    for pipe in (popen.stdout, popen.stderr):
+        if pipe is not None and not pipe.closed:
+            pipe.close()
+
+
+async def _start(argv: list[str], status_w: int, user_kwargs: dict[str, Any]) -> _Run:
+    loop = asyncio.get_running_loop()
+    started = _spawner().submit(
+        subprocess.Popen, argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True, cwd="/", env={"PATH": "/usr/bin:/bin"}, pass_fds=(status_w,), **user_kwargs)
+    try:
+        popen = await asyncio.wrap_future(started)
+    except asyncio.CancelledError:  # (a tool time limit) the run may still start: it is killed when it does
+        started.add_done_callback(lambda f: None if f.cancelled() or f.exception() else _discard(f.result()))
+        raise
+    try:
+        readers = []
+        for pipe in (popen.stdout, popen.stderr):
+            reader = asyncio.StreamReader(loop=loop)
+            await loop.connect_read_pipe(lambda reader=reader: asyncio.StreamReaderProtocol(reader, loop=loop),
+                                         pipe)
+            readers.append(reader)
+    except BaseException:
+        _discard(popen)
+        raise
+    return _Run(popen, *readers)
+
+
 async def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     """Run ``code`` in a fresh sandbox and return what it printed; never raises for what the code does. A run
-    that bwrap could not start carries ``sandbox_error``. Cancelling the call kills the run."""
+    that bwrap could not start carries ``sandbox_error``. Cancelling the call kills the run; the end of the
+    thread running the event loop does not (:func:`_spawner`)."""
     limits = limits or SandboxLimits()
     status_r, status_w = os.pipe()
     user_kwargs: dict[str, Any] = {}
@@ -198,10 +271,7 @@ async def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxR
     start = time.monotonic()
     try:
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *build_command(code, limits, status_fd=status_w), stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True, cwd="/",
-                env={"PATH": "/usr/bin:/bin"}, pass_fds=(status_w,), **user_kwargs)
+            proc = await _start(build_command(code, limits, status_fd=status_w), status_w, user_kwargs)
         finally:
             os.close(status_w)
         out, err, timed_out, truncated = await _supervise(proc, limits)
@@ -219,7 +289,7 @@ async def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxR
     return result
 
 
-async def _supervise(proc: asyncio.subprocess.Process, limits: SandboxLimits) -> tuple[bytes, bytes, bool, bool]:
+async def _supervise(proc: _Run, limits: SandboxLimits) -> tuple[bytes, bytes, bool, bool]:
     """(stdout, stderr, timed_out, truncated) of a started run; its tree is dead when this returns or raises."""
     over = asyncio.Event()
     readers = asyncio.gather(_read_capped(proc.stdout, limits.max_output_bytes, over),
@@ -273,11 +343,3 @@ def check_sandbox(limits: SandboxLimits | None = None) -> None:
     raise SandboxUnavailableError(f"the code sandbox cannot run here: print(1) through bwrap failed ({why}); "
                                   "docs/security.md says what it needs")
 
-
-def __getattr__(name: str):
-    # the tool's former home: a tool YAML's ``class_name: verl.tools.sandbox.CodeInterpreterTool`` still loads
-    if name == "CodeInterpreterTool":
-        from verl.tools.code_interpreter import CodeInterpreterTool
-
-        return CodeInterpreterTool
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
