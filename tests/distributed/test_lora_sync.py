@@ -216,7 +216,7 @@ def _pool_job(rank, nproc, cfg, rollout_tp, replicas):
     import torch.distributed as dist
 
     from verl.bench.lora_sync import ShardSource, adapter_spec, random_adapters
-    from verl.bench.reshard import random_hf_weights
+    from verl.bench.reshard_reference import random_hf_weights
     from verl.bench.weight_sync import training_shard
     from verl.hybrid_engine.cross_pool import PoolPlacement, plan_cross_pool
     from verl.hybrid_engine.layouts import TrainingLayout

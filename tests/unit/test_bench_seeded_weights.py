@@ -8,7 +8,8 @@ import os
 import pytest
 import torch
 
-from verl.bench.reshard import build_training_buffer, reference_rollout_params, reference_rollout_shard
+from verl.bench.reshard import build_training_buffer
+from verl.bench.reshard_reference import reference_rollout_params, reference_rollout_shard
 from verl.bench.weight_sync import SeededWeights, _layout, training_shard
 from verl.hybrid_engine.layouts import hf_tensor_shapes
 from verl.models.config import ModelConfig

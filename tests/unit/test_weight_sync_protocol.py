@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import verl.hybrid_engine.weight_sync as ws
-from verl.bench.reshard import random_hf_weights, reference_rollout_shard
+from verl.bench.reshard_reference import random_hf_weights, reference_rollout_shard
 from verl.bench.weight_sync import INIT_STD, _layout, adam_steps, training_shard
 from verl.hybrid_engine.cross_pool import ROLLOUT, PoolPlacement, plan_cross_pool
 from verl.hybrid_engine.rollout_layout import rollout_param_specs

@@ -463,7 +463,7 @@ class DataFlowTrainer:
         Returns every step's metrics (verl's names) in order: a :class:`verl.metrics.History`, on every rank."""
         import torch.distributed as dist
 
-        from verl.trainer.local_trainer import ensure_distributed, load_tokenizer, resolve_config
+        from verl.trainer.prepare import ensure_distributed, load_tokenizer, resolve_config
 
         if self.config.layout not in LAYOUTS:
             raise InputError(f"TrainerConfig.layout: expected one of {list(LAYOUTS)}, found {self.config.layout!r}")

@@ -60,7 +60,7 @@ class HybridActor:
         from verl.launcher.env import discover
         from verl.single_controller import WorkerGroup
         from verl.trainer.config.sections import PPOSections
-        from verl.trainer.local_trainer import ensure_distributed, resolve_config
+        from verl.trainer.prepare import ensure_distributed, resolve_config
         from verl.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 
         world = dist.get_world_size() if dist.is_initialized() else discover().world_size

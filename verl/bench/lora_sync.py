@@ -83,7 +83,7 @@ def colocated_lora_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_
                         dtype_name: str, bucket_bytes: int, seed: int, repeats: int) -> dict:
     """One Megatron (``train`` = (tp, pp, dp)) rank of the colocated adapter sync: verified, timed (the adapter
     reshard + its proof, and the merge into a rollout shard of ``dtype_name``), with its bytes and formula."""
-    from verl.bench.reshard import random_hf_weights, reference_rollout_shard
+    from verl.bench.reshard_reference import random_hf_weights, reference_rollout_shard
     from verl.hybrid_engine.executor import ReshardProcessGroups
     from verl.hybrid_engine.groups import derive_groups
     from verl.hybrid_engine.layouts import TrainingLayout

@@ -31,11 +31,17 @@ import json
 import math
 import os
 import sys
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 
+from verl.bench.reshard_reference import (
+    copy_into_rollout,
+    random_hf_weights,
+    reference_rollout_shard,
+    rollout_targets,
+    timed,
+)
 from verl.errors import InputError, refuse
 from verl.hybrid_engine.planner import DEFAULT_BUCKET_BYTES
 from verl.models.config import ModelConfig
@@ -45,37 +51,6 @@ from verl.utils.torch_dtypes import DTYPES
 # ------------------------------------------------------------------------------------------------
 # Weights and the run-time reference, from the model spec
 # ------------------------------------------------------------------------------------------------
-
-def random_hf_weights(config: ModelConfig, seed: int, dtype: torch.dtype = torch.float32,
-                      device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    """A full HF-style (unfused) weight set, identical on every rank for the same seed and device type
-    (``cuda``: drawn by the GPU's own generator, seconds less than the CPU's for a 0.5B model)."""
-    from verl.hybrid_engine.layouts import hf_tensor_shapes
-
-    gen = torch.Generator(device=device).manual_seed(seed)
-    return {name: torch.randn(*shape, generator=gen, device=device).to(dtype)
-            for name, shape in hf_tensor_shapes(config).items()}
-
-
-def reference_rollout_shard(config: ModelConfig, hf: dict[str, torch.Tensor], tp: int, tp_rank: int,
-                            dtype: torch.dtype, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    """Rollout rank ``tp_rank``'s parameters cut straight from the full HF weights ``hf`` (on ``device``)."""
-    return dict(reference_rollout_params(config, hf.__getitem__, tp, tp_rank, dtype, device))
-
-
-def reference_rollout_params(config: ModelConfig, source, tp: int, tp_rank: int, dtype: torch.dtype,
-                             device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of rollout rank ``tp_rank``'s parameters one at a time, each cut from ``source(hf_name)``
-    (the full HF tensor, or anything ``layouts.fill_local`` can index like it): one parameter in memory at once."""
-    from verl.hybrid_engine.layouts import fill_local, hf_tensor_shapes
-    from verl.hybrid_engine.rollout_layout import RolloutLayout, rollout_param_specs
-
-    shapes = hf_tensor_shapes(config)
-    for param, spec in zip(RolloutLayout(tp).params(config), rollout_param_specs(config, tp, tp_rank), strict=True):
-        out = torch.empty(spec.shape, dtype=dtype, device=device)
-        fill_local(param, shapes, tp, tp_rank, out, source)
-        yield spec.name, out
-
 
 # ------------------------------------------------------------------------------------------------
 # Local gloo ranks
@@ -123,29 +98,6 @@ class BackendReshardGroups:
 # ------------------------------------------------------------------------------------------------
 # The naive path (today's frameworks): gather every tensor to full size, rename, narrow
 # ------------------------------------------------------------------------------------------------
-
-def rollout_targets(config: ModelConfig, rollout_tp: int, tp_rank: int) -> dict[str, list]:
-    """HF tensor name -> the (rollout parameter, piece) rectangles rollout rank ``tp_rank`` holds of it."""
-    from verl.hybrid_engine.layouts import hf_tensor_shapes, local_pieces
-    from verl.hybrid_engine.rollout_layout import RolloutLayout
-
-    shapes = hf_tensor_shapes(config)
-    out: dict[str, list] = {}
-    for param in RolloutLayout(rollout_tp).params(config):
-        for piece in local_pieces(param, shapes, rollout_tp, tp_rank)[1]:
-            out.setdefault(piece.tensor, []).append((param.name, piece))
-    return out
-
-
-def copy_into_rollout(name: str, full: torch.Tensor, targets: dict[str, list],
-                      rollout_params: dict[str, torch.Tensor]) -> None:
-    """Narrow/copy one full HF tensor into this rank's rollout parameters."""
-    rows = full.reshape(full.shape[0], -1)
-    for target, p in targets[name]:
-        dst = rollout_params[target]
-        dst.view(dst.shape[0], -1)[p.local_row:p.local_row + p.rows, p.local_col:p.local_col + p.cols].copy_(
-            rows[p.row:p.row + p.rows, p.col:p.col + p.cols])
-
 
 def naive_reshard(rank: int, config: ModelConfig, training, rollout_tp: int, train: dict[str, torch.Tensor],
                   rollout_params: dict[str, torch.Tensor], tp_groups: dict, pp_groups: dict,
@@ -210,31 +162,13 @@ def naive_reshard(rank: int, config: ModelConfig, training, rollout_tp: int, tra
 # One benchmark rank
 # ------------------------------------------------------------------------------------------------
 
-def _timed(fn, repeats: int, device: torch.device | None = None) -> float:
-    """Best-of-``repeats`` wall time of a collective step, barrier to barrier (on CUDA to completion: the
-    device is synchronised before each barrier)."""
-    import torch.distributed as dist
-
-    sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else (lambda: None)
-    best = float("inf")
-    for _ in range(repeats):
-        sync()
-        dist.barrier()
-        start = time.perf_counter()
-        fn()
-        sync()
-        dist.barrier()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _time_naive(reshard, executor, got: dict, reference: dict, dtype: torch.dtype, repeats: int) -> dict:
     """Best-of-``repeats`` time of a naive reshard ``reshard(params)`` into buffers of the rollout's layout, and
     whether it matches ``reference``: the baseline both the Megatron and the FSDP benchmark report."""
     naive_flat = torch.zeros(executor.rollout_numel, dtype=dtype, device=executor.device)
     naive_params = {n: naive_flat[o:o + t.numel()].view(t.shape)
                     for (n, o), t in zip(executor.rollout_offsets.items(), got.values(), strict=False)}
-    seconds = _timed(lambda: reshard(naive_params), repeats, executor.device)
+    seconds = timed(lambda: reshard(naive_params), repeats, executor.device)
     return {"naive_seconds": seconds,
             "naive_verified": all(torch.equal(naive_params[n], t) for n, t in reference.items())}
 
@@ -310,7 +244,7 @@ def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int
               "summary": plan.summary() if rank == 0 else None}
     # Executor released and reacquired between timings, as in a PPO iteration.
     executor.release()
-    result["seconds"] = _timed(executor.to_rollout, repeats, device)
+    result["seconds"] = timed(executor.to_rollout, repeats, device)
     if with_naive:
         extra = {} if backend == "gloo" else {"backend": backend}
         tp_groups = {(s, d): dist.new_group([training.rank(s, d, r) for r in range(training.tp)], **extra)
@@ -327,7 +261,7 @@ def reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp: int
     del reference, got
     memcpy_src = torch.empty(executor.rollout_numel, dtype=dtype, device=device).normal_()
     rollout_flat = executor.acquire()
-    result["memcpy_seconds"] = _timed(lambda: rollout_flat.copy_(memcpy_src), repeats, device)
+    result["memcpy_seconds"] = timed(lambda: rollout_flat.copy_(memcpy_src), repeats, device)
     if push_model is not None:
         result.update(_time_sglang_push(rank, config, groups, executor, push_model, dtype, bucket_bytes, repeats))
     return result
@@ -429,14 +363,14 @@ def fsdp_reshard_rank(rank: int, nproc: int, cfg: dict, train: tuple, rollout_tp
     def ours():  # a HybridEngine transition: fetch (cast only when dtypes differ) and reshard
         executor.to_rollout(sources=fsdp_reshard_sources(model, dtype, "cpu"))
 
-    result["seconds"] = _timed(ours, repeats)
+    result["seconds"] = timed(ours, repeats)
     if with_naive:
         result.update(_time_naive(lambda params: naive_fsdp_reshard(model, config, rollout_tp, j, params, dtype),
                                   executor, got, reference, dtype, repeats))
     del reference, got
     memcpy_src = torch.empty(executor.rollout_numel, dtype=dtype).normal_()
     rollout_flat = executor.acquire()
-    result["memcpy_seconds"] = _timed(lambda: rollout_flat.copy_(memcpy_src), repeats)
+    result["memcpy_seconds"] = timed(lambda: rollout_flat.copy_(memcpy_src), repeats)
     return result
 
 
@@ -458,9 +392,9 @@ def _time_sglang_push(rank: int, config: ModelConfig, groups, executor, model: s
             rollout.push_weights()
             executor.release()
 
-        out = {"push_seconds": _timed(push, repeats), "push_buckets": len(rollout.ranges)}
+        out = {"push_seconds": timed(push, repeats), "push_buckets": len(rollout.ranges)}
         buckets, rollout.ranges = rollout.ranges, [(0, 1)]
-        out["sglang_call_seconds"] = _timed(rollout.push_weights, repeats)
+        out["sglang_call_seconds"] = timed(rollout.push_weights, repeats)
         rollout.ranges = buckets
         return out
     finally:

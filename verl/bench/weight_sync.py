@@ -186,7 +186,7 @@ def naive_sync(config: ModelConfig, training, placement, rank: int, bridge, sour
     Pieces come from DP replica 0's holders (one per distinct rectangle), point to point over the bridge."""
     import torch.distributed as dist
 
-    from verl.bench.reshard import copy_into_rollout, rollout_targets
+    from verl.bench.reshard_reference import copy_into_rollout, rollout_targets
     from verl.hybrid_engine.layouts import as_matrix, hf_tensor_shapes
     from verl.hybrid_engine.planner import _tables
     from verl.hybrid_engine.rollout_layout import RolloutLayout
@@ -232,7 +232,7 @@ def separate_rank(rank: int, nproc: int, cfg: dict, train: dict, rollout_tp: int
     """One rank of the separate-placement bench (and of the tests' matrix): sync, verify, time."""
     import torch.distributed as dist
 
-    from verl.bench.reshard import _timed, reference_rollout_params
+    from verl.bench.reshard_reference import reference_rollout_params, timed
     from verl.hybrid_engine.cross_pool import ROLLOUT, PoolPlacement, plan_cross_pool
     from verl.hybrid_engine.rollout_layout import rollout_param_specs
     from verl.hybrid_engine.weight_sync import PoolReceiver, PoolSender
@@ -280,7 +280,7 @@ def separate_rank(rank: int, nproc: int, cfg: dict, train: dict, rollout_tp: int
         # The swap at the step boundary (what the engine now reads; a dense receive does not read it): from here
         # on ``live`` is the verified shard, what every later dense sync must reproduce.
         live.copy_(staging)
-    result["seconds"] = _timed(sync, repeats)
+    result["seconds"] = timed(sync, repeats)
     if role == ROLLOUT:
         result["verified"] = result["verified"] and torch.equal(staging, live)
     if with_naive:
@@ -288,14 +288,14 @@ def separate_rank(rank: int, nproc: int, cfg: dict, train: dict, rollout_tp: int
         if role == ROLLOUT:
             staging.zero_()  # the naive path writes into the staging buffer: nothing left of the sync's
         naive_params = views(staging) if role == ROLLOUT else None
-        result["naive_seconds"] = _timed(lambda: naive_sync(config, placement.training, placement, rank, bridge,
+        result["naive_seconds"] = timed(lambda: naive_sync(config, placement.training, placement, rank, bridge,
                                                             source, offsets, naive_params, group, dtype), repeats)
         if role == ROLLOUT:
             result["naive_verified"] = torch.equal(staging, live)
     if role == ROLLOUT:
-        result["memcpy_seconds"] = _timed(lambda: staging.copy_(live), repeats)  # and staging is live's again
+        result["memcpy_seconds"] = timed(lambda: staging.copy_(live), repeats)  # and staging is live's again
     else:
-        result["memcpy_seconds"] = _timed(lambda: None, repeats)
+        result["memcpy_seconds"] = timed(lambda: None, repeats)
     if delta_steps:
         moved = SeededWeights(config, seed, delta_steps, lr)
         if role != ROLLOUT:

@@ -25,9 +25,13 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.function_tool import FunctionTool, load_function_tools_from_path
 from verl.tools.schemas import OpenAIFunctionToolSchema
 
+# Tools that moved: a tool YAML written against the former path still loads.
+FORMER_CLASS_NAMES = {"verl.tools.sandbox.CodeInterpreterTool": "verl.tools.code_interpreter.CodeInterpreterTool"}
+
 
 def get_tool_class(cls_name: str) -> type:
     """The class at ``package.module.ClassName``."""
+    cls_name = FORMER_CLASS_NAMES.get(str(cls_name), cls_name)
     module_name, _, class_name = str(cls_name).rpartition(".")
     if not module_name:
         raise InputError(f"tool class_name '{cls_name}' is not a module path (package.module.ClassName)")

@@ -389,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         package = rollout_python_env(cfg["rollout"]["name"])
         if package is not None and not importable(package):
             prepare(cfg)  # fail here, once, before the other environment starts
-            from verl.trainer.main_generation import rerun_under_engine_python
+            from verl.trainer.engine_python import rerun_under_engine_python
 
             return rerun_under_engine_python(package, argv, f"rollout.name={cfg['rollout']['name']}", InputError)
         path = run(cfg)

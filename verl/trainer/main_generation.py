@@ -18,7 +18,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -30,8 +29,6 @@ from verl.utils.torch_dtypes import DTYPES
 # Set by the launching `verl generate` in each rank it spawns.
 RENDEZVOUS_ENV = "VERL_GENERATE_RENDEZVOUS"
 OUTPUT_ENV = "VERL_GENERATE_OUTPUT"
-# Set by `verl generate --engine sglang` in the command it re-runs with the SGLang environment's python.
-IN_ENGINE_ENV = "VERL_GENERATE_IN_ENGINE_ENV"
 RANK_TIMEOUT_S = 300
 
 
@@ -215,27 +212,9 @@ def _run_in_engine_env(args: argparse.Namespace, argv: list[str], package: str) 
     if importable(package):
         _write(generate_json(args), args.json)
         return 0
+    from verl.trainer.engine_python import rerun_under_engine_python
+
     return rerun_under_engine_python(package, argv, f"--engine {args.engine}", UsageError)
-
-
-def rerun_under_engine_python(package: str, argv: list[str], what: str, error: type[Exception]) -> int:
-    """``python -m verl.trainer.main_generation ARGV`` again under the python of ``package``'s environment (this one
-    cannot import it); ``error(...)`` names ``what`` when that python is missing or is this one."""
-    from verl.launcher.spawn import child_preexec
-    from verl.utils.engine_env import ENGINE_ENVS, REPO
-
-    env_spec = ENGINE_ENVS[package]
-    python = env_spec.python
-    if os.environ.get(IN_ENGINE_ENV):
-        raise error(f"{what}: expected {package} importable in {sys.executable}, found it is not")
-    if not os.path.isfile(python):
-        raise error(f"{what}: {package} is not importable here and {python} does not exist; "
-                    f"run {env_spec.setup} or set {env_spec.python_var}")
-    env = dict(os.environ)
-    env[IN_ENGINE_ENV] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
-    return subprocess.run([python, "-m", "verl.trainer.main_generation", *argv], env=env,
-                          preexec_fn=child_preexec()).returncode
 
 
 def _spawn_ranks(args: argparse.Namespace, argv: list[str]) -> int:
@@ -291,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # verl's Hydra-key job, --prompt texts, or the token-id command above (verl.trainer.generate_text routes).
-    from verl.trainer.generate_text import main as routed_main
+    # verl's Hydra-key job, --prompt texts, or the token-id command above: verl.trainer.generate_text routes (run as
+    # the main module: it imports this one, and an import back would be a circle)
+    import runpy
 
-    sys.exit(routed_main())
+    runpy.run_module("verl.trainer.generate_text", run_name="__main__", alter_sys=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 import warnings
 from typing import Any
@@ -188,7 +187,7 @@ def run_rank(cfg: dict[str, Any], train: SFTData, val: SFTData | None) -> dict[s
     return {**metrics, "hf_dir": hf_dir}
 
 
-if __name__ == "__main__":  # `python -m verl.trainer.sft_trainer` stays an alias of `verl sft` (main_sft)
-    from verl.trainer.main_sft import main
+if __name__ == "__main__":  # `python -m verl.trainer.sft_trainer` stays an alias of `verl sft`: main_sft run as the
+    import runpy  # main module (main_sft imports this module; an import back would be a circle)
 
-    sys.exit(main())
+    runpy.run_module("verl.trainer.main_sft", run_name="__main__", alter_sys=True)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from verl.errors import EXIT_INPUT_ERROR
+from verl.utils.figure_file import save_figure
 
 # (panel title, [(metric, legend label)], y label)
 PANELS: tuple[tuple[str, tuple[tuple[str, str], ...], str], ...] = (
@@ -81,21 +82,6 @@ def plot_metrics(records: Sequence[dict[str, Any]], out_png: str, title: str | N
     last = max((int(r["step"]) for r in records), default=0)
     fig.suptitle(title or f"training metrics ({last} steps)", fontsize=11)
     return save_figure(fig, out_png)
-
-
-def save_figure(fig: Any, out_png: str) -> str:
-    """Lay ``fig`` out and write it to ``out_png`` (written then renamed: a reader never sees half a PNG); closes
-    it and returns the absolute path."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    out_png = os.path.abspath(out_png)
-    os.makedirs(os.path.dirname(out_png), exist_ok=True)
-    staging = f"{out_png}.tmp-{os.getpid()}.png"
-    fig.savefig(staging, dpi=100)
-    plt.close(fig)
-    os.replace(staging, out_png)
-    return out_png
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -141,6 +141,6 @@ def plot_timeline(timeline: Mapping[int, Sequence[tuple[str, str, float, float]]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(title or f"timeline, steps {chosen[0]}-{chosen[-1]}", fontsize=10)
-    from verl.utils.plotting import save_figure
+    from verl.utils.figure_file import save_figure
 
     return save_figure(fig, out_png)

@@ -7,17 +7,24 @@ writes into ``<dir>.tmp`` and checksums and fsyncs its own files; after a barrie
 ``verl_checkpoint.json`` (the file list, each file's size and CRC32) and renames the directory, so a crash never
 leaves a half-written ``<dir>``; a full disk inside DCP's save is a DiskFullError on every rank. Loading checks
 every file's CRC32 first (split over the ranks). RNG states are the trainer's (``rng/``).
+
+The engine calls this module (lazily, when it saves or loads); this module names the engine only as a type
+(``TYPE_CHECKING``), so the two files form no import loop at run time.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch.distributed as dist
 
-from verl.engine.fsdp.engine import FSDPEngine
 from verl.engine.lora import check_lora_record, lora_record
 from verl.models.config import ModelConfig
 from verl.utils.checkpoint import CheckpointError, save_engine_checkpoint
 from verl.utils.checkpoint import read_engine_manifest as read_manifest
+
+if TYPE_CHECKING:  # the engine imports this module when it saves: a type, not an import at run time
+    from verl.engine.fsdp.engine import FSDPEngine
 
 STRATEGY = "fsdp"
 

@@ -1,18 +1,24 @@
 """The FSDP actor as an HF model directory, streamed: one parameter is gathered to full size at a time
 (``DTensor.full_tensor``, a collective every rank runs), rank 0 writes it into the current safetensors shard
-and drops it, so no rank ever holds the whole model (see :func:`verl.models.hf_io.write_hf_dir`)."""
+and drops it, so no rank ever holds the whole model (see :func:`verl.models.hf_io.write_hf_dir`).
+
+The engine calls this module (lazily, when it exports); this module names the engine only as a type
+(``TYPE_CHECKING``), so the two files form no import loop at run time.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from verl.engine.fsdp.engine import FSDPEngine
 from verl.models.hf_export import with_architectures
 from verl.models.hf_io import generation_config, read_config, write_hf_dir
+
+if TYPE_CHECKING:  # the engine imports this module when it saves: a type, not an import at run time
+    from verl.engine.fsdp.engine import FSDPEngine
 
 
 def iter_full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

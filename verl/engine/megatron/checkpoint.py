@@ -14,16 +14,23 @@ No process outlives the rank: dist_checkpointing's writer collects its results t
 ~330 MB, left behind by every rank that ends with :func:`~verl.launcher.bootstrap.exit_process` or a kill). The saves
 here are synchronous, so the queue's put and get both happen in the rank: :func:`_in_process_write_results` gives
 the writer an in-process queue instead, and no Manager is started.
+
+The engine calls this module (lazily, when it saves or loads); this module names the engine only as a type
+(``TYPE_CHECKING``), so the two files form no import loop at run time.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from verl.engine.megatron.engine import MegatronEngine
 from verl.utils.checkpoint import ENGINE_MANIFEST as MANIFEST  # noqa: F401 (its old home; tests import it)
 from verl.utils.checkpoint import CheckpointError, rng_state, save_engine_checkpoint, set_rng_state
 from verl.utils.checkpoint import read_engine_manifest as read_manifest
+
+if TYPE_CHECKING:  # the engine imports this module when it saves: a type, not an import at run time
+    from verl.engine.megatron.engine import MegatronEngine
 
 # The distributed optimizer's default sharding cannot be saved on CPU ("flattened_range is not
 # supported"); dp_reshardable can, and reloads under a different DP size.

@@ -35,6 +35,7 @@ import torch
 
 from verl.engine.rollout.base import BaseRollout, SamplingParams
 from verl.engine.rollout.sglang_loader import LOADER_PATH, bucket_name, spec_offsets
+from verl.engine.rollout.sglang_requests import SGLangRolloutError, sglang_sampling_params
 from verl.errors import InputError
 from verl.hybrid_engine.planner import DEFAULT_BUCKET_BYTES
 from verl.models.config import ModelConfig
@@ -53,10 +54,6 @@ ROUND_SEED_STRIDE = 1_000_003  # a round's sampling seeds: never one of another 
 def bucket_ranges(numel: int, bucket_elems: int) -> list[tuple[int, int]]:
     """``[start, end)`` element ranges of at most ``bucket_elems`` covering ``numel`` elements."""
     return [(start, min(start + bucket_elems, numel)) for start in range(0, numel, bucket_elems)]
-
-
-class SGLangRolloutError(RuntimeError):
-    """SGLang refused a request (engine start, weight update) or returned something unexpected."""
 
 
 class SGLangConfigError(SGLangRolloutError, InputError):
@@ -99,7 +96,14 @@ def check_cpu_tp(config: ModelConfig, tp_size: int) -> None:
 def check_sglang_model(config: ModelConfig) -> None:
     """Qwen3-MoE through SGLang 0.5.x: every layer sparse runs and matches transformers' greedy ids (tested);
     a dense layer among them (``mlp_only_layers`` / ``decoder_sparse_step`` > 1) does not (measured: greedy ids
-    diverge from transformers' at the first token on such a layer), so it is refused."""
+    diverge from transformers' at the first token on such a layer), so it is refused. A block other than the
+    Llama/Qwen one (``ModelConfig.block_features``: Gemma 3's) is not wired to SGLang's models nor tested against
+    transformers there, so it is refused too."""
+    features = config.block_features()
+    if features:
+        raise SGLangConfigError(f"actor_rollout_ref.rollout.name=sglang: model_type {config.model_type} needs the "
+                                f"block features {list(features)}, which the SGLang rollout is not wired or tested "
+                                f"for: use native")
     if config.is_moe and len(config.moe_layers) != config.num_hidden_layers:
         dense = sorted(set(range(config.num_hidden_layers)) - set(config.moe_layers))
         raise SGLangConfigError(f"{config.model_type} with dense layers {dense}: expected every layer sparse for the "
@@ -176,20 +180,6 @@ def environment(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def sglang_sampling_params(sp: SamplingParams) -> dict[str, Any]:
-    """Our SamplingParams -> one SGLang sampling_params dict (``n`` and seeds are set per request)."""
-    stop = list(sp.stop_ids)
-    return {
-        "temperature": 0.0 if sp.greedy else float(sp.temperature),
-        "top_p": 1.0 if sp.greedy else float(sp.top_p),
-        "top_k": -1 if sp.greedy or sp.top_k <= 0 else int(sp.top_k),
-        "max_new_tokens": int(sp.response_length),
-        "stop_token_ids": stop or None,
-        "ignore_eos": not stop,
-        "skip_special_tokens": False,
-    }
 
 
 class SGLangRollout(BaseRollout):

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl.engine.rollout.base import SamplingParams
-from verl.engine.rollout.sglang_rollout import SGLangRolloutError, sglang_sampling_params
+from verl.engine.rollout.sglang_requests import SGLangRolloutError, sglang_sampling_params
 from verl.engine.rollout.token_server import BaseTokenServer, turn_params, wait_at_gate
 
 SEED_STRIDE = 7919  # a turn's sampling seed: base seed + stride x the turn's arrival index

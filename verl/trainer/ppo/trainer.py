@@ -103,7 +103,7 @@ class PPOTrainer(RunLoop, StepDataflow, StepMetrics, Checkpointing, Validation, 
 
         Without ``tokenizer`` (the Python API: ``PPOTrainer(config)``), ``config`` is what a user writes -- a dict,
         an OmegaConf config or a YAML path with verl's keys -- and this does what `verl train` does first, in this
-        process (:func:`verl.trainer.local_trainer.prepare`: validate, torch.distributed as a world of one unless a
+        process (:func:`verl.trainer.prepare.prepare`: validate, torch.distributed as a world of one unless a
         launcher started the process, the tokenizer). ``train_dataset``: an RLHFDataset in place of
         ``data.train_files``'s."""
         import torch.distributed as dist
@@ -113,7 +113,7 @@ class PPOTrainer(RunLoop, StepDataflow, StepMetrics, Checkpointing, Validation, 
         from verl.workers.reward_manager import reward_manager_cls
 
         if tokenizer is None:
-            from verl.trainer.local_trainer import prepare
+            from verl.trainer.prepare import prepare
 
             config, tokenizer, _ = prepare(config)
         self.config, self.tokenizer, self.dry_run = config, tokenizer, dry_run
