@@ -11,7 +11,7 @@ Advantage estimators are registered with :func:`register_adv_est` and looked up 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -20,6 +20,7 @@ import torch
 
 import verl.utils.torch_functional as verl_F
 from verl.errors import InputError
+from verl.utils.registry_names import RegistryNames
 
 
 class AdvantageEstimator(str, Enum):
@@ -77,31 +78,8 @@ def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
     return decorator
 
 
-class RegisteredNames(Sequence):
-    """A registry's names, sorted, read when asked: a config rule's choices that count what a recipe registers
-    after this module was imported."""
-
-    def __init__(self, registry: Mapping[str, Callable]):
-        self._registry = registry
-
-    def __getitem__(self, index):
-        return sorted(self._registry)[index]
-
-    def __len__(self) -> int:
-        return len(self._registry)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._registry
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._registry))
-
-    def __repr__(self) -> str:
-        return f"RegisteredNames({sorted(self._registry)})"
-
-
-ADV_ESTIMATOR_NAMES = RegisteredNames(ADV_ESTIMATOR_REGISTRY)
-POLICY_LOSS_NAMES = RegisteredNames(POLICY_LOSS_REGISTRY)
+ADV_ESTIMATOR_NAMES = RegistryNames(ADV_ESTIMATOR_REGISTRY, sort=True)  # the registry's names when checked
+POLICY_LOSS_NAMES = RegistryNames(POLICY_LOSS_REGISTRY, sort=True)
 
 
 def get_policy_loss_fn(name: str) -> Callable:

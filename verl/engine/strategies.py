@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from verl.errors import InputError
+from verl.utils.registry_names import RegistryNames
 
 if TYPE_CHECKING:
     from verl.engine.config_rules import BackendConfigRules
@@ -73,30 +74,8 @@ class _ModelEngines(Mapping):
 MODEL_ENGINES = _ModelEngines()
 
 
-class LiveNames(Sequence):
-    """A table's names read when asked: a config rule's choices that count rows registered after import."""
-
-    def __init__(self, names: Mapping[str, object]):
-        self._names = names
-
-    def __getitem__(self, index):
-        return tuple(self._names)[index]
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-    def __contains__(self, value: object) -> bool:
-        return value in self._names
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(tuple(self._names))
-
-    def __repr__(self) -> str:
-        return repr(tuple(self._names))
-
-
-STRATEGY_NAMES = LiveNames(STRATEGIES)  # verl's role ``strategy`` values
-MODEL_ENGINE_NAMES = LiveNames(MODEL_ENGINES)  # verl 0.9's ``model_engine`` values
+STRATEGY_NAMES = RegistryNames(STRATEGIES)  # verl's role ``strategy`` values
+MODEL_ENGINE_NAMES = RegistryNames(MODEL_ENGINES)  # verl 0.9's ``model_engine`` values
 
 
 def register_engine(entry: EngineEntry) -> EngineEntry:

@@ -256,8 +256,9 @@ EXTERNAL_LIB_KEY = "actor_rollout_ref.model.external_lib"
 
 
 def rules_before_user_modules(rules: Mapping[str, Rule]) -> dict[str, Rule]:
-    """``rules`` without the registries' choices (live views: :class:`RegisteredNames`, the engine tables'
-    names): :func:`import_user_modules` checks those once the user's modules have registered their names."""
+    """``rules`` without the registries' choices (live views, :class:`~verl.utils.registry_names.RegistryNames`: the
+    algorithms' and the engine tables' names): :func:`import_user_modules` checks those once the user's modules have
+    registered their names."""
     return {key: dataclasses.replace(r, choices=None) if _registry_choices(r) else r for key, r in rules.items()}
 
 
