@@ -296,17 +296,31 @@ class RewardPool:
     def _dead_worker(self) -> tuple[int | None, str]:
         """(row it was scoring, how it ended) of the process whose death broke the executor: the one not ended
         by the executor's own SIGTERM to the others."""
-        for slot, pid in enumerate(self._pids):
-            process = self._processes.get(int(pid))
-            if process is None:
-                continue
-            process.join(timeout=5)
-            code = process.exitcode
+        deadline = time.monotonic() + 5
+        codes: dict[int, int | None] = {}
+        while time.monotonic() < deadline:
+            # (the executor's own thread reaps them too: a code may show only after its join has set it)
+            codes = {slot: self._exit_code(int(pid)) for slot, pid in enumerate(self._pids) if pid}
+            if all(code is not None for code in codes.values()):
+                break
+            time.sleep(0.05)
+        for slot, code in codes.items():
             if code is not None and code != -signal.SIGTERM:
                 row = int(self._rows[slot])
                 how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
                 return (row if row != IDLE else None), how
-        return None, "died"
+        busy = [int(row) for row in self._rows if row != IDLE]  # no exit code to go by: a row it was scoring
+        return (busy[0] if busy else None), "died"
+
+    def _exit_code(self, pid: int) -> int | None:
+        process = self._processes.get(pid)
+        if process is None:
+            return None
+        try:
+            process.join(timeout=0.05)
+        except (AssertionError, OSError):
+            pass
+        return process.exitcode
 
     def _restart(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
