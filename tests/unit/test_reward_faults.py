@@ -172,7 +172,7 @@ def test_in_the_pool_a_hung_scorer_ends_within_the_bound_naming_its_row(tokenize
     with pytest.raises(RewardScoreTimeout, match=r"expected a score within reward.timeout_s=1.5 s, found row 2 "
                        r"\(data_source='c'\) of the step's batch still scoring after"):
         pool.submit(rows).result()
-    assert time.monotonic() - start < 1.5 + 3
+    assert time.monotonic() - start < 1.5 + 10  # bounded (the scorer sleeps 600 s), with room for a loaded box
     assert pool.restarts == 1  # the hung processes were replaced (the next test scores with the new ones)
 
 
