@@ -31,17 +31,17 @@ under ``baseline``, ``speedup`` = baseline s/step over ours (> 1: ``verl train``
 ``--baseline trl`` runs TRL's ``GRPOTrainer`` instead (:mod:`verl.bench.trl_grpo`; TRL is not a
 dependency) on the same ``--nproc`` ranks (``torch.distributed.run``, gloo, one thread per rank as verl's ranks),
 so ``peak_rss_gb`` (the largest process) is per rank on both sides. Both baselines are on-policy without an
-old-log-prob forward: compare them with ``algorithm.rollout_correction.bypass_mode=true`` for the same work per
-step (with one PPO epoch over one mini-batch verl's actor then takes ``old_log_prob = log_prob.detach()``, TRL's
-formula).
+old-log-prob forward, and so is ``verl train`` at its defaults on this workload (one PPO epoch over one mini-batch:
+the update's own forward gives the old log-probs, ``old_log_prob = log_prob.detach()``, TRL's formula), so each
+side does the same work per step. ``--baseline-first`` runs the baseline first (run a pair, one of each order).
 
 ``--task``: the arithmetic task with its character tokenizer (a model config.json, random init), or
 ``word_problems`` (``verl data word-problems``) rendered by the model's own tokenizer and chat template (an HF
 model directory with a tokenizer: a real checkpoint); ``auto`` picks by the model. A real-checkpoint run
 (issue 43's workload: SmolLM2-135M-Instruct, 8 prompts x 4 samples, 32 new tokens, fp32, 2 ranks)::
 
-    verl bench train --model .cache/smollm2-135m-instruct --prompts 8 --n 4 --response-length 32 --steps 6 \
-        --baseline trl algorithm.rollout_correction.bypass_mode=true
+    verl bench train --model .cache/smollm2-135m-instruct --prompts 8 --n 4 --response-length 32 --steps 7 \
+        --baseline trl
 """
 
 from __future__ import annotations
@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "enable_gradient_checkpointing (every layer) and TRL's gradient_checkpointing (TRL's own "
                              "default is on; off here unless asked, so both trade memory for time the same way)")
     parser.add_argument("--rollout-ranks", type=_positive, default=1, help="separate_async: the pool's ranks")
+    parser.add_argument("--baseline-first", action="store_true",
+                        help="run the baseline before verl train (a pair of runs in both orders shows what running "
+                             "second on a warmer, busier machine costs)")
     parser.add_argument("--json", help="also write the record here")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra verl train overrides")
     return parser
@@ -218,7 +221,9 @@ def summarize(records: list[dict], warmup: int) -> dict:
     # (colocated) or outside its segments (a pool: rollout/busy_s).
     gen = [r.get("timing_s/gen", 0.0) / r["timing_s/step"] for r in measured]
     busy = [r["rollout/busy_s"] / r["timing_s/step"] for r in measured if "rollout/busy_s" in r]
-    return {"steps": len(steps), "measured_steps": len(measured), "s_per_step": step_s, "phases": phases,
+    step_times = [r["timing_s/step"] for r in measured]
+    return {"steps": len(steps), "measured_steps": len(measured), "s_per_step": step_s,
+            "s_per_step_range": [min(step_times), max(step_times)], "phases": phases,
             "unaccounted_s": step_s - summed, "tokens_per_s": statistics.median(tokens) if tokens else None,
             "trainer_idle_fraction": statistics.median(gen),
             "rollout_idle_fraction": max(0.0, 1 - statistics.median(busy)) if busy else 1 - statistics.median(gen),
@@ -292,6 +297,15 @@ def main(argv: list[str] | None = None) -> int:
         data_dir, output_dir = os.path.join(workdir, "data"), os.path.join(workdir, "out")
         task = resolve_task(args.task, args.model)
         prompt_length = write_bench_data(data_dir, max(4 * args.prompts, 256), task, args.model)
+        metrics = os.path.join(workdir, "baseline_metrics.jsonl")
+
+        def baseline():
+            return _run_watched(baseline_command(args, data_dir, metrics), os.path.join(workdir, "baseline.log"),
+                                log_kept=bool(args.workdir))
+
+        theirs = baseline() if args.baseline != "none" and args.baseline_first else None
+        if isinstance(theirs, int):
+            return theirs
         ours = _run_watched(train_command(args, data_dir, output_dir, prompt_length),
                             os.path.join(workdir, "train.log"), log_kept=bool(args.workdir))
         if isinstance(ours, int):
@@ -303,11 +317,11 @@ def main(argv: list[str] | None = None) -> int:
                   "response_length": args.response_length, "overrides": args.overrides,
                   **summarize(read_metrics(output_dir), args.warmup), **ours}
         if args.baseline != "none":
-            metrics = os.path.join(workdir, "baseline_metrics.jsonl")
-            theirs = _run_watched(baseline_command(args, data_dir, metrics), os.path.join(workdir, "baseline.log"),
-                                  log_kept=bool(args.workdir))
-            if isinstance(theirs, int):
-                return theirs
+            if theirs is None:
+                theirs = baseline()
+                if isinstance(theirs, int):
+                    return theirs
+            record["baseline_first"] = args.baseline_first
             record["baseline"] = {"name": args.baseline, **summarize(read_metrics(metrics), args.warmup), **theirs}
             record["speedup"] = record["baseline"]["s_per_step"] / record["s_per_step"]
             if record["tokens_per_s"] and record["baseline"]["tokens_per_s"]:
