@@ -49,7 +49,7 @@ def test_native_rollout_buffers_are_built_on_its_device():
         assert engine.weight_buffer().device == cuda
         assert all(v.device == cuda for v in engine.params.views.values())
         keys, values = engine.kv_cache.reserve(2, 8)
-        assert keys.device == cuda and values.device == cuda and engine.model.cos.device == cuda
+        assert keys.device == cuda and values.device == cuda and engine.model.cos[0].device == cuda
 
 
 def test_native_rollout_forward_and_sampling_stay_on_its_device():
@@ -64,7 +64,7 @@ def test_native_rollout_forward_and_sampling_stay_on_its_device():
     engine = NativeRollout(config, device=meta)
     keys, values = engine.kv_cache.reserve(2, 8)
     engine.model.prepare(8)
-    assert engine.model.cos.device == meta
+    assert engine.model.cos[0].device == meta
     ids = torch.zeros(2, 4, dtype=torch.int64, device=meta)
     positions = torch.arange(4, device=meta).expand(2, 4)
     allowed = torch.ones(2, 1, 4, 4, dtype=torch.bool, device=meta)
@@ -83,7 +83,7 @@ def test_a_cpu_tensor_mixed_into_a_meta_forward_is_caught():
     engine = NativeRollout(config, device=meta)
     keys, values = engine.kv_cache.reserve(2, 8)
     engine.model.prepare(8)
-    engine.model.cos = torch.ones(8, engine.model.head_dim)  # what a device-blind prepare() would build
+    engine.model.cos[0] = torch.ones(8, engine.model.head_dim)  # what a device-blind prepare() would build
     ids = torch.zeros(2, 4, dtype=torch.int64, device=meta)
     positions = torch.arange(4, device=meta).expand(2, 4)
     allowed = torch.ones(2, 1, 4, 4, dtype=torch.bool, device=meta)

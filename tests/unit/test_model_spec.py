@@ -127,7 +127,7 @@ def test_unknown_model_type_is_refused_in_one_line():
     with pytest.raises(UnknownModelTypeError) as err:
         model_spec("mistral")
     assert str(err.value) == f"model_type: expected one of {model_types()}, found 'mistral'"
-    assert model_types() == ("qwen2", "llama", "mixtral", "qwen3", "qwen3_moe")
+    assert model_types() == ("qwen2", "llama", "gemma3_text", "mixtral", "qwen3", "qwen3_moe")
     with pytest.raises(ModelConfigError, match="expected one of \\(.*'qwen3_moe'\\), found 'mistral'"):
         ModelConfig.from_dict(dict(MODELS["llama"], model_type="mistral"))
 

@@ -1,8 +1,9 @@
 """The HF-style model config every component shares (Megatron builder, reshard planner, rollout).
 
 Only the decoder-only families that have a model spec (``verl.models.spec``: Qwen2, Llama, Qwen3,
-Qwen3-MoE, Mixtral) are accepted. Each family's spec reads its HF config.json (``ModelSpec.read_hf_config``:
-RoPE, biases, q/k norm, the experts); the config is validated once, at load, with messages that name the key.
+Qwen3-MoE, Mixtral, Gemma 3) are accepted. Each family's spec reads its HF config.json (``ModelSpec.read_hf_config``:
+RoPE, biases, q/k norm, the experts, the block fields); the config is validated once, at load, with messages that
+name the key.
 
 Mixture of experts: ``num_experts`` routed experts of ``moe_intermediate_size`` each, the top
 ``num_experts_per_tok`` chosen per token from a softmax over all experts (renormalised over the chosen
@@ -22,7 +23,15 @@ from verl.models.spec.base import ModelConfigError
 from verl.models.spec.registry import UnknownModelTypeError, model_spec, model_types
 from verl.utils.checkpoint import CheckpointError
 
-__all__ = ["ModelConfig", "ModelConfigError"]
+__all__ = ["HIDDEN_ACTS", "POST_NORM_ROLES", "ModelConfig", "ModelConfigError"]
+
+HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")
+# Spec roles of the norms after the attention and the MLP (before their residual adds: "sandwich" norms).
+POST_NORM_ROLES = ("attn_post_norm", "mlp_post_norm")
+# The fields whose values other than these make a block other than Llama's (see ModelConfig.block_features).
+_LLAMA_BLOCK = {"hidden_act": "silu", "norm_weight_offset": 0.0, "norm_scale_in_float32": False,
+                "embedding_multiplier": 1.0, "final_logit_softcapping": 0.0,
+                "sliding_rope_theta": 0.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +57,17 @@ class ModelConfig:
     moe_layers: tuple[int, ...] = ()
     router_aux_loss_coef: float = 0.0
     rope: RopeScaling | None = None  # RoPE scaling (verl.models.rope); None: plain RoPE of rope_theta
+    # The block's shape beyond Llama's; the defaults are the Llama/Qwen block.
+    # Engines read these fields (and the spec's roles, e.g. the post-norms), never the model_type.
+    hidden_act: str = "silu"                # the gated MLP's activation: silu (SwiGLU) or gelu_pytorch_tanh (GeGLU)
+    norm_weight_offset: float = 0.0         # RMSNorm scales by (offset + weight): 1 for a stored w - 1
+    norm_scale_in_float32: bool = False     # RMSNorm scales in float32 and casts after, not cast-then-scale
+    embedding_multiplier: float = 1.0       # the embedding rows times this (cast to the weights' dtype): sqrt(hidden)
+    query_pre_attn_scalar: float = 0.0      # attention scores scaled by this ** -0.5; 0: by head_dim ** -0.5
+    final_logit_softcapping: float = 0.0    # logits -> c * tanh(logits / c); 0: none
+    sliding_window: int = 0                 # the sliding layers' window: a token sees the last `window` positions
+    sliding_layers: tuple[int, ...] = ()    # the layers with sliding-window attention (the others: full)
+    sliding_rope_theta: float = 0.0         # the sliding layers' plain RoPE base; 0: rope_theta / rope as the others
 
     def __post_init__(self):
         if self.model_type not in model_types():  # the live registry: a registered family counts
@@ -74,6 +94,21 @@ class ModelConfig:
             if bad:
                 raise ModelConfigError(f"moe layers: expected indices below num_hidden_layers="
                                        f"{self.num_hidden_layers}, found {bad}")
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ModelConfigError(f"hidden_act: expected one of {HIDDEN_ACTS}, found {self.hidden_act!r}")
+        for key in ("query_pre_attn_scalar", "final_logit_softcapping",
+                    "sliding_rope_theta"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ModelConfigError(f"{key}: expected a number >= 0 (0: unset), found {value!r}")
+        if self.sliding_layers:
+            if not isinstance(self.sliding_window, int) or self.sliding_window <= 0:
+                raise ModelConfigError(f"sliding_window: expected a positive integer for the sliding layers "
+                                       f"{list(self.sliding_layers)}, found {self.sliding_window!r}")
+            bad = [i for i in self.sliding_layers if not 0 <= i < self.num_hidden_layers]
+            if bad:
+                raise ModelConfigError(f"sliding layers: expected indices below num_hidden_layers="
+                                       f"{self.num_hidden_layers}, found {bad}")
 
     @property
     def is_moe(self) -> bool:
@@ -82,6 +117,35 @@ class ModelConfig:
     def layer_is_moe(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` (global index) has routed experts instead of the dense MLP."""
         return layer in self.moe_layers
+
+    def layer_window(self, layer: int) -> int:
+        """The attention window of decoder layer ``layer``: a token attends to the keys less than this many
+        positions back (itself included); 0: every earlier key (full attention)."""
+        return self.sliding_window if layer in self.sliding_layers else 0
+
+    def layer_rope_theta(self, layer: int) -> tuple[float, RopeScaling | None]:
+        """The RoPE base and scaling of decoder layer ``layer`` (a sliding layer may have its own plain base)."""
+        if self.sliding_rope_theta and layer in self.sliding_layers:
+            return self.sliding_rope_theta, None
+        return self.rope_theta, self.rope
+
+    @property
+    def attention_scale(self) -> float:
+        """What the attention scores q.k are multiplied by."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def block_features(self) -> tuple[str, ...]:
+        """The ways this model's decoder block departs from the Llama/Qwen block (RMSNorm, SwiGLU, full causal
+        attention scaled by head_dim ** -0.5, one RoPE): the config fields and spec roles an engine that computes
+        only that block lacks, so it can refuse the model in one line naming them."""
+        out = [key for key, default in _LLAMA_BLOCK.items() if getattr(self, key) != default]
+        if self.query_pre_attn_scalar and self.query_pre_attn_scalar != self.head_dim:
+            out.append("query_pre_attn_scalar")
+        if self.sliding_layers:
+            out += ["sliding_window", "sliding_layers"]
+        roles = {p.role for p in model_spec(self.model_type).layer}
+        out += sorted(roles & set(POST_NORM_ROLES))
+        return tuple(out)
 
     @property
     def num_query_groups(self) -> int:
@@ -110,12 +174,14 @@ class ModelConfig:
 
     def to_fields(self) -> dict[str, Any]:
         """The config as plain JSON values (a manifest, a message to spawned ranks); ``from_fields`` inverts it."""
-        return {**dataclasses.asdict(self), "moe_layers": list(self.moe_layers)}  # (asdict: rope a plain dict)
+        return {**dataclasses.asdict(self), "moe_layers": list(self.moe_layers),  # (asdict: rope a plain dict)
+                "sliding_layers": list(self.sliding_layers)}
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> ModelConfig:
         rope = fields.get("rope")
         return cls(**{**fields, "moe_layers": tuple(fields.get("moe_layers", ())),
+                      "sliding_layers": tuple(fields.get("sliding_layers", ())),
                       "rope": RopeScaling(**rope) if isinstance(rope, Mapping) else rope})
 
     @classmethod

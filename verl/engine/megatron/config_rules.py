@@ -29,12 +29,13 @@ class MegatronConfigRules(BackendConfigRules):
         return mega["tensor_model_parallel_size"], mega["pipeline_model_parallel_size"]
 
     def check_layout(self, cfg: Mapping[str, Any], model: Any, world: int) -> None:
-        from verl.models.mcore.model import ModelLayoutError, check_parallel_layout
+        from verl.models.mcore.model import ModelLayoutError, check_megatron_block, check_parallel_layout
 
         mega = cfg[ARR]["actor"]["megatron"]
         tp, pp = self.model_parallel_sizes(cfg[ARR]["actor"])
         prefix = f"{ARR}.actor.megatron."
         try:
+            check_megatron_block(model)
             check_parallel_layout(model, tp, pp, mega["expert_model_parallel_size"],
                                   mega["expert_tensor_parallel_size"], world_size=world)
         except ModelLayoutError as err:

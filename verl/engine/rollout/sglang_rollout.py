@@ -97,7 +97,7 @@ def check_sglang_model(config: ModelConfig) -> None:
     """Qwen3-MoE through SGLang 0.5.x: every layer sparse runs and matches transformers' greedy ids (tested);
     a dense layer among them (``mlp_only_layers`` / ``decoder_sparse_step`` > 1) does not (measured: greedy ids
     diverge from transformers' at the first token on such a layer), so it is refused. A block other than the
-    Llama/Qwen one (``ModelConfig.block_features``: Gemma 3's) is not wired to SGLang's models nor tested against
+    Llama/Qwen one (``ModelConfig.block_features``) is not wired to SGLang's models nor tested against
     transformers there, so it is refused too."""
     features = config.block_features()
     if features:

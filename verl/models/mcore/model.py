@@ -43,6 +43,15 @@ def padded_vocab_size(vocab_size: int, tp_size: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
+def check_megatron_block(config: ModelConfig) -> None:
+    """One line for a model whose decoder block the builder cannot make: its GPT layers (local spec) are the
+    Llama/Qwen block, so the spec's other block features (``ModelConfig.block_features``) are refused."""
+    features = config.block_features()
+    if features:
+        raise ModelLayoutError(f"model_type {config.model_type}: the Megatron builder lacks the block features "
+                               f"{list(features)} of its spec: use strategy fsdp")
+
+
 def check_parallel_layout(config: ModelConfig, tp_size: int, pp_size: int, ep_size: int = 1,
                           etp_size: int | None = None, world_size: int | None = None) -> None:
     """One clear line for a (tp, pp, ep, etp) that does not divide the model (or the world, when given).
@@ -113,6 +122,7 @@ def transformer_config(config: ModelConfig, tp_size: int, pp_size: int, *,
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     etp_size = tp_size if etp_size is None else etp_size
+    check_megatron_block(config)
     check_parallel_layout(config, tp_size, pp_size, ep_size, etp_size)
     on_gpu = is_cuda_available()
     kwargs = dict(

@@ -102,11 +102,20 @@ def read_rope(cfg: Mapping[str, Any]) -> dict[str, Any]:
         truncate=bool(rope.get("truncate", True)), attention_factor=float(attention_factor))}
 
 
-def read_decoder(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The ModelConfig fields every decoder family shares (RoPE included), from an HF config.json; a missing
-    required key raises KeyError (``ModelConfig.from_dict`` names it). ``attention_bias``: the qkv bias as the
-    config says (families that always have it override it)."""
-    rope = read_rope(cfg)
+def read_rope_by_kind(cfg: Mapping[str, Any], kinds: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Each attention kind's :func:`read_rope` fields: transformers keys ``rope_parameters`` by layer type for
+    families whose layers differ (Gemma 3's ``full_attention`` / ``sliding_attention``); a config with one RoPE
+    gives it to every kind."""
+    rope = cfg.get("rope_parameters") or {}
+    return {kind: read_rope({**cfg, "rope_parameters": rope[kind], "rope_scaling": None})
+            if isinstance(rope.get(kind), Mapping) else read_rope(cfg) for kind in kinds}
+
+
+def read_decoder(cfg: Mapping[str, Any], rope: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ModelConfig fields every decoder family shares (RoPE included: ``rope``, or the config's one RoPE), from
+    an HF config.json; a missing required key raises KeyError (``ModelConfig.from_dict`` names it).
+    ``attention_bias``: the qkv bias as the config says (families that always have it override it)."""
+    rope = read_rope(cfg) if rope is None else rope
     heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
     return dict(
         vocab_size=int(cfg["vocab_size"]),

@@ -1,5 +1,12 @@
-"""Qwen2/Llama/Qwen3(-MoE) decoder forward over one rank's rollout-layout weights, with rollout tensor
-parallelism.
+"""The decoder forward of every spec family over one rank's rollout-layout
+weights, with rollout tensor parallelism.
+
+The block is read from the config's fields and the spec's roles, never from the model type: the MLP's activation
+(``hidden_act``), the RMSNorm's parametrization (``norm_weight_offset``, ``norm_scale_in_float32``), the embedding's
+multiplier, the attention's scale, each layer's window (``layer_window``: sliding-window attention
+over cache slots, which are the row's positions shifted by its left padding) and RoPE base (``layer_rope_theta``),
+q/k norms and norms after the attention and the MLP when the layer has those roles, and the final logits'
+soft-capping.
 
 Weights are looked up by the model spec's roles (``verl.models.spec``), under its rollout names.
 Per rank (G = rollout TP size): the fused QKV and gate/up weights are column-parallel (this rank's
@@ -42,7 +49,13 @@ class RolloutTransformer:
         self.expert_ffn = config.moe_intermediate_size // tp_size
         self.vocab_rows = padded_vocab_size(config.vocab_size) // tp_size
         self.vocab_start = tp_rank * self.vocab_rows
-        self.scale = self.head_dim ** -0.5
+        self.scale = config.attention_scale
+        self.act = F.silu if config.hidden_act == "silu" else (lambda x: F.gelu(x, approximate="tanh"))
+        # Each layer's RoPE (base, scaling) as an index into the tables prepare() builds, one per distinct kind.
+        kinds = [config.layer_rope_theta(i) for i in range(config.num_hidden_layers)]
+        self.rope_kinds = list(dict.fromkeys(kinds))
+        self.layer_rope = [self.rope_kinds.index(k) for k in kinds]
+        self.windows = [config.layer_window(i) for i in range(config.num_hidden_layers)]
 
         spec = model_spec(config.model_type)
         self.embed = weights[spec.rollout_name("embedding")]
@@ -60,18 +73,20 @@ class RolloutTransformer:
         # ([B, S, MoE layers, top k] int16, HF's expert ids).
         self.record_routing = False
         self.routing: torch.Tensor | None = None
-        self.cos = self.sin = torch.empty(0, self.head_dim, dtype=self.dtype, device=self.device)  # see prepare()
+        empty = torch.empty(0, self.head_dim, dtype=self.dtype, device=self.device)  # see prepare()
+        self.cos, self.sin = [empty] * len(self.rope_kinds), [empty] * len(self.rope_kinds)
 
     def prepare(self, max_positions: int) -> None:
         """Make the RoPE tables cover positions [0, max_positions) (grown per request, not per step)."""
-        if self.cos.shape[0] >= max_positions:
+        if self.cos[0].shape[0] >= max_positions:
             return
-        # Plain or scaled RoPE from the one shared function; YaRN also scales cos and sin (HF's attention_scaling).
-        inv_freq, scale = rope_inv_freq(self.head_dim, self.config.rope_theta, self.config.rope, device=self.device)
-        angles = torch.arange(max_positions, dtype=torch.float32, device=self.device)[:, None] * inv_freq[None, :]
-        angles = torch.cat([angles, angles], dim=-1)
-        self.cos = (angles.cos() * scale).to(self.dtype)
-        self.sin = (angles.sin() * scale).to(self.dtype)
+        for k, (theta, rope) in enumerate(self.rope_kinds):
+            # Plain or scaled RoPE from the one shared function; YaRN also scales cos and sin (HF's attention_scaling).
+            inv_freq, scale = rope_inv_freq(self.head_dim, theta, rope, device=self.device)
+            angles = torch.arange(max_positions, dtype=torch.float32, device=self.device)[:, None] * inv_freq[None, :]
+            angles = torch.cat([angles, angles], dim=-1)
+            self.cos[k] = (angles.cos() * scale).to(self.dtype)
+            self.sin[k] = (angles.sin() * scale).to(self.dtype)
 
     # ---------------------------------------------------------------- tensor-parallel pieces
     def _all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,6 +103,12 @@ class RolloutTransformer:
         hidden.masked_fill_(outside.unsqueeze(-1), 0)
         return self._all_reduce(hidden)
 
+    def _scaled_embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self._embed(input_ids)
+        if self.config.embedding_multiplier != 1.0:  # HF: the multiplier cast to the weights' dtype, then the product
+            hidden = hidden * torch.tensor(self.config.embedding_multiplier, dtype=self.dtype, device=self.device)
+        return hidden
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [B, H] -> float32 logits [B, vocab_size] over the whole (unpadded) vocabulary."""
         local = F.linear(hidden, self.output)
@@ -95,9 +116,17 @@ class RolloutTransformer:
             parts = [torch.empty_like(local) for _ in range(self.tp_size)]
             dist.all_gather(parts, local, group=self.tp_group)
             local = torch.cat(parts, dim=-1)
-        return local[:, :self.config.vocab_size].float()
+        logits = local[:, :self.config.vocab_size].float()
+        cap = self.config.final_logit_softcapping
+        return logits if not cap else torch.tanh(logits / cap) * cap
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        if c.norm_scale_in_float32:  # (offset + w) applied in float32, then cast
+            normed = F.rms_norm(x.float(), (x.shape[-1],), eps=c.rms_norm_eps)
+            return (normed * (weight.float() + c.norm_weight_offset)).to(x.dtype)
+        if c.norm_weight_offset:
+            weight = weight + c.norm_weight_offset
         if x.dtype == torch.float32:
             return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
         # HF order for low precision: normalise in float32, cast back, then scale.
@@ -126,7 +155,7 @@ class RolloutTransformer:
         for expert in chosen.unique().tolist():
             token, slot = (chosen == expert).nonzero(as_tuple=True)
             gate_up = F.linear(x[token], w13[expert])
-            h = F.silu(gate_up[:, :self.expert_ffn]) * gate_up[:, self.expert_ffn:]
+            h = self.act(gate_up[:, :self.expert_ffn]) * gate_up[:, self.expert_ffn:]
             out.index_add_(0, token, F.linear(h, w2[expert]) * weights[token, slot, None])
         return out
 
@@ -136,7 +165,8 @@ class RolloutTransformer:
         """q [B, Hq, S, D], keys/values [B, Hkv, L, D], allowed bool [B, 1, S, L] -> [B, Hq, S, D]."""
         B, Hq, S, D = q.shape
         if S > 1:
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, enable_gqa=Hq != self.kv_heads)
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, scale=self.scale,
+                                                  enable_gqa=Hq != self.kv_heads)
         # Decode: the query heads sharing a KV head become rows of one matmul (no K/V expansion).
         grouped = q.reshape(B, self.kv_heads, Hq // self.kv_heads, D)
         scores = torch.matmul(grouped * self.scale, keys.transpose(-1, -2))
@@ -155,11 +185,16 @@ class RolloutTransformer:
         B, S = input_ids.shape
         end = start + S
         self._choices: list[torch.Tensor] = []
-        hidden = self._embed(input_ids)
-        cos = self.cos[positions].unsqueeze(2)  # [B, S, 1, D]
-        sin = self.sin[positions].unsqueeze(2)
+        hidden = self._scaled_embed(input_ids)
+        cos = [t[positions].unsqueeze(2) for t in self.cos]  # per RoPE kind [B, S, 1, D]
+        sin = [t[positions].unsqueeze(2) for t in self.sin]
         half = self.head_dim // 2
         qk_heads = self.q_heads + self.kv_heads
+        # Sliding layers: a query at slot start+s sees the keys at slots > start+s-window (of those allowed).
+        masks = {0: allowed}
+        for window in set(self.windows) - {0}:
+            slots = torch.arange(end, device=allowed.device)
+            masks[window] = allowed & (slots[None, :] > (slots[start:end, None] - window))
         for index, layer in enumerate(self.layers):
             qkv = F.linear(self._rms_norm(hidden, layer["attn_norm"]), layer["qkv"], layer.get("qkv_bias"))
             qk = qkv[..., :self.q_rows + self.kv_rows].reshape(B, S, qk_heads, self.head_dim)
@@ -167,21 +202,28 @@ class RolloutTransformer:
                 qk = torch.cat([self._head_norm(qk[:, :, :self.q_heads], layer["q_norm"]),
                                 self._head_norm(qk[:, :, self.q_heads:], layer["k_norm"])], dim=2)
             rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
-            qk = qk * cos + rotated * sin
+            kind = self.layer_rope[index]
+            qk = qk * cos[kind] + rotated * sin[kind]
             q = qk[:, :, :self.q_heads].transpose(1, 2)
             keys[index, :, :, start:end] = qk[:, :, self.q_heads:].transpose(1, 2)
             values[index, :, :, start:end] = qkv[..., self.q_rows + self.kv_rows:].reshape(
                 B, S, self.kv_heads, self.head_dim).transpose(1, 2)
-            attn = self._attention(q, keys[index, :, :, :end], values[index, :, :, :end], allowed)
-            hidden = hidden + self._all_reduce(F.linear(attn.transpose(1, 2).reshape(B, S, self.q_rows),
-                                                        layer["attn_out"]))
+            attn = self._attention(q, keys[index, :, :, :end], values[index, :, :, :end],
+                                   masks[self.windows[index]])
+            attn_out = self._all_reduce(F.linear(attn.transpose(1, 2).reshape(B, S, self.q_rows), layer["attn_out"]))
+            if "attn_post_norm" in layer:  # a norm of the whole (all-reduced) output, before the residual add
+                attn_out = self._rms_norm(attn_out, layer["attn_post_norm"])
+            hidden = hidden + attn_out
             normed = self._rms_norm(hidden, layer["mlp_norm"])
             if "router" in layer:
                 mlp_out = self._moe(normed.reshape(B * S, -1), layer).view(B, S, -1)
             else:
                 gate_up = F.linear(normed, layer["gate_up"])
-                mlp_out = F.linear(F.silu(gate_up[..., :self.ffn]) * gate_up[..., self.ffn:], layer["mlp_out"])
-            hidden = hidden + self._all_reduce(mlp_out)
+                mlp_out = F.linear(self.act(gate_up[..., :self.ffn]) * gate_up[..., self.ffn:], layer["mlp_out"])
+            mlp_out = self._all_reduce(mlp_out)
+            if "mlp_post_norm" in layer:
+                mlp_out = self._rms_norm(mlp_out, layer["mlp_post_norm"])
+            hidden = hidden + mlp_out
         if self.record_routing:
             self.routing = torch.stack(self._choices, dim=1).view(B, S, len(self._choices), -1)
         return self._logits(self._rms_norm(hidden[:, -1], self.final_norm))

@@ -54,6 +54,11 @@ def check_vllm_model(config: ModelConfig, tp_size: int) -> None:
         raise VLLMConfigError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp_size}: the vLLM rollout here "
                               "runs TP 1 (vLLM's own TP worker processes are not fed shard by shard yet): use 1, or "
                               "rollout.name=native / sglang for rollout TP > 1")
+    features = config.block_features()
+    if features:
+        raise VLLMConfigError(f"actor_rollout_ref.rollout.name=vllm: model_type {config.model_type} needs the block "
+                              f"features {list(features)}, which the vLLM rollout is not wired or tested for: use "
+                              f"native")
     if not is_cuda_available() and config.head_dim not in CPU_HEAD_DIMS:
         raise VLLMConfigError(f"actor_rollout_ref.rollout.name=vllm: vLLM's CPU attention takes head_dim in "
                               f"{list(CPU_HEAD_DIMS)}, found head_dim={config.head_dim}: use native")

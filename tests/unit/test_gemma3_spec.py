@@ -1,0 +1,119 @@
+"""Gemma 3 as one spec entry (issue 58): its config read into block fields, bad configs refused in one line, and the
+engines that compute only the Llama/Qwen block (Megatron's local spec, the SGLang and vLLM rollouts here) refusing
+it at config time, in one line naming the spec fields they lack. No engine names the family."""
+
+import json
+import os
+
+import pytest
+
+from verl.errors import InputError
+from verl.models.config import ModelConfig, ModelConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GEMMA3 = dict(model_type="gemma3_text", vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+              num_attention_heads=4, num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=32, sliding_window=8,
+              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+              rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+              hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None, final_logit_softcapping=None,
+              rms_norm_eps=1e-6, tie_word_embeddings=True)
+FEATURES = ["hidden_act", "norm_weight_offset", "norm_scale_in_float32", "embedding_multiplier", "sliding_rope_theta",
+            "sliding_window", "sliding_layers", "attn_post_norm", "mlp_post_norm"]
+
+
+def _config(**over):
+    return ModelConfig.from_dict({**GEMMA3, **over})
+
+
+def test_the_block_is_config_data():
+    c = _config()
+    assert (c.sliding_layers, c.sliding_window, c.layer_window(0), c.layer_window(2)) == ((0, 1), 8, 8, 0)
+    assert (c.layer_rope_theta(0), c.layer_rope_theta(2)) == ((1e4, None), (1e6, None))
+    assert (c.head_dim, c.q_size, c.attention_scale, c.embedding_multiplier) == (32, 128, 32 ** -0.5, 8.0)
+    assert list(c.block_features()) == FEATURES
+    llama = ModelConfig.from_dict({**GEMMA3, "model_type": "llama"})
+    assert llama.block_features() == () and llama.hidden_act == "silu" and llama.sliding_layers == ()
+    from verl.models.spec.registry import model_spec
+
+    layer = model_spec("gemma3_text").rollout_layer(c, 0)
+    assert layer["attn_post_norm"] == "model.layers.0.post_attention_layernorm.weight"
+    assert layer["mlp_norm"] == "model.layers.0.pre_feedforward_layernorm.weight"
+    assert layer["mlp_post_norm"] == "model.layers.0.post_feedforward_layernorm.weight"
+
+
+@pytest.mark.parametrize("over, key", [
+    (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+    (dict(layer_types=["sliding_attention", "full_attention"]), "layer_types"),
+    (dict(layer_types=["sliding_attention", "chunked_attention", "full_attention"]), "layer_types"),
+    (dict(attention_bias=True), "attention_bias"),
+    (dict(hidden_activation="relu"), "hidden_act"),
+    (dict(sliding_window=None), "sliding_window"),
+    (dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                           "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}),
+     "rope_parameters.sliding_attention"),
+])
+def test_a_config_the_engines_cannot_compute_is_refused_in_one_line(over, key):
+    with pytest.raises(ModelConfigError) as err:
+        _config(**over)
+    assert isinstance(err.value, InputError) and str(err.value).startswith(key) and "\n" not in str(err.value)
+
+
+def test_megatron_refuses_it_naming_the_fields():
+    from verl.models.mcore.model import ModelLayoutError, check_megatron_block
+
+    with pytest.raises(ModelLayoutError) as err:
+        check_megatron_block(_config())
+    assert isinstance(err.value, InputError) and str(err.value) == (
+        f"model_type gemma3_text: the Megatron builder lacks the block features {FEATURES} of its spec: use "
+        "strategy fsdp")
+    check_megatron_block(ModelConfig.from_dict({**GEMMA3, "model_type": "qwen3"}))
+
+
+def test_megatron_config_rules_refuse_it_at_config_time():
+    from verl.engine.megatron.config_rules import MegatronConfigRules
+    from verl.utils.config_checks import ConfigError
+
+    cfg = {"actor_rollout_ref": {"actor": {"megatron": {"tensor_model_parallel_size": 1,
+                                                        "pipeline_model_parallel_size": 1,
+                                                        "expert_model_parallel_size": 1,
+                                                        "expert_tensor_parallel_size": None,
+                                                        "sequence_parallel": False}}}}
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.megatron\.model_type gemma3_text: the "
+                                          r"Megatron builder lacks the block features \['hidden_act'"):
+        MegatronConfigRules().check_layout(cfg, _config(), 1)
+
+
+def test_sglang_and_vllm_refuse_it_naming_the_fields():
+    from verl.engine.rollout.registry import rollout_engine
+
+    for name in ("sglang", "vllm"):
+        with pytest.raises(InputError) as err:
+            rollout_engine(name).check_model(_config(), 1)
+        assert str(err.value) == (f"actor_rollout_ref.rollout.name={name}: model_type gemma3_text needs the block "
+                                  f"features {FEATURES}, which the {'SGLang' if name == 'sglang' else 'vLLM'} "
+                                  "rollout is not wired or tested for: use native")
+
+
+def test_no_engine_names_the_family():
+    """A new architecture is data in its spec: no file of the engines (training, rollout, Megatron's model
+    builder), the hybrid engine or the workers names Gemma."""
+    found = []
+    for top in ("verl/engine", "verl/hybrid_engine", "verl/models/mcore", "verl/workers"):
+        for root, _, files in os.walk(os.path.join(REPO, top)):
+            for name in files:
+                if name.endswith(".py"):
+                    with open(os.path.join(root, name), encoding="utf-8") as f:
+                        if "gemma" in f.read().lower():
+                            found.append(os.path.join(root, name))
+    assert found == []
+
+
+def test_real_checkpoint_config_round_trips(tmp_path):
+    from helpers.gemma3_model import gemma3_dir
+
+    with open(os.path.join(gemma3_dir(), "config.json")) as f:
+        raw = json.load(f)
+    config = ModelConfig.from_dict(raw)
+    assert config.sliding_layers == tuple(i for i in range(18) if i % 6 != 5)
+    assert ModelConfig.from_fields(json.loads(json.dumps(config.to_fields()))) == config
