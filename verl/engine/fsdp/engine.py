@@ -37,7 +37,7 @@ from verl.engine.fsdp.model import (
     build_empty_hf_model,
     build_hf_model,
     load_sharded_weights,
-    reset_rotary_tables,
+    reset_buffers,
 )
 from verl.engine.fsdp.parallel import FSDPMesh, fsdp_mesh
 from verl.engine.lora import LoRASettings, lora_export_options, lora_settings, model_key, value_head
@@ -144,16 +144,16 @@ class FSDPEngine(TrainingEngine):
         for layer in model.model.layers:
             fully_shard(layer, **kwargs)
         fully_shard(model, **kwargs)
-        # Shards live on the compute device, or in host memory under CPU offload; the rotary tables (the only
-        # buffers) are always on the compute device.
+        # Shards live on the compute device, or in host memory under CPU offload; the buffers (rotary tables, an
+        # embedding's scale) are always on the compute device.
         if streamed:
             model.to_empty(device="cpu" if offload else self.device)
             load_sharded_weights(model, model_path, head)
-            reset_rotary_tables(model, self.device)
+            reset_buffers(model, self.device)
         elif not offload:
             model.to(self.device)
         else:
-            reset_rotary_tables(model, self.device)
+            reset_buffers(model, self.device)
         if lora is not None:
             full = None
             if lora.adapter_path:

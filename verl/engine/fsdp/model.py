@@ -45,14 +45,34 @@ def build_empty_hf_model(model_path: str, head: str = "lm", dtype: torch.dtype =
     return model
 
 
-def reset_rotary_tables(model: torch.nn.Module, device: torch.device) -> None:
-    """Recompute the RoPE tables (non-persistent buffers, so neither a checkpoint nor the meta-device build
-    holds them) of every rotary-embedding module, on ``device``."""
+def reset_buffers(model: torch.nn.Module, device: torch.device) -> None:
+    """Recompute the non-persistent buffers (neither a checkpoint nor the meta-device build holds them), on
+    ``device``: the RoPE tables of every rotary-embedding module, rebuilt from the config; any other (an embedding's
+    scale) by the model's own initializer (transformers' ``_init_weights``, as its own meta-device loading does),
+    with the module's parameters marked initialised so that only the buffers are written."""
     for module in model.modules():
         if type(module).__name__.endswith("RotaryEmbedding"):
             fresh = type(module)(config=model.config)
             for name, buffer in fresh.named_buffers(recurse=False):
                 setattr(module, name, buffer.to(device))
+        elif getattr(module, "_non_persistent_buffers_set", None) and hasattr(model, "_init_weights"):
+            for name in module._non_persistent_buffers_set:
+                buffer = getattr(module, name)
+                if buffer is not None and buffer.device != device:
+                    setattr(module, name, torch.empty_like(buffer, device=device))
+            params = list(module.parameters(recurse=False))
+            marks = [getattr(p, "_is_hf_initialized", None) for p in params]
+            for p in params:
+                p._is_hf_initialized = True
+            try:
+                with torch.no_grad():
+                    model._init_weights(module)
+            finally:
+                for p, mark in zip(params, marks, strict=True):
+                    if mark is None:
+                        del p._is_hf_initialized
+                    else:
+                        p._is_hf_initialized = mark
 
 
 def load_sharded_weights(model: torch.nn.Module, model_path: str, head: str) -> None:

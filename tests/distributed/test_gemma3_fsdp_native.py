@@ -1,0 +1,124 @@
+"""Gemma 3 270M (tests/helpers/gemma3_model.py) through the FSDP training engine and the 3D-HybridEngine into the
+native rollout engine, against transformers (issue 58 item 3).
+
+One 2-rank gloo job, fp32: the FSDP2 actor sharded over both ranks (uneven shards of 640-wide rows, the tied
+262144-row embedding) computes the actor's log-probs and entropy of a left-padded batch (prompt + transformers'
+greedy answer, one answer cut short: right padding); the HybridEngine then reshards the training layout into a
+native engine at rollout TP 2 (2 query heads per rank over the one KV head, replicated; half the padded vocabulary
+and of the GeGLU MLP per rank), which decodes the prompts greedily. transformers on the checkpoint is the oracle of
+both."""
+
+import pytest
+import torch
+from helpers.gemma3_model import ANSWER, PROMPT, gemma3_dir
+from helpers.tiny_models import left_pad
+from helpers.tolerance import forward_tolerance
+
+from verl.launcher.spawn import run_ranks
+
+pytestmark = pytest.mark.distributed
+
+NEW_TOKENS = 8  # " the capital of the country of France." is 8 tokens
+PROMPTS = [PROMPT, "Water boils at a temperature of"]
+PAD = 0
+
+
+def _tolerance(scale: float) -> float:
+    """Log-probs: another fp32 summation order than transformers' (2 ranks' partial sums) through 18 Gemma 3 layers
+    of 12 chained reductions (four norms, q/k norms, q/k/v, scores, values, o_proj, the MLP's two projections), the
+    widest the MLP's 2048 terms, then a log-softmax over 262144 logits of magnitude ``scale``."""
+    return (forward_tolerance(torch.float32, width=2048, depth=12 * 18 + 2, scale=scale)
+            + forward_tolerance(torch.float32, width=262144, depth=1, scale=scale))
+
+
+def _job(model_dir, batch, prompts):
+    import torch.distributed as dist
+
+    from verl.engine.fsdp.engine import FSDPEngine
+    from verl.engine.fsdp.parallel import fsdp_mesh
+    from verl.engine.megatron.engine import OptimConfig
+    from verl.engine.roles import Actor
+    from verl.engine.rollout.base import SamplingParams
+    from verl.engine.rollout.native.engine import NativeRollout
+    from verl.hybrid_engine.groups import derive_groups
+    from verl.hybrid_engine.hybrid_engine import HybridEngine, rollout_tp_process_group
+    from verl.hybrid_engine.layouts import FSDPLayout
+    from verl.models.config import ModelConfig
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    config = ModelConfig.from_pretrained(model_dir)
+    engine = FSDPEngine(config, model_dir, fsdp_mesh(-1), "lm", OptimConfig(lr=1e-6, weight_decay=0.0,
+                                                                            clip_grad=0.0))
+    actor = Actor(engine, micro_batch_size=len(batch["input_ids"])).compute_log_prob(batch)
+    training = FSDPLayout(shard=world)
+    groups = derive_groups(training, 2)
+    _, _, tp_group = rollout_tp_process_group(groups, rank)
+    rollout = NativeRollout(config, tp_group=tp_group, dtype=torch.float32, pad_token_id=PAD)
+    hybrid = HybridEngine(engine, rollout, config, training, 2, 64 << 20, "float32")
+    stats = hybrid.to_rollout()
+    ids, mask = left_pad(prompts, PAD)
+    out = rollout.generate(ids, mask, SamplingParams(temperature=0.0, response_length=NEW_TOKENS))
+    hybrid.to_training()
+    return {"log_probs": actor["log_probs"], "entropy": actor["entropy"], "case": groups.case,
+            "received": stats.get("perf/reshard_bytes"), "responses": out["responses"],
+            "rollout_log_probs": out["rollout_log_probs"], "response_mask": out["response_mask"]}
+
+
+@pytest.fixture(scope="module")
+def report():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = gemma3_dir()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompts = [tokenizer(p).input_ids for p in PROMPTS]
+    width = max(map(len, prompts))
+    rows, masks, answers = [], [], []
+    for i, prompt in enumerate(prompts):
+        x = torch.tensor([prompt])
+        answer = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
+                             min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=PAD)[0, len(prompt):].tolist()
+        answers.append(answer)
+        valid = NEW_TOKENS - 3 if i == 1 else NEW_TOKENS  # one response ends early: right padding
+        pad = width - len(prompt)
+        rows.append([PAD] * pad + prompt + answer[:valid] + [PAD] * (NEW_TOKENS - valid))
+        masks.append([0] * pad + [1] * (len(prompt) + valid) + [0] * (NEW_TOKENS - valid))
+    input_ids, attention_mask = torch.tensor(rows), torch.tensor(masks)
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+             "responses": input_ids[:, -NEW_TOKENS:]}
+    with torch.no_grad():
+        hf_logits = hf(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       logits_to_keep=NEW_TOKENS + 1).logits[:, :-1].float()
+    results = run_ranks(_job, 2, model_dir, batch, prompts, timeout_s=300)
+    return tokenizer, batch, hf_logits, answers, results
+
+
+def test_transformers_answers_as_measured(report):
+    tokenizer, _, _, answers, _ = report
+    assert tokenizer.decode(answers[0]) == ANSWER
+
+
+def test_fsdp_actor_log_probs_and_entropy_equal_transformers(report):
+    _, batch, hf_logits, _, results = report
+    log_p = torch.log_softmax(hf_logits, dim=-1)
+    want = log_p.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    valid = batch["attention_mask"][:, -NEW_TOKENS:].bool()
+    assert not valid.all() and valid.any()
+    tol = _tolerance(float(hf_logits.abs().max()))
+    for result in results:
+        assert (result["log_probs"] - want).abs()[valid].max().item() <= tol
+        assert (result["entropy"] - entropy).abs()[valid].max().item() <= tol
+        assert torch.all(result["log_probs"][~valid] == 0)
+
+
+def test_reshard_into_native_tp2_then_greedy_equals_transformers(report):
+    _, batch, hf_logits, answers, results = report
+    tol = _tolerance(float(hf_logits.abs().max()))
+    for rank, result in enumerate(results):
+        assert result["received"] > 0, f"rank {rank}: nothing moved between the FSDP shards and the rollout"
+        assert result["responses"].tolist() == answers, rank
+        # the first row's answer is the batch's full response: its log-probs are transformers' on the same tokens
+        want = torch.log_softmax(hf_logits[0], -1).gather(-1, batch["responses"][0, :, None]).squeeze(-1)
+        assert (result["rollout_log_probs"][0] - want).abs().max().item() <= tol
