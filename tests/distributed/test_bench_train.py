@@ -17,11 +17,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_bench_train_reports_steps_phases_tokens_and_memory(tmp_path):
     out = tmp_path / "train.json"
     proc = subprocess.run([sys.executable, "-m", "verl.cli", "bench", "train", "--steps", "2", "--warmup", "1",
-                           "--workdir", str(tmp_path / "work"), "--json", str(out), "--baseline", "hf"],
+                           "--workdir", str(tmp_path / "work"), "--json", str(out), "--baseline", "hf",
+                           "--baseline-first", "--roofline"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     record = json.loads(out.read_text())
-    assert record["steps"] == 2 and record["measured_steps"] == 1
+    assert record["steps"] == 2 and record["measured_steps"] == 1 and record["baseline_first"] is True
+    lo, hi = record["s_per_step_range"]
+    assert lo <= record["s_per_step"] <= hi
+    # Each timed phase against the machine's measured limits: a lower bound, so a fraction in (0, 1].
+    phases = record["roofline"]["phases"]
+    assert {"gen", "update_actor"} <= set(phases), phases
+    assert all(0 < p["fraction"] <= 1 for p in phases.values()), phases
     assert {"gen", "update_weights", "update_actor", "reward", "adv"} <= set(record["phases"])
     # One epoch over one mini-batch: the old log-probs come from the update's own forward (no pass of their own).
     assert "old_log_prob" not in record["phases"]

@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "enable_gradient_checkpointing (every layer) and TRL's gradient_checkpointing (TRL's own "
                              "default is on; off here unless asked, so both trade memory for time the same way)")
     parser.add_argument("--rollout-ranks", type=_positive, default=1, help="separate_async: the pool's ranks")
+    parser.add_argument("--roofline", action="store_true",
+                        help="also measure this machine's matmul rate and memory bandwidth (torch, every core) and "
+                             "report each phase of verl train's step against them (verl.bench.roofline)")
     parser.add_argument("--baseline-first", action="store_true",
                         help="run the baseline before verl train (a pair of runs in both orders shows what running "
                              "second on a warmer, busier machine costs)")
@@ -278,6 +281,24 @@ def write_bench_data(data_dir: str, train_prompts: int, task: str = "arithmetic"
                for row in train_rows)
 
 
+def _roofline(args: argparse.Namespace, records: list[dict]) -> dict:
+    """verl train's phases against this machine's limits, measured now (nothing else of this command runs)."""
+    from verl.bench.roofline import machine_limits, model_matmul_params, phase_bounds
+
+    limits = machine_limits()
+    dtype_bytes = 2 if any(o.endswith(("dtype=bfloat16", "dtype=bf16")) for o in args.overrides) else 4
+    phases = phase_bounds(records, args.warmup, model_matmul_params(args.model), limits,
+                          rows=args.prompts * args.n, replicas=max(1, args.nproc // args.rollout_tp),
+                          dtype_bytes=dtype_bytes, recompute=args.gradient_checkpointing == "on")
+    return {"machine": limits, "phases": phases}
+
+
+def roofline_table(roofline: dict) -> str:
+    from verl.bench.roofline import table
+
+    return table(roofline)
+
+
 def main(argv: list[str] | None = None) -> int:
     from verl.utils.tracking import read_metrics
 
@@ -316,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
                   "rollout_tp": args.rollout_tp, "prompts": args.prompts, "n": args.n,
                   "response_length": args.response_length, "overrides": args.overrides,
                   **summarize(read_metrics(output_dir), args.warmup), **ours}
+        if args.roofline:
+            record["roofline"] = _roofline(args, read_metrics(output_dir))
+            print(roofline_table(record["roofline"]), file=sys.stderr)
         if args.baseline != "none":
             if theirs is None:
                 theirs = baseline()
