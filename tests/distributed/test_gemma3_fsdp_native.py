@@ -20,6 +20,8 @@ pytestmark = pytest.mark.distributed
 
 NEW_TOKENS = 8  # " the capital of the country of France." is 8 tokens
 PROMPTS = [PROMPT, "Water boils at a temperature of"]
+# The batch's responses: transformers' greedy answer (tests/helpers/gemma3_model.py) and a text of ours, cut short.
+RESPONSES = [ANSWER, " one hundred degrees Celsius at sea level."]
 PAD = 0
 
 
@@ -72,13 +74,11 @@ def report():
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     prompts = [tokenizer(p).input_ids for p in PROMPTS]
+    answers = [tokenizer(r, add_special_tokens=False).input_ids[:NEW_TOKENS] for r in RESPONSES]
+    assert len(answers[0]) == NEW_TOKENS
     width = max(map(len, prompts))
-    rows, masks, answers = [], [], []
-    for i, prompt in enumerate(prompts):
-        x = torch.tensor([prompt])
-        answer = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
-                             min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=PAD)[0, len(prompt):].tolist()
-        answers.append(answer)
+    rows, masks = [], []
+    for i, (prompt, answer) in enumerate(zip(prompts, answers, strict=True)):
         valid = NEW_TOKENS - 3 if i == 1 else NEW_TOKENS  # one response ends early: right padding
         pad = width - len(prompt)
         rows.append([PAD] * pad + prompt + answer[:valid] + [PAD] * (NEW_TOKENS - valid))
@@ -91,12 +91,21 @@ def report():
         hf_logits = hf(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        logits_to_keep=NEW_TOKENS + 1).logits[:, :-1].float()
     results = run_ranks(_job, 2, model_dir, batch, prompts, timeout_s=300)
-    return tokenizer, batch, hf_logits, answers, results
+    # transformers teacher-forced on each rank's greedy rows: its logits at every response position
+    greedy = {}
+    for result in results:
+        for prompt, response in zip(prompts, result["responses"].tolist(), strict=True):
+            if (tuple(prompt), tuple(response)) not in greedy:
+                with torch.no_grad():
+                    greedy[tuple(prompt), tuple(response)] = hf(torch.tensor([prompt + response[:-1]]),
+                                                                logits_to_keep=NEW_TOKENS).logits[0].float()
+    return prompts, batch, hf_logits, greedy, results
 
 
-def test_transformers_answers_as_measured(report):
-    tokenizer, _, _, answers, _ = report
-    assert tokenizer.decode(answers[0]) == ANSWER
+def test_transformers_greedy_answer_is_the_measured_one(report):
+    """Row 0's response is transformers' own greedy answer: its argmax at each position."""
+    _, batch, hf_logits, _, _ = report
+    assert hf_logits[0].argmax(-1).tolist() == batch["responses"][0].tolist()
 
 
 def test_fsdp_actor_log_probs_and_entropy_equal_transformers(report):
@@ -114,11 +123,20 @@ def test_fsdp_actor_log_probs_and_entropy_equal_transformers(report):
 
 
 def test_reshard_into_native_tp2_then_greedy_equals_transformers(report):
-    _, batch, hf_logits, answers, results = report
-    tol = _tolerance(float(hf_logits.abs().max()))
+    """Each greedy token is transformers' argmax on the engine's own prefix (where its top-2 gap exceeds twice the
+    tolerance; a closer call may go either way) and its log-prob transformers' within the tolerance."""
+    prompts, batch, _, greedy, results = report
     for rank, result in enumerate(results):
+        assert result["responses"][0].tolist() == batch["responses"][0].tolist(), rank  # ' the capital of the ...'
+
         assert result["received"] > 0, f"rank {rank}: nothing moved between the FSDP shards and the rollout"
-        assert result["responses"].tolist() == answers, rank
-        # the first row's answer is the batch's full response: its log-probs are transformers' on the same tokens
-        want = torch.log_softmax(hf_logits[0], -1).gather(-1, batch["responses"][0, :, None]).squeeze(-1)
-        assert (result["rollout_log_probs"][0] - want).abs().max().item() <= tol
+        for prompt, response, reported in zip(prompts, result["responses"].tolist(), result["rollout_log_probs"],
+                                              strict=True):
+            logits = greedy[tuple(prompt), tuple(response)]
+            tol = _tolerance(float(logits.abs().max()))
+            log_p = logits.log_softmax(-1)
+            top2 = log_p.topk(2, dim=-1).values
+            for t, token in enumerate(response):
+                if float(top2[t, 0] - top2[t, 1]) > 2 * tol:
+                    assert token == int(log_p[t].argmax()), (rank, t)
+                assert abs(float(log_p[t, token]) - float(reported[t])) <= tol, (rank, t)
