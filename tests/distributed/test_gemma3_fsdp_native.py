@@ -6,7 +6,8 @@ One 2-rank gloo job, fp32: the FSDP2 actor sharded over both ranks (uneven shard
 greedy answer, one answer cut short: right padding); the HybridEngine then reshards the training layout into a
 native engine at rollout TP 2 (2 query heads per rank over the one KV head, replicated; half the padded vocabulary
 and of the GeGLU MLP per rank), which decodes the prompts greedily. transformers on the checkpoint is the oracle of
-both."""
+both. Last, the FSDP actor exports itself as an HF directory (one full parameter at a time to rank 0) that
+transformers loads and whose logits equal the checkpoint's (item 6)."""
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ def _tolerance(scale: float) -> float:
             + forward_tolerance(torch.float32, width=262144, depth=1, scale=scale))
 
 
-def _job(model_dir, batch, prompts):
+def _job(model_dir, batch, prompts, export_dir):
     import torch.distributed as dist
 
     from verl.engine.fsdp.engine import FSDPEngine
@@ -61,13 +62,14 @@ def _job(model_dir, batch, prompts):
     ids, mask = left_pad(prompts, PAD)
     out = rollout.generate(ids, mask, SamplingParams(temperature=0.0, response_length=NEW_TOKENS))
     hybrid.to_training()
+    engine.export_hf(model_dir, export_dir, None)
     return {"log_probs": actor["log_probs"], "entropy": actor["entropy"], "case": groups.case,
             "received": stats.get("perf/reshard_bytes"), "responses": out["responses"],
             "rollout_log_probs": out["rollout_log_probs"], "response_mask": out["response_mask"]}
 
 
 @pytest.fixture(scope="module")
-def report():
+def report(tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = gemma3_dir()
@@ -90,7 +92,15 @@ def report():
     with torch.no_grad():
         hf_logits = hf(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        logits_to_keep=NEW_TOKENS + 1).logits[:, :-1].float()
-    results = run_ranks(_job, 2, model_dir, batch, prompts, timeout_s=300)
+    export_dir = str(tmp_path_factory.mktemp("gemma3_export") / "hf")
+    results = run_ranks(_job, 2, model_dir, batch, prompts, export_dir, timeout_s=300)
+    exported = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        results[0]["exported_logits"] = exported(input_ids=input_ids, attention_mask=attention_mask,
+                                                 position_ids=position_ids, logits_to_keep=NEW_TOKENS + 1
+                                                 ).logits[:, :-1].float()
+    results[0]["exported_class"] = type(exported).__name__
+    del exported
     # transformers teacher-forced on each rank's greedy rows: its logits at every response position
     greedy = {}
     for result in results:
@@ -140,3 +150,11 @@ def test_reshard_into_native_tp2_then_greedy_equals_transformers(report):
                 if float(top2[t, 0] - top2[t, 1]) > 2 * tol:
                     assert token == int(log_p[t].argmax()), (rank, t)
                 assert abs(float(log_p[t, token]) - float(reported[t])) <= tol, (rank, t)
+
+
+def test_fsdp_export_is_a_directory_transformers_loads_with_equal_logits(report):
+    """The weights went through FSDP's shards and back unchanged (fp32, no arithmetic): the same logits, bit for
+    bit, as the checkpoint's under the same transformers forward."""
+    _, _, hf_logits, _, results = report
+    assert results[0]["exported_class"] == "Gemma3ForCausalLM"
+    assert torch.equal(results[0]["exported_logits"], hf_logits)
