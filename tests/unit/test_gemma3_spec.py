@@ -66,7 +66,7 @@ def test_megatron_refuses_it_naming_the_fields():
         check_megatron_block(_config())
     assert isinstance(err.value, InputError) and str(err.value) == (
         f"model_type gemma3_text: the Megatron builder lacks the block features {FEATURES} of its spec: use "
-        "strategy fsdp")
+        "strategy fsdp to train it, the native engine to generate")
     check_megatron_block(ModelConfig.from_dict({**GEMMA3, "model_type": "qwen3"}))
 
 
@@ -82,6 +82,21 @@ def test_megatron_config_rules_refuse_it_at_config_time():
     with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.megatron\.model_type gemma3_text: the "
                                           r"Megatron builder lacks the block features \['hidden_act'"):
         MegatronConfigRules().check_layout(cfg, _config(), 1)
+
+
+def test_verl_generate_megatron_refuses_it_before_any_rank_starts(tmp_path):
+    import subprocess
+    import sys
+
+    from helpers.gemma3_model import gemma3_dir
+
+    proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_generation", "--engine", "megatron", "--model",
+                           gemma3_dir(), "--input-ids", "2,818", "--max-new-tokens", "2", "--temperature", "0",
+                           "--json", str(tmp_path / "out.json")], capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "the Megatron builder lacks the block features ['hidden_act'" in lines[0]
+    assert not (tmp_path / "out.json").exists()
 
 
 def test_sglang_and_vllm_refuse_it_naming_the_fields():

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from verl.errors import InputError, OutputExistsError
 from verl.models.config import ModelConfig, ModelConfigError
 from verl.models.hf_io import DEFAULT_MAX_SHARD_BYTES, HFCheckpoint, read_config
-from verl.models.mcore.model import HEADS, ModelLayoutError, check_parallel_layout
+from verl.models.mcore.model import HEADS, ModelLayoutError, check_megatron_block, check_parallel_layout
 from verl.models.mcore.weights import WeightsError
 
 USAGE_ERROR = 2
@@ -145,6 +145,7 @@ def hf_to_mcore(args) -> None:
     from verl.engine.megatron.generate import _default_nproc
 
     nproc = _default_nproc(args.tp, args.pp, args.ep, args.etp)
+    check_megatron_block(config)
     check_parallel_layout(config, args.tp, args.pp, args.ep, args.etp, world_size=nproc)
     HFCheckpoint(args.hf_dir)  # every shard present
     _check_out(args.out)

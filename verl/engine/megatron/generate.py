@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     from verl.launcher.spawn import run_ranks
     from verl.models.config import ModelConfig
     from verl.models.hf_io import HFCheckpoint
-    from verl.models.mcore.model import check_parallel_layout
+    from verl.models.mcore.model import check_megatron_block, check_parallel_layout
 
     args = _parser().parse_args(argv)
     try:
@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise InputError(f"--input-ids #{i}: expected at least one token id, found an empty prompt")
         config = ModelConfig.from_pretrained(args.model)
         nproc = args.nproc or _default_nproc(args.tp, args.pp, args.ep, args.etp)
+        check_megatron_block(config)
         check_parallel_layout(config, args.tp, args.pp, args.ep, args.etp, world_size=nproc)
         if nproc % (args.tp * args.pp):
             raise InputError(f"--nproc: expected a multiple of tp*pp={args.tp * args.pp}, found {nproc}")

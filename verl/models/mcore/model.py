@@ -49,7 +49,8 @@ def check_megatron_block(config: ModelConfig) -> None:
     features = config.block_features()
     if features:
         raise ModelLayoutError(f"model_type {config.model_type}: the Megatron builder lacks the block features "
-                               f"{list(features)} of its spec: use strategy fsdp")
+                               f"{list(features)} of its spec: use strategy fsdp to train it, the native engine to "
+                               f"generate")
 
 
 def check_parallel_layout(config: ModelConfig, tp_size: int, pp_size: int, ep_size: int = 1,
