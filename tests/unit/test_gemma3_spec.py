@@ -99,15 +99,31 @@ def test_verl_generate_megatron_refuses_it_before_any_rank_starts(tmp_path):
     assert not (tmp_path / "out.json").exists()
 
 
-def test_sglang_and_vllm_refuse_it_naming_the_fields():
+def test_vllm_refuses_it_naming_the_fields():
     from verl.engine.rollout.registry import rollout_engine
 
-    for name in ("sglang", "vllm"):
-        with pytest.raises(InputError) as err:
-            rollout_engine(name).check_model(_config(), 1)
-        assert str(err.value) == (f"actor_rollout_ref.rollout.name={name}: model_type gemma3_text needs the block "
-                                  f"features {FEATURES}, which the {'SGLang' if name == 'sglang' else 'vLLM'} "
-                                  "rollout is not wired or tested for: use native")
+    with pytest.raises(InputError) as err:
+        rollout_engine("vllm").check_model(_config(), 1)
+    assert str(err.value) == (f"actor_rollout_ref.rollout.name=vllm: model_type gemma3_text needs the block "
+                              f"features {FEATURES}, which the vLLM rollout is not wired or tested for: use native")
+
+
+def test_sglang_takes_the_features_it_was_checked_on_and_refuses_the_others():
+    """tests/sglang/test_sglang_gemma3.py checks Gemma 3 270M's block on SGLang; a soft-capped or rescaled one
+    was never checked there."""
+    from verl.engine.rollout.registry import rollout_engine
+
+    check = rollout_engine("sglang").check_model
+    check(_config(), 1)
+    with pytest.raises(InputError) as err:
+        check(_config(final_logit_softcapping=30.0, query_pre_attn_scalar=24), 1)
+    assert str(err.value) == ("actor_rollout_ref.rollout.name=sglang: model_type gemma3_text needs the block "
+                              "features ['final_logit_softcapping', 'query_pre_attn_scalar'], which the SGLang "
+                              "rollout is not tested for: use native")
+    from verl.engine.rollout.sglang_rollout import check_cpu_tp
+
+    with pytest.raises(InputError, match=r"rollout tp=2 on CPU: expected a tp dividing num_key_value_heads=1"):
+        check_cpu_tp(_config(), 2)  # SGLang pads the one KV head on CPU
 
 
 def test_no_engine_names_the_family():
