@@ -20,8 +20,9 @@ pytestmark = pytest.mark.distributed
 def test_two_truncated_grpo_steps_on_gemma3(tmp_path):
     model_dir = gemma3_dir()
     data = tmp_path / "data"
-    subprocess.run([sys.executable, "-m", "verl.cli", "data", "word-problems", "--out", str(data), "--num-train",
-                    "16", "--num-test", "4"], check=True, cwd=REPO, env=train_env(), capture_output=True)
+    from verl.utils.dataset.word_problems import main as word_problems  # `verl data word-problems`, in process
+
+    assert word_problems(["--out", str(data), "--num-train", "16", "--num-test", "4", "--num-test-ood", "0"]) == 0
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "verl.cli", "train", "--config", "configs/grpo_gemma3_word_problems.yaml",
            f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",
