@@ -16,12 +16,17 @@ if [[ ! -d "$SITE/trl" ]]; then
   .venv/bin/pip install -q --target "$SITE" --no-deps trl==1.16.0 datasets dill multiprocess xxhash pandas
 fi
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-rm -rf "$LOGS" && mkdir -p "$LOGS"
+# RUNS="name ..." redoes only those runs (one killed on a loaded machine) and keeps the others' logs
+ONLY="${RUNS:-}"
+if [[ -z "$ONLY" ]]; then rm -rf "$LOGS"; fi
+mkdir -p "$LOGS"
 { bash "$ROOT/results/quickstart/machine.sh"; .venv/bin/python -c "import trl; print('trl', trl.__version__)"; } \
-    > "$LOGS/machine.txt" 2>&1
+    > "$LOGS/machine${ONLY:+.rerun}.txt" 2>&1
 SMOL="$(.venv/bin/python -c 'import sys; sys.path.insert(0, "tests"); from helpers.real_model import smollm2_dir; print(smollm2_dir())')"
 bench() {  # $1: name, then verl bench train arguments
   local name="$1"; shift
+  if [[ -n "$ONLY" && " $ONLY " != *" $name "* ]]; then return 0; fi
+  rm -rf "$LOGS/$name".*
   .venv/bin/verl bench train --baseline trl --workdir "$LOGS/$name.work" --json "$LOGS/$name.json" "$@" \
       > "$LOGS/$name.log" 2>&1
   # keep the per-step metrics of both sides and the console logs; drop data, checkpoints and exported models

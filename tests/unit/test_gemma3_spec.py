@@ -59,6 +59,16 @@ def test_a_config_the_engines_cannot_compute_is_refused_in_one_line(over, key):
     assert isinstance(err.value, InputError) and str(err.value).startswith(key) and "\n" not in str(err.value)
 
 
+def test_every_family_reads_its_activation():
+    """A Llama config's hidden_act was ignored (silu computed whatever it said): now it is read, an activation no
+    engine computes is refused in one line, and GeGLU on a Llama is a block feature as it is on Gemma 3."""
+    llama = {**GEMMA3, "model_type": "llama", "hidden_activation": None}
+    assert ModelConfig.from_dict({**llama, "hidden_act": "gelu_pytorch_tanh"}).block_features() == ("hidden_act",)
+    with pytest.raises(ModelConfigError, match=r"^hidden_act: expected one of \('silu', 'gelu_pytorch_tanh'\), "
+                                               r"found 'relu'$"):
+        ModelConfig.from_dict({**llama, "hidden_act": "relu"})
+
+
 def test_megatron_refuses_it_naming_the_fields():
     from verl.models.mcore.model import ModelLayoutError, check_megatron_block
 

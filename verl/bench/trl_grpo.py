@@ -89,10 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     trainer = GRPOTrainer(model=load_model(args.model, args.seed), reward_funcs=score, args=config,
                           train_dataset=dataset, processing_class=tokenizer, callbacks=[StepTimer()])
     trainer.train()
-    if not trainer.accelerator.is_main_process:
-        return 0
-    with open(args.metrics, "w", encoding="utf-8") as out:
-        out.writelines(json.dumps(records[step]) + "\n" for step in sorted(records))
+    if trainer.accelerator.is_main_process:
+        with open(args.metrics, "w", encoding="utf-8") as out:
+            out.writelines(json.dumps(records[step]) + "\n" for step in sorted(records))
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # a gloo group left to the interpreter's exit aborted a rank now and then
+        dist.barrier()
+        dist.destroy_process_group()
     return 0
 
 

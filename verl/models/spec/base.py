@@ -129,6 +129,7 @@ def read_decoder(cfg: Mapping[str, Any], rope: dict[str, Any] | None = None) -> 
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=bool(cfg.get("attention_bias", False)),
+        hidden_act=str(cfg.get("hidden_act") or "silu"),  # the gated MLP's activation (ModelConfig checks it)
         **rope,
     )
 
