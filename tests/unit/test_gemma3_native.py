@@ -130,6 +130,40 @@ def test_tiny_gemma3_prefix_cache_across_the_window_equals_the_full_prefill(tmp_
     assert (reused[2] - full[2]).abs().max().item() <= tol
 
 
+def test_tiny_gemma3_partial_rollout_across_the_window_equals_one_run(tmp_path):
+    """Partial rollout (the async trainers' segments): greedy decoding stopped after every third step and resumed
+    by prefilling the prompt and the tokens so far again gives one uninterrupted run's tokens and log-probs,
+    though every resume moves the window's edge from decode into prefill."""
+    from verl.engine.rollout.partial import PromptGroup, run_segment
+
+    model_dir, _ = _tiny(tmp_path)
+    engine = _engine(model_dir)
+    params = SamplingParams(do_sample=False, response_length=10)
+
+    def groups():
+        prompts = [[5, 17, 33, 2, 9], [3, 4, 99, 250, 11, 8, 70], [13]]
+        return [PromptGroup(uid=f"0-{i}", index=i, epoch=0, submit_step=1, prompt=p, fields={}, n=1)
+                for i, p in enumerate(prompts)]
+
+    whole, pieces, calls, segments = groups(), groups(), {"count": 0}, 0
+    while not all(g.finished for g in whole):
+        run_segment(engine, whole, params, 0, version=0, min_groups=len(whole))
+
+    def abort_every_third_step():
+        calls["count"] += 1
+        return calls["count"] % 3 == 0
+
+    while not all(g.finished for g in pieces):
+        run_segment(engine, pieces, params, 0, version=segments, min_groups=len(pieces), abort=abort_every_third_step)
+        segments += 1
+    assert segments > 2
+    _, tol = tolerances(4, 128, 320, scale=5.0)
+    for a, b in zip(whole, pieces, strict=True):
+        ta, tb = a.trajectories[0], b.trajectories[0]
+        assert ta.tokens == tb.tokens and len(ta.tokens) == 10
+        assert max(abs(x - y) for x, y in zip(ta.log_probs, tb.log_probs, strict=True)) <= tol
+
+
 @pytest.fixture(scope="module")
 def real():
     from transformers import AutoModelForCausalLM, AutoTokenizer
