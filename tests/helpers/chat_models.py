@@ -40,3 +40,18 @@ def save_chat_model(path: str, chat_template: str | None = CHATML, seed: int = 0
     save_chat_tokenizer(path, chat_template)
     assert os.path.isfile(os.path.join(path, "tokenizer_config.json"))
     return path
+
+
+def hf_chat_greedy(model_dir: str, messages: list[dict], new_tokens: int) -> str:
+    """transformers, the oracle of the generation jobs: ``messages`` through the model's chat template with the
+    generation prompt, greedy for ``new_tokens`` or up to the tokenizer's eos, decoded without special tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)[0, ids.shape[1]:]
+    return tok.decode(out, skip_special_tokens=True)

@@ -12,8 +12,7 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
-from helpers.chat_models import IM_END, save_chat_model
+from helpers.chat_models import IM_END, hf_chat_greedy, save_chat_model
 
 from verl.models.hf_io import eos_token_ids
 from verl.trainer import generate_text, generation_job
@@ -53,16 +52,7 @@ def _job_args(model, data, out, *extra):
 
 
 def _hf_greedy(model_dir, messages):
-    """transformers: the chat template with the generation prompt, greedy, stopping at the tokenizer's eos."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    ids = tok(ids, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id)[0, ids.shape[1]:]
-    return tok.decode(out, skip_special_tokens=True)
+    return hf_chat_greedy(model_dir, messages, NEW_TOKENS)
 
 
 # ----------------------------------------------------------------------------- the stop-id set

@@ -9,7 +9,7 @@ import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
+from helpers.chat_models import hf_chat_greedy
 from helpers.real_model import smollm2_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -20,18 +20,6 @@ ROWS = [
     {"data_source": "chat", "prompt": [{"role": "user", "content": "Name one colour of the rainbow."}],
      "extra_info": {"index": 1}},
 ]
-
-
-def _hf_greedy(model_dir, messages):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id)[0, ids.shape[1]:]
-    return tok.decode(out, skip_special_tokens=True)
 
 
 def test_verls_generation_job_runs_on_vllm_and_answers_as_transformers(vllm_python, tmp_path):
@@ -47,5 +35,5 @@ def test_verls_generation_job_runs_on_vllm_and_answers_as_transformers(vllm_pyth
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = pq.read_table(str(out)).to_pylist()
     assert [r["extra_info"] for r in rows] == [r["extra_info"] for r in ROWS]  # the input columns kept, in order
-    assert [r["responses"] for r in rows] == [[_hf_greedy(model, r["prompt"])] for r in ROWS]
+    assert [r["responses"] for r in rows] == [[hf_chat_greedy(model, r["prompt"], NEW_TOKENS)] for r in ROWS]
     assert rows[0]["responses"][0] == "17 + 25 = 32."  # the 135M model's own (wrong) sum, as transformers says it
