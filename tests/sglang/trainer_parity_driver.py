@@ -67,8 +67,8 @@ def install_check(out_path: str) -> None:
             ids, mask = left_pad([tok.encode(p) for p in PROMPTS], tok.pad_token_id)
             greedy = SamplingParams(do_sample=False, n=1, response_length=self.train_sampling.response_length,
                                     eos_token_id=(tok.eos_token_id,))
-            gen = {k: v for k, v in self.rollout.engine.generate(ids, mask, greedy,
-                                                                 pad_token_id=tok.pad_token_id).items()}
+            engine = self.rollout_side.engine.engine  # the SGLang group's engine, owned by this rank
+            gen = dict(engine.generate(ids, mask, greedy, pad_token_id=tok.pad_token_id).items())
         box = [gen]
         dist.broadcast_object_list(box, src=0)
         tokens, mismatches, diff = megatron_greedy_check(self, box[0])
