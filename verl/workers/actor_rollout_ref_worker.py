@@ -26,6 +26,7 @@ from verl.engine.base import EngineSpec
 from verl.engine.lora import has_adapters
 from verl.engine.registry import build_engine
 from verl.engine.roles import Actor
+from verl.engine.rollout.base import replica_params
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, make_nd_compute_dataproto_dispatch_fn, register
@@ -40,7 +41,7 @@ from verl.workers.role_utils import (
     ppo_mini_batches,
     token_budget,
 )
-from verl.workers.rollout_side import build_rollout_side, replica_params
+from verl.workers.rollout_side import build_rollout_side
 
 logger = get_logger(__name__)
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from verl.engine.rollout.base import replica_params, replica_seed
 from verl.errors import InputError
 from verl.hybrid_engine.cross_pool import PoolPlacement, plan_cross_pool
 from verl.hybrid_engine.lora_sync import METRIC_ADAPTER_BYTES as METRIC_LORA_BYTES
@@ -142,15 +143,14 @@ class RolloutPoolLink:
 
     def generate(self, prompts: DataProto, params: Any, seed: int | None) -> DataProto:
         """Training rank 0: the rollouts of ``prompts``, split over the replicas as evenly as the rows allow
-        (replica k samples with seed ``seed * 1009 + k``, as a colocated rollout replica does)."""
+        (replica k samples with :func:`~verl.engine.rollout.base.replica_seed`, as a colocated replica does)."""
         p = self.placement
         rows = len(prompts)
         bounds = [rows * k // p.replicas for k in range(p.replicas + 1)]
         busy = [k for k in range(p.replicas) if bounds[k + 1] > bounds[k]]
         for k in busy:
             share = prompts.slice(bounds[k], bounds[k + 1])
-            replica_params = params if seed is None else dataclasses.replace(params, seed=seed * 1009 + k)
-            command = {"op": "generate", "prompts": share.to_bytes(), "params": replica_params}
+            command = {"op": "generate", "prompts": share.to_bytes(), "params": replica_params(params, seed, k)}
             for j in range(p.rollout_tp):
                 self.bridge.send_object(command, p.rollout_rank(k, j))
         outputs = [DataProto.from_bytes(self._receive_rollouts(k)) for k in busy]
@@ -199,7 +199,7 @@ class RolloutPoolLink:
         self._replica_load = [0] * p.replicas
         for k in range(p.replicas):
             command = {"op": "stream", "params": params, "groups_per_segment": groups_per_segment,
-                       "seed": seed * 1009 + k, "version": version}
+                       "seed": replica_seed(seed, k), "version": version}
             for j in range(p.rollout_tp):
                 self.bridge.send_object(command, p.rollout_rank(k, j))
 

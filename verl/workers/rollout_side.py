@@ -13,7 +13,6 @@ one line. The rollout's replica coordinates (``dp_rank``, ``dp_size``, ``tp_rank
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -265,8 +264,3 @@ def build_rollout_side(actor_engine: Any, engines: list[Any], model_config: Any,
     return ColocatedRollout(actor_engine, engines, model_config, training, arr, tokenizer, seed=seed,
                             bucket_bytes=bucket_bytes, max_seq_len=max_seq_len, max_batch_rows=max_batch_rows)
 
-
-def replica_params(params: Any, seed: int | None, dp_rank: int) -> Any:
-    """Sampling parameters of one replica's call: each replica offsets the call's seed by its DP rank, so
-    replicas draw different streams."""
-    return params if seed is None else dataclasses.replace(params, seed=int(seed) * 1009 + dp_rank)

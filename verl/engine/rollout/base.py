@@ -113,6 +113,17 @@ class SamplingParams:
         return cls(**values)
 
 
+def replica_seed(seed: int, replica: int) -> int:
+    """The sampling seed of rollout replica ``replica`` for a call seeded ``seed``: replicas draw different streams,
+    the same ones whether they run colocated or in a standalone pool."""
+    return int(seed) * 1009 + replica
+
+
+def replica_params(params: SamplingParams, seed: int | None, replica: int) -> SamplingParams:
+    """``params`` for one replica's share of a call seeded ``seed`` (None: unseeded, unchanged)."""
+    return params if seed is None else dataclasses.replace(params, seed=replica_seed(seed, replica))
+
+
 def check_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab_size: int, context: int,
                   response_length: int) -> None:
     """Raise one RolloutInputError if the prompts are not a valid left-padded batch for the model."""
