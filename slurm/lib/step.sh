@@ -83,7 +83,7 @@ _verl_failure_watchdog() {
 
 # One line naming the node and rank that failed first, from srun's and gloo's/NCCL's lines.
 _verl_report_failure() {
-  local failures=$1 tasks_per_node=$2 task_line peer node='' ranks='' why='' index host
+  local failures=$1 tasks_per_node=$2 task_line peer lost node='' ranks='' why='' index host
   sleep 0.2  # the filter's last line
   task_line=$(grep -m 1 '^srun: error' "$failures" || true)
   # gloo names the peer it lost: "Connection closed by peer [IP]:port", "Read error [IP]:port: ... reset by peer".
@@ -106,6 +106,18 @@ _verl_report_failure() {
       index=$((index + 1))
     done
   fi
+  # Or rank 0 names the ranks it lost at the rollout barrier (verl.single_controller.generation_wait): tasks are
+  # placed in blocks of tasks_per_node, so rank r ran on the (r / tasks_per_node)-th node of the job.
+  lost=$(grep -m 1 -oE 'lost rank\(s\) \[[0-9]+' "$failures" | grep -oE '[0-9]+$' || true)
+  if [[ -z $peer && -n $lost && ( -z $node || $why == "Exited with exit code 1" ) ]]; then
+    index=$((lost / tasks_per_node))
+    host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n "$((index + 1))p")
+    if [[ -n $host && $host != "$node" ]]; then
+      why="its ranks went away; rank(s) ${ranks:-?} on ${node:-?} lost rank ${lost}"
+      node=$host ranks=$((index * tasks_per_node))
+      ((tasks_per_node > 1)) && ranks+="-$(((index + 1) * tasks_per_node - 1))"
+    fi
+  fi
   if [[ -n $node ]]; then
     echo "[$_verl_tag] failed: node $node rank $ranks ($why); exit $rc" >&2
   else
@@ -125,7 +137,7 @@ verl_run_step() {
   # The step's stderr (srun's and the ranks') goes through a filter that keeps the lines saying who failed.
   failures=$(mktemp)
   srun --kill-on-bad-exit=1 "$@" bash -c "exec ${cmd}" 2> >(tee -a /dev/stderr |
-    grep --line-buffered -E '^srun: error: [^:]+: tasks? [0-9]| by peer' >"$failures") &
+    grep --line-buffered -E '^srun: error: [^:]+: tasks? [0-9]| by peer|lost rank\(s\) \[' >"$failures") &
   _verl_step_pid=$!
   _verl_failure_watchdog "$_verl_step_pid" "$failures" &
   watchdog=$!

@@ -40,6 +40,36 @@ def test_a_rollout_past_the_deadline_is_named_and_one_within_it_is_waited_for(mo
     assert late[0]["waited"] < 4, late  # rank 0 gave up at the deadline, not when the slow rank arrived
 
 
+def _meet_or_leave(rank, world, timeout_s):
+    """Rank 1 closes its connections instead of meeting (what its death does to rank 0's side), then waits
+    for rank 0 to have seen it; rank 0 returns what it raised."""
+    import torch.distributed as dist
+
+    from verl.single_controller.generation_wait import GenerationWait, RankLostError
+
+    wait = GenerationWait(timeout_s, 1)
+    if rank == 1:
+        dist.destroy_process_group(wait.group)
+        dist.destroy_process_group()
+        time.sleep(5)
+        return ""
+    t0 = time.monotonic()
+    try:
+        wait.wait("actor_rollout_ref.generate_sequences")
+    except RankLostError as err:
+        return str(err)
+    return f"no RankLostError after {time.monotonic() - t0:.1f} s"
+
+
+def test_a_rank_that_went_away_is_named_as_lost_not_as_late():
+    """A dead rank's connections close: gloo words that as a failed monitored barrier too, long before the
+    deadline. The line says which rank was lost (slurm/lib/step.sh maps it to its node), not "had not finished
+    after 600 s", which would send the user to raise a timeout that never ran out (CI run of stop 62)."""
+    text = run_ranks_with_rank(_meet_or_leave, 2, 600.0, timeout_s=120)[0]
+    assert text.startswith("actor_rollout_ref.generate_sequences: lost rank(s) [1] (rollout replica(s) [1]): "
+                           "their connection closed after "), text
+    assert "before the 600 s generation deadline" in text, text
+
 
 def _one_step_cmd(tmp_path, name, generation_timeout_s, *extra):
     """(output dir, `verl train` command): one tiny GRPO step, collective timeout 15 s, no validation or saves."""

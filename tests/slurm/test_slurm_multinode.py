@@ -426,12 +426,13 @@ def test_two_node_checkpoint_resumes_on_one_node_at_world_size_4(preempted_grpo,
 
 
 # ------------------------------------------------------------------------------------------- faults
+UNREACHED_STEPS = 100_000  # the fault comes within seconds of the step waited for; 500 tiny steps take ~50 s
 def test_killing_every_process_of_the_job_on_one_node_ends_it_within_60s(jobs):
     # The rank and its slurmstepd: srun then never hears of the task's exit, and the script's grace period
     # (VERL_FAILURE_GRACE_S, 20 s) ends the step; the line names the node whose processes died.
     run_dir, out = os.path.join(jobs.root, "kill"), os.path.join(jobs.root, "kill.out")
     job_id = submit_and_wait_for_step(jobs, out, run_dir, 1, "--no-requeue",
-                                      **grpo_env(run_dir, os.path.join(jobs.root, "data"), 500,
+                                      **grpo_env(run_dir, os.path.join(jobs.root, "data"), UNREACHED_STEPS,
                                                  "trainer.save_freq=-1"))
     killed = kill_job_on_node(job_id, "verl-node2", with_stepd=True)
     t0 = time.monotonic()
@@ -451,7 +452,7 @@ def test_killing_every_process_of_the_job_on_one_node_ends_it_within_60s(jobs):
 def test_link_cut_mid_collective_ends_the_job_within_twice_the_collective_timeout(jobs):
     run_dir, out = os.path.join(jobs.root, "cut"), os.path.join(jobs.root, "cut.out")
     job_id = submit_and_wait_for_step(jobs, out, run_dir, 2, "--no-requeue",
-                                      **grpo_env(run_dir, os.path.join(jobs.root, "data"), 500,
+                                      **grpo_env(run_dir, os.path.join(jobs.root, "data"), UNREACHED_STEPS,
                                                  "trainer.save_freq=-1",
                                                  f"actor_rollout_ref.nccl_timeout={COLLECTIVE_TIMEOUT_S}"))
     subprocess.run(["ip", "link", "set", "vh-verl-node2", "down"], check=True)
@@ -477,7 +478,9 @@ def test_node_failure_with_requeue_resumes_from_the_last_complete_checkpoint(job
     steps = 6
     job_id = submit_and_wait_for_step(jobs, out, run_dir, 2, "--requeue",
                                       **grpo_env(run_dir, os.path.join(jobs.root, "data"), steps,
-                                                 "trainer.save_freq=1"))
+                                                 "trainer.save_freq=1"),
+                                      # 1 s more per generation: the node must fail while steps 3-6 are left
+                                      VERL_TEST_SLOW_GENERATION="0:1")
     login("scontrol", "update", "nodename=verl-node2", "state=down", "reason=verl-test-node-failure", check=True)
     t0 = time.monotonic()
     kill_job_on_node(job_id, "verl-node2", with_stepd=True)

@@ -25,6 +25,11 @@ class GenerationTimeoutError(RuntimeError):
     """A rollout did not finish within ``actor_rollout_ref.rollout.generation_timeout``."""
 
 
+class RankLostError(GenerationTimeoutError):
+    """The barrier failed long before its deadline: a rank's connection closed (its process or node died).
+    The message carries ``lost rank(s) [..]``, which slurm/lib/step.sh reads to name the node that failed."""
+
+
 class GenerationWait:
     """The barrier the ranks of a job meet at after each generation call. Collective to build (every rank, in
     the same order as the job's other groups). ``rollout_tp``: ranks per rollout replica (names replicas)."""
@@ -43,6 +48,7 @@ class GenerationWait:
             time.sleep(delay)
         if self.group is None:
             return
+        t0 = time.monotonic()
         try:
             dist.monitored_barrier(group=self.group, timeout=datetime.timedelta(seconds=self.timeout_s),
                                    wait_all_ranks=True)
@@ -52,6 +58,14 @@ class GenerationWait:
                             for r in part.replace(",", " ").split()})
             limit = (f"actor_rollout_ref.rollout.generation_timeout={self.timeout_s:g} s; raise it for longer "
                      "rollouts (actor_rollout_ref.nccl_timeout bounds every other wait)")
+            waited = time.monotonic() - t0
+            # gloo words a peer's closed connection as a failed barrier too ("failed to pass monitoredBarrier in
+            # <timeout> ms"); only the time waited tells a dead rank from a slow one.
+            if ranks and waited < 0.9 * self.timeout_s:
+                replicas = sorted({r // self.rollout_tp for r in ranks})
+                raise RankLostError(f"{what}: lost rank(s) {ranks} (rollout replica(s) {replicas}): their "
+                                    f"connection closed after {waited:.1f} s, before the {self.timeout_s:g} s "
+                                    "generation deadline (the process or its node died)") from None
             if ranks:
                 replicas = sorted({r // self.rollout_tp for r in ranks})
                 raise GenerationTimeoutError(f"{what}: rank(s) {ranks} (rollout replica(s) {replicas}) had not "
