@@ -318,6 +318,7 @@ def test_a_pool_rank_killed_during_a_transfer_ends_the_job_with_one_line(tmp_pat
     env["PYTHONPATH"] = f"{hook}{os.pathsep}{env['PYTHONPATH']}"
     env["KILL_STAMP"] = str(tmp_path / "killed_at")
     env["KILL_AT"] = str(kill_at)
+    env["VERL_RANK_START"] = "exec"  # each rank a fresh interpreter: the hook runs at an interpreter's start
     cmd = train_cmd("grpo_arith_tiny.yaml", tmp_path / "run", data_args, *SMALL, *POOL,
                     "hybrid_engine.bucket_bytes=16384", f"trainer.v1.trainer_mode={mode}")
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)

@@ -53,6 +53,8 @@ def test_grpo_two_ranks_logs_verl_metrics_and_resumes_exactly_after_kill(tmp_pat
         check_step_record(full[step], step, COMMON_KEYS)
     assert all(k in full[4] for k in VAL_KEYS)
     assert os.path.isfile(full_dir / "metrics.csv")
+    # The run's start-up: from the launch to the end of its first step (verl.launcher.startup), once.
+    assert 0 < full[1]["perf/time_to_first_step_s"] < 600 and "perf/time_to_first_step_s" not in full[2]
 
     killed_dir = tmp_path / "killed"
     # Killed once step 3 is logged: the step-2 checkpoint is complete, step 4 not yet logged.
@@ -68,7 +70,9 @@ def test_grpo_two_ranks_logs_verl_metrics_and_resumes_exactly_after_kill(tmp_pat
     proc = run_train(train_cmd("grpo_arith_tiny.yaml", killed_dir, arithmetic_data, *steps, "trainer.resume_mode=auto",
                                *offload))
     assert "resumed from" in proc.stdout
+    assert "startup: the first step ended " in proc.stdout
     resumed = read_metrics(killed_dir)
+    assert resumed[3]["perf/time_to_first_step_s"] > 0  # the resumed run's own first step
     for step in (3, 4):
         assert resumed[step].pop("perf/offloaded_mb") > 0 and "perf/offloaded_mb" not in full[step]
         assert deterministic(resumed[step]) == deterministic(full[step]), f"step {step} differs after resume"

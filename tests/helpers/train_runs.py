@@ -77,7 +77,7 @@ STEP_PHASES = ("swap_reward_model", "update_weights", "gen", "gen_max", "reward"
 VAL_KEYS = ["val/accuracy", "val-core/arithmetic/reward/mean@1"]
 # Wall-clock and memory readings differ between any two runs; everything else must match exactly.
 NONDETERMINISTIC_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time_per_step",
-                             "perf/cpu_memory_used_gb", "perf/max_memory", "perf/mfu/")
+                             "perf/cpu_memory_used_gb", "perf/max_memory", "perf/mfu/", "perf/time_to_first_step")
 
 
 def train_cmd(config, output_dir, data_args, *overrides):

@@ -126,7 +126,7 @@ class LocalRanks:
     """
 
     def __init__(self, nproc: int, argv: list[str], env: dict[str, str] | None = None,
-                 master_port: int | None = None, out=None, prefix_output: bool = True):
+                 master_port: int | None = None, out=None, prefix_output: bool = True, forkserver=None):
         if not isinstance(nproc, int) or nproc < 1:
             raise LaunchError(f"local ranks: expected nproc >= 1, found {nproc!r}")
         if not argv:
@@ -140,6 +140,8 @@ class LocalRanks:
         self.failed_ranks: list[int] = []
         self.timed_out = False
         self._write_lock = threading.Lock()
+        # A verl.launcher.forkserver.ForkServer: ranks of `python -m MODULE ...` forked from it, not started fresh.
+        self.forkserver = forkserver if prefix_output and self.argv[1:2] == ["-m"] else None
 
     def _pump(self, rank: int, stream) -> None:
         for line in iter(stream.readline, ""):
@@ -173,7 +175,17 @@ class LocalRanks:
                          if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)}
         pumps = []
         try:
-            for rank in range(self.nproc):
+            forked = None
+            if self.forkserver is not None:
+                forked = self.forkserver.start_ranks(
+                    [(rank_env(rank, self.nproc, self.port, self.base), self.argv[2], self.argv[3:])
+                     for rank in range(self.nproc)])
+            for rank, p in enumerate(forked or ()):
+                self.procs.append(p)
+                t = threading.Thread(target=self._pump, args=(rank, p.stdout), daemon=True)
+                t.start()
+                pumps.append(t)
+            for rank in range(self.nproc if forked is None else 0):
                 piped = subprocess.PIPE if self.prefix_output else None
                 p = subprocess.Popen(self.argv, env=rank_env(rank, self.nproc, self.port, self.base),
                                      stdout=piped, stderr=subprocess.STDOUT if self.prefix_output else None,
@@ -212,15 +224,16 @@ class LocalRanks:
 
 
 def spawn_local(nproc: int, argv: list[str], env: dict[str, str] | None = None,
-                master_port: int | None = None, out=None, failure: dict | None = None) -> int:
+                master_port: int | None = None, out=None, failure: dict | None = None, forkserver=None) -> int:
     """Run ``argv`` as ``nproc`` local ranks; return 0 or the first failing rank's exit code.
 
     env: base environment of the ranks (default: this process's); master_port: default a free one;
     out: text stream for the prefixed output (default sys.stdout); failure: filled with the first failing
     rank (``rank``) and, when a signal killed it, the signal (``signal``, else None): a rank killed leaves no
-    error line of its own.
+    error line of its own. forkserver: a :class:`verl.launcher.forkserver.ForkServer` to fork the ranks of a
+    ``python -m MODULE`` argv from (they start as fresh interpreters where it declines).
     """
-    ranks = LocalRanks(nproc, argv, env=env, master_port=master_port, out=out)
+    ranks = LocalRanks(nproc, argv, env=env, master_port=master_port, out=out, forkserver=forkserver)
     code = ranks.wait()
     if failure is not None and ranks.failed_rank is not None:
         # A rank a signal killed is the cause when peers failed by the same poll (their errors follow from it).

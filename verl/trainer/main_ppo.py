@@ -124,13 +124,17 @@ def _close_after_error(trainer) -> None:
 
 
 def _run_rank(config, dry_run: bool) -> int:
+    from verl.launcher import startup
     from verl.launcher.bootstrap import destroy_distributed, init_distributed
     from verl.launcher.pools import POOL_ROLLOUT, split_from_config
+
+    startup.mark("config")
 
     split = split_from_config(config)  # None: the rollout is colocated on the training ranks
     # verl's key for the process groups' timeout: a collective stuck on a lost peer raises after it.
     env = init_distributed(seed=config.trainer.seed, timeout_s=float(config.actor_rollout_ref.nccl_timeout),
                            pools=split)
+    startup.mark("process groups")
     try:
         from transformers import AutoTokenizer
 
@@ -142,6 +146,7 @@ def _run_rank(config, dry_run: bool) -> int:
 
             return serve_rollout_pool(config, tokenizer)
         trainer = trainer_class(config)(config, tokenizer, dry_run=dry_run)
+        startup.mark("workers")
         try:
             code = trainer.fit()
         except BaseException:
@@ -204,7 +209,10 @@ def actor_memory_estimate(config) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from verl.launcher import startup
     from verl.launcher.preemption import hold_early_preemption
+
+    startup.mark_process_start("launcher")  # a spawned rank: what its launcher did before starting it
 
     hold_early_preemption()  # Slurm's preemption signal during start-up: honoured after the first step, not fatal
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -219,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from verl.errors import InputError
     from verl.launcher.env import LaunchError, discover
-    from verl.trainer.config import ConfigError, auto_layout, job_size, load_config
+    from verl.trainer.config import ConfigError, auto_layout, load_config
     from verl.trainer.config.loader import config_dir_from_cli
 
     try:
@@ -250,8 +258,33 @@ def main(argv: list[str] | None = None) -> int:
 
         print(OmegaConf.to_yaml(config), end="")
         return 0
+    return _check_and_run(config, argv, args, launched, chosen)
+
+
+def _rank_modules(config) -> tuple[list[str], tuple[str, ...]]:
+    """What a rank of this config imports before its first step, for the fork server to import once: (the
+    modules, the modules each backend may or may not have)."""
+    from verl.engine.strategies import ENGINE_TABLE, STRATEGIES
+    from verl.trainer.v1 import trainer_module
+
+    modules = ["transformers", "verl.trainer.preflight", trainer_module(config),
+               "verl.workers.actor_rollout_ref_worker", "verl.hybrid_engine.hybrid_engine",
+               "verl.workers.reward_manager.naive"]
+    optional = [f"verl.engine.rollout.{config.actor_rollout_ref.rollout.name}.engine"]
+    entry = ENGINE_TABLE.get(STRATEGIES.get(config.actor_rollout_ref.actor.strategy, ""))
+    if entry is not None and isinstance(entry.engine_class, str):
+        module = entry.engine_class.partition(":")[0]
+        modules.append(module)
+        optional.append(f"{module.rpartition('.')[0]}.actor")
+    return modules, tuple(optional)
+
+
+def _check_and_run(config, argv: list[str], args, launched: bool, chosen: list[str]) -> int:
+    """The config's preflight, then this process as the one rank, a launched rank, or the local launcher."""
     from omegaconf import OmegaConf
 
+    from verl.errors import InputError
+    from verl.trainer.config import job_size
     from verl.trainer.config.sections import PPOSections
     from verl.trainer.preflight import preflight
 
@@ -271,20 +304,36 @@ def main(argv: list[str] | None = None) -> int:
             print(f"verl train: config error: {key}.nnodes={nnodes}: expected 1 outside a launcher (multi-node runs "
                   f"start under srun/mpirun, see slurm/)", file=sys.stderr)
             return EXIT_INPUT_ERROR
+    from verl.launcher.forkserver import ForkServer
+
+    # The ranks fork from one process that imported what they need (verl.launcher.forkserver), where that is safe.
+    server = ForkServer.start(*_rank_modules(config))
+    try:
+        return _spawn_ranks(argv, chosen, world, server)
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _spawn_ranks(argv: list[str], chosen: list[str], world: int, server) -> int:
+    """``world`` local ranks of this command (forked from ``server`` when it has one); their exit code."""
     import os
     import signal
     import tempfile
 
+    from verl.launcher import startup
     from verl.launcher.spawn import spawn_local, without_option
+    from verl.trainer.config import auto_layout
 
     with tempfile.TemporaryDirectory(prefix="verl_rank_errors_") as error_dir:
         # The ranks' output reaches this process's console (and its --log_dir copy): they write no log of their own.
         # The chosen layout travels as overrides: the ranks neither choose again nor print the block again.
         rank_argv = [*without_option(argv, "--log_dir", "--log-dir"), *chosen]
         rank_env = {key: value for key, value in os.environ.items() if key != auto_layout.DEVICE_MAP_ENV}
+        rank_env.update(startup.rank_environment())  # the ranks' start-up clock starts at this launcher's
         failure: dict = {}
         code = spawn_local(world, [sys.executable, "-m", "verl.trainer.main_ppo", *rank_argv],
-                           env={**rank_env, RANK_ERROR_DIR_ENV: error_dir}, failure=failure)
+                           env={**rank_env, RANK_ERROR_DIR_ENV: error_dir}, failure=failure, forkserver=server)
         line = None
         if failure.get("signal"):  # killed by a signal: it left no line of its own
             line = f"rank {failure['rank']}: killed by {signal.Signals(failure['signal']).name} (exit {code})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 from tqdm import tqdm
@@ -53,7 +54,9 @@ class RunLoop:
     def _train_loop(self, validate: bool, preempt: Any, progress: Any) -> bool:
         """Steps until ``total_training_steps`` or a preemption (returned), each from the batch source's next
         input."""
-        preempted = False
+        from verl.launcher import startup
+
+        preempted, first = False, True
         self.source.start()
         inputs = self.source.step_inputs()
         try:
@@ -62,6 +65,10 @@ class RunLoop:
                 step = self.global_step + 1
                 metrics = self.train_step(step_input, step)
                 metrics.update(extra)
+                if first:  # this process's first step: how long the run took to get here (verl.launcher.startup)
+                    first = False
+                    metrics["perf/time_to_first_step_s"] = time.time() - startup.launch_time()
+                    self._print(startup.summary_line(time.time()))
                 last, preempted = self._end_step(metrics, step, validate, preempt)
                 progress.update(1)
                 if last:

@@ -6,20 +6,27 @@ from __future__ import annotations
 
 from typing import Any
 
+# trainer.v1.trainer_mode -> "module:Class" (imported when the mode runs)
+TRAINERS = {
+    "sync": "verl.trainer.ppo.trainer:PPOTrainer",
+    "colocate_async": "verl.trainer.v1.colocate_async:ColocateAsyncTrainer",
+    "separate_async": "verl.trainer.v1.separate_async:SeparateAsyncTrainer",
+}
 
-def trainer_class(config: Any) -> type:
-    """The trainer ``trainer.v1.trainer_mode`` names (verl's legacy trainer, ``use_v1=false``, is sync)."""
+
+def trainer_module(config: Any) -> str:
+    """The module of the trainer ``trainer.v1.trainer_mode`` names (verl's legacy trainer, ``use_v1=false``, is
+    sync), without importing it."""
     from verl.trainer.config.ppo import trainer_mode
 
-    mode = trainer_mode(config)
-    if mode == "colocate_async":
-        from verl.trainer.v1.colocate_async import ColocateAsyncTrainer
+    return TRAINERS.get(trainer_mode(config), TRAINERS["sync"]).partition(":")[0]
 
-        return ColocateAsyncTrainer
-    if mode == "separate_async":
-        from verl.trainer.v1.separate_async import SeparateAsyncTrainer
 
-        return SeparateAsyncTrainer
-    from verl.trainer.ppo.trainer import PPOTrainer
+def trainer_class(config: Any) -> type:
+    """The trainer ``trainer.v1.trainer_mode`` names."""
+    import importlib
 
-    return PPOTrainer
+    from verl.trainer.config.ppo import trainer_mode
+
+    module, _, name = TRAINERS.get(trainer_mode(config), TRAINERS["sync"]).partition(":")
+    return getattr(importlib.import_module(module), name)
