@@ -135,8 +135,9 @@ def train_command(args: argparse.Namespace, data_dir: str, output_dir: str, prom
         f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={args.tp}",
         f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={args.pp}",
         f"trainer.n_gpus_per_node={training}", f"trainer.total_training_steps={args.steps}", *placement,
-        *(["actor_rollout_ref.model.enable_gradient_checkpointing=True"]
-          if getattr(args, "gradient_checkpointing", "off") == "on" else []),
+        # Named either way: the baseline has it off unless asked, so verl-hpc's own choice by memory stays out.
+        "actor_rollout_ref.model.enable_gradient_checkpointing="
+        f"{getattr(args, 'gradient_checkpointing', 'off') == 'on'}",
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
         "trainer.export_hf_at_end=False", "trainer.resume_mode=disable", "trainer.logger=[console]",
         f"trainer.output_dir={output_dir}", *args.overrides,

@@ -261,6 +261,22 @@ def main(argv: list[str] | None = None) -> int:
     return _check_and_run(config, argv, args, launched, chosen)
 
 
+def _choose_recompute(config) -> list[str]:
+    """Activation recompute where the user did not choose it, decided here once (verl.trainer.config.
+    recompute_choice): set in ``config`` and returned as the override that hands it to spawned ranks."""
+    from omegaconf import OmegaConf
+
+    from verl.trainer.config import recompute_choice
+
+    choice, line = recompute_choice.choose(config)
+    if choice is None:
+        return []
+    OmegaConf.update(config, recompute_choice.KEY, choice, merge=False)
+    if launcher_rank() == 0:
+        print(line, flush=True)
+    return [f"{recompute_choice.KEY}={str(choice).lower()}"]
+
+
 def _rank_modules(config) -> tuple[list[str], tuple[str, ...]]:
     """What a rank of this config imports before its first step, for the fork server to import once: (the
     modules, the modules each backend may or may not have)."""
@@ -293,6 +309,7 @@ def _check_and_run(config, argv: list[str], args, launched: bool, chosen: list[s
     except InputError as err:  # PreflightError, DatasetError, CheckpointError, ModelConfigError, ...
         print(f"verl train: {err}", file=sys.stderr)
         return EXIT_INPUT_ERROR
+    chosen = chosen + _choose_recompute(config)
     if args.dry_run:
         print(actor_memory_estimate(config), flush=True)
     world = job_size(config)  # the training ranks, then a standalone rollout pool's (rollout.nnodes > 0)

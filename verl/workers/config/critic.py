@@ -30,7 +30,7 @@ class CriticModelConfig(LoRAModelKeys):
     override_config: Mapping[str, Any]
     trust_remote_code: bool
     use_remove_padding: bool
-    enable_gradient_checkpointing: bool
+    enable_gradient_checkpointing: bool | None  # None: chosen by memory (recompute_choice), off until chosen
 
 
 @frozen

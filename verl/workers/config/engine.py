@@ -55,7 +55,7 @@ class HFModelConfig(LoRAModelKeys):
     trust_remote_code: bool
     external_lib: str | None
     override_config: Mapping[str, Any]
-    enable_gradient_checkpointing: bool
+    enable_gradient_checkpointing: bool | None  # None: chosen by memory (recompute_choice), off until chosen
     enable_activation_offload: bool
     use_remove_padding: bool
     use_fused_kernels: bool
