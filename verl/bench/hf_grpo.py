@@ -76,6 +76,18 @@ def read_data_source(data_dir: str) -> str:
     return sources.pop()
 
 
+def response_log_probs(model, sequences: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor,
+                       responses: torch.Tensor) -> torch.Tensor:
+    """Each response token's log-prob, as the peers compute it: the output layer on the response positions only
+    (``logits_to_keep``), and the chosen token's logit minus the log-sum-exp, without a full-vocabulary
+    log-softmax (TRL's ``selective_log_softmax``)."""
+    keep = responses.shape[1] + 1  # the positions predicting each response token, and the last one (dropped)
+    logits = model(input_ids=sequences, attention_mask=attention, position_ids=positions,
+                   logits_to_keep=keep).logits[:, :-1].float()
+    chosen = logits.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(logits, dim=-1)
+
+
 def grpo_step(model, optimizer, tokenizer, batch: list[tuple[str, str]], n: int, response_length: int,
               data_source: str = "arithmetic") -> dict:
     """One GRPO step on ``batch`` (prompt, truth) pairs, scored by verl's built-in scorer of ``data_source``;
@@ -105,9 +117,7 @@ def grpo_step(model, optimizer, tokenizer, batch: list[tuple[str, str]], n: int,
     model.train()
     attention = torch.cat([encoded["attention_mask"], mask.long()], dim=1)
     positions = torch.clamp(torch.cumsum(attention, dim=1) - 1, min=0)
-    logits = model(input_ids=sequences, attention_mask=attention, position_ids=positions).logits
-    log_probs = torch.log_softmax(logits[:, prompt_len - 1:-1].float(), dim=-1)
-    token_log_probs = log_probs.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+    token_log_probs = response_log_probs(model, sequences, attention, positions, responses)
     ratio = torch.exp(token_log_probs - token_log_probs.detach())
     loss = -(advantages.unsqueeze(1) * ratio * mask).sum() / mask.sum().clamp(min=1)
     loss.backward()
