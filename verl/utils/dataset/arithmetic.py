@@ -119,6 +119,25 @@ def write_parquet(rows: list[dict], path: str) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
+def check_out_dir(out: str) -> None:
+    """``--out`` of a data command: a directory, new or existing."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise DatasetError(f"--out: expected a directory (new or existing), found a file at {out}")
+
+
+def write_rl_splits(out: str, make_row, train: list, test: list, ood: list = ()) -> None:
+    """``out``/train.parquet, test.parquet and (when ``ood``) test_ood.parquet, each problem as ``make_row(problem,
+    split, index[, out_of_form=True])``; a test_ood.parquet an earlier call left is removed when there is no set."""
+    os.makedirs(out, exist_ok=True)
+    write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], os.path.join(out, "train.parquet"))
+    write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(out, "test.parquet"))
+    ood_path = os.path.join(out, "test_ood.parquet")
+    if ood:
+        write_parquet([make_row(p, "test_ood", i, out_of_form=True) for i, p in enumerate(ood)], ood_path)
+    elif os.path.exists(ood_path):
+        os.remove(ood_path)  # a stale set from an earlier call is not this call's
+
+
 def build_char_tokenizer(out_dir: str) -> str:
     """Save a character-level tokenizer (one token per character of CHARACTERS) in HF format.
 
@@ -223,16 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     train, test = generate_problems(args.num_train, args.num_test, args.seed, args.ops)
     ood = generate_out_of_form(args.num_test_ood, args.seed, args.ops) if args.num_test_ood else []
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise DatasetError(f"--out: expected a directory (new or existing), found a file at {args.out}")
-    os.makedirs(args.out, exist_ok=True)
-    write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], os.path.join(args.out, "train.parquet"))
-    write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(args.out, "test.parquet"))
-    ood_path = os.path.join(args.out, "test_ood.parquet")
-    if ood:
-        write_parquet([make_row(p, "test_ood", i, out_of_form=True) for i, p in enumerate(ood)], ood_path)
-    elif os.path.exists(ood_path):
-        os.remove(ood_path)  # a stale set from an earlier call is not this call's
+    check_out_dir(args.out)
+    write_rl_splits(args.out, make_row, train, test, ood)
     tokenizer_dir = build_char_tokenizer(args.tokenizer_out or os.path.join(args.out, "tokenizer"))
     print(f"arithmetic: {len(train)} train / {len(test)} test / {len(ood)} out-of-form test problems -> {args.out}; "
           f"tokenizer -> {tokenizer_dir}")

@@ -31,7 +31,7 @@ import os
 import random
 from collections.abc import Callable, Sequence
 
-from verl.utils.dataset.arithmetic import write_parquet
+from verl.utils.dataset.arithmetic import check_out_dir, write_parquet, write_rl_splits
 from verl.utils.dataset.errors import DatasetError
 from verl.utils.dataset.word_problems import INSTRUCTION, ITEMS, NAMES
 
@@ -210,14 +210,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise DatasetError(f"calculator_problems: expected every count >= 1, found num_train={args.num_train} "
                            f"num_test={args.num_test} num_sft={args.num_sft} num_sft_test={args.num_sft_test}")
     sft_templates = None if args.sft_templates == "all" else _template_list(args.sft_templates)
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise DatasetError(f"--out: expected a directory (new or existing), found a file at {args.out}")
+    check_out_dir(args.out)
     test, train, sft_test, sft = generate_problems(
         [args.num_test, args.num_train, args.num_sft_test, args.num_sft], args.seed,
         [None, None, sft_templates, sft_templates], held_out=[True, False, True, False])
-    os.makedirs(args.out, exist_ok=True)
-    write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], os.path.join(args.out, "train.parquet"))
-    write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(args.out, "test.parquet"))
+    write_rl_splits(args.out, make_row, train, test)
     for name, problems in (("sft_train", sft), ("sft_test", sft_test)):
         rows = [row for i, p in enumerate(problems) for row in demonstration_rows(p, name, i)]
         write_parquet(rows, os.path.join(args.out, f"{name}.parquet"))

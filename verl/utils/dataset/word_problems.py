@@ -17,12 +17,11 @@ room to improve it.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import re
 from collections.abc import Callable, Sequence
 
-from verl.utils.dataset.arithmetic import write_parquet
+from verl.utils.dataset.arithmetic import check_out_dir, write_rl_splits
 from verl.utils.dataset.errors import DatasetError
 
 DATA_SOURCE = "word_problems"
@@ -281,15 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     train, test, *rest = generate_problems(args.num_train, args.num_test, args.seed, args.num_test_ood)
     ood = rest[0] if rest else []
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise DatasetError(f"--out: expected a directory (new or existing), found a file at {args.out}")
-    os.makedirs(args.out, exist_ok=True)
-    write_parquet([make_row(p, "train", i) for i, p in enumerate(train)], os.path.join(args.out, "train.parquet"))
-    write_parquet([make_row(p, "test", i) for i, p in enumerate(test)], os.path.join(args.out, "test.parquet"))
-    ood_path = os.path.join(args.out, "test_ood.parquet")
-    if ood:
-        write_parquet([make_row(p, "test_ood", i, out_of_form=True) for i, p in enumerate(ood)], ood_path)
-    elif os.path.exists(ood_path):
-        os.remove(ood_path)  # a stale set from an earlier call is not this call's
+    check_out_dir(args.out)
+    write_rl_splits(args.out, make_row, train, test, ood)
     print(f"word_problems: {len(train)} train / {len(test)} test / {len(ood)} out-of-form test problems -> {args.out}")
     return 0
