@@ -93,6 +93,12 @@ def test_off_when_it_fits_on_when_it_does_not_and_the_users_choice_wins(data_arg
     assert "VERL_DEVICE_MEMORY_GIB=0.000001" in line and line.endswith("it may not fit even so"), line
     for value in ("true", "false"):
         assert choose(load_config(GRPO, [*data_args, f"{KEY}={value}"]))[0] is None
+    # FSDP: the backend's own memory layout (its model_dtype), the same decision.
+    fsdp = load_config(GRPO, [*data_args, "model_engine=dp",
+                              "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1"])
+    assert choose(fsdp)[0] is True
+    monkeypatch.setenv("VERL_DEVICE_MEMORY_GIB", "1000")
+    assert choose(fsdp)[0] is False and choose(config)[0] is False
     granularity = "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=selective"
     assert choose(load_config(GRPO, [*data_args, granularity]))[0] is False
 

@@ -37,6 +37,19 @@ class LoRAKeys:
     all_linear_keyword: bool   # ``target_modules: all-linear`` means every linear (PEFT's keyword)
 
 
+@dataclasses.dataclass(frozen=True)
+class MemoryLayout:
+    """What a memory estimate of the actor needs from its backend's keys (the layout sizes come from
+    :meth:`BackendConfigRules.model_parallel_sizes`): the training dtype's name, sequence parallelism, the expert
+    layout, and whether the optimizer state is split over the data-parallel ranks."""
+
+    dtype: str = "float32"
+    sequence_parallel: bool = False
+    ep: int = 1
+    etp: int | None = None
+    distributed_optimizer: bool = True
+
+
 class BackendConfigRules(abc.ABC):
     """One training backend's config rules. ``sections``: the role keys only this backend reads (set on another
     backend they do nothing); ``lora``: how it reads verl's LoRA keys."""
@@ -66,3 +79,8 @@ class BackendConfigRules(abc.ABC):
     @abc.abstractmethod
     def memory_estimate(self, cfg: Mapping[str, Any], dp: int) -> str:
         """The actor's estimated memory per rank for the config's layout (``dp``: its DP size), one line."""
+
+    def memory_layout(self, cfg: Mapping[str, Any]) -> MemoryLayout:
+        """The actor's :class:`MemoryLayout` (default: fp32, no sequence parallelism, no experts split, a sharded
+        optimizer), for the estimates that choose activation recompute."""
+        return MemoryLayout()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from verl.engine.config_rules import ARR, BackendConfigRules, LoRAKeys, check_divides
+from verl.engine.config_rules import ARR, BackendConfigRules, LoRAKeys, MemoryLayout, check_divides
 from verl.utils.config_checks import ConfigError
 
 
@@ -51,6 +51,14 @@ class FSDPConfigRules(BackendConfigRules):
 
     def memory_estimate(self, cfg: Mapping[str, Any], dp: int) -> str:
         return "estimated memory per rank: printed for the megatron strategy only"
+
+    def memory_layout(self, cfg: Mapping[str, Any]) -> MemoryLayout:
+        """FSDP shards the parameters, gradients and Adam state over every rank; counted as a sharded optimizer
+        with whole weights (an upper bound of the state at the moment the update's activations peak)."""
+        from verl.utils.torch_dtypes import SHORT_NAMES
+
+        dtype = str(cfg[ARR]["actor"]["fsdp_config"].get("model_dtype") or "float32")
+        return MemoryLayout(dtype=SHORT_NAMES.get(dtype, dtype))
 
 
 RULES = FSDPConfigRules()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from verl.engine.config_rules import ARR, BackendConfigRules, LoRAKeys, check_divides
+from verl.engine.config_rules import ARR, BackendConfigRules, LoRAKeys, MemoryLayout, check_divides
 from verl.utils.config_checks import ConfigError
 
 LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "dtype")
@@ -72,15 +72,20 @@ class MegatronConfigRules(BackendConfigRules):
         from verl.utils.torch_dtypes import DTYPES
 
         arr = cfg[ARR]
-        mega = arr["actor"]["megatron"]
+        layout = self.memory_layout(cfg)
         tp, pp = self.model_parallel_sizes(arr["actor"])
         estimate = estimate_rank_memory(
-            ModelConfig.from_pretrained(arr["model"]["path"]), tp=tp, pp=pp, dp=dp,
-            ep=mega["expert_model_parallel_size"], etp=mega["expert_tensor_parallel_size"],
-            dtype_bytes=DTYPES[mega["dtype"]].itemsize, distributed_optimizer=mega["use_distributed_optimizer"],
+            ModelConfig.from_pretrained(arr["model"]["path"]), tp=tp, pp=pp, dp=dp, ep=layout.ep, etp=layout.etp,
+            dtype_bytes=DTYPES[layout.dtype].itemsize, distributed_optimizer=layout.distributed_optimizer,
             rollout_tp=arr["rollout"]["tensor_model_parallel_size"],
             rollout_dtype_bytes=DTYPES[arr["rollout"]["dtype"]].itemsize)
-        return f"{estimate.summary()} (tp={tp} pp={pp} ep={mega['expert_model_parallel_size']})"
+        return f"{estimate.summary()} (tp={tp} pp={pp} ep={layout.ep})"
+
+    def memory_layout(self, cfg: Mapping[str, Any]) -> MemoryLayout:
+        mega = cfg[ARR]["actor"]["megatron"]
+        return MemoryLayout(dtype=mega["dtype"], sequence_parallel=bool(mega.get("sequence_parallel", False)),
+                            ep=mega["expert_model_parallel_size"], etp=mega["expert_tensor_parallel_size"],
+                            distributed_optimizer=bool(mega["use_distributed_optimizer"]))
 
 
 RULES = MegatronConfigRules()

@@ -58,7 +58,7 @@ def choose(cfg: Mapping[str, Any]) -> tuple[bool | None, str]:
     from verl.models.activation_memory import activation_bytes
     from verl.models.config import ModelConfig
     from verl.models.memory import GiB, estimate_rank_memory
-    from verl.trainer.config.derived import actor_dp_size, model_parallel_sizes
+    from verl.trainer.config.derived import actor_dp_size, backend_rules, model_parallel_sizes
     from verl.utils.torch_dtypes import torch_dtype
 
     arr = cfg["actor_rollout_ref"]
@@ -74,15 +74,11 @@ def choose(cfg: Mapping[str, Any]) -> tuple[bool | None, str]:
     except (InputError, OSError) as err:  # a checkpoint the engines read in their own way (preflight took it)
         return False, f"[recompute] off: no estimate for this checkpoint ({err})"
     tp, pp = model_parallel_sizes(cfg)
-    dp = actor_dp_size(cfg)
-    megatron = actor["strategy"] == "megatron"
-    dtype = str(mega.get("dtype") if megatron else actor["fsdp_config"].get("model_dtype") or "float32")
-    dtype_bytes = torch_dtype(dtype).itemsize
+    layout = backend_rules(cfg).memory_layout(cfg)
+    dtype_bytes = torch_dtype(layout.dtype).itemsize
     state = estimate_rank_memory(
-        model, tp=tp, pp=pp, dp=dp, ep=mega["expert_model_parallel_size"] if megatron else 1,
-        etp=mega["expert_tensor_parallel_size"] if megatron else None, dtype_bytes=dtype_bytes,
-        distributed_optimizer=bool(mega["use_distributed_optimizer"]) if megatron else True,
-        rollout_tp=arr["rollout"]["tensor_model_parallel_size"],
+        model, tp=tp, pp=pp, dp=actor_dp_size(cfg), ep=layout.ep, etp=layout.etp, dtype_bytes=dtype_bytes,
+        distributed_optimizer=layout.distributed_optimizer, rollout_tp=arr["rollout"]["tensor_model_parallel_size"],
         rollout_dtype_bytes=torch_dtype(arr["rollout"]["dtype"]).itemsize)
     state_bytes = state.training_bytes + state.rollout_bytes
     seq_len = int(cfg["data"]["max_prompt_length"]) + int(cfg["data"]["max_response_length"])
@@ -90,8 +86,8 @@ def choose(cfg: Mapping[str, Any]) -> tuple[bool | None, str]:
         micro = max(1, int(actor["ppo_max_token_len_per_gpu"]) // seq_len)
     else:
         micro = int(actor["ppo_micro_batch_size_per_gpu"])
-    sp = bool(mega.get("sequence_parallel", False)) if megatron else False
-    kept = {on: activation_bytes(model, micro_batch=micro, seq_len=seq_len, tp=tp, pp=pp, sequence_parallel=sp,
+    kept = {on: activation_bytes(model, micro_batch=micro, seq_len=seq_len, tp=tp, pp=pp,
+                                 sequence_parallel=layout.sequence_parallel,
                                  dtype_bytes=dtype_bytes, recompute=on) for on in (False, True)}
     memory, source = rank_memory_bytes(int(cfg["trainer"]["n_gpus_per_node"]))
     usable = USABLE_FRACTION * memory
