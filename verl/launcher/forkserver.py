@@ -88,6 +88,7 @@ class ForkServer:
         self.pid, self.conn = pid, conn
         self.ranks: dict[int, ForkedRank] = {}
         self._closed = False
+        self._collecting = False  # the launcher's signal handler polls too: never inside a half-read message
 
     @classmethod
     def start(cls, preload: list[str], optional: tuple[str, ...] = ()) -> ForkServer | None:
@@ -122,7 +123,7 @@ class ForkServer:
                 self.close()
                 return None
             handles = [recv_handle(self.conn) for _ in specs]
-            kind, pids = self.conn.recv()
+            _, pids = self.conn.recv()
         except (EOFError, OSError):
             self.close()
             return None
@@ -134,8 +135,9 @@ class ForkServer:
     def collect(self, wait_s: float = 0.0) -> None:
         """Read the exit statuses the server has reported; a server gone early leaves its ranks as killed (they
         die with it)."""
-        if self._closed:
+        if self._closed or self._collecting:
             return
+        self._collecting = True
         try:
             while self.conn.poll(wait_s):
                 wait_s = 0.0
@@ -147,6 +149,8 @@ class ForkServer:
                 if rank.returncode is None:
                     rank.returncode = -signal.SIGKILL
             self.close()
+        finally:
+            self._collecting = False
 
     def close(self) -> None:
         """End the server and reap it: at once when it forked no ranks (it may still be importing); else it exits
