@@ -30,16 +30,23 @@ def rank_environment() -> dict[str, str]:
     return {LAUNCH_T0_ENV: repr(launch_time())}
 
 
+_started: dict[int, float] = {}  # pid -> start: one reading per process (a forked rank reads its own)
+
+
 def _process_start() -> float:
     """This process's start time, so the interpreter's own start counts (Linux: /proc/self/stat's start in clock
-    ticks since boot, against the boot clock now; elsewhere: now)."""
-    try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        since_start = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-        return time.time() - max(0.0, since_start)
-    except (OSError, ValueError, IndexError, AttributeError):
-        return time.time()
+    ticks since boot, against the boot clock now; elsewhere: the first call's time). Read once per process, so
+    every phase is measured from the same start."""
+    pid = os.getpid()
+    if pid not in _started:
+        try:
+            with open("/proc/self/stat") as f:
+                ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+            since_start = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+            _started[pid] = time.time() - max(0.0, since_start)
+        except (OSError, ValueError, IndexError, AttributeError):
+            _started[pid] = time.time()
+    return _started[pid]
 
 
 def mark_process_start(phase: str) -> None:

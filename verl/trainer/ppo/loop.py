@@ -66,9 +66,9 @@ class RunLoop:
                 metrics = self.train_step(step_input, step)
                 metrics.update(extra)
                 if first:  # this process's first step: how long the run took to get here (verl.launcher.startup)
-                    first = False
-                    metrics["perf/time_to_first_step_s"] = time.time() - startup.launch_time()
-                    self._print(startup.summary_line(time.time()))
+                    first, now = False, time.time()
+                    metrics["perf/time_to_first_step_s"] = now - startup.launch_time()
+                    self._print(startup.summary_line(now))
                 last, preempted = self._end_step(metrics, step, validate, preempt)
                 progress.update(1)
                 if last:
