@@ -209,3 +209,18 @@ def test_dataflow_trains_on_a_user_reward_and_resumes(tmp_path, data):
     assert "resumed from" in out and "[dataflow]" not in out
     resumed = json.loads(out.strip().splitlines()[-1])
     assert resumed[-1]["step"] == 3
+
+
+def test_a_process_group_the_api_started_ends_before_the_interpreter_shuts_down(tmp_path, data):
+    # A gloo group left to the interpreter's shutdown aborted a torchrun'd API script now and then (CI: "terminate
+    # called without an active exception", exit -6, after its last step); the API ends the group it started at exit.
+    config = json.dumps(tiny_config(data, tmp_path / "run"))
+    out = run_script(tmp_path, f"""
+        import atexit, json
+        import torch.distributed as dist
+        from verl.trainer.prepare import ensure_distributed, resolve_config
+
+        atexit.register(lambda: print("group at exit:", dist.is_initialized(), flush=True))  # runs last (LIFO)
+        print("started:", ensure_distributed(resolve_config(json.loads({config!r}))), dist.is_initialized())
+    """)
+    assert "started: True True" in out and "group at exit: False" in out, out

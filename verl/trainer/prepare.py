@@ -57,7 +57,8 @@ def resolve_config(config: Any, overrides: Sequence[str] = (), data_pending: boo
 
 def ensure_distributed(config: Any) -> bool:
     """torch.distributed initialised as `verl train`'s rank initialises it (a world of one outside a launcher);
-    returns whether this call initialised it (then :func:`verl.launcher.bootstrap.destroy_distributed` ends it)."""
+    returns whether this call initialised it (then :func:`verl.launcher.bootstrap.destroy_distributed` ends it, at
+    the latest when the interpreter exits)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -71,6 +72,14 @@ def ensure_distributed(config: Any) -> bool:
         raise InputError(f"trainer.nnodes * trainer.n_gpus_per_node={world}: expected 1 in one process outside a "
                          "launcher (start the script under srun/torchrun/mpirun, or use `verl train` for local ranks)")
     init_distributed(seed=config.trainer.seed, timeout_s=float(config.actor_rollout_ref.nccl_timeout))
+    # A user's script ends with the interpreter's exit, not with `verl train`'s teardown: a gloo group left for
+    # the interpreter's shutdown aborts the process now and then ("terminate called without an active
+    # exception", seen on CI under torchrun), so the group this call started ends before that.
+    import atexit
+
+    from verl.launcher.bootstrap import destroy_distributed
+
+    atexit.register(destroy_distributed)
     return True
 
 
