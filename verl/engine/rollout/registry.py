@@ -30,7 +30,6 @@ class RolloutCapabilities:
     moe_weights: bool           # takes a mixture-of-experts model's weights from the reshard
     routing_recording: bool     # records the routed experts of every token (routing replay R3)
     partial_rollout: bool       # generates in segments that stop early and resume on new weights (async modes)
-    adapters: bool              # serves LoRA adapters
     # serves verl's agent loops token in / token out (``token_server``; rollout.multi_turn.enable)
     agent_loop: bool = False
     # its token server's turns report the model version that sampled them (``version``/``versions``), so agent
@@ -257,21 +256,19 @@ def _check_sglang_model(config: Any, tp_size: int) -> None:
 NATIVE = RolloutEngine(
     "native",
     RolloutCapabilities(group_backend=None, vocab_padding=64, moe_weights=True, routing_recording=True,
-                        partial_rollout=True, adapters=False, agent_loop=True, agent_loop_async=True),
+                        partial_rollout=True, agent_loop=True, agent_loop_async=True),
     build=_build_native, open_standalone=_open_native,
-    lacks={"adapters": "LoRA is not implemented"},
 )
 SGLANG = RolloutEngine(
     "sglang",
     # The group's collectives only move handles between its ranks: gloo, whatever the training backend.
     RolloutCapabilities(group_backend="gloo", vocab_padding=64, moe_weights=False, routing_recording=False,
-                        partial_rollout=True, adapters=False, agent_loop=True, agent_loop_async=True,
+                        partial_rollout=True, agent_loop=True, agent_loop_async=True,
                         python_env="sglang"),
     build=_build_sglang, open_standalone=_open_sglang, check_model=_check_sglang_model,
     lacks={"moe_weights": "pushing the stacked experts into SGLang's fused-MoE weights is not wired yet; "
                           "`verl generate --engine sglang` runs the checkpoint: use native",
-           "routing_recording": "the native engine records routing here: use native",
-           "adapters": "LoRA is not implemented"},
+           "routing_recording": "the native engine records routing here: use native"},
 )
 
 
@@ -308,14 +305,12 @@ def _check_vllm_model(config: Any, tp_size: int) -> None:
 
 VLLM = RolloutEngine(
     "vllm",
-    RolloutCapabilities(group_backend=None, vocab_padding=64, moe_weights=False, routing_recording=False,
-                        partial_rollout=False, adapters=False, python_env="vllm"),
+    RolloutCapabilities(group_backend=None, vocab_padding=64, moe_weights=True, routing_recording=False,
+                        partial_rollout=False, python_env="vllm"),
     build=_build_vllm, open_standalone=_open_vllm, check_model=_check_vllm_model,
-    lacks={"moe_weights": "pushing the stacked experts into vLLM's fused-MoE weights is not wired yet: use native",
-           "routing_recording": "the native engine records routing here: use native",
+    lacks={"routing_recording": "the native engine records routing here: use native",
            "partial_rollout": "segments that stop and resume on new weights (the async trainers) are not wired to "
                               "vLLM's abort yet: use native or sglang",
-           "adapters": "LoRA is not implemented",
            "agent_loop": "a token-in/token-out server over vLLM's async engine is not wired yet: use native or sglang",
            "agent_loop_async": "see agent_loop"},
 )
