@@ -8,11 +8,13 @@ Three runs:
   CPU attention does not take);
 - ``lora``: the same with LoRA (``model.lora``, merge=false: the base once, then the adapters alone, merged by each
   rollout rank into the buffer it pushes to vLLM). A step whose adapters did not reach vLLM samples from the base;
+- ``pool``: the dense run with the rollout on a standalone pool (2 training ranks, 1 rollout rank running vLLM):
+  the weights reach it over the pool's bridge (``perf/weight_sync_bytes``) and vLLM's reload;
 - ``moe``: the tiny Qwen3-MoE (8 experts, top 2), Megatron EP2 actor: the stacked experts reach vLLM's fused MoE as
   their per-expert HF tensors, and vLLM's CPU kernel packs them again after every reload (without that the first
   step is off by ~1e-2 and the trainer stops).
 
-A length reward (responses to one prompt score differently) in the ``lora`` and ``moe`` runs makes every step's
+A length reward (responses to one prompt score differently) in every run but ``full`` makes every step's
 update move the weights (LoRA's B starts at zero; lr 1e-2), so a later step's bound checks the weights of that step.
 """
 
@@ -28,12 +30,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 STEPS = 3
 LORA = ["actor_rollout_ref.model.lora.rank=4", "actor_rollout_ref.model.lora.alpha=8",
         "actor_rollout_ref.model.lora.merge=false", "actor_rollout_ref.actor.optim.lr=1e-2"]
+POOL = ["trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1"]
 LENGTH_REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n" \
                 "    return (len(solution_str) % 4) / 4.0\n"
 # (config, model, extra overrides, whether the length reward drives it, the model's widest reduction)
 RUNS = {
     "full": ("grpo_arith_tiny.yaml", "qwen2_0p7m_arith.json", [], False, 352),
     "lora": ("grpo_arith_tiny.yaml", "qwen2_0p7m_arith.json", LORA, True, 352),
+    "pool": ("grpo_arith_tiny.yaml", "qwen2_0p7m_arith.json", POOL, True, 352),
     "moe": ("grpo_qwen3moe_tiny.yaml", "qwen3moe_tiny_arith.json", [], True, 128),
 }
 
@@ -72,5 +77,7 @@ def test_grpo_with_vllm_rollout_runs_and_matches_the_actor(vllm_python, tmp_path
             assert record["actor/grad_norm"] > 0, record
         if run == "lora":  # the base went before step 1; each step's sync moves the adapters alone
             assert record["perf/reshard_bytes"] == record["perf/lora_sync_bytes"] > 0, record
+        if run == "pool" and step > 1:  # each update crossed to the pool (step 1's weights are the first sync's)
+            assert record["perf/weight_sync_bytes"] > 0, record
     # The export: the adapters as PEFT writes them (LoRA) or the whole HF model.
     assert (out / "actor_hf" / ("adapter_model.safetensors" if run == "lora" else "config.json")).is_file()
