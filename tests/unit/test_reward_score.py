@@ -48,6 +48,9 @@ def test_default_compute_score_dispatches_on_data_source():
     assert default_compute_score("openai/gsm8k", "#### 12", "12") == 1.0
     assert default_compute_score("arithmetic", "12", "12") == 1.0
     assert default_compute_score("arithmetic", "13", "12") == 0.0
+    # The sentiment task's defining rule (what its validation reports): positive minus negative words.
+    assert default_compute_score("sentiment", "great plot but slow and dull ending", "positive") == -1.0
+    assert default_compute_score("sentiment", "good good fun", "positive") == 3.0
     with pytest.raises(NotImplementedError, match="no built-in reward for data_source 'lean'"):
         default_compute_score("lean", "x", "y")
 

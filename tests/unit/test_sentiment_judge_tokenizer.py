@@ -28,3 +28,22 @@ def test_the_generated_judge_tokenizer_survives_transformers_qwen2_load(tmp_path
     for word in _rm_words():  # every word the judge was trained on is one token (digits: the verdicts)
         assert len(tok(word if word.isdigit() else " " + word, add_special_tokens=False)["input_ids"]) == 1, word
     assert tok.eos_token == "<|end|>" and tok.pad_token == "<pad>"
+
+
+def test_the_sentiment_test_prompts_name_films_no_training_prompt_names(tmp_path):
+    # Issue 57 item 3: the held-out reviews are of films the policy never trained on, found from the written files.
+    import pyarrow.parquet as pq
+
+    from verl.data.sentiment import FILMS, write_sentiment
+
+    write_sentiment(str(tmp_path), num_train=256, num_test=64, rm=False, judge=False)
+
+    def films(split):
+        rows = pq.read_table(tmp_path / f"{split}.parquet").to_pylist()
+        texts = [row["prompt"][0]["content"] for row in rows]
+        assert all(t.startswith("review of ") and t.endswith(" :") for t in texts)
+        return {t.removeprefix("review of ").removesuffix(" :") for t in texts}
+
+    train, test = films("train"), films("test")
+    assert train and test and train | test <= set(FILMS)
+    assert not train & test, train & test

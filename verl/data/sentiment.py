@@ -5,7 +5,8 @@ thread).
 ``python -m verl.data.sentiment --out data/sentiment`` writes:
 
 - ``train.parquet`` / ``test.parquet``: prompts ``review of <film> :`` (data_source ``sentiment``); the actor writes
-  the review. ``reward_model.ground_truth`` is ``positive`` (what the reward asks for; a judge template may name it).
+  the review. The test prompts name films no training prompt names (:data:`TRAIN_FILMS` / :data:`TEST_FILMS`).
+  ``reward_model.ground_truth`` is ``positive`` (what the reward asks for; a judge template may name it).
 - ``tokenizer/``: the actor's word-level tokenizer (its own vocabulary order, eos ``</s>``).
 - ``rm/``: a ``BertForSequenceClassification`` (num_labels=1) with its own word-level tokenizer (another vocabulary
   order, ``[CLS] prompt [SEP] response [SEP]``), trained here to score a text's sentiment: the regression target is
@@ -25,12 +26,16 @@ import random
 import time
 from collections.abc import Sequence
 
-POSITIVE = ("great", "wonderful", "brilliant", "moving", "funny", "superb", "delightful", "charming", "good", "fun")
-NEGATIVE = ("awful", "boring", "dull", "terrible", "bland", "painful", "weak", "messy", "bad", "slow")
+# The rule itself lives with the reward functions (the task's built-in scorer, what validation reports).
+from verl.utils.reward_score.sentiment import NEGATIVE, POSITIVE, sentiment
+
 NEUTRAL = ("the", "plot", "acting", "story", "music", "was", "and", "felt", "very", "quite", "ending", "cast",
            "script", "really", "but", "a", "it", "film", "scenes", "is")
 FILMS = ("the sequel", "this movie", "the remake", "the western", "the musical", "the thriller", "the comedy",
          "the drama", "the cartoon", "the documentary", "the romance", "the heist")
+# The actor trains on reviews of the first nine and is validated on the last three: a held-out prompt is one the
+# policy never saw (the RM and the judge are trained on random texts about every film).
+TRAIN_FILMS, TEST_FILMS = FILMS[:9], FILMS[9:]
 PROMPT_WORDS = ("review", "of", ":", "sequel", "movie", "remake", "western", "musical", "thriller", "comedy", "drama",
                 "cartoon", "documentary", "romance", "heist", "this")
 WORDS = tuple(dict.fromkeys(POSITIVE + NEGATIVE + NEUTRAL + PROMPT_WORDS))
@@ -40,17 +45,13 @@ JUDGE_CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|' + m['role'] + '|> ' + m['
                        "{% if add_generation_prompt %}{{ '<|assistant|> ' }}{% endif %}")
 
 
-def sentiment(text: str) -> int:
-    """Positive minus negative words of ``text``."""
-    words = text.split()
-    return sum(w in POSITIVE for w in words) - sum(w in NEGATIVE for w in words)
-
-
 def prompts(num: int, seed: int, split: str) -> list[dict]:
+    """``num`` prompts of ``split`` ("train": the training films, otherwise the held-out ones)."""
     rng = random.Random(seed)
+    films = TRAIN_FILMS if split == "train" else TEST_FILMS
     rows = []
     for i in range(num):
-        prompt = f"review of {rng.choice(FILMS)} :"
+        prompt = f"review of {rng.choice(films)} :"
         rows.append({"data_source": DATA_SOURCE, "prompt": [{"role": "user", "content": prompt}],
                      "ability": "sentiment", "reward_model": {"style": "model", "ground_truth": "positive"},
                      "extra_info": {"split": split, "index": i}})

@@ -1,0 +1,70 @@
+"""Summarize results/sentiment/logs: per reward (the BERT RM, the Qwen2 judge) and seed, the reward model's own score
+on the training prompts (critic/score/mean, steps 1 and 40) beside the rule's verdict on the held-out films (the
+validation dumps, 4 samples a prompt, before step 1 and after step 40). The rule is the task's definition of
+sentiment, positive minus negative words, applied here to the dumped text itself.
+
+    python results/sentiment/summarize.py results/sentiment/logs              # the summary
+    python results/sentiment/summarize.py results/sentiment/logs --markdown   # the README table, rebuilt"""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+# The task's word lists (verl/utils/reward_score/sentiment.py), read from the file so this script needs no install.
+RULE = Path(__file__).resolve().parents[2] / "verl" / "utils" / "reward_score" / "sentiment.py"
+WORDS: dict = {}
+exec(compile("\n".join(line for line in RULE.read_text().splitlines() if line.startswith(("POSITIVE", "NEGATIVE"))),
+             str(RULE), "exec"), WORDS)
+REWARDS = {"rm": "BERT RM (score in [-3, 3])", "judge": "Qwen2 judge (verdict 0-9)"}
+
+
+def rule(text: str) -> int:
+    words = text.split()
+    return sum(w in WORDS["POSITIVE"] for w in words) - sum(w in WORDS["NEGATIVE"] for w in words)
+
+
+def run(path: Path) -> dict[str, float]:
+    records = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = {r["step"]: r for r in records}
+    last = max(steps)
+    out = {"reward_first": steps[1]["critic/score/mean"], "reward_last": steps[last]["critic/score/mean"]}
+    for name, step in (("before", 0), ("after", last)):
+        dump = [json.loads(line) for line in (path / f"{step}.jsonl").read_text().splitlines() if line.strip()]
+        scores = [rule(d["output"]) for d in dump]
+        # The trainer's validation scored the same reviews by the same rule: the dump and the metric agree.
+        if abs(statistics.fmean(scores) - steps[step]["val/accuracy"]) > 1e-6:
+            raise SystemExit(f"{path}: step {step}: the rule over the dump ({statistics.fmean(scores)}) is not the "
+                             f"logged val/accuracy ({steps[step]['val/accuracy']})")
+        out[f"rule_{name}"] = statistics.fmean(scores)
+        out[f"positive_{name}"] = sum(s > 0 for s in scores) / len(scores)
+        out[f"negative_words_{name}"] = statistics.fmean(
+            sum(w in WORDS["NEGATIVE"] for w in d["output"].split()) for d in dump)
+        out["samples"] = len(dump)
+    return out
+
+
+def spread(values: list[float], digits: int = 2) -> str:
+    return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def markdown(logs: Path) -> list[str]:
+    out = ["<!-- results/sentiment:heldout_rule -->",
+           "| reward (3 seeds, mean ± std) | its own score, training prompts, step 1 -> 40 | rule on held-out films, "
+           "before -> after | held-out reviews the rule calls positive | negative words a held-out review |",
+           "|---|---|---|---|---|"]
+    for reward, label in REWARDS.items():
+        runs = [run(p) for p in sorted(logs.glob(f"{reward}_seed*")) if p.is_dir()]
+        if len(runs) < 2:
+            raise SystemExit(f"{logs}: expected the runs of {reward} for several seeds, found {len(runs)}")
+        col = {key: [r[key] for r in runs] for key in runs[0]}
+        out.append(f"| {label} | {spread(col['reward_first'])} -> {spread(col['reward_last'])} | "
+                   f"{spread(col['rule_before'])} -> {spread(col['rule_after'])} | "
+                   f"{spread(col['positive_before'])} -> {spread(col['positive_after'])} | "
+                   f"{spread(col['negative_words_before'])} -> {spread(col['negative_words_after'])} |")
+    return out
+
+
+if __name__ == "__main__":
+    logs = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent / "logs")
+    print("\n".join(markdown(logs)))
