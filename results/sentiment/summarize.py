@@ -31,16 +31,18 @@ def run(path: Path) -> dict[str, float]:
     out = {"reward_first": steps[1]["critic/score/mean"], "reward_last": steps[last]["critic/score/mean"]}
     for name, step in (("before", 0), ("after", last)):
         dump = [json.loads(line) for line in (path / f"{step}.jsonl").read_text().splitlines() if line.strip()]
-        scores = [rule(d["output"]) for d in dump]
+        texts = [d["output"] for d in dump]
+        scores = [rule(t) for t in texts]
         # The trainer's validation scored the same reviews by the same rule: the dump and the metric agree.
         if abs(statistics.fmean(scores) - steps[step]["val/accuracy"]) > 1e-6:
             raise SystemExit(f"{path}: step {step}: the rule over the dump ({statistics.fmean(scores)}) is not the "
                              f"logged val/accuracy ({steps[step]['val/accuracy']})")
         out[f"rule_{name}"] = statistics.fmean(scores)
         out[f"positive_{name}"] = sum(s > 0 for s in scores) / len(scores)
-        out[f"negative_words_{name}"] = statistics.fmean(
-            sum(w in WORDS["NEGATIVE"] for w in d["output"].split()) for d in dump)
-        out["samples"] = len(dump)
+        out[f"negative_words_{name}"] = statistics.fmean(sum(w in WORDS["NEGATIVE"] for w in t.split()) for t in texts)
+        out[f"words_{name}"] = statistics.fmean(len(t.split()) for t in texts)
+        out[f"distinct_reviews_{name}"] = len(set(texts)) / len(texts)
+        out[f"distinct_words_{name}"] = statistics.fmean(len(set(t.split())) for t in texts)
     return out
 
 
@@ -48,20 +50,35 @@ def spread(values: list[float], digits: int = 2) -> str:
     return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
+def columns(logs: Path, reward: str, validation: str) -> dict[str, list[float]]:
+    runs = [run(p) for p in sorted(logs.glob(f"{reward}_seed*_{validation}")) if p.is_dir()]
+    if len(runs) < 2:
+        raise SystemExit(f"{logs}: expected {reward}'s {validation} runs for several seeds, found {len(runs)}")
+    return {key: [r[key] for r in runs] for key in runs[0]}
+
+
+def change(col: dict[str, list[float]], key: str, digits: int = 2) -> str:
+    return f"{spread(col[key + '_before'], digits)} -> {spread(col[key + '_after'], digits)}"
+
+
 def markdown(logs: Path) -> list[str]:
     out = ["<!-- results/sentiment:heldout_rule -->",
-           "| reward (3 seeds, mean ± std) | its own score, training prompts, step 1 -> 40 | rule on held-out films, "
-           "before -> after | held-out reviews the rule calls positive | negative words a held-out review |",
+           "| reward (3 seeds, mean ± std; 4 samples a held-out prompt at T=1) | its own score, training prompts, "
+           "step 1 -> 40 | rule on held-out films, before -> after | held-out reviews the rule calls positive | "
+           "negative words a held-out review |",
            "|---|---|---|---|---|"]
     for reward, label in REWARDS.items():
-        runs = [run(p) for p in sorted(logs.glob(f"{reward}_seed*")) if p.is_dir()]
-        if len(runs) < 2:
-            raise SystemExit(f"{logs}: expected the runs of {reward} for several seeds, found {len(runs)}")
-        col = {key: [r[key] for r in runs] for key in runs[0]}
+        col = columns(logs, reward, "sampled")
         out.append(f"| {label} | {spread(col['reward_first'])} -> {spread(col['reward_last'])} | "
-                   f"{spread(col['rule_before'])} -> {spread(col['rule_after'])} | "
-                   f"{spread(col['positive_before'])} -> {spread(col['positive_after'])} | "
-                   f"{spread(col['negative_words_before'])} -> {spread(col['negative_words_after'])} |")
+                   f"{change(col, 'rule')} | {change(col, 'positive')} | {change(col, 'negative_words')} |")
+    out += ["", "<!-- results/sentiment:heldout_text -->",
+            "| reward (3 seeds, mean ± std) | rule on held-out films, greedy, before -> after | words a review "
+            "(sampled) | distinct words a review (sampled) | distinct reviews (sampled, share of 256) |",
+            "|---|---|---|---|---|"]
+    for reward, label in REWARDS.items():
+        sampled, greedy = columns(logs, reward, "sampled"), columns(logs, reward, "greedy")
+        out.append(f"| {label} | {change(greedy, 'rule')} | {change(sampled, 'words', 1)} | "
+                   f"{change(sampled, 'distinct_words', 1)} | {change(sampled, 'distinct_reviews')} |")
     return out
 
 
