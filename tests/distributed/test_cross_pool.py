@@ -56,7 +56,8 @@ def test_bench_separate_is_verified_meets_the_formula_and_reports_the_delta(tmp_
          "--json", str(out)], cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
-    assert r["verified"] and r["naive_verified"] and r["delta_verified"]
+    assert r["verified"] and r["naive_verified"] and r["bucketed_verified"] and r["delta_verified"]
+    assert r["bucketed_seconds"] > 0 and r["bucketed_over_seconds"] > 0
     assert r["bytes_received_equals_formula"], (r["bytes_received_per_rank"], r["bytes_formula"])
     assert len(r["bytes_received_per_rank"]) == 2 and len(r["bytes_sent_per_rank"]) == 2
     assert sum(r["bytes_sent_per_rank"]) == sum(r["bytes_received_per_rank"])

@@ -636,7 +636,8 @@ def _separate(args, config: ModelConfig, train: dict, training, rollout_tp: int)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=1)
-    ok = result["verified"] and result.get("delta_verified", True) and result.get("naive_verified", True)
+    ok = (result["verified"] and result.get("delta_verified", True) and result.get("naive_verified", True)
+          and result.get("bucketed_verified", True))
     return 0 if ok else 1
 
 

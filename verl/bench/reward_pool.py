@@ -1,7 +1,8 @@
 """The reward pool's figure (issue 47, item 3): a GRPO step of the tiny arithmetic config on 2 local CPU ranks whose
 reward function sleeps ``--sleep-ms`` per sample, with rewards in the step and with ``reward.num_workers``
 processes scoring while old-log-prob and ref run. Prints s/step and the reward's critical-path seconds of each
-(the mean over the steps after the first, which boots the pool); nothing is asserted.
+(the mean over the steps after the first, which boots the pool), and whether both runs did the same work (each
+step's mean score and response length equal: the same seed samples the same responses); nothing is asserted.
 
     python -m verl.bench.reward_pool [--workers 4] [--steps 4] [--sleep-ms 20]
 """
@@ -36,6 +37,8 @@ def _run(out: str, data_dir: str, scorer: str, workers: int, steps: int, sleep_m
            f"data.tokenizer={data_dir}/tokenizer", f"trainer.output_dir={out}", "trainer.logger=[console]",
            f"data.train_batch_size={batch}", f"actor_rollout_ref.rollout.n={n}",
            f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}", f"trainer.total_training_steps={steps}",
+           # one micro-batch a rank (the config's 64 at the figure's 32 x 4)
+           f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={max(1, batch * n // 2)}",
            "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false",
            f"custom_reward_function.path={scorer}", f"reward.num_workers={workers}"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMIX_"))
@@ -44,8 +47,12 @@ def _run(out: str, data_dir: str, scorer: str, workers: int, steps: int, sleep_m
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"verl train exited {proc.returncode}: {proc.stderr[-2000:]}")
-    records = [r for r in read_metrics(out) if r["step"] > 1]
-    return {key: sum(r[f"timing_s/{key}"] for r in records) / len(records) for key in ("step", "reward")}
+    every = read_metrics(out)
+    records = [r for r in every if r["step"] > 1]
+    summary = {key: sum(r[f"timing_s/{key}"] for r in records) / len(records) for key in ("step", "reward")}
+    # The work done, step by step: the same seed samples the same responses, which the same scorer scores alike.
+    summary["work"] = [(r["step"], r["critic/score/mean"], r["response_length/mean"]) for r in every]
+    return summary
 
 
 def benchmark(workers: int = 4, steps: int = 4, sleep_ms: float = 20.0, batch: int = 32, n: int = 4) -> dict:
@@ -67,6 +74,9 @@ def benchmark(workers: int = 4, steps: int = 4, sleep_ms: float = 20.0, batch: i
         print(f"  {label:>10}: {r['step']:.3f} s/step, reward on the critical path {r['reward']:.3f} s")
     base, pooled = results["in_step"]["step"], results[f"pool_{workers}"]["step"]
     print(f"  step time with the pool: {pooled / base:.2f}x of in-step ({base - pooled:+.3f} s/step saved)")
+    # Both sides did the same work: every step's mean score and response length are equal.
+    results["same_work"] = results["in_step"]["work"] == results[f"pool_{workers}"]["work"]
+    print(f"  same work on both sides (per-step score and response length): {results['same_work']}")
     return results
 
 
@@ -75,8 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--sleep-ms", type=float, default=20.0)
+    parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
-    benchmark(args.workers, args.steps, args.sleep_ms)
+    results = benchmark(args.workers, args.steps, args.sleep_ms)
+    if args.json:
+        import json
+
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=1)
     return 0
 
 

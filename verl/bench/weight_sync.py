@@ -13,9 +13,11 @@ and check it, one parameter at a time, against the reference cut straight from t
 * ``verified``: every rollout rank's staging buffer equals its reference bit for bit after the sync;
 * ``bytes_received_per_rank`` (rollout ranks), ``bytes_sent_per_rank`` (training ranks) and, when replicas
   forward (R*t_g > N_t), ``bytes_forwarded_per_rank``, against ``bytes_formula`` (:meth:`CrossPoolPlan.formula`);
-* ``seconds`` (best of ``--repeats``), ``naive_seconds``: the peers' way in the same run -- each full
-  tensor gathered on training rank 0 (point-to-point from the ranks holding its pieces) and broadcast to
-  every rollout rank, which narrows out its shard -- also verified; ``memcpy_seconds`` of one shard;
+* ``seconds`` (best of ``--repeats``) and two baselines in the same run, each verified like the sync:
+  ``bucketed_seconds``, the peers' way (verl's checkpoint engine, slime's broadcast): full tensors gathered on
+  training rank 0 into buckets of ``--bucket-bytes``, each bucket broadcast asynchronously to every rollout rank
+  while the next one is gathered (two in flight), every rollout rank narrowing its shards out of it;
+  ``naive_seconds``, the same unbucketed (one blocking broadcast a tensor); ``memcpy_seconds`` of one shard;
 * ``peak_extra_bytes_training``: the sender's scratch (two buckets), the delta cache reported apart;
 * with ``--delta-after-steps K``: K Adam steps (``--lr``, verl's default 1e-6; random gradients, each block's
   own, the same on every rank) move the fp32 master weights, the training shards are rebuilt in place, and a delta
@@ -179,11 +181,38 @@ def adam_steps(hf: dict[str, torch.Tensor], steps: int, lr: float, seed: int) ->
         hf[name] = t
 
 
+def _gather_pieces(tables, name: str, training, rank: int, bridge, source, offsets, full: torch.Tensor | None,
+                   dtype: torch.dtype) -> list:
+    """HF tensor ``name`` assembled into ``full`` on training rank 0 from the pieces DP replica 0 holds (one per
+    distinct rectangle), point to point over the bridge; returns the sends still in flight (a holder's)."""
+    seen, works = set(), []
+    for held in tables.holders[name]:
+        piece = held.piece
+        rect = (piece.row, piece.col, piece.rows, piece.cols)
+        if rect in seen:
+            continue
+        seen.add(rect)
+        holder = training.rank(held.stage, 0, held.tp)
+        if rank == holder:
+            local = (source[offsets[held.param]:] if offsets is not None else source[held.param])
+            block = local[:(piece.local_row + piece.rows) * held.stride].view(-1, held.stride)[
+                piece.local_row:piece.local_row + piece.rows, piece.local_col:piece.local_col + piece.cols]
+            if rank == 0:
+                full[piece.row:piece.row + piece.rows, piece.col:piece.col + piece.cols].copy_(block)
+            else:
+                block = block.contiguous()
+                works.append((bridge.isend(block, 0, 3), block))
+        elif rank == 0:
+            recv = torch.empty(piece.rows, piece.cols, dtype=dtype)
+            bridge.irecv(recv, holder, 3).wait()
+            full[piece.row:piece.row + piece.rows, piece.col:piece.col + piece.cols].copy_(recv)
+    return works
+
+
 def naive_sync(config: ModelConfig, training, placement, rank: int, bridge, source, offsets,
                rollout_params: dict[str, torch.Tensor] | None, broadcast_group, dtype: torch.dtype) -> None:
-    """The peers' way: each full HF tensor gathered on training rank 0, broadcast to every rollout rank, narrowed.
-
-    Pieces come from DP replica 0's holders (one per distinct rectangle), point to point over the bridge."""
+    """The unbucketed peers' way: each full HF tensor gathered on training rank 0, broadcast to every rollout rank
+    (one blocking broadcast a tensor), narrowed."""
     import torch.distributed as dist
 
     from verl.bench.reshard_reference import copy_into_rollout, rollout_targets
@@ -197,33 +226,79 @@ def naive_sync(config: ModelConfig, training, placement, rank: int, bridge, sour
     for name, shape in hf_tensor_shapes(config).items():
         rows, cols = as_matrix(shape)
         full = torch.empty(rows, cols, dtype=dtype) if rank == 0 or role == "rollout" else None
-        seen, works, keep = set(), [], []
-        for held in tables.holders[name]:
-            piece = held.piece
-            rect = (piece.row, piece.col, piece.rows, piece.cols)
-            if rect in seen:
-                continue
-            seen.add(rect)
-            holder = training.rank(held.stage, 0, held.tp)
-            if rank == holder:
-                local = (source[offsets[held.param]:] if offsets is not None else source[held.param])
-                block = local[:(piece.local_row + piece.rows) * held.stride].view(-1, held.stride)[
-                    piece.local_row:piece.local_row + piece.rows, piece.local_col:piece.local_col + piece.cols]
-                if rank == 0:
-                    full[piece.row:piece.row + piece.rows, piece.col:piece.col + piece.cols].copy_(block)
-                else:
-                    keep.append(block.contiguous())
-                    works.append(bridge.isend(keep[-1], 0, 3))
-            elif rank == 0:
-                recv = torch.empty(piece.rows, piece.cols, dtype=dtype)
-                bridge.irecv(recv, holder, 3).wait()
-                full[piece.row:piece.row + piece.rows, piece.col:piece.col + piece.cols].copy_(recv)
-        for work in works:
+        for work, _ in _gather_pieces(tables, name, training, rank, bridge, source, offsets, full, dtype):
             work.wait()
         if rank == 0 or role == "rollout":
             dist.broadcast(full, src=0, group=broadcast_group)
         if role == "rollout" and name in targets:  # a rank may hold only vocab padding of a small table
             copy_into_rollout(name, full.view(shape), targets, rollout_params)
+
+
+def buckets_of(shapes: dict[str, tuple[int, ...]], bucket_bytes: int, element: int) -> list[list[str]]:
+    """HF tensor names in order, packed into buckets of at most ``bucket_bytes`` (a larger tensor: a bucket of its
+    own)."""
+    out: list[list[str]] = [[]]
+    used = 0
+    for name, shape in shapes.items():
+        size = math.prod(shape) * element
+        if out[-1] and used + size > bucket_bytes:
+            out.append([])
+            used = 0
+        out[-1].append(name)
+        used += size
+    return out
+
+
+def bucketed_sync(config: ModelConfig, training, placement, rank: int, bridge, source, offsets,
+                  rollout_params: dict[str, torch.Tensor] | None, broadcast_group, dtype: torch.dtype,
+                  bucket_bytes: int) -> None:
+    """The peers' bucketed, pipelined way (verl's checkpoint engine, slime's weight broadcast): training rank 0
+    gathers full HF tensors into a bucket of ``bucket_bytes``, broadcasts it asynchronously to every rollout rank
+    and gathers the next bucket into a second buffer meanwhile (two in flight); each rollout rank narrows its
+    shards out of a bucket once it has arrived, while the next one is on its way."""
+    import torch.distributed as dist
+
+    from verl.bench.reshard_reference import copy_into_rollout, rollout_targets
+    from verl.hybrid_engine.layouts import as_matrix, hf_tensor_shapes
+    from verl.hybrid_engine.planner import _tables
+    from verl.hybrid_engine.rollout_layout import RolloutLayout
+
+    tables = _tables(config, training, RolloutLayout(1))
+    role, _, j = placement.role(rank)
+    targets = rollout_targets(config, placement.rollout_tp, j) if role == "rollout" else None
+    shapes = hf_tensor_shapes(config)
+    buckets = buckets_of(shapes, bucket_bytes, dtype.itemsize)
+    holds_bucket = rank == 0 or role == "rollout"
+    in_flight: list = []  # (broadcast work, bucket buffer, its names): at most two
+
+    def finish(work, buffer, names):
+        work.wait()
+        if role != "rollout":
+            return
+        offset = 0
+        for name in names:
+            numel = math.prod(shapes[name])
+            if name in targets:  # a rank may hold only vocab padding of a small table
+                copy_into_rollout(name, buffer[offset:offset + numel].view(shapes[name]), targets, rollout_params)
+            offset += numel
+
+    for names in buckets:
+        numel = sum(math.prod(shapes[n]) for n in names)
+        if len(in_flight) == 2:
+            finish(*in_flight.pop(0))
+        buffer = torch.empty(numel, dtype=dtype) if holds_bucket else None
+        offset, sends = 0, []
+        for name in names:
+            rows, cols = as_matrix(shapes[name])
+            full = buffer[offset:offset + rows * cols].view(rows, cols) if rank == 0 else None
+            sends += _gather_pieces(tables, name, training, rank, bridge, source, offsets, full, dtype)
+            offset += rows * cols
+        for work, _ in sends:
+            work.wait()
+        if holds_bucket:
+            in_flight.append((dist.broadcast(buffer, src=0, group=broadcast_group, async_op=True), buffer, names))
+    for pending in in_flight:
+        finish(*pending)
 
 
 def separate_rank(rank: int, nproc: int, cfg: dict, train: dict, rollout_tp: int, replicas: int, dtype_name: str,
@@ -292,6 +367,12 @@ def separate_rank(rank: int, nproc: int, cfg: dict, train: dict, rollout_tp: int
                                                             source, offsets, naive_params, group, dtype), repeats)
         if role == ROLLOUT:
             result["naive_verified"] = torch.equal(staging, live)
+            staging.zero_()
+        result["bucketed_seconds"] = timed(lambda: bucketed_sync(config, placement.training, placement, rank, bridge,
+                                                                  source, offsets, naive_params, group, dtype,
+                                                                  bucket_bytes), repeats)
+        if role == ROLLOUT:
+            result["bucketed_verified"] = torch.equal(staging, live)
     if role == ROLLOUT:
         result["memcpy_seconds"] = timed(lambda: staging.copy_(live), repeats)  # and staging is live's again
     else:
@@ -348,6 +429,9 @@ def report(ranks: list[dict], placement, args, config: ModelConfig) -> dict:
         out["naive_seconds"] = max(r["naive_seconds"] for r in ranks)
         out["naive_verified"] = all(r["naive_verified"] for r in rollout)
         out["naive_over_seconds"] = out["naive_seconds"] / seconds
+        out["bucketed_seconds"] = max(r["bucketed_seconds"] for r in ranks)
+        out["bucketed_verified"] = all(r["bucketed_verified"] for r in rollout)
+        out["bucketed_over_seconds"] = out["bucketed_seconds"] / seconds
     if args.delta_after_steps:
         delta = sum(r["delta_bytes"] for r in training)
         out.update(delta_after_steps=args.delta_after_steps, lr=args.lr,
