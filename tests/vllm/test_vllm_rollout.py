@@ -75,3 +75,16 @@ def test_vllm_sampled_log_probs_are_those_of_logits_over_temperature(session, ki
     checked = check_against_hf(_hf(dirs[kind][1]), prompts, got["ids"], got["logprobs"], TOL,
                                temperature=SAMPLE["temperature"])
     assert checked == len(prompts) * NEW_TOKENS
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_vllm_partial_rollout_aborted_every_round_resumes_to_the_one_pass_greedy(session, kind):
+    # The async trainers' segments on vLLM: every segment stops after a round of 3 tokens (the abort at a weight
+    # sync) and the next resubmits prompt + tokens so far; the result is the uninterrupted greedy pass.
+    results, _ = session
+    seg, full = results[kind]["segmented"], results[kind]["after"]
+    assert seg["segments"] == -(-NEW_TOKENS // 3)
+    assert seg["ids"] == full["ids"]
+    for got, want in zip(seg["logprobs"], full["logprobs"], strict=True):
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= TOL
+    assert seg["versions"] == [[0, seg["segments"] - 1]] * len(PROMPTS)  # each segment tagged with its version

@@ -4,13 +4,34 @@
 Per case: one :class:`VLLMRollout` starts on ``model_dir``'s checkpoint (vLLM loads it itself) and generates greedy
 ("before"); then ``push_model_dir``'s weights, laid out as the rollout layout by the native engine's HF reader (what
 the 3D-HybridEngine writes), go through the engine's flat buffer and ``push_weights`` (vLLM's in-place reload) and it
-generates again ("after", and "sampled" when asked). OUT: per case and phase the responses' ids and log-probs.
+generates again ("after", and "sampled" when asked), and greedy once more through partial rollout, every segment
+aborted after one round of 3 tokens and resumed ("segmented"). OUT: per case and phase the responses' ids and log-probs.
 """
 
 import json
 import sys
 
 import torch
+
+ROUND_TOKENS = 3
+
+
+def segmented_greedy(engine, prompts, params, round_tokens):
+    """Greedy through partial rollout (verl.engine.rollout.partial): rounds of ``round_tokens``, every segment
+    stopped after its first round (abort), each resumed by resubmitting prompt + the tokens so far."""
+    import verl.engine.rollout.vllm.engine as vllm_engine
+    from verl.engine.rollout.partial import PromptGroup, run_segment
+
+    vllm_engine.SEGMENT_ROUND_TOKENS = round_tokens
+    groups = [PromptGroup(uid=str(i), index=i, epoch=0, submit_step=0, prompt=list(p), fields={}, n=1)
+              for i, p in enumerate(prompts)]
+    segments = 0
+    while not all(g.finished for g in groups) and segments <= params.response_length:
+        run_segment(engine, groups, params, 0, version=segments, min_groups=len(groups), abort=lambda: True)
+        segments += 1
+    trajectories = [g.trajectories[0] for g in groups]
+    return {"ids": [t.tokens for t in trajectories], "logprobs": [t.log_probs for t in trajectories],
+            "segments": segments, "versions": [[t.min_version, t.max_version] for t in trajectories]}
 
 
 def main(spec_path: str, out_path: str) -> None:
@@ -49,6 +70,7 @@ def main(spec_path: str, out_path: str) -> None:
             del native
             result["push"] = engine.push_weights()
             result["after"] = run(engine, greedy)
+            result["segmented"] = segmented_greedy(engine, prompts, greedy, ROUND_TOKENS)
             if case.get("sample"):
                 s = case["sample"]
                 result["sampled"] = run(engine, SamplingParams(temperature=s["temperature"], n=s["n"], seed=s["seed"],

@@ -10,11 +10,16 @@ budget is what is left of ``response_length``. The segment ends when every row f
 :class:`SegmentStop` rule says so: enough whole groups finished, none of the ``required`` rows still running,
 or ``abort()`` (a weight sync is waiting). :func:`groups_to_batch` turns finished groups into the rollout
 fields the trainer reads (the same shapes as a synchronous rollout's).
+
+Engines whose offline ``generate`` returns a batch whole (SGLang's, vLLM's) stop a segment between *rounds* of a
+few tokens: :func:`generate_in_rounds` resubmits each running row's prompt and tokens so far (their prefix caches
+hold it, so only the new tokens are computed) and checks the stop rule after each round.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +28,8 @@ import torch
 import torch.distributed as dist
 
 from verl.engine.rollout.base import RolloutInputError, SamplingParams, assemble_rollout_batch, check_prompts
+
+ROUND_SEED_STRIDE = 1_000_003  # a round's sampling seeds: never one of another round's rows
 
 
 @dataclasses.dataclass
@@ -138,6 +145,68 @@ def segment_inputs(groups: Sequence[PromptGroup], response_length: int, pad: int
     return {"input_ids": input_ids, "attention_mask": attention_mask,
             "limits": torch.tensor(limits, dtype=torch.int64), "group": torch.tensor(group, dtype=torch.int64),
             "sample": torch.tensor(sample, dtype=torch.int64), "required": torch.tensor(required, dtype=torch.bool)}
+
+
+@dataclasses.dataclass
+class RoundRequest:
+    """One row's request in a round: its prompt followed by the tokens it has so far, the new tokens it may take
+    and its sampling seed (None: greedy, or no seed asked for)."""
+
+    tokens: list[int]
+    max_new_tokens: int
+    seed: int | None
+
+
+@dataclasses.dataclass
+class RoundResult:
+    """What an engine returned for a :class:`RoundRequest`: the new tokens, their log-probs, and whether a stop
+    token ended the row (not the round's cap)."""
+
+    ids: list[int]
+    log_probs: list[float]
+    stopped: bool
+
+
+def generate_in_rounds(prompts: Sequence[list[int]], budgets: Sequence[int], params: SamplingParams,
+                       run_round: Callable[[list[RoundRequest]], list[RoundResult]], width: int, pad: int,
+                       stop: SegmentStop | None = None, round_tokens: int = 16
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows generated up to their ``budgets`` through ``run_round`` (an engine's batch generate), in rounds of at
+    most ``round_tokens`` new tokens when a ``stop`` rule is given (checked after every round), else in one:
+    (responses, response_mask, log_probs) [rows, ``width``]. Sampled rows get seed ``params.seed + row`` in the first
+    round and a fresh one in each later round, so a row's stream is reproducible and its own."""
+    tokens: list[list[int]] = [[] for _ in prompts]
+    token_log_probs: list[list[float]] = [[] for _ in prompts]
+    done = [b <= 0 for b in budgets]
+    for round_index in itertools.count():
+        active = [row for row in range(len(prompts)) if not done[row]]
+        if not active:
+            break
+        requests = []
+        for row in active:
+            left = budgets[row] - len(tokens[row])
+            seed = None if params.greedy or params.seed is None else params.seed + row + round_index * ROUND_SEED_STRIDE
+            requests.append(RoundRequest(list(prompts[row]) + tokens[row],
+                                         left if stop is None else min(left, round_tokens), seed))
+        results = run_round(requests)
+        if len(results) != len(requests):
+            raise RuntimeError(f"generate: expected {len(requests)} outputs, found {len(results)}")
+        for row, request, result in zip(active, requests, results, strict=True):
+            ids = list(result.ids[:request.max_new_tokens])
+            tokens[row] += ids
+            token_log_probs[row] += [float(lp) for lp in result.log_probs[:len(ids)]]
+            # Finished: a stop token ended it, or its budget is spent (a round's cap is not a finish).
+            done[row] = result.stopped or len(tokens[row]) >= budgets[row]
+        if stop is None or stop.reached(torch.tensor(done)):
+            break
+    responses = torch.full((len(prompts), width), pad, dtype=torch.int64)
+    response_mask = torch.zeros(len(prompts), width, dtype=torch.int64)
+    log_probs = torch.zeros(len(prompts), width, dtype=torch.float32)
+    for row, ids in enumerate(tokens):
+        responses[row, :len(ids)] = torch.tensor(ids, dtype=torch.int64)
+        response_mask[row, :len(ids)] = 1
+        log_probs[row, :len(ids)] = torch.tensor(token_log_probs[row], dtype=torch.float32)
+    return responses, response_mask, log_probs
 
 
 def generate_segment(engine: Any, inputs: dict[str, torch.Tensor], params: SamplingParams, pad: int,

@@ -21,7 +21,6 @@ Semantics that differ from the native engine (SGLang's own behaviour, kept):
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import shutil
 import socket
@@ -34,6 +33,7 @@ from typing import Any
 import torch
 
 from verl.engine.rollout.base import BaseRollout, SamplingParams
+from verl.engine.rollout.partial import RoundResult, generate_in_rounds
 from verl.engine.rollout.sglang_loader import LOADER_PATH, bucket_name, spec_offsets
 from verl.engine.rollout.sglang_requests import SGLangRolloutError, sglang_sampling_params
 from verl.errors import InputError
@@ -48,7 +48,6 @@ MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_T
 # SGLang's scheduler (tens of ms on CPU), so a round much shorter than a response only adds that overhead; much
 # longer, and a segment overruns the point it should have stopped at by that much.
 SEGMENT_ROUND_TOKENS = 16
-ROUND_SEED_STRIDE = 1_000_003  # a round's sampling seeds: never one of another round's rows
 
 
 def bucket_ranges(numel: int, bucket_elems: int) -> list[tuple[int, int]]:
@@ -416,44 +415,24 @@ class SGLangRollout(BaseRollout):
             budgets = [int(b) for b in limits.tolist()]
         width = max(budgets, default=0) if limits is not None else int(sp.response_length)
         base = sglang_sampling_params(sp)
-        tokens: list[list[int]] = [[] for _ in prompts]
-        token_logprobs: list[list[float]] = [[] for _ in prompts]
-        done = [b <= 0 for b in budgets]
-        for round_index in itertools.count():
-            active = [row for row in range(len(prompts)) if not done[row]]
-            if not active:
-                break
-            requests, per_request = [], []
-            for row in active:
-                params = dict(base)
-                left = budgets[row] - len(tokens[row])
-                params["max_new_tokens"] = left if stop is None else min(left, SEGMENT_ROUND_TOKENS)
-                if not sp.greedy and sp.seed is not None:  # distinct, reproducible stream per row and round
-                    params["sampling_seed"] = sp.seed + row + round_index * ROUND_SEED_STRIDE
-                requests.append(prompts[row] + tokens[row])
-                per_request.append(params)
-            outputs = self.engine.generate(input_ids=requests, sampling_params=per_request, return_logprob=True)
+
+        def run_round(requests):
+            per_request = [{**base, "max_new_tokens": r.max_new_tokens,
+                            **({} if r.seed is None else {"sampling_seed": r.seed})} for r in requests]
+            outputs = self.engine.generate(input_ids=[r.tokens for r in requests], sampling_params=per_request,
+                                           return_logprob=True)
             if len(outputs) != len(requests):
                 raise SGLangRolloutError(f"generate: expected {len(requests)} outputs, found {len(outputs)}")
-            for row, out, params in zip(active, outputs, per_request, strict=True):
-                ids = list(out["output_ids"][:params["max_new_tokens"]])
+            results = []
+            for i, (out, request) in enumerate(zip(outputs, requests, strict=True)):
+                ids = list(out["output_ids"][:request.max_new_tokens])
                 logprobs = out["meta_info"]["output_token_logprobs"][:len(ids)]
                 if [t[1] for t in logprobs] != ids:
-                    raise SGLangRolloutError(f"generate: row {row} logprob token ids disagree with output_ids")
+                    raise SGLangRolloutError(f"generate: request {i} logprob token ids disagree with output_ids")
                 finish = (out["meta_info"].get("finish_reason") or {}).get("type", "length")
                 if finish == "abort":
-                    raise SGLangRolloutError(f"generate: row {row} was aborted by SGLang: {out['meta_info']}")
-                tokens[row] += ids
-                token_logprobs[row] += [float(t[0]) for t in logprobs]
-                # Finished: a stop token ended it, or its budget is spent (a round's cap is not a finish).
-                done[row] = finish != "length" or len(tokens[row]) >= budgets[row]
-            if stop is None or stop.reached(torch.tensor(done)):
-                break
-        responses = torch.full((len(prompts), width), pad_token_id, dtype=torch.int64)
-        response_mask = torch.zeros(len(prompts), width, dtype=torch.int64)
-        log_probs = torch.zeros(len(prompts), width, dtype=torch.float32)
-        for row, ids in enumerate(tokens):
-            responses[row, :len(ids)] = torch.tensor(ids, dtype=torch.int64)
-            response_mask[row, :len(ids)] = 1
-            log_probs[row, :len(ids)] = torch.tensor(token_logprobs[row], dtype=torch.float32)
-        return responses, response_mask, log_probs
+                    raise SGLangRolloutError(f"generate: request {i} was aborted by SGLang: {out['meta_info']}")
+                results.append(RoundResult(ids, [t[0] for t in logprobs], finish != "length"))
+            return results
+
+        return generate_in_rounds(prompts, budgets, sp, run_round, width, pad_token_id, stop, SEGMENT_ROUND_TOKENS)

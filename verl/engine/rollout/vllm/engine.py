@@ -22,6 +22,7 @@ off (verl's RL defaults) this is exactly ``log_softmax(logits / temperature)``, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import time
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from verl.engine.rollout.base import BaseRollout, RolloutInputError, SamplingParams
+from verl.engine.rollout.partial import RoundRequest, RoundResult, generate_in_rounds
 from verl.engine.rollout.sglang_group import METRIC_PUSH_SECONDS  # the push's seconds, one name for both
 from verl.engine.rollout.sglang_loader import spec_offsets
 from verl.errors import InputError
@@ -41,6 +43,9 @@ from verl.models.spec.registry import model_spec
 from verl.utils.device import is_cuda_available
 from verl.utils.torch_dtypes import NAME_OF_DTYPE
 
+# Partial rollout: new tokens per round between checks of the stop rule (as SGLang's; a round is one batch through
+# vLLM's scheduler).
+SEGMENT_ROUND_TOKENS = 16
 # vLLM 0.32's CPU attention backend (CPUAttentionBackend.get_supported_head_sizes)
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
@@ -251,10 +256,17 @@ class VLLMRollout(BaseRollout):
 
     # ---------------------------------------------------------------- generation
     def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                           sampling_params: SamplingParams,
-                           pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           sampling_params: SamplingParams, pad_token_id: int, limits: torch.Tensor | None = None,
+                           stop: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Left-padded prompts [B, P] -> (responses, response_mask, rollout_log_probs) [B*n, R]. Partial rollout
+        (:mod:`verl.engine.rollout.partial`, n=1): ``limits`` [B] caps each row's new tokens; with a ``stop`` rule
+        the rows generate in rounds of at most :data:`SEGMENT_ROUND_TOKENS` tokens, the rule checked between rounds
+        (vLLM's offline ``generate`` returns a batch whole); a row's next round resubmits its prompt and tokens so
+        far, which vLLM's prefix cache holds."""
         from vllm.inputs import TokensPrompt
 
+        if limits is not None:
+            return self._generate_limited(input_ids, attention_mask, sampling_params, pad_token_id, limits, stop)
         prompts = [TokensPrompt(prompt_token_ids=row[mask.bool()].tolist())
                    for row, mask in zip(input_ids, attention_mask, strict=True)]
         outputs = self.llm.generate(prompts, vllm_sampling_params(sampling_params, self._vllm), use_tqdm=False)
@@ -274,3 +286,32 @@ class VLLMRollout(BaseRollout):
                 log_probs[row, :len(ids)] = torch.tensor([entry[tok].logprob for tok, entry
                                                           in zip(ids, sample.logprobs, strict=False)])
         return responses, mask, log_probs
+
+    def _generate_limited(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sp: SamplingParams,
+                          pad_token_id: int, limits: torch.Tensor,
+                          stop: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        from vllm.inputs import TokensPrompt
+
+        if sp.n != 1:
+            raise RolloutInputError(f"vllm generate with per-row limits: expected n=1, found n={sp.n}")
+        prompts = [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask, strict=True)]
+        budgets = [int(b) for b in limits.tolist()]
+
+        def run_round(requests: list[RoundRequest]) -> list[RoundResult]:
+            params = [vllm_sampling_params(dataclasses.replace(sp, response_length=r.max_new_tokens, seed=r.seed),
+                                           self._vllm) for r in requests]
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r.tokens) for r in requests], params,
+                                        use_tqdm=False)
+            results = []
+            for i, request in enumerate(outputs):
+                sample = request.outputs[0]
+                if sample.finish_reason == "abort":
+                    raise RuntimeError(f"vllm: request {i} was aborted by vLLM")
+                ids = list(sample.token_ids)
+                results.append(RoundResult(ids, [entry[tok].logprob for tok, entry
+                                                 in zip(ids, sample.logprobs, strict=False)],
+                                           sample.finish_reason == "stop"))
+            return results
+
+        return generate_in_rounds(prompts, budgets, sp, run_round, max(budgets, default=0), pad_token_id, stop,
+                                  SEGMENT_ROUND_TOKENS)
