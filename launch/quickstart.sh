@@ -11,6 +11,9 @@
 #   bash launch/quickstart.sh --config configs/grpo_smollm2_gsm.yaml --out outputs/quickstart_smollm2   # a real
 #     pretrained chat model (SmolLM2-135M-Instruct), no SFT stage: GRPO on generated GSM8K-format word problems
 #   bash launch/quickstart.sh actor_rollout_ref.rollout.name=sglang   # SGLang rollout (sets up .venv-sglang)
+#   bash launch/quickstart.sh --sft-override model.path=configs/models/qwen2_0p7m_arith.json \
+#       actor_rollout_ref.rollout.name=vllm   # vLLM rollout (sets up .venv-vllm); vLLM's CPU attention needs
+#                                             # head_dim >= 32: the 0.7M model, not the default tiny one (16)
 #
 # Rerunning resumes: finished stages (data, SFT) are skipped, GRPO resumes from its last checkpoint
 # (trainer.resume_mode=auto); Ctrl-C during GRPO checkpoints the current step first. Under Slurm,
@@ -21,11 +24,12 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash launch/setup_env.sh
-# SGLang as the rollout (actor_rollout_ref.rollout.name=sglang): the environment holding SGLang and Megatron.
+# SGLang or vLLM as the rollout (actor_rollout_ref.rollout.name=sglang|vllm): the environment holding that engine
+# and Megatron.
 for arg in "$@"; do
-  if [[ $arg =~ rollout\.name=sglang$ ]]; then
-    bash launch/setup_sglang.sh
-    exec .venv-sglang/bin/python -m launch.quickstart "$@"
+  if [[ $arg =~ rollout\.name=(sglang|vllm)$ ]]; then
+    bash "launch/setup_${BASH_REMATCH[1]}.sh"
+    exec ".venv-${BASH_REMATCH[1]}/bin/python" -m launch.quickstart "$@"
   fi
 done
 exec .venv/bin/python -m launch.quickstart "$@"

@@ -20,11 +20,11 @@ def write_data(path, rows):
         for i, (a, b) in enumerate(rows)]), path)
 
 
-def agent_train_cmd(tmp_path, problems, tool_format, *overrides, python=None):
-    """(output dir, `verl train` command): the tiny chat model, `problems` as tool_agent rows, the calculator from
-    verl's tool YAML, the test's tool-call ``tool_format`` (tests/helpers/forced_tool_calls.py), 3 assistant turns;
-    run by ``python`` (default: this interpreter)."""
-    model = save_chat_model(str(tmp_path / "model"), seed=3)
+def agent_train_cmd(tmp_path, problems, tool_format, *overrides, python=None, model_changes=None):
+    """(output dir, `verl train` command): the tiny chat model (``model_changes`` to its config), `problems` as
+    tool_agent rows, the calculator from verl's tool YAML, the test's tool-call ``tool_format``
+    (tests/helpers/forced_tool_calls.py), 3 assistant turns; run by ``python`` (default: this interpreter)."""
+    model = save_chat_model(str(tmp_path / "model"), seed=3, **(model_changes or {}))
     write_data(tmp_path / "train.parquet", problems)
     write_data(tmp_path / "val.parquet", [(2, 3), (5, 5)])
     tools = tmp_path / "tools.yaml"
@@ -42,7 +42,7 @@ def agent_train_cmd(tmp_path, problems, tool_format, *overrides, python=None):
     return out, [python or sys.executable, *cmd[1:]]
 
 
-def async_agent_cmd(tmp_path, mode, *overrides, micro=4, python=None):
+def async_agent_cmd(tmp_path, mode, *overrides, micro=4, python=None, model_changes=None):
     """(output dir, command) of the asynchronous trainers' agent tests: verl's V1 ``mode`` over 18 problems whose
     turns end on ~1 token in 8 (``test_random_length_calls``: trajectories finish at different times, so a weight
     sync can cut a turn), batches of 4 prompts x 2 responses, ``micro`` responses per micro-batch. Staleness is
@@ -55,4 +55,5 @@ def async_agent_cmd(tmp_path, mode, *overrides, micro=4, python=None):
         "data.max_prompt_length=48", "data.max_response_length=64", "data.train_batch_size=4",
         "actor_rollout_ref.rollout.n=2", f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
-        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}", *overrides, python=python)
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}", *overrides, python=python,
+        model_changes=model_changes)

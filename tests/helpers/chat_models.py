@@ -34,9 +34,10 @@ def save_chat_tokenizer(path: str, chat_template: str | None = CHATML) -> str:
     return path
 
 
-def save_chat_model(path: str, chat_template: str | None = CHATML, seed: int = 0) -> str:
-    """qwen2 tiny weights (vocab 320 > the tokenizer's ~104 ids) with the chat tokenizer beside them."""
-    save_tiny_model("qwen2", path, seed=seed)
+def save_chat_model(path: str, chat_template: str | None = CHATML, seed: int = 0, **changes) -> str:
+    """qwen2 tiny weights (vocab 320 > the tokenizer's ~104 ids; ``changes`` to its config) with the chat tokenizer
+    beside them."""
+    save_tiny_model("qwen2", path, seed=seed, **changes)
     save_chat_tokenizer(path, chat_template)
     assert os.path.isfile(os.path.join(path, "tokenizer_config.json"))
     return path

@@ -17,11 +17,12 @@ MODELS = {
 }
 
 
-def save_tiny_model(kind: str, path: str, seed: int = 0) -> str:
-    """Write a random fp32 ``kind`` model (a key of MODELS) as an HF checkpoint at ``path``."""
+def save_tiny_model(kind: str, path: str, seed: int = 0, **changes) -> str:
+    """Write a random fp32 ``kind`` model (a key of MODELS, with ``changes`` to its config) as an HF checkpoint at
+    ``path``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = dict(MODELS[kind])
+    cfg = {**MODELS[kind], **changes}
     model_type = cfg.pop("model_type")
     # A wide init keeps the top logits apart, so greedy choices do not hinge on fp32 summation order.
     config = AutoConfig.for_model(model_type, max_position_embeddings=128, initializer_range=0.2,

@@ -321,13 +321,17 @@ def test_numbers_as_verl_users_write_them_are_accepted(world, tmp_path):
 
 
 HEAD_DIM_32 = os.path.join(os.path.dirname(GRPO), "models", "qwen2_0p7m_arith.json")
+MOE = os.path.join(os.path.dirname(GRPO), "models", "qwen3moe_tiny_arith.json")
 
 
 @pytest.mark.parametrize("extra, needle", [
     ([], "vLLM's CPU attention takes head_dim in"),  # the quickstart's tiny model has head_dim 16
     ([f"actor_rollout_ref.model.path={HEAD_DIM_32}"], "rollout.name=vllm: expected vLLM importable"),
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "runs TP 1"),
-    (["actor_rollout_ref.rollout.multi_turn.enable=true"], "lacks the capability agent_loop"),
+    ([f"actor_rollout_ref.model.path={MOE}", "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+      "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+      "actor_rollout_ref.rollout.enable_rollout_routing_replay=true", "actor_rollout_ref.actor.router_replay.mode=R3"],
+     "lacks the capability routing_recording"),
 ])
 def test_vllm_rollout_refusals_are_one_line(world, capfd, extra, needle):
     """rollout.name=vllm is a registered engine (issue 55): what it cannot do here is one line and exit 2."""

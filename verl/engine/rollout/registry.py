@@ -306,11 +306,9 @@ def _check_vllm_model(config: Any, tp_size: int) -> None:
 VLLM = RolloutEngine(
     "vllm",
     RolloutCapabilities(group_backend=None, vocab_padding=64, moe_weights=True, routing_recording=False,
-                        partial_rollout=True, python_env="vllm"),
+                        partial_rollout=True, agent_loop=True, agent_loop_async=True, python_env="vllm"),
     build=_build_vllm, open_standalone=_open_vllm, check_model=_check_vllm_model,
-    lacks={"routing_recording": "the native engine records routing here: use native",
-           "agent_loop": "a token-in/token-out server over vLLM's async engine is not wired yet: use native or sglang",
-           "agent_loop_async": "see agent_loop"},
+    lacks={"routing_recording": "the native engine records routing here: use native"},
 )
 BUILTIN_ROLLOUTS = ("native", "sglang", "vllm")
 # checked against the layout by the unit tests

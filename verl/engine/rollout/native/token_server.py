@@ -1,5 +1,7 @@
 """The native engine's agent-loop token server: turns of many trajectories batched into one engine call, K/V kept
-across a trajectory's turns, and turns cut and resumed across weight syncs (see :class:`TokenServer`)."""
+across a trajectory's turns, and turns cut and resumed across weight syncs (see :class:`TokenServer`). vLLM's engine
+uses it too (its ``generate_responses`` takes the same per-row ``limits`` and ``stop`` rule; ``prefix_caching``
+False: vLLM keeps the prefixes itself)."""
 
 from __future__ import annotations
 

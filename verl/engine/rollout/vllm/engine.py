@@ -189,6 +189,19 @@ class VLLMRollout(BaseRollout):
         args.update(engine_args or {})
         self.llm = vllm.LLM(**args)
 
+    # The agent loops' token server (the batching one the native engine uses) over this engine: one replica, and
+    # no K/V kept by the server itself (vLLM's prefix cache holds each trajectory's prefix between turns).
+    tp_size = 1
+    prefix_caching = False
+
+    def token_server(self, base: SamplingParams, pad_token_id: int | None = None) -> Any:
+        """verl's token-in/token-out server for agent loops: the turns in flight batched into one
+        :meth:`generate_responses` call with per-row budgets, cut between rounds by an interrupt (the asynchronous
+        trainers) and resumed (:class:`~verl.engine.rollout.native.token_server.TokenServer`)."""
+        from verl.engine.rollout.native.token_server import TokenServer
+
+        return TokenServer(self, base, self.pad_token_id if pad_token_id is None else pad_token_id)
+
     def _kv_bytes(self, rows: int, seq_len: int) -> int:
         c = self.config
         return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * self.dtype.itemsize * rows * seq_len
