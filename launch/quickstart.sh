@@ -11,9 +11,9 @@
 #   bash launch/quickstart.sh --config configs/grpo_smollm2_gsm.yaml --out outputs/quickstart_smollm2   # a real
 #     pretrained chat model (SmolLM2-135M-Instruct), no SFT stage: GRPO on generated GSM8K-format word problems
 #   bash launch/quickstart.sh actor_rollout_ref.rollout.name=sglang   # SGLang rollout (sets up .venv-sglang)
-#   bash launch/quickstart.sh --sft-override model.path=configs/models/qwen2_0p7m_arith.json \
-#       actor_rollout_ref.rollout.name=vllm   # vLLM rollout (sets up .venv-vllm); vLLM's CPU attention needs
-#                                             # head_dim >= 32: the 0.7M model, not the default tiny one (16)
+#   bash launch/quickstart.sh --config configs/grpo_qwen3moe_tiny.yaml actor_rollout_ref.rollout.name=vllm
+#     # vLLM rollout (sets up .venv-vllm); vLLM's CPU attention needs head_dim >= 32: the MoE variant has 32, the
+#     # default tiny model 16
 #
 # Rerunning resumes: finished stages (data, SFT) are skipped, GRPO resumes from its last checkpoint
 # (trainer.resume_mode=auto); Ctrl-C during GRPO checkpoints the current step first. Under Slurm,

@@ -1,5 +1,5 @@
-"""Summarize results/vllm_quickstart/logs: the quickstart on the 0.7M Qwen2 with the native rollout and with vLLM,
-3 seeds each, run for run on the same seeds.
+"""Summarize results/vllm_quickstart/logs: the quickstart's MoE variant (configs/grpo_qwen3moe_tiny.yaml) with the
+native rollout and with vLLM, 3 seeds each, run for run on the same seeds.
 
     python results/vllm_quickstart/summarize.py results/vllm_quickstart/logs              # per run, then the table
     python results/vllm_quickstart/summarize.py results/vllm_quickstart/logs --markdown   # the README table, rebuilt
