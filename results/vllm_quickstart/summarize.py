@@ -5,8 +5,9 @@ native rollout and with vLLM, 3 seeds each, run for run on the same seeds.
     python results/vllm_quickstart/summarize.py results/vllm_quickstart/logs --markdown   # the README table, rebuilt
 
 From each run's ``metrics.jsonl``: greedy ``val/accuracy`` on the 256 held-out problems at step 0 (the SFT warm start:
-the same for both rollouts of a seed) and at the last step, the best validated step, ``timing_s/gen`` and
-``timing_s/step`` (medians). Spread: the sample standard deviation over the seeds and the range."""
+the same for both rollouts of a seed) and at the last step, and the best validated step; step times per run in the
+summary, not tabled (these runs shared the 2 cores with other jobs; tokens/s: results/vllm_rollout/). Spread: the
+sample standard deviation over the seeds and the range."""
 
 import json
 import statistics
@@ -50,19 +51,18 @@ def markdown(logs: Path) -> list[str]:
     data = groups(logs)
     out = ["<!-- results/vllm_quickstart:learning -->",
            "| rollout (3 seeds: mean ± sd [min, max]) | val/accuracy at step 0 (SFT warm start) | at step 100 | gain "
-           "(points) | best validated step | `timing_s/gen` / `timing_s/step` (medians) |",
-           "|---|---|---|---|---|---|"]
+           "(points) | best validated step |",
+           "|---|---|---|---|---|"]
     for rollout, runs in data.items():
         figures = list(runs.values())
         if len(figures) < 3:
             raise SystemExit(f"{logs}: expected 3 seeds of {rollout}, found {len(figures)}")
         col = {key: [f[key] for f in figures] for key in figures[0]}
         out.append(f"| {ROLLOUTS[rollout]}, seeds {', '.join(map(str, runs))} | {spread(col['step0'], '.3f')} | "
-                   f"{spread(col['last'], '.3f')} | {spread(col['gain'], '+.1f')} | {spread(col['best'], '.3f')} | "
-                   f"{statistics.mean(col['gen_s']):.3f} s / {statistics.mean(col['step_s']):.3f} s |")
+                   f"{spread(col['last'], '.3f')} | {spread(col['gain'], '+.1f')} | {spread(col['best'], '.3f')} |")
     seeds = sorted(set(data["native"]) & set(data["vllm"]))
     diffs = [data["vllm"][s]["gain"] - data["native"][s]["gain"] for s in seeds]
-    out.append(f"| vLLM - native, seed by seed | | | {spread(diffs, '+.1f')} | | |")
+    out.append(f"| vLLM - native, seed by seed | | | {spread(diffs, '+.1f')} | |")
     return out
 
 
