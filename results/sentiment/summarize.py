@@ -11,17 +11,11 @@ import statistics
 import sys
 from pathlib import Path
 
-# The task's word lists (verl/utils/reward_score/sentiment.py), read from the file so this script needs no install.
-RULE = Path(__file__).resolve().parents[2] / "verl" / "utils" / "reward_score" / "sentiment.py"
-WORDS: dict = {}
-exec(compile("\n".join(line for line in RULE.read_text().splitlines() if line.startswith(("POSITIVE", "NEGATIVE"))),
-             str(RULE), "exec"), WORDS)
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # the task's rule itself, not a copy (a small module: no torch import)
+from verl.utils.reward_score.sentiment import NEGATIVE, sentiment  # noqa: E402
+
 REWARDS = {"rm": "BERT RM (score in [-3, 3])", "judge": "Qwen2 judge (verdict 0-9)"}
-
-
-def rule(text: str) -> int:
-    words = text.split()
-    return sum(w in WORDS["POSITIVE"] for w in words) - sum(w in WORDS["NEGATIVE"] for w in words)
 
 
 def run(path: Path) -> dict[str, float]:
@@ -32,14 +26,14 @@ def run(path: Path) -> dict[str, float]:
     for name, step in (("before", 0), ("after", last)):
         dump = [json.loads(line) for line in (path / f"{step}.jsonl").read_text().splitlines() if line.strip()]
         texts = [d["output"] for d in dump]
-        scores = [rule(t) for t in texts]
+        scores = [sentiment(t) for t in texts]
         # The trainer's validation scored the same reviews by the same rule: the dump and the metric agree.
         if abs(statistics.fmean(scores) - steps[step]["val/accuracy"]) > 1e-6:
             raise SystemExit(f"{path}: step {step}: the rule over the dump ({statistics.fmean(scores)}) is not the "
                              f"logged val/accuracy ({steps[step]['val/accuracy']})")
         out[f"rule_{name}"] = statistics.fmean(scores)
         out[f"positive_{name}"] = sum(s > 0 for s in scores) / len(scores)
-        out[f"negative_words_{name}"] = statistics.fmean(sum(w in WORDS["NEGATIVE"] for w in t.split()) for t in texts)
+        out[f"negative_words_{name}"] = statistics.fmean(sum(w in NEGATIVE for w in t.split()) for t in texts)
         out[f"words_{name}"] = statistics.fmean(len(t.split()) for t in texts)
         out[f"distinct_reviews_{name}"] = len(set(texts)) / len(texts)
         out[f"distinct_words_{name}"] = statistics.fmean(len(set(t.split())) for t in texts)
