@@ -85,11 +85,11 @@ def _requirements(name: str) -> list:
 
 
 def _version() -> str:
-    with open(os.path.join(ROOT, "verl", "__init__.py"), encoding="utf-8") as fh:
+    with open(os.path.join(ROOT, "verl", "version.py"), encoding="utf-8") as fh:
         for line in fh:
             if line.startswith("__version__"):
                 return line.split("=")[1].strip().strip('"')
-    raise RuntimeError("verl/__init__.py has no __version__")
+    raise RuntimeError("verl/version.py has no __version__")
 
 
 setup(

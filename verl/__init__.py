@@ -1,6 +1,6 @@
 """verl-hpc: HybridFlow (verl) RL post-training on Megatron-core, SGLang and Slurm."""
 
-__version__ = "0.1.0"
+from verl.version import __version__
 
 __all__ = ["DataFlow", "DataPipeline", "DataProto", "HybridActor", "RLTrainer", "TrainerConfig", "__version__",
            "register"]

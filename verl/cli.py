@@ -12,8 +12,8 @@ import importlib
 import os
 import sys
 
-import verl
 from verl.errors import EXIT_INTERNAL_ERROR, InputError, refuse
+from verl.version import __version__
 
 # command -> (module with main(argv), one-line help). Nested groups map a sub-command name too.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -56,7 +56,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="verl-hpc: HybridFlow RL post-training on Megatron-core, SGLang and Slurm.",
         epilog="Run `verl COMMAND --help` for a command's options.",
     )
-    parser.add_argument("--version", action="version", version=f"verl-hpc {verl.__version__}")
+    parser.add_argument("--version", action="version", version=f"verl-hpc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)

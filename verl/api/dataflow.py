@@ -519,9 +519,9 @@ class DataFlowTrainer:
         finally:
             trainer.close()
         dist.barrier()  # rank 0's metrics file is complete
-        import verl.metrics
+        from verl.metrics import _record, load
 
-        return verl.metrics._record(verl.metrics.load(config.trainer.output_dir))
+        return _record(load(config.trainer.output_dir))
 
 
 LAYOUTS = ("auto", "default")

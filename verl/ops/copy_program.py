@@ -31,7 +31,7 @@ class CopyProgramError(ValueError):
 
 def _ext():
     try:
-        from verl import _C
+        import verl._C as _C
     except ImportError as exc:  # pragma: no cover - exercised only on broken installs
         raise ImportError(
             "verl._C (the compiled reshard extension) is not built; run "

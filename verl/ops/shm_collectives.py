@@ -162,7 +162,7 @@ def _group_comm(group, *tensors):
 
 def _open_group(group):
     """Collective over ``group``: every member opens one region, or all of them fall back to torch."""
-    from verl import _C
+    import verl._C as _C
 
     size = dist.get_world_size(group)
     if size < 2 or dist.get_backend(group) != "gloo":

@@ -1,4 +1,8 @@
-"""Trainers: the single-controller RL dataflow and its algorithms."""
+"""Trainers: the single-controller RL dataflow and its algorithms.
+
+The one import from this package up into :mod:`verl.api` is ``from verl.trainer import RLTrainer`` (the Python API's
+documented spelling, docs/python_api.md): it resolves on first use, so nothing under ``verl.trainer`` imports the API
+it serves."""
 
 __all__ = ["RLTrainer"]
 

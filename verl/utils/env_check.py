@@ -78,7 +78,7 @@ def check_megatron() -> Check:
 def check_extension() -> list[Check]:
     fix = "pip install --no-build-isolation -e .   (in the verl-hpc repository root)"
     try:
-        from verl import _C
+        import verl._C as _C
     except Exception as exc:
         return [Check(FAIL, "verl._C (cpu)", f"compiled extension not importable ({type(exc).__name__})", fix=fix,
                       required=True)]

@@ -106,12 +106,20 @@ def make_row(problem: tuple[int, str, int], split: str, index: int, out_of_form:
     ``out_of_form``: ``extra_info.out_of_form`` is set, and validation reports the row apart
     (``val/accuracy_out_of_form``)."""
     a, op, b = problem
+    return rl_row(DATA_SOURCE, [{"role": "user", "content": f"{a}{op}{b}="}], answer_of(a, op, b), split, index,
+                  out_of_form)
+
+
+def rl_row(data_source: str, prompt: list[dict], ground_truth: int, split: str, index: int, out_of_form: bool = False,
+           **extra_info) -> dict:
+    """A verl-format row of a generated math task scored by its ground-truth answer: data_source, prompt (chat
+    messages), ability, reward_model, extra_info (split, index, ``out_of_form`` where set, and ``extra_info``)."""
     return {
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": f"{a}{op}{b}="}],
+        "data_source": data_source,
+        "prompt": prompt,
         "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": str(answer_of(a, op, b))},
-        "extra_info": {"split": split, "index": index, **({"out_of_form": True} if out_of_form else {})},
+        "reward_model": {"style": "rule", "ground_truth": str(ground_truth)},
+        "extra_info": {"split": split, "index": index, **extra_info, **({"out_of_form": True} if out_of_form else {})},
     }
 
 

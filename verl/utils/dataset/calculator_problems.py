@@ -29,75 +29,41 @@ import argparse
 import json
 import os
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from verl.utils.dataset.arithmetic import check_out_dir, write_parquet, write_rl_splits
+from verl.utils.dataset import word_problems
+from verl.utils.dataset.arithmetic import check_out_dir, rl_row, write_parquet, write_rl_splits
 from verl.utils.dataset.errors import DatasetError
-from verl.utils.dataset.word_problems import INSTRUCTION, ITEMS, NAMES
+from verl.utils.dataset.word_problems import INSTRUCTION, ITEMS, NAMES, Template
 
 DATA_SOURCE = "calculator_word_problems"
 AGENT_NAME = "tool_agent"
 SYSTEM_PROMPT = ('Use the calculator for the arithmetic: <tool_call>{"name": "calculator", "arguments": '
                  '{"expression": "123 * 45 + 678"}}</tool_call>')
 
-# A template: (rng, name, pronoun, item) -> (question, expression, answer); eval of the expression is the answer.
-Template = Callable[[random.Random, str, str, str], tuple[str, str, int]]
-
-
-def _gets_more(rng, name, he, item):
-    a, b = rng.randint(1000, 9999), rng.randint(1000, 9999)
-    return f"{name} has {a} {item} and gets {b} more. How many {item} does {he} have now?", f"{a} + {b}", a + b
-
-
-def _loses_some(rng, name, he, item):
-    a = rng.randint(3000, 9999)
-    b = rng.randint(1000, a - 1000)
-    return (f"{name} has {a} {item} and loses {b} of them. How many {item} does {he} have left?",
-            f"{a} - {b}", a - b)
-
-
-def _bags(rng, name, he, item):
-    a, b = rng.randint(12, 99), rng.randint(102, 999)
-    return (f"{name} buys {a} bags with {b} {item} in each bag. How many {item} does {he} have?",
-            f"{a} * {b}", a * b)
-
-
-def _buy_then_give(rng, name, he, item):
-    a, b = rng.randint(1000, 9999), rng.randint(1000, 9999)
-    c = rng.randint(1000, a + b - 1000)
-    return (f"{name} has {a} {item}. {he.capitalize()} buys {b} more, then gives away {c}. "
-            f"How many {item} does {he} have now?", f"{a} + {b} - {c}", a + b - c)
-
-
-def _has_and_packs(rng, name, he, item):
-    a, b, c = rng.randint(100, 999), rng.randint(12, 99), rng.randint(12, 99)
-    return (f"{name} has {a} {item} and buys {b} packs of {c} {item}. How many {item} does {he} have now?",
-            f"{a} + {b} * {c}", a + b * c)
-
-
-def _share(rng, name, he, item):
-    each, friends = rng.randint(102, 999), rng.randint(12, 49)
-    total = each * friends
-    return (f"{name} has {total} {item} and shares them equally among {friends} friends. "
-            f"How many {item} does each friend get?", f"{total} / {friends}", each)
-
-
-def _pages(rng, name, he, item):
-    per_day, days, extra = rng.randint(12, 99), rng.randint(12, 99), rng.randint(100, 999)
-    return (f"{name} reads {per_day} pages every day for {days} days, then {extra} more pages. "
-            f"How many pages does {he} read in total?", f"{per_day} * {days} + {extra}", per_day * days + extra)
-
-
-def _change(rng, name, he, item):
-    price, count = rng.randint(12, 99), rng.randint(12, 99)
-    bill = 10000
-    return (f"{item.capitalize()} cost {price} dollars each. {name} buys {count} {item} and pays with "
-            f"{bill} dollars. How many dollars of change does {he} get?", f"{bill} - {price} * {count}",
-            bill - price * count)
-
-
-TEMPLATES: tuple[Template, ...] = (_gets_more, _loses_some, _bags, _buy_then_give, _has_and_packs, _share,
-                                   _pages, _change)
+# The word-problem templates' questions with operands in the hundreds and thousands; ``steps`` is the one
+# calculator expression that computes the answer.
+_ASKED = {t.kind: t.question for t in word_problems.TEMPLATES}
+TEMPLATES: tuple[Template, ...] = (
+    Template("gets_more", (("a", 1000, 9999), ("b", 1000, 9999)), _ASKED["gets_more"], "{a} + {b}", "n",
+             lambda v: {"n": v["a"] + v["b"]}),
+    Template("loses_some", (("a", 3000, 9999), ("b", 1000, lambda v: v["a"] - 1000)), _ASKED["loses_some"],
+             "{a} - {b}", "n", lambda v: {"n": v["a"] - v["b"]}),
+    Template("bags", (("a", 12, 99), ("b", 102, 999)), _ASKED["bags"], "{a} * {b}", "n",
+             lambda v: {"n": v["a"] * v["b"]}),
+    Template("buy_then_give", (("a", 1000, 9999), ("b", 1000, 9999), ("c", 1000, lambda v: v["a"] + v["b"] - 1000)),
+             _ASKED["buy_then_give"], "{a} + {b} - {c}", "n", lambda v: {"n": v["a"] + v["b"] - v["c"]}),
+    Template("has_and_packs", (("a", 100, 999), ("b", 12, 99), ("c", 12, 99)), _ASKED["has_and_packs"],
+             "{a} + {b} * {c}", "n", lambda v: {"n": v["a"] + v["b"] * v["c"]}),
+    Template("share", (("each", 102, 999), ("friends", 12, 49)), _ASKED["share"], "{total} / {friends}", "each",
+             lambda v: {"total": v["each"] * v["friends"]}),
+    Template("pages", (("per_day", 12, 99), ("days", 12, 99), ("extra", 100, 999)), _ASKED["pages"],
+             "{per_day} * {days} + {extra}", "n", lambda v: {"n": v["per_day"] * v["days"] + v["extra"]}),
+    Template("change", (("price", 12, 99), ("count", 12, 99)),
+             "{Item} cost {price} dollars each. {name} buys {count} {item} and pays with {bill} dollars. How many "
+             "dollars of change does {he} get?", "{bill} - {price} * {count}", "n",
+             lambda v: {"bill": 10000, "n": 10000 - v["price"] * v["count"]}),
+)
 # The demonstrations' default: the one-operation templates ("a + b", "a - b", "a * b", "a / b"). The two-operation
 # ones ("a + b - c", "a + b * c", "a * b + c", "10000 - a * b": half of the RL problems) are left for RL.
 ONE_OPERATION_TEMPLATES = (0, 1, 2, 5)
@@ -129,15 +95,9 @@ def prompt_messages(question: str) -> list[dict]:
 def make_row(problem: tuple[str, str, int], split: str, index: int) -> dict:
     """One verl-format RL row for ``tool_agent``."""
     question, expression, answer = problem
-    return {
-        "data_source": DATA_SOURCE,
-        "agent_name": AGENT_NAME,
-        "prompt": prompt_messages(question),
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": str(answer)},
-        "extra_info": {"split": split, "index": index, "question": question, "expression": expression,
-                       "answer": f"{expression} = {answer}\n#### {answer}"},
-    }
+    return {"agent_name": AGENT_NAME, **rl_row(DATA_SOURCE, prompt_messages(question), answer, split, index,
+                                                question=question, expression=expression,
+                                                answer=f"{expression} = {answer}\n#### {answer}")}
 
 
 def demonstration_rows(problem: tuple[str, str, int], split: str, index: int) -> list[dict]:

@@ -17,11 +17,12 @@ room to improve it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import re
 from collections.abc import Callable, Sequence
 
-from verl.utils.dataset.arithmetic import check_out_dir, write_rl_splits
+from verl.utils.dataset.arithmetic import check_out_dir, rl_row, write_rl_splits
 from verl.utils.dataset.errors import DatasetError
 
 DATA_SOURCE = "word_problems"
@@ -30,152 +31,106 @@ NAMES = (("Tom", "he"), ("Anna", "she"), ("Ben", "he"), ("Mia", "she"), ("Sam", 
          ("Leo", "he"), ("Emma", "she"), ("Max", "he"), ("Zoe", "she"))
 ITEMS = ("apples", "books", "pens", "cards", "balls", "cookies", "stickers", "marbles", "shells", "stamps")
 
-# A template: (rng, name, pronoun, item) -> (question, worked solution, answer).
-Template = Callable[[random.Random, str, str, str], tuple[str, str, int]]
+Bound = int | Callable[[dict], int]  # an operand bound, or a function of the operands drawn before it
 
 
-def _buy_then_give(rng, name, he, item):
-    a, b = rng.randint(2, 9), rng.randint(2, 9)
-    c = rng.randint(1, a + b - 1)
-    return (f"{name} has {a} {item}. {he.capitalize()} buys {b} more, then gives away {c}. "
-            f"How many {item} does {he} have now?",
-            f"{a} + {b} = {a + b}. {a + b} - {c} = {a + b - c}.", a + b - c)
+@dataclasses.dataclass(frozen=True)
+class Template:
+    """One kind of problem, as data. ``draws``: its operands, each (name, low, high) drawn with ``rng.randint`` in
+    this order (a bound may be a function of the operands drawn before it); ``derive``: the values computed from
+    them; ``question`` and ``steps`` (the worked solution, or a calculator expression) are ``str.format`` texts over
+    all of those and ``name``, ``he``/``He``, ``item``/``Item`` and ``other`` (another name of ``names``, drawn
+    first where the question uses it); ``answer`` names the value that answers it.
+
+    Called as ``template(rng, name, pronoun, item)`` -> (question, steps, answer)."""
+
+    kind: str
+    draws: tuple[tuple[str, Bound, Bound], ...]
+    question: str
+    steps: str
+    answer: str
+    derive: Callable[[dict], dict] = dict
+    names: tuple[tuple[str, str], ...] = NAMES
+
+    @property
+    def __name__(self) -> str:
+        return self.kind
+
+    def __call__(self, rng: random.Random, name: str, he: str, item: str) -> tuple[str, str, int]:
+        values: dict = {"name": name, "he": he, "He": he.capitalize(), "item": item, "Item": item.capitalize()}
+        if "{other}" in self.question:
+            values["other"] = rng.choice([n for n, _ in self.names if n != name])
+        for key, low, high in self.draws:
+            values[key] = rng.randint(*(b(values) if callable(b) else b for b in (low, high)))
+        values.update(self.derive(values))
+        return self.question.format(**values), self.steps.format(**values), values[self.answer]
 
 
-def _gets_more(rng, name, he, item):
-    a, b = rng.randint(2, 19), rng.randint(2, 9)
-    return (f"{name} has {a} {item} and gets {b} more. How many {item} does {he} have now?",
-            f"{a} + {b} = {a + b}.", a + b)
+def _change(v: dict) -> dict:
+    cost = v["price"] * v["count"]
+    bill = 20 if cost < 20 else 50  # the smallest bill that pays
+    return {"cost": cost, "bill": bill, "n": bill - cost}
 
 
-def _loses_some(rng, name, he, item):
-    a = rng.randint(6, 19)
-    b = rng.randint(2, a - 2)
-    return (f"{name} has {a} {item} and loses {b} of them. How many {item} does {he} have left?",
-            f"{a} - {b} = {a - b}.", a - b)
-
-
-def _bags(rng, name, he, item):
-    a, b = rng.randint(2, 9), rng.randint(2, 9)
-    return (f"{name} buys {a} bags with {b} {item} in each bag. How many {item} does {he} have?",
-            f"{a} * {b} = {a * b}.", a * b)
-
-
-def _has_and_packs(rng, name, he, item):
-    a, b, c = rng.randint(2, 9), rng.randint(2, 5), rng.randint(2, 9)
-    return (f"{name} has {a} {item} and buys {b} packs of {c} {item}. How many {item} does {he} have now?",
-            f"{b} * {c} = {b * c}. {a} + {b * c} = {a + b * c}.", a + b * c)
-
-
-def _share(rng, name, he, item):
-    each, friends = rng.randint(2, 9), rng.randint(2, 6)
-    total = each * friends
-    return (f"{name} has {total} {item} and shares them equally among {friends} friends. "
-            f"How many {item} does each friend get?",
-            f"{total} / {friends} = {each}.", each)
-
-
-def _more_than(rng, name, he, item):
-    other = rng.choice([n for n, _ in NAMES if n != name])
-    a, b = rng.randint(2, 9), rng.randint(2, 9)
-    return (f"{name} has {a} {item}. {other} has {b} more {item} than {name}. "
-            f"How many {item} do they have together?",
-            f"{a} + {b} = {a + b}. {a} + {a + b} = {2 * a + b}.", 2 * a + b)
-
-
-def _change(rng, name, he, item):
-    price, count = rng.randint(2, 9), rng.randint(2, 5)
-    bill = 20 if price * count < 20 else 50
-    return (f"{item.capitalize()} cost {price} dollars each. {name} buys {count} {item} and pays with a "
-            f"{bill} dollar bill. How many dollars of change does {he} get?",
-            f"{price} * {count} = {price * count}. {bill} - {price * count} = {bill - price * count}.",
-            bill - price * count)
-
-
-def _pages(rng, name, he, item):
-    per_day, days, extra = rng.randint(2, 9), rng.randint(2, 5), rng.randint(2, 9)
-    return (f"{name} reads {per_day} pages every day for {days} days, then {extra} more pages. "
-            f"How many pages does {he} read in total?",
-            f"{per_day} * {days} = {per_day * days}. {per_day * days} + {extra} = {per_day * days + extra}.",
-            per_day * days + extra)
-
-
-TEMPLATES: tuple[Template, ...] = (_gets_more, _loses_some, _buy_then_give, _bags, _has_and_packs, _share,
-                                   _more_than, _change, _pages)
+TEMPLATES: tuple[Template, ...] = (
+    Template("gets_more", (("a", 2, 19), ("b", 2, 9)),
+             "{name} has {a} {item} and gets {b} more. How many {item} does {he} have now?",
+             "{a} + {b} = {n}.", "n", lambda v: {"n": v["a"] + v["b"]}),
+    Template("loses_some", (("a", 6, 19), ("b", 2, lambda v: v["a"] - 2)),
+             "{name} has {a} {item} and loses {b} of them. How many {item} does {he} have left?",
+             "{a} - {b} = {n}.", "n", lambda v: {"n": v["a"] - v["b"]}),
+    Template("buy_then_give", (("a", 2, 9), ("b", 2, 9), ("c", 1, lambda v: v["a"] + v["b"] - 1)),
+             "{name} has {a} {item}. {He} buys {b} more, then gives away {c}. How many {item} does {he} have now?",
+             "{a} + {b} = {ab}. {ab} - {c} = {n}.", "n",
+             lambda v: {"ab": v["a"] + v["b"], "n": v["a"] + v["b"] - v["c"]}),
+    Template("bags", (("a", 2, 9), ("b", 2, 9)),
+             "{name} buys {a} bags with {b} {item} in each bag. How many {item} does {he} have?",
+             "{a} * {b} = {n}.", "n", lambda v: {"n": v["a"] * v["b"]}),
+    Template("has_and_packs", (("a", 2, 9), ("b", 2, 5), ("c", 2, 9)),
+             "{name} has {a} {item} and buys {b} packs of {c} {item}. How many {item} does {he} have now?",
+             "{b} * {c} = {bc}. {a} + {bc} = {n}.", "n",
+             lambda v: {"bc": v["b"] * v["c"], "n": v["a"] + v["b"] * v["c"]}),
+    Template("share", (("each", 2, 9), ("friends", 2, 6)),
+             "{name} has {total} {item} and shares them equally among {friends} friends. How many {item} does each "
+             "friend get?", "{total} / {friends} = {each}.", "each",
+             lambda v: {"total": v["each"] * v["friends"]}),
+    Template("more_than", (("a", 2, 9), ("b", 2, 9)),
+             "{name} has {a} {item}. {other} has {b} more {item} than {name}. How many {item} do they have together?",
+             "{a} + {b} = {ab}. {a} + {ab} = {n}.", "n", lambda v: {"ab": v["a"] + v["b"], "n": 2 * v["a"] + v["b"]}),
+    Template("change", (("price", 2, 9), ("count", 2, 5)),
+             "{Item} cost {price} dollars each. {name} buys {count} {item} and pays with a {bill} dollar bill. How "
+             "many dollars of change does {he} get?",
+             "{price} * {count} = {cost}. {bill} - {cost} = {n}.", "n", _change),
+    Template("pages", (("per_day", 2, 9), ("days", 2, 5), ("extra", 2, 9)),
+             "{name} reads {per_day} pages every day for {days} days, then {extra} more pages. How many pages does "
+             "{he} read in total?", "{per_day} * {days} = {read}. {read} + {extra} = {n}.", "n",
+             lambda v: {"read": v["per_day"] * v["days"], "n": v["per_day"] * v["days"] + v["extra"]}),
+)
 
 
 # The out-of-form held-out set: the same computations (each template above has a reworded twin, in order) asked
 # with names and items no training row uses, in wordings no training row uses.
 OOD_NAMES = (("Omar", "he"), ("Nina", "she"), ("Raj", "he"), ("Yuki", "she"), ("Ivan", "he"), ("Sara", "she"))
 OOD_ITEMS = ("coins", "stones", "buttons", "ribbons", "crayons", "beads")
-
-
-def _ood_gets_more(rng, name, he, item):
-    a, b = rng.randint(2, 19), rng.randint(2, 9)
-    return (f"There are {a} {item} in {name}'s box. A friend puts in {b} more. What is the number of {item} in "
-            f"the box now?", f"{a} + {b} = {a + b}.", a + b)
-
-
-def _ood_loses_some(rng, name, he, item):
-    a = rng.randint(6, 19)
-    b = rng.randint(2, a - 2)
-    return (f"{name} started the day with {a} {item}. By evening {b} were lost. What number of {item} remain?",
-            f"{a} - {b} = {a - b}.", a - b)
-
-
-def _ood_buy_then_give(rng, name, he, item):
-    a, b = rng.randint(2, 9), rng.randint(2, 9)
-    c = rng.randint(1, a + b - 1)
-    return (f"{name} owns {a} {item}, then picks up {b} more and hands {c} to a neighbour. What is {name}'s "
-            f"count of {item} at the end?",
-            f"{a} + {b} = {a + b}. {a + b} - {c} = {a + b - c}.", a + b - c)
-
-
-def _ood_bags(rng, name, he, item):
-    a, b = rng.randint(2, 9), rng.randint(2, 9)
-    return (f"Every box holds {b} {item}, and {name} fills {a} boxes. What is the total number of {item}?",
-            f"{a} * {b} = {a * b}.", a * b)
-
-
-def _ood_has_and_packs(rng, name, he, item):
-    a, b, c = rng.randint(2, 9), rng.randint(2, 5), rng.randint(2, 9)
-    return (f"{name} owns {a} loose {item}. Then {he} gets {b} packets, each holding {c} {item}. What is the "
-            f"total now?", f"{b} * {c} = {b * c}. {a} + {b * c} = {a + b * c}.", a + b * c)
-
-
-def _ood_share(rng, name, he, item):
-    each, friends = rng.randint(2, 9), rng.randint(2, 6)
-    total = each * friends
-    return (f"{total} {item} are split evenly between {friends} children by {name}. What does one child "
-            f"receive?", f"{total} / {friends} = {each}.", each)
-
-
-def _ood_more_than(rng, name, he, item):
-    other = rng.choice([n for n, _ in OOD_NAMES if n != name])
-    a, b = rng.randint(2, 9), rng.randint(2, 9)
-    return (f"{name} collected {a} {item}, and {other} collected {b} {item} more than {name} did. What is their "
-            f"combined total?", f"{a} + {b} = {a + b}. {a} + {a + b} = {2 * a + b}.", 2 * a + b)
-
-
-def _ood_change(rng, name, he, item):
-    price, count = rng.randint(2, 9), rng.randint(2, 5)
-    bill = 20 if price * count < 20 else 50
-    return (f"One of the {item} sells for {price} dollars. {name} takes {count} of them and hands over {bill} "
-            f"dollars. What change comes back?",
-            f"{price} * {count} = {price * count}. {bill} - {price * count} = {bill - price * count}.",
-            bill - price * count)
-
-
-def _ood_pages(rng, name, he, item):
-    per_day, days, extra = rng.randint(2, 9), rng.randint(2, 5), rng.randint(2, 9)
-    return (f"For {days} days {name} gets through {per_day} pages a day, and afterwards another {extra} pages. "
-            f"What is the total number of pages?",
-            f"{per_day} * {days} = {per_day * days}. {per_day * days} + {extra} = {per_day * days + extra}.",
-            per_day * days + extra)
-
-
-OOD_TEMPLATES: tuple[Template, ...] = (_ood_gets_more, _ood_loses_some, _ood_buy_then_give, _ood_bags,
-                                       _ood_has_and_packs, _ood_share, _ood_more_than, _ood_change, _ood_pages)
+_OOD_QUESTIONS = {
+    "gets_more": "There are {a} {item} in {name}'s box. A friend puts in {b} more. What is the number of {item} in "
+                 "the box now?",
+    "loses_some": "{name} started the day with {a} {item}. By evening {b} were lost. What number of {item} remain?",
+    "buy_then_give": "{name} owns {a} {item}, then picks up {b} more and hands {c} to a neighbour. What is {name}'s "
+                     "count of {item} at the end?",
+    "bags": "Every box holds {b} {item}, and {name} fills {a} boxes. What is the total number of {item}?",
+    "has_and_packs": "{name} owns {a} loose {item}. Then {he} gets {b} packets, each holding {c} {item}. What is the "
+                     "total now?",
+    "share": "{total} {item} are split evenly between {friends} children by {name}. What does one child receive?",
+    "more_than": "{name} collected {a} {item}, and {other} collected {b} {item} more than {name} did. What is their "
+                 "combined total?",
+    "change": "One of the {item} sells for {price} dollars. {name} takes {count} of them and hands over {bill} "
+              "dollars. What change comes back?",
+    "pages": "For {days} days {name} gets through {per_day} pages a day, and afterwards another {extra} pages. What is "
+             "the total number of pages?",
+}
+OOD_TEMPLATES: tuple[Template, ...] = tuple(dataclasses.replace(t, question=_OOD_QUESTIONS[t.kind], names=OOD_NAMES)
+                                            for t in TEMPLATES)
 
 
 def computation_key(template: int, solution: str) -> tuple:
@@ -258,14 +213,8 @@ def make_row(problem: tuple[str, str, int], split: str, index: int, out_of_form:
     ``out_of_form``: ``extra_info.out_of_form`` is set, and validation reports the row apart
     (``val/accuracy_out_of_form``)."""
     question, solution, answer = problem
-    return {
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": str(answer)},
-        "extra_info": {"split": split, "index": index, "question": question,
-                       "answer": f"{solution}\n#### {answer}", **({"out_of_form": True} if out_of_form else {})},
-    }
+    return rl_row(DATA_SOURCE, [{"role": "user", "content": f"{question} {INSTRUCTION}"}], answer, split, index,
+                  out_of_form, question=question, answer=f"{solution}\n#### {answer}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
