@@ -90,10 +90,7 @@ class ModelConfig:
             if self.num_experts_per_tok > self.num_experts:
                 raise ModelConfigError(f"num_experts_per_tok: expected at most num_experts={self.num_experts}, "
                                        f"found {self.num_experts_per_tok}")
-            bad = [i for i in self.moe_layers if not 0 <= i < self.num_hidden_layers]
-            if bad:
-                raise ModelConfigError(f"moe layers: expected indices below num_hidden_layers="
-                                       f"{self.num_hidden_layers}, found {bad}")
+            self._check_layer_indices("moe layers", self.moe_layers)
         if self.hidden_act not in HIDDEN_ACTS:
             raise ModelConfigError(f"hidden_act: expected one of {HIDDEN_ACTS}, found {self.hidden_act!r}")
         for key in ("query_pre_attn_scalar", "final_logit_softcapping",
@@ -105,10 +102,13 @@ class ModelConfig:
             if not isinstance(self.sliding_window, int) or self.sliding_window <= 0:
                 raise ModelConfigError(f"sliding_window: expected a positive integer for the sliding layers "
                                        f"{list(self.sliding_layers)}, found {self.sliding_window!r}")
-            bad = [i for i in self.sliding_layers if not 0 <= i < self.num_hidden_layers]
-            if bad:
-                raise ModelConfigError(f"sliding layers: expected indices below num_hidden_layers="
-                                       f"{self.num_hidden_layers}, found {bad}")
+            self._check_layer_indices("sliding layers", self.sliding_layers)
+
+    def _check_layer_indices(self, what: str, layers) -> None:
+        bad = [i for i in layers if not 0 <= i < self.num_hidden_layers]
+        if bad:
+            raise ModelConfigError(f"{what}: expected indices below num_hidden_layers={self.num_hidden_layers}, "
+                                   f"found {bad}")
 
     @property
     def is_moe(self) -> bool:

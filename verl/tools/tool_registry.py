@@ -1,7 +1,7 @@
 """Tools from verl's YAML (``tool_config_path``) and from a file of ``@function_tool`` functions
 (``function_tool_path``), as verl's ``verl.tools.tool_registry``.
 
-The YAML, read with ``yaml.safe_load``::
+The YAML, read with ``yaml.safe_load`` (YAML 1.2 floats, :mod:`verl.utils.yaml_io`)::
 
     tools:
       - class_name: verl.tools.calculator.CalculatorTool   # a BaseTool subclass, by module path
@@ -17,13 +17,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from verl.errors import InputError
 from verl.tools.base_tool import BaseTool
 from verl.tools.function_tool import FunctionTool, load_function_tools_from_path
 from verl.tools.schemas import OpenAIFunctionToolSchema
+from verl.utils.yaml_io import read_yaml_file
 
 # Tools that moved: a tool YAML written against the former path still loads.
 FORMER_CLASS_NAMES = {"verl.tools.sandbox.CodeInterpreterTool": "verl.tools.code_interpreter.CodeInterpreterTool"}
@@ -53,16 +53,7 @@ def _one_line(err: ValidationError) -> str:
 
 def initialize_tools_from_config(tools_config_file: str) -> list[BaseTool]:
     """Instantiate every ``BaseTool`` the YAML declares."""
-    try:
-        with open(tools_config_file) as f:
-            data = yaml.safe_load(f)
-    except OSError as e:
-        raise InputError(f"tool_config_path {tools_config_file}: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise InputError(f"tool_config_path {tools_config_file}: not valid YAML{where}: "
-                         f"{getattr(e, 'problem', None) or e}") from None
+    data = read_yaml_file(tools_config_file, "tool_config_path")
     if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
         raise InputError(f"tool_config_path {tools_config_file}: expected a mapping with a 'tools' list")
     tools = []

@@ -35,3 +35,21 @@ SafeLoader12.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-
 def safe_load(stream: str | bytes | IO[Any]) -> Any:
     """``yaml.safe_load`` with YAML 1.2 floats (see the module docstring)."""
     return yaml.load(stream, Loader=SafeLoader12)  # noqa: S506 - a SafeLoader subclass
+
+
+def read_yaml_file(path: str, what: str) -> Any:
+    """The YAML file ``path`` (:func:`safe_load`), or one :class:`~verl.errors.InputError` line naming ``what`` (the
+    key that pointed at it) and the cause: the file unreadable, or not YAML (with the line where it broke)."""
+    from verl.errors import InputError
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return safe_load(fh)
+    except OSError as e:
+        raise InputError(f"{what} {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{what} {path}: expected YAML, found bytes that are not UTF-8") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise InputError(f"{what} {path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None

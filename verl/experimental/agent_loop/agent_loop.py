@@ -148,15 +148,9 @@ def registered_agent_loops() -> list[str]:
 def load_agent_loop_config(path: str) -> list[str]:
     """Register the loops of ``rollout.agent.agent_loop_config_path`` (a YAML list of ``{name, _target_,
     ...extra kwargs}``); returns their names."""
-    import yaml
+    from verl.utils.yaml_io import read_yaml_file
 
-    try:
-        with open(path) as f:
-            entries = yaml.safe_load(f)
-    except OSError as e:
-        raise InputError(f"agent_loop_config_path {path}: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        raise InputError(f"agent_loop_config_path {path}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    entries = read_yaml_file(path, "agent_loop_config_path")
     if not isinstance(entries, list):
         raise InputError(f"agent_loop_config_path {path}: expected a list of {{name, _target_}} entries")
     names = []
