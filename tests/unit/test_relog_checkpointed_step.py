@@ -5,22 +5,24 @@ file has already."""
 import json
 from types import SimpleNamespace
 
-from verl.trainer.ppo.loop import RunLoop
+from verl.trainer.ppo.context import PhaseTimer
+from verl.trainer.ppo.trainer import PPOTrainer
 from verl.utils import checkpoint as ckpt
 from verl.utils.tracking import Tracking
 
 
-class Resumed(RunLoop):
+class Resumed(PPOTrainer):
     """What _relog_checkpointed_step reads of a trainer after load_checkpoint (rank 0, no timeline)."""
 
     def __init__(self, output_dir, checkpoint):
         state = ckpt.load_trainer_state(checkpoint)
         self.global_step, self._resumed_step_metrics = int(state["step"]), state.get("step_metrics") or {}
-        self.rank, self.timeline, self.total_training_steps = 0, None, 5
+        self.rank, self.total_training_steps = 0, 5
         self.sections = SimpleNamespace(trainer=SimpleNamespace(output_dir=output_dir))
         self.tracking = Tracking(output_dir, backends=())
         self.printed = []
         self._print = self.printed.append
+        self.timer = PhaseTimer(self._print)
 
 
 def logged_steps(output_dir):

@@ -326,14 +326,14 @@ def test_bypass_mode_over_a_batch_without_rollout_log_probs_is_one_line():
 
     from verl.errors import InputError
     from verl.experimental.agent_loop import AgentLoopOutput, pad_outputs
-    from verl.trainer.ppo.step import StepDataflow
+    from verl.trainer.ppo.step import PPOStep
 
     outputs = [AgentLoopOutput(prompt_ids=[1], response_ids=[3, 4], response_mask=[1, 1]),
                AgentLoopOutput(prompt_ids=[1], response_ids=[3], response_mask=[1], response_logprobs=[-0.1])]
     batch = DataProto.from_dict(pad_outputs(outputs, 2, 3, 0))
     step = types.SimpleNamespace(sections=types.SimpleNamespace(trainer=types.SimpleNamespace(balance_batch=False)),
                                  use_rm=False, bypass_old_log_prob=True, _start_rewards=lambda batch: None,
-                                 _timer=lambda name: contextlib.nullcontext())
+                                 timer=lambda name: contextlib.nullcontext())
     with pytest.raises(InputError, match=r"^algorithm.rollout_correction.bypass_mode=true: expected the rollout's "
                        r"log-probs \(rollout_log_probs\) as the old policy's, found a batch without them"):
-        StepDataflow._experience(step, batch, {}, 0)
+        PPOStep.experience(step, batch, {}, 0)

@@ -8,7 +8,8 @@ import torch
 
 from verl.trainer.config import load_config
 from verl.trainer.config.sections import PPOSections
-from verl.trainer.ppo.trainer import PPOTrainer
+from verl.trainer.ppo.context import PhaseTimer, Roles
+from verl.trainer.ppo.reward_swap import RewardModelSwap
 from verl.workers.reward_model_worker import checkpoint_fingerprint, token_level_rm_scores
 
 
@@ -43,37 +44,33 @@ class RecordingRewardModelGroup:
         self.swaps.append(path)
 
 
-def trainer_with(tmp_path, **hot_swap):
-    trainer = PPOTrainer.__new__(PPOTrainer)
-    trainer.config = load_config(None, [f"reward_model.model.path={tmp_path / 'rm'}",
-                                        *(f"reward_model.hot_swap.{k}={v}" for k, v in hot_swap.items())],
-                                 resolve_only=True)
-    trainer.sections = PPOSections.from_tree(trainer.config, "")
-    trainer.rank, trainer._timing, trainer.rm_wg = 0, {}, RecordingRewardModelGroup()
-    trainer.rm_path = trainer.config.reward_model.model.path
-    trainer._rm_fingerprint = trainer._watched_rm_fingerprint()
-    return trainer
+def swap_with(tmp_path, **hot_swap):
+    """The trainer's reward-model swap as the trainer builds it (rank 0, a recording reward-model group)."""
+    config = load_config(None, [f"reward_model.model.path={tmp_path / 'rm'}",
+                                *(f"reward_model.hot_swap.{k}={v}" for k, v in hot_swap.items())], resolve_only=True)
+    roles = Roles(actor_rollout_wg=None, rm_wg=RecordingRewardModelGroup())
+    return RewardModelSwap(PPOSections.from_tree(config, ""), roles, PhaseTimer(print), rank=0, say=print)
 
 
 def test_watch_swaps_once_after_the_path_changes(tmp_path):
     write_checkpoint(tmp_path / "rm", "a")
-    trainer = trainer_with(tmp_path, watch=True)
-    assert trainer._maybe_swap_reward_model(1) == {"reward_model/swapped": 0.0}
+    swap = swap_with(tmp_path, watch=True)
+    assert swap.maybe_swap(1) == {"reward_model/swapped": 0.0}
     time.sleep(0.01)
     write_checkpoint(tmp_path / "rm_new", "bb")
     os.rename(tmp_path / "rm", tmp_path / "rm_old")
     os.rename(tmp_path / "rm_new", tmp_path / "rm")
-    assert trainer._maybe_swap_reward_model(2) == {"reward_model/swapped": 1.0}
-    assert trainer._maybe_swap_reward_model(3) == {"reward_model/swapped": 0.0}
-    assert trainer.rm_wg.swaps == [str(tmp_path / "rm")]
+    assert swap.maybe_swap(2) == {"reward_model/swapped": 1.0}
+    assert swap.maybe_swap(3) == {"reward_model/swapped": 0.0}
+    assert swap.roles.rm_wg.swaps == [str(tmp_path / "rm")]
 
 
 def test_scheduled_swap_happens_at_its_step_only(tmp_path):
     write_checkpoint(tmp_path / "rm", "a")
-    trainer = trainer_with(tmp_path, path=str(tmp_path / "rm_b"), at_step=2)
-    swapped = [trainer._maybe_swap_reward_model(step)["reward_model/swapped"] for step in (1, 2, 3)]
+    swap = swap_with(tmp_path, path=str(tmp_path / "rm_b"), at_step=2)
+    swapped = [swap.maybe_swap(step)["reward_model/swapped"] for step in (1, 2, 3)]
     assert swapped == [0.0, 1.0, 0.0]
-    assert trainer.rm_wg.swaps == [str(tmp_path / "rm_b")] and trainer.rm_path == str(tmp_path / "rm_b")
+    assert swap.roles.rm_wg.swaps == [str(tmp_path / "rm_b")] and swap.path == str(tmp_path / "rm_b")
 
 
 def test_sequence_scores_land_on_the_last_valid_response_token():

@@ -119,7 +119,7 @@ def make_trainer(monkeypatch, config_path, overrides, data_args):
     fakes = FakeWorkers(config, tokenizer)
     monkeypatch.setattr(trainer_module, "WorkerGroup", lambda cls, *args, name, **kwargs: fakes)
     trainer = trainer_module.PPOTrainer(config, tokenizer)
-    trainer.dp_size, trainer.balance_block = trainer_module.balance_layout(config, DP)
+    trainer.ppo_step.dp_size, trainer.ppo_step.balance_block = trainer_module.balance_layout(config, DP)
     return trainer, fakes
 
 
@@ -249,8 +249,8 @@ def test_a_batch_source_supplies_the_steps_and_checkpoints_its_state(monkeypatch
     calls = []
 
     class Recording(SyncBatchSource):
-        def start(self):
-            calls.append(("start", self.trainer.global_step))
+        def start(self, global_step):
+            calls.append(("start", global_step))
 
         def trained(self, generated, batch):
             calls.append(("trained", len(batch), generated.on_policy))
@@ -263,7 +263,7 @@ def test_a_batch_source_supplies_the_steps_and_checkpoints_its_state(monkeypatch
             return {**super().state_dict(), "recording": len(calls)}
 
         def load_state_dict(self, state):
-            calls.append(("load", state["recording"], self.trainer.global_step))
+            calls.append(("load", state["recording"], int(state["step"])))
             super().load_state_dict(state)
 
     monkeypatch.setattr(trainer_module.PPOTrainer, "batch_source_class", Recording)

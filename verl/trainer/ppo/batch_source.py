@@ -14,6 +14,26 @@ from collections.abc import Iterator
 from typing import Any
 
 from verl.errors import InputError
+from verl.trainer.ppo.context import PhaseTimer, Roles, TrainData
+
+
+@dataclasses.dataclass
+class SourceContext:
+    """What a batch source works with, handed to it by the trainer: the sections, the tokenizer, this rank's place,
+    the roles (the rollout's worker group), the training prompts, the trainer's step (``prompt_batch``, ``generate``,
+    ``on_data_plane``: :class:`~verl.trainer.ppo.step.PPOStep`), its timer, and its closing metrics (whose
+    ``check_rollout_probs_once`` a source calls on the first batch the live weights generated when the step's own
+    check cannot see it)."""
+
+    sections: Any
+    tokenizer: Any
+    rank: int
+    world_size: int
+    roles: Roles
+    data: TrainData
+    step: Any
+    timer: PhaseTimer
+    end_metrics: Any
 
 
 @dataclasses.dataclass
@@ -28,17 +48,16 @@ class Generated:
 
 
 class BatchSource:
-    """The interface the loop drives (every method runs on every rank). ``trainer``: the :class:`PPOTrainer` whose
-    worker groups, dataset and timers the source uses."""
+    """The interface the loop drives (every method runs on every rank), over ``ctx`` (:class:`SourceContext`)."""
 
     # Trains on older weights' rollouts: the step logs the off-policy diagnostics (rollout_corr/*).
     off_policy = False
 
-    def __init__(self, trainer: Any):
-        self.trainer = trainer
+    def __init__(self, ctx: SourceContext):
+        self.ctx = ctx
 
-    def start(self) -> None:
-        """Before this process's first step (after a resume)."""
+    def start(self, global_step: int) -> None:
+        """Before this process's first step, ``global_step + 1`` (after a resume, the checkpoint's step)."""
 
     def step_inputs(self) -> Iterator[tuple[Any, dict[str, float]]]:
         """What each step starts from, and metrics the loop adds to that step's; asked once per step, only
@@ -72,16 +91,16 @@ class BatchSource:
         """Before :meth:`load_state_dict`: read what :meth:`save_files` wrote into checkpoint ``path``."""
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """From a checkpoint's trainer state (the trainer's ``global_step`` already restored)."""
+        """From a checkpoint's trainer state (``state["step"]``: the step it was saved after)."""
         raise NotImplementedError
 
 
 class SyncBatchSource(BatchSource):
     """verl's sync mode: a step is one train batch of the dataloader, generated with the current weights."""
 
-    def __init__(self, trainer: Any):
-        super().__init__(trainer)
-        self.sampler = trainer.sampler
+    def __init__(self, ctx: SourceContext):
+        super().__init__(ctx)
+        self.sampler = ctx.data.sampler
         # What the loop has consumed (the sampler's own position runs ahead when workers prefetch).
         self.data_epoch, self.data_position = self.sampler.epoch, self.sampler.position
 
@@ -89,7 +108,7 @@ class SyncBatchSource(BatchSource):
         while True:
             epoch_before = self.sampler.epoch
             self.data_epoch, self.data_position = self.sampler.epoch, self.sampler.position
-            for batch_dict in self.trainer.train_dataloader:
+            for batch_dict in self.ctx.data.dataloader:
                 self.data_position += len(batch_dict["input_ids"])  # consumed by the step it is handed to
                 yield batch_dict, {"training/epoch": epoch_before}
             # Only asked again when steps remain: the pass must have started a new epoch.
@@ -97,8 +116,8 @@ class SyncBatchSource(BatchSource):
                 raise RuntimeError("train dataloader: expected a new epoch after a full pass, found none")
 
     def generate(self, step_input: Any, step: int, metrics: dict[str, float]) -> Iterator[Generated]:
-        gen = self.trainer._prompt_batch(step_input, step, validate=False)
-        yield Generated(self.trainer._generate(gen, step, metrics), metrics)
+        gen = self.ctx.step.prompt_batch(step_input, step, validate=False)
+        yield Generated(self.ctx.step.generate(gen, step, metrics), metrics)
 
     def state_dict(self) -> dict[str, Any]:
         return {"sampler": self.sampler.state_at(self.data_epoch, self.data_position)}

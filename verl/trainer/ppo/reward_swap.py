@@ -3,16 +3,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from verl.single_controller import broadcast_object
+from verl.trainer.ppo.context import PhaseTimer, Roles
 
 
 class RewardModelSwap:
-    """The PPO trainer's reward-model swap (reads ``sections``, ``rank``, ``rm_wg``; keeps ``rm_path`` and the
-    watched path's fingerprint)."""
+    """The reward model in use (``path``) and its swap, on every rank (collective: rank 0 reads the watched path and
+    tells the others). Built with the sections, the roles (whose ``rm_wg`` reloads), the timer and the console."""
 
-    def _watched_rm_fingerprint(self) -> Any:
+    def __init__(self, sections: Any, roles: Roles, timer: PhaseTimer, *, rank: int, say: Callable[[str], None]):
+        self.sections, self.roles, self.timer, self.rank, self.say = sections, roles, timer, rank, say
+        self.path = sections.reward_model.model.path
+        self._fingerprint = self._watched_fingerprint()
+
+    def _watched_fingerprint(self) -> Any:
         """Rank 0's view of ``reward_model.model.path``, the same on every rank (None when not watched)."""
         from verl.workers.reward_model_worker import checkpoint_fingerprint
 
@@ -21,21 +28,24 @@ class RewardModelSwap:
         local = checkpoint_fingerprint(self.sections.reward_model.model.path) if self.rank == 0 else None
         return broadcast_object(local)
 
-    def swap_reward_model(self, path: str) -> None:
-        with self._timer("swap_reward_model"):
-            self.rm_wg.swap_reward_model(path)
-        self.rm_path = path
-        self._print(f"[reward_model] swapped to {path}")
+    def swap(self, path: str) -> None:
+        """Load ``path`` as the reward model on every rank."""
+        with self.timer("swap_reward_model"):
+            self.roles.rm_wg.swap_reward_model(path)
+        self.path = path
+        self.say(f"[reward_model] swapped to {path}")
 
-    def _maybe_swap_reward_model(self, step: int) -> dict[str, float]:
+    def maybe_swap(self, step: int) -> dict[str, float]:
+        """Before step ``step``'s rewards: the scheduled swap at its step, or the watched path's new contents;
+        returns ``reward_model/swapped``."""
         swap = self.sections.reward_model.hot_swap
         path = None
         if swap.at_step is not None and step == swap.at_step:
             path = swap.path
-        fingerprint = self._watched_rm_fingerprint()
-        if fingerprint != self._rm_fingerprint:
+        fingerprint = self._watched_fingerprint()
+        if fingerprint != self._fingerprint:
             path = self.sections.reward_model.model.path
-            self._rm_fingerprint = fingerprint
+            self._fingerprint = fingerprint
         if path is not None:
-            self.swap_reward_model(path)
+            self.swap(path)
         return {"reward_model/swapped": float(path is not None)}

@@ -3,9 +3,13 @@
     generated batch -> (balance) -> reward -> old log-probs (+ rollout correction) -> ref log-probs -> values
     -> KL-in-reward / advantages -> update critic -> update actor
 
-:meth:`StepDataflow.train_step` frames a step (timings, a due reward-model swap) and asks the trainer's batch
-source (:mod:`verl.trainer.ppo.batch_source`) for the step's generated batch(es); :meth:`StepDataflow._learn`
-runs the rest on each. With ``transfer_queue.enable`` a batch is a ShardedBatch whose rows stay on the ranks
+:class:`PPOStep` is built once by the trainer with what a step reads (the sections, the worker groups and reward
+function, the timer, the KL controller, the closing metrics, a reward-model swap). :meth:`PPOStep.run` frames a step
+(timings, a due reward-model swap) and asks the batch source it is given (:mod:`verl.trainer.ppo.batch_source`) for
+the step's generated batch(es); :meth:`PPOStep.learn` runs the rest on each. The batch sources call
+:meth:`~PPOStep.prompt_batch`, :meth:`~PPOStep.generate` and :meth:`~PPOStep.on_data_plane`; the Python API's
+manual steps call :meth:`~PPOStep.generate`, :meth:`~PPOStep.experience` and :meth:`~PPOStep.update_models` one by
+one. With ``transfer_queue.enable`` a batch is a ShardedBatch whose rows stay on the ranks
 that produced them; ``batch_ops`` reads the same on both data paths.
 """
 
@@ -15,6 +19,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from verl.algorithms import core_algos
@@ -23,10 +28,14 @@ from verl.protocol import DataProto
 from verl.single_controller import data_plane
 from verl.single_controller.data_plane import ShardedBatch
 from verl.trainer import metrics as metric_utils
+from verl.trainer.config import use_critic, use_reference
 from verl.trainer.ppo import batch_ops
 from verl.trainer.ppo.advantage import apply_kl_penalty, compute_response_mask
+from verl.trainer.ppo.context import PhaseTimer, Roles
 from verl.trainer.ppo.data import PROMPT_FIELDS
 from verl.trainer.ppo.generations import generation_records, write_generations
+from verl.trainer.ppo.reward_swap import RewardModelSwap
+from verl.trainer.ppo.step_metrics import StepEndMetrics
 from verl.utils.seqlen_balancing import balanced_dp_order, seqlen_balance_metrics
 from verl.utils.torch_functional import masked_mean
 
@@ -35,57 +44,84 @@ class RolloutLogProbsMissing(InputError):
     """Bypass mode over a rollout that returned no log-probs (a custom agent loop's): refused, never zeros."""
 
 
-class StepDataflow:
-    """The PPO trainer's step (reads its worker groups, ``reward_fn``, ``kl_ctrl``, ``source`` and sections)."""
+class PPOStep:
+    """One PPO step's dataflow over the worker groups (see the module doc)."""
 
-    def train_step(self, step_input: Any, step: int) -> dict[str, float]:
-        """Step ``step`` from ``step_input`` (what the batch source handed the loop: the dataloader's batch for
-        the sync source): the source's generated batch(es), each learnt from; returns the step's metrics."""
+    def __init__(self, sections: Any, roles: Roles, timer: PhaseTimer, kl_ctrl: Any, tokenizer: Any,
+                 end_metrics: StepEndMetrics, *, rank: int, off_policy: bool, dry_run: bool, dp_size: int,
+                 balance_block: int, reward_swap: RewardModelSwap | None = None):
+        """``off_policy``: the batch source trains on older weights' rollouts (the off-policy diagnostics logged,
+        the on-policy shortcut never taken); ``dp_size`` / ``balance_block``: the actor's DP size and the rows
+        balancing may reorder within (:func:`~verl.trainer.ppo.data.balance_layout`); ``reward_swap``: the reward
+        model's hot swap, checked before each step's rewards."""
+        self.sections, self.roles, self.timer, self.kl_ctrl = sections, roles, timer, kl_ctrl
+        self.tokenizer, self.end_metrics, self.reward_swap = tokenizer, end_metrics, reward_swap
+        self.rank, self.off_policy, self.dry_run = rank, off_policy, dry_run
+        self.dp_size, self.balance_block = dp_size, balance_block
+        self.use_critic = use_critic(sections)
+        self.use_reference = use_reference(sections)
+        self.use_rm = sections.reward_model.enable
+        self.bypass_old_log_prob = sections.algorithm.rollout_correction.bypass_mode
+        self._reward_pool_instance = None
+
+    def run(self, source: Any, step_input: Any, step: int) -> dict[str, float]:
+        """Step ``step`` from ``step_input`` (what ``source`` handed the loop: the dataloader's batch for the sync
+        source): the source's generated batch(es), each learnt from; returns the step's metrics."""
         trained = []
-        with self._step(step) as metrics:
-            for generated in self.source.generate(step_input, step, metrics):
-                batch = self._learn(generated.batch, generated.metrics, step)
-                self.source.trained(generated, batch)
+        with self.frame(step) as metrics:
+            for generated in source.generate(step_input, step, metrics):
+                batch = self.learn(generated.batch, generated.metrics, step)
+                source.trained(generated, batch)
                 trained.append((generated, batch))
-            batch, on_policy = self.source.end_step(step, metrics, trained)
-        return self._step_end_metrics(batch, metrics, on_policy)
+            batch, on_policy = source.end_step(step, metrics, trained)
+        return self.end_metrics(batch, metrics, on_policy)
 
     @contextlib.contextmanager
-    def _step(self, step: int) -> Iterator[dict[str, float]]:
+    def frame(self, step: int) -> Iterator[dict[str, float]]:
         """A step's frame, the same in every trainer mode: fresh timings and data-plane counters, the whole step
         timed as ``timing_s/step``, a due reward-model swap first; yields the step's metrics dict."""
         metrics: dict[str, float] = {}
-        self._timing = {}
+        self.timer.reset()
         data_plane.STATS.reset()
-        with self._timer("step"):
-            if self.use_rm:
-                metrics.update(self._maybe_swap_reward_model(step))
+        with self.timer("step"):
+            if self.reward_swap is not None:
+                metrics.update(self.reward_swap.maybe_swap(step))
             yield metrics
 
-    def _generate(self, gen: DataProto, step: int, metrics: dict[str, float]):
+    def prompt_batch(self, batch_dict: dict[str, Any], step: int, validate: bool) -> DataProto:
+        """A dataloader batch as the rollout's prompts: ``uid`` per row (unique in the run), the step's sampling
+        seed, and the tokenizer's EOS / pad ids."""
+        batch = DataProto.from_single_dict(batch_dict)
+        batch.non_tensor_batch["uid"] = np.array([f"{step}-{i}" for i in range(len(batch))], dtype=object)
+        gen = DataProto.from_dict({k: batch.batch[k] for k in PROMPT_FIELDS}, dict(batch.non_tensor_batch))
+        gen.meta_info = {"seed": self.sections.trainer.seed * 100003 + step, "validate": validate,
+                         "eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id}
+        return gen
+
+    def generate(self, gen: DataProto, step: int, metrics: dict[str, float]):
         """The prompts ``gen`` generated on the current weights (verl's sync mode): the weights resharded into
         the rollout, one sampled batch; ReMax adds each prompt's greedy baseline reward."""
         cfg = self.sections
-        with self._timer("update_weights"):
-            metrics.update(self.actor_rollout_wg.update_weights())
-        with self._timer("gen"):
-            batch = self.actor_rollout_wg.generate_sequences(self._on_data_plane(gen, step))
+        with self.timer("update_weights"):
+            metrics.update(self.roles.actor_rollout_wg.update_weights())
+        with self.timer("gen"):
+            batch = self.roles.actor_rollout_wg.generate_sequences(self.on_data_plane(gen, step))
         metrics.update(metric_utils.reduce_metrics(batch.meta_info.pop("metrics")))
         batch.meta_info = {"seed": step}
         if cfg.algorithm.adv_estimator == core_algos.AdvantageEstimator.REMAX.value:
-            with self._timer("update_weights"):  # generation released the rollout weights
-                self.actor_rollout_wg.update_weights()
-            with self._timer("gen_max"):
+            with self.timer("update_weights"):  # generation released the rollout weights
+                self.roles.actor_rollout_wg.update_weights()
+            with self.timer("gen_max"):
                 baselines = self._greedy_baseline_rewards(gen).repeat_interleave(cfg.actor_rollout_ref.rollout.n)
                 batch_ops.add_replicated(batch, {"reward_baselines": baselines})
         return batch
 
-    def _learn(self, batch, metrics: dict[str, float], step: int):
+    def learn(self, batch, metrics: dict[str, float], step: int):
         """A generated batch -> rewards, old/ref log-probs, values, advantages, critic and actor updates (the
         step after generation, the same for every batch source)."""
-        return self._update_models(self._experience(batch, metrics, step), metrics, step)
+        return self.update_models(self.experience(batch, metrics, step), metrics, step)
 
-    def _experience(self, batch, metrics: dict[str, float], step: int):
+    def experience(self, batch, metrics: dict[str, float], step: int):
         """A generated batch -> rewards, old/ref log-probs, values and advantages (no weight changes)."""
         cfg = self.sections
         if cfg.trainer.balance_batch:
@@ -93,9 +129,9 @@ class StepDataflow:
             # the group estimators find groups by uid, not by position: the same step, reordered.
             metrics.update(self._balance_batch(batch))
 
-        with self._timer("reward"):
+        with self.timer("reward"):
             if self.use_rm:
-                scored = self.rm_wg.compute_rm_score(batch)
+                scored = self.roles.rm_wg.compute_rm_score(batch)
                 # reward_model/truncated_frac of an RM with its own tokenizer
                 metrics.update(metric_utils.reduce_metrics(scored.meta_info.pop("metrics", None) or {}))
                 batch.union(scored)
@@ -116,23 +152,23 @@ class StepDataflow:
             # Exactly on-policy: the update's forward gives the old log-probs (and actor/entropy) after the fact.
             batch.meta_info["return_old_log_probs"] = True
         else:
-            with self._timer("old_log_prob"):
-                old = self.actor_rollout_wg.compute_log_prob(batch)
+            with self.timer("old_log_prob"):
+                old = self.roles.actor_rollout_wg.compute_log_prob(batch)
                 batch.union(old)
                 metrics["actor/entropy"] = batch_ops.aggregate_rows(batch, "entropys",
                                                                     cfg.actor_rollout_ref.actor.loss_agg_mode)
                 batch_ops.pop_fields(batch, ["entropys"])
             metrics.update(self._rollout_correction(batch))
         if self.use_reference:
-            with self._timer("ref"):
-                batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+            with self.timer("ref"):
+                batch.union(self.roles.actor_rollout_wg.compute_ref_log_prob(batch))
         if self.use_critic:
-            with self._timer("values"):
-                batch.union(self.critic_wg.compute_values(batch))
+            with self.timer("values"):
+                batch.union(self.roles.critic_wg.compute_values(batch))
         if pending_rewards is not None:
-            with self._timer("reward"):  # what of the pool's work the passes above did not hide
+            with self.timer("reward"):  # what of the pool's work the passes above did not hide
                 self._finish_rewards(batch, *pending_rewards)
-        with self._timer("adv"):
+        with self.timer("adv"):
             if cfg.algorithm.use_kl_in_reward:
                 metrics.update(self._apply_kl_penalty(batch))
             else:
@@ -144,19 +180,19 @@ class StepDataflow:
                 norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
         return batch
 
-    def _update_models(self, batch, metrics: dict[str, float], step: int):
+    def update_models(self, batch, metrics: dict[str, float], step: int):
         """The step's updates on a batch with advantages: critic, then actor (once ``critic_warmup`` allows), and
         the generation dump."""
         cfg = self.sections
         if not self.dry_run:
             if self.use_critic:
-                with self._timer("update_critic"):
+                with self.timer("update_critic"):
                     metrics.update(metric_utils.reduce_metrics(
-                        self.critic_wg.update_critic(batch).meta_info["metrics"]))
+                        self.roles.critic_wg.update_critic(batch).meta_info["metrics"]))
             # verl: the actor trains once critic_warmup <= the step (steps count from 1).
             if cfg.trainer.critic_warmup <= step:
-                with self._timer("update_actor"):
-                    out = self.actor_rollout_wg.update_actor(batch)
+                with self.timer("update_actor"):
+                    out = self.roles.actor_rollout_wg.update_actor(batch)
                     metrics.update(metric_utils.reduce_metrics(out.meta_info.pop("metrics")))
                 if batch.meta_info.pop("return_old_log_probs", False):
                     batch.union(out)  # old_log_probs and entropys, on either data path
@@ -164,7 +200,7 @@ class StepDataflow:
                                                                         cfg.actor_rollout_ref.actor.loss_agg_mode)
                     batch_ops.pop_fields(batch, ["entropys"])
         if cfg.trainer.rollout_data_dir:
-            with self._timer("dump_rollout_generations"):
+            with self.timer("dump_rollout_generations"):
                 self._dump_generations(batch, step)
         return batch
 
@@ -190,7 +226,8 @@ class StepDataflow:
             from verl.workers.reward_manager.naive import check_finite_scores
 
             # any reward manager's scores: a NaN or inf would reach every advantage of its group
-            batch_ops.add_fields(batch, lambda rows: {"token_level_scores": check_finite_scores(self.reward_fn(rows))},
+            reward_fn = self.roles.reward_fn
+            batch_ops.add_fields(batch, lambda rows: {"token_level_scores": check_finite_scores(reward_fn(rows))},
                                  batch.keys() if isinstance(batch, ShardedBatch) else ())
             return None
         if isinstance(batch, ShardedBatch):  # the rows this rank holds, as map_rows would score them
@@ -214,15 +251,15 @@ class StepDataflow:
             return None
         from verl.workers.reward_manager.async_pool import RewardPool
 
-        pool = getattr(self, "_reward_pool_instance", None)
-        if pool is None or pool.reward_fn is not self.reward_fn:
+        pool = self._reward_pool_instance
+        if pool is None or pool.reward_fn is not self.roles.reward_fn:
             if pool is not None:
                 pool.close()
-            pool = self._reward_pool_instance = RewardPool(self.reward_fn, workers,
+            pool = self._reward_pool_instance = RewardPool(self.roles.reward_fn, workers,
                                                            timeout_s=self.sections.reward.timeout_s)
         return pool
 
-    def _on_data_plane(self, gen: DataProto, step: int = 0) -> DataProto | ShardedBatch:
+    def on_data_plane(self, gen: DataProto, step: int = 0) -> DataProto | ShardedBatch:
         """The prompts as the step's first batch: on the data plane replicated (every rank's dataloader read
         the same prompts, so no row moves to reach the rollout)."""
         if not self.sections.transfer_queue.enable:
@@ -285,7 +322,7 @@ class StepDataflow:
         rows = batch_ops.gather_to_rank0(batch)
         if self.rank != 0 or rows is None:
             return
-        reward = self.reward_fn(rows, return_dict=True)
+        reward = self.roles.reward_fn(rows, return_dict=True)
         write_generations(self.sections.trainer.rollout_data_dir, step, generation_records(
             rows, rows.batch["token_level_scores"], reward["reward_extra_info"], self.tokenizer, step))
 
@@ -303,15 +340,15 @@ class StepDataflow:
         """ReMax: the sequence reward [B] of one greedy (do_sample=False) response per prompt."""
         baseline_gen = DataProto.from_dict({k: gen.batch[k] for k in PROMPT_FIELDS}, dict(gen.non_tensor_batch),
                                            {**gen.meta_info, "do_sample": False})
-        baseline = self.actor_rollout_wg.generate_sequences(self._on_data_plane(baseline_gen))
+        baseline = self.roles.actor_rollout_wg.generate_sequences(self.on_data_plane(baseline_gen))
         baseline.meta_info.pop("metrics", None)
         if self.use_rm:
-            scored = self.rm_wg.compute_rm_score(baseline)
+            scored = self.roles.rm_wg.compute_rm_score(baseline)
             scored.meta_info.pop("metrics", None)
             baseline.union(scored)
-        return self._sequence_rewards(baseline)
+        return self.sequence_rewards(baseline)
 
-    def _sequence_rewards(self, batch) -> torch.Tensor:
+    def sequence_rewards(self, batch) -> torch.Tensor:
         """[B] sequence rewards of generated rows, on every rank (computed where the rows are)."""
         inputs = batch.keys() if isinstance(batch, ShardedBatch) else ()
-        return batch_ops.per_row(batch, lambda rows: self.reward_fn(rows).sum(-1), inputs)
+        return batch_ops.per_row(batch, lambda rows: self.roles.reward_fn(rows).sum(-1), inputs)

@@ -5,30 +5,51 @@ memory, the data plane's (``perf/data_plane_*``), the first on-policy step's wei
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from verl.protocol import DataProto
 from verl.single_controller import all_gather_objects, data_plane
 from verl.single_controller.data_plane import ShardedBatch
 from verl.trainer import metrics as metric_utils
+from verl.trainer.config import use_critic
 from verl.trainer.ppo import batch_ops
+from verl.trainer.ppo.context import PhaseTimer, Roles
 
 
-class StepMetrics:
-    """The trainer's end-of-step metrics (reads ``_timing``, ``peak_flops``, the model configs)."""
+class StepEndMetrics:
+    """A PPO step's closing metrics (see the module doc); ``end_metrics(batch, metrics, on_policy)`` adds them to
+    ``metrics``. Built once by the trainer with what they read: the timer's phases, the models' shapes and this
+    device's promised FLOP/s (``peak_flops``; None on CPU: no ``perf/mfu/*``), the roles whose memory is reported."""
 
-    def _step_end_metrics(self, batch, metrics: dict[str, float], on_policy: bool = True) -> dict[str, float]:
+    def __init__(self, sections: Any, roles: Roles, timer: PhaseTimer, tokenizer: Any, *, world_size: int,
+                 peak_flops: float | None, actor_model_config: Any, critic_model_config: Any = None):
+        self.sections, self.roles, self.timer, self.tokenizer = sections, roles, timer, tokenizer
+        self.world_size, self.peak_flops = world_size, peak_flops
+        self.actor_model_config, self.critic_model_config = actor_model_config, critic_model_config
+        self.use_critic = use_critic(sections)
+        self.bypass_old_log_prob = sections.algorithm.rollout_correction.bypass_mode
+        self.debug = sections.trainer.debug
+        # The weight-sync check runs once a process, on its first batch that the live weights generated.
+        self.probs_checked = False
+
+    def check_rollout_probs_once(self, metrics: dict[str, float]) -> None:
+        """The first on-policy batch's ``training/rollout_probs_diff_*`` (in ``metrics``) against the bound of the
+        rollout's dtype: a broken weight sync fails loudly at the first step; later calls do nothing."""
+        if not self.probs_checked:
+            metric_utils.check_rollout_probs_diff(metrics, self.sections.actor_rollout_ref.rollout.dtype)
+            self.probs_checked = True
+
+    def __call__(self, batch, metrics: dict[str, float], on_policy: bool = True) -> dict[str, float]:
         """The step's batch, timing, memory and data-plane metrics; the first step of a process whose batch the
         live weights generated (``on_policy``) checks the rollout's log-probs against the actor's."""
-        cfg = self.sections
-        metrics.update(batch_ops.step_metrics(batch, self.use_critic, self._timing, self.world_size, self._mfu,
+        metrics.update(batch_ops.step_metrics(batch, self.use_critic, self.timer.timing, self.world_size, self._mfu,
                                               self.bypass_old_log_prob))
-        if on_policy and not self._probs_checked:  # a broken weight sync fails loudly at the first step
-            metric_utils.check_rollout_probs_diff(metrics, cfg.actor_rollout_ref.rollout.dtype)
-            self._probs_checked = True
+        if on_policy:
+            self.check_rollout_probs_once(metrics)
         from verl.workers.reward_model.role_memory import local_role_memory  # memory/<model>_gb
 
         metrics.update(metric_utils.reduce_memory_metrics(all_gather_objects(
-            {**metric_utils.local_memory_metrics(), **local_role_memory(self)})))
+            {**metric_utils.local_memory_metrics(), **local_role_memory(self.roles)})))
         # The legacy path's figures too when asked (`verl bench dispatch --legacy`): they cost a gather.
         if isinstance(batch, ShardedBatch) or os.environ.get("VERL_DATA_PLANE_STATS") == "1":
             metrics.update(self._data_plane_metrics())
@@ -44,7 +65,7 @@ class StepMetrics:
         if self.peak_flops is None:
             return {}
         return metric_utils.compute_mfu_metrics(
-            seqlens(), self._timing, self.world_size, self.peak_flops, self.actor_model_config,
+            seqlens(), self.timer.timing, self.world_size, self.peak_flops, self.actor_model_config,
             cfg.actor_rollout_ref.actor.ppo_epochs, self.critic_model_config,
             cfg.critic.ppo_epochs if self.use_critic else 1)
 
@@ -77,7 +98,7 @@ class StepMetrics:
                     f"advantage={batch.batch['advantages'][i, 0].item():.3f}")
             if self.debug == "full" and "values" in batch.batch:
                 line += f" values={[round(v, 3) for v in batch.batch['values'][i, :n].tolist()]}"
-            self._print(line)
+            self.timer.say(line)
         if self.debug == "full":
             losses = {k: round(v, 5) for k, v in metrics.items() if k.endswith("_loss") or k.endswith("loss/mean")}
-            self._print(f"[debug] losses {losses}")
+            self.timer.say(f"[debug] losses {losses}")

@@ -15,30 +15,38 @@ import torch
 
 from verl.trainer.metrics import reduce_metrics
 from verl.trainer.ppo import batch_ops
+from verl.trainer.ppo.context import Roles
 from verl.trainer.ppo.generations import generation_records, write_generations
+from verl.trainer.ppo.step import PPOStep
 
 
 class Validation:
-    """The trainer's ``validate`` (reads ``val_dataloader``, the actor group and ``reward_fn``)."""
+    """Validation of a PPO run on ``dataloader`` (the validation set), through the step's prompt batches, the
+    actor's rollout and the reward function (``roles``)."""
 
-    def validate(self) -> dict[str, float]:
-        """Greedy decoding (rollout.val_kwargs) on the validation set: val/accuracy and val-core names."""
+    def __init__(self, sections: Any, roles: Roles, step: PPOStep, dataloader: Any, tokenizer: Any, *, rank: int):
+        self.sections, self.roles, self.step, self.dataloader = sections, roles, step, dataloader
+        self.tokenizer, self.rank = tokenizer, rank
+
+    def __call__(self, global_step: int) -> dict[str, float]:
+        """Greedy decoding (rollout.val_kwargs) on the validation set after step ``global_step``: val/accuracy and
+        val-core names; the generations dumped as ``<validation_data_dir>/<global_step>.jsonl``."""
         scores, sources, generations, turn_stats, out_of_form = [], [], [], [], []
         dump_dir = self.sections.trainer.validation_data_dir
-        for batch_dict in self.val_dataloader:
-            gen = self._prompt_batch(batch_dict, step=0, validate=True)
-            out = self.actor_rollout_wg.generate_sequences(self._on_data_plane(gen))
+        for batch_dict in self.dataloader:
+            gen = self.step.prompt_batch(batch_dict, step=0, validate=True)
+            out = self.roles.actor_rollout_wg.generate_sequences(self.step.on_data_plane(gen))
             turn_stats.append((len(out), out.meta_info.pop("metrics", None) or {}))
-            scores.append(self._sequence_rewards(out))
+            scores.append(self.step.sequence_rewards(out))
             sources.extend(batch_ops.column(out, self.sections.data.reward_fn_key).tolist())
             out_of_form.extend(is_out_of_form(out))
             rows = batch_ops.gather_to_rank0(out) if dump_dir else None
             if rows is not None and self.rank == 0:
-                reward = self.reward_fn(rows, return_dict=True)
+                reward = self.roles.reward_fn(rows, return_dict=True)
                 generations.extend(generation_records(rows, reward["reward_tensor"], reward["reward_extra_info"],
-                                                      self.tokenizer, self.global_step))
+                                                      self.tokenizer, global_step))
         if dump_dir and self.rank == 0:
-            write_generations(dump_dir, self.global_step, generations)
+            write_generations(dump_dir, global_step, generations)
         return val_score_metrics(torch.cat(scores), sources, out_of_form) | agent_val_metrics(turn_stats)
 
 

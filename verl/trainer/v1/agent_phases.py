@@ -30,7 +30,7 @@ class AgentPhases:
 
     def __init__(self, source: Any):
         self.source = source
-        cfg = source.trainer.sections
+        cfg = source.ctx.sections
         self.prompt_length = cfg.data.max_prompt_length
         self.response_length = cfg.data.max_response_length
         self.timeout = float(cfg.actor_rollout_ref.rollout.generation_timeout)
@@ -53,7 +53,7 @@ class AgentPhases:
         """One generation phase of step ``step`` (see the module doc); returns its metrics. A batch already
         sampleable opens no phase: one would only be cut at its first decode step (its prefill wasted)."""
         source, buffer = self.source, self.source.buffer
-        wg = source.trainer.actor_rollout_wg
+        wg = source.ctx.roles.actor_rollout_wg
         version = step - 1
         began = time.monotonic()
         metrics: dict[str, float] = {}
@@ -88,7 +88,7 @@ class AgentPhases:
         when it opens)."""
         _, replacements = self.source.buffer.evict_stale(step)
         if replacements and opened:
-            self.source.trainer.actor_rollout_wg.agent_open(self._start(replacements), version)
+            self.source.ctx.roles.actor_rollout_wg.agent_open(self._start(replacements), version)
 
     def _merge(self, record: Any, version: int) -> None:
         if record.error is not None:

@@ -11,7 +11,8 @@ A step ``G`` (one weight sync, as in verl):
    rollout replica stops its segment once its share of whole groups finished, so the long tail of a batch does
    not hold the step, it carries over;
 3. the oldest finished groups are sampled and trained exactly as the sync trainer trains a batch
-   (:meth:`PPOTrainer._learn`): :class:`ReplayBufferSource` is the trainer's batch source;
+   (:meth:`PPOStep.learn <verl.trainer.ppo.step.PPOStep.learn>`): :class:`ReplayBufferSource` is the trainer's batch
+   source;
 4. the next generation reshards the new weights (version ``G``).
 
 Every rank holds the same replay buffer (the same prompts and the same gathered generations), as every rank
@@ -33,7 +34,7 @@ from verl.engine.rollout.partial import PromptGroup, groups_to_batch, merge_segm
 from verl.errors import InputError
 from verl.protocol import DataProto
 from verl.trainer import metrics as metric_utils
-from verl.trainer.ppo.batch_source import BatchSource, Generated
+from verl.trainer.ppo.batch_source import BatchSource, Generated, SourceContext
 from verl.trainer.ppo.trainer import PPOTrainer
 from verl.trainer.v1.agent_phases import AGENT_FIELDS, AgentPhases
 from verl.trainer.v1.replay_buffer import TRAJECTORY_DIR, PromptStream, ReplayBuffer
@@ -92,20 +93,20 @@ class ReplayBufferSource(BatchSource):
     # rollout.multi_turn: the trainer's side of the agent loops (a standalone pool runs them on its own: None)
     agent_phases_class: type[AgentPhases] | None = AgentPhases
 
-    def __init__(self, trainer: Any):
-        super().__init__(trainer)
-        cfg = trainer.sections
+    def __init__(self, ctx: SourceContext):
+        super().__init__(ctx)
+        cfg = ctx.sections
         v1 = cfg.trainer.v1
         self.batch_groups = cfg.data.train_batch_size
         self.n = cfg.actor_rollout_ref.rollout.n
-        self.pad = trainer.tokenizer.pad_token_id
+        self.pad = ctx.tokenizer.pad_token_id
         self.warmup_batches = self._warmup_batches(v1)
-        self.sampler = trainer.sampler
+        self.sampler = ctx.data.sampler
         self.stream = PromptStream(self.sampler)
         self.buffer = ReplayBuffer(v1.sampler.max_off_policy_threshold, v1.sampler.max_off_policy_strategy,
                                    self._make_group, self.stream)
         rollout = cfg.actor_rollout_ref.rollout
-        worker = trainer.actor_rollout_wg.worker
+        worker = ctx.roles.actor_rollout_wg.worker
         self.rollout_dp = worker.rollout_side.dp_size  # the rollout replicas, as the worker derived them
         self.ledger_path = os.path.join(cfg.trainer.output_dir, LEDGER_FILE)
         self.stop_ids = worker.train_sampling.stop_ids
@@ -119,7 +120,7 @@ class ReplayBufferSource(BatchSource):
         return v1.colocate_async.num_warmup_batches
 
     def _make_group(self, index: int, epoch: int, step: int) -> PromptGroup:
-        item = self.trainer.train_dataset[index]
+        item = self.ctx.data.dataset[index]
         keys = PROMPT_FIELDS + (AGENT_FIELDS if self.multi_turn else ())
         fields = {k: item[k] for k in keys if k in item}
         return PromptGroup(uid=f"{epoch}-{index}", index=index, epoch=epoch, submit_step=step,
@@ -135,10 +136,10 @@ class ReplayBufferSource(BatchSource):
 
     def save_files(self, staging: str) -> None:
         """The finished groups' trajectories as tensor shards beside the trainer state (collective)."""
-        trainer = self.trainer
+        ctx = self.ctx
         if self.buffer_replicated:
-            self.buffer.save_trajectories(staging, trainer.rank, trainer.world_size)
-        elif trainer.rank == 0:
+            self.buffer.save_trajectories(staging, ctx.rank, ctx.world_size)
+        elif ctx.rank == 0:
             self.buffer.save_trajectories(staging, 0, 1)
 
     def load_files(self, path: str) -> None:
@@ -149,31 +150,31 @@ class ReplayBufferSource(BatchSource):
         if "replay_buffer" not in state:
             raise InputError("checkpoint: expected the replay buffer of an asynchronous run, found a sync run's "
                                "checkpoint (resume it with trainer.v1.trainer_mode=sync)")
-        step = self.trainer.global_step
+        step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
         self.buffer.load_state_dict(state["replay_buffer"], step + 1, getattr(self, "_trajectories", None))
-        if self.trainer.rank == 0 and os.path.exists(self.ledger_path):  # steps after the checkpoint are redone
+        if self.ctx.rank == 0 and os.path.exists(self.ledger_path):  # steps after the checkpoint are redone
             truncate_ledger(self.ledger_path, step)
 
     # ------------------------------------------------------------------ the steps
-    def start(self) -> None:
-        self._start_generation()
-        if self.trainer.global_step == 0 and not self.buffer.in_flight and not self.buffer.finished:
+    def start(self, global_step: int) -> None:
+        self._start_generation(global_step)
+        if global_step == 0 and not self.buffer.in_flight and not self.buffer.finished:
             self._submit(self.warmup_batches * self.batch_groups, step=1)  # verl's on_train_begin
 
-    def _start_generation(self) -> None:
-        """Before the first step of this process (a standalone pool starts streaming here)."""
+    def _start_generation(self, global_step: int) -> None:
+        """Before step ``global_step + 1``, this process's first (a standalone pool starts streaming here)."""
 
     def _submit(self, count: int, step: int) -> None:
         """Draw ``count`` prompts into the buffer, tagged ``step``; the colocated segments pick them up."""
         self.buffer.submit(count, step)
 
     def generate(self, step_input: Any, step: int, metrics: dict[str, float]) -> Iterator[Generated]:
-        trainer = self.trainer
+        ctx = self.ctx
         self._submit(self.batch_groups, step)  # verl's prepare_step: one batch a step
-        with trainer._timer("update_weights"):  # version G - 1 into the rollout (verl syncs at the end of G - 1)
-            metrics.update(trainer.actor_rollout_wg.update_weights())
-        with trainer._timer("gen"):  # the trainer's wait for a batch
+        with ctx.timer("update_weights"):  # version G - 1 into the rollout (verl syncs at the end of G - 1)
+            metrics.update(ctx.roles.actor_rollout_wg.update_weights())
+        with ctx.timer("gen"):  # the trainer's wait for a batch
             metrics.update(self._generate_until_ready(step))
         groups = self.buffer.sample(self.batch_groups, step)
         metrics.update(off_policy_metrics(groups, step))
@@ -206,10 +207,10 @@ class ReplayBufferSource(BatchSource):
             if not groups:
                 raise RuntimeError(f"replay buffer: expected groups in flight at step {step}, found none")
             need = max(self.batch_groups - len(self.buffer.finished), 0)
-            inputs = segment_inputs(groups, self.trainer.sections.data.max_response_length, self.pad,
+            inputs = segment_inputs(groups, self.ctx.sections.data.max_response_length, self.pad,
                                     self.buffer.required_uids(step))
-            out = self.trainer.actor_rollout_wg.generate_segment(self._segment_rows(inputs, need, len(groups), step,
-                                                                                    segments))
+            out = self.ctx.roles.actor_rollout_wg.generate_segment(self._segment_rows(inputs, need, len(groups),
+                                                                                      step, segments))
             segment_metrics = out.meta_info.pop("metrics", {})
             rows = len(inputs["limits"])
             merge_segment(groups, inputs, out.batch["responses"][:rows], out.batch["response_mask"][:rows],
@@ -237,21 +238,21 @@ class ReplayBufferSource(BatchSource):
             fields["group"][rows:] = total
             fields["required"][rows:] = False
         data = DataProto.from_dict(fields)
-        seed = (self.trainer.sections.trainer.seed * 100003 + step) * 131 + segment
+        seed = (self.ctx.sections.trainer.seed * 100003 + step) * 131 + segment
         data.meta_info = {"need": need, "total_groups": total, "width": int(inputs["limits"].max()), "seed": seed}
         return data
 
     def _groups_batch(self, groups: list[PromptGroup], step: int):
-        data = self.trainer.sections.data
+        data = self.ctx.sections.data
         tensors, fields = groups_to_batch(groups, data.max_prompt_length, data.max_response_length, self.pad)
         batch = DataProto.from_dict(tensors, fields, {"seed": step})
-        if not self.trainer.sections.transfer_queue.enable:
+        if not self.ctx.sections.transfer_queue.enable:
             return batch
-        return self.trainer._on_data_plane(batch, step)
+        return self.ctx.step.on_data_plane(batch, step)
 
     def _record(self, step: int, groups: list[PromptGroup]) -> None:
         """The prompt ledger (rank 0): which prompts step ``step`` trained, and the totals so far."""
-        if self.trainer.rank != 0:
+        if self.ctx.rank != 0:
             return
         ledger = self.buffer.ledger
         record = {"step": step, "trained": [g.uid for g in groups], "evicted": ledger.step_evicted_uids,

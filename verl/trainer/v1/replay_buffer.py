@@ -53,7 +53,7 @@ class PromptStream:
             s.epoch, s.position = s.epoch + 1, 0
             self._order = None
         if self._order is None:
-            self._order = s._order(s.epoch)
+            self._order = s.epoch_order(s.epoch)
         index = self._order[s.position]
         s.position += 1
         return index, s.epoch

@@ -9,7 +9,7 @@ A step ``G`` (one weight sync, as in verl; ``train_batch_size = parameter_sync_s
    back (:func:`verl.workers.rollout_pool._serve_stream`);
 2. ``parameter_sync_step`` times: rank 0 waits until ``ppo_mini_batch_size`` groups are trainable (the time is
    ``timing_s/gen``, the trainer's wait), samples the oldest, and every training rank runs the sync trainer's
-   update on them (:meth:`PPOTrainer._learn`: one optimizer step per mini-batch);
+   update on them (:meth:`PPOStep.learn <verl.trainer.ppo.step.PPOStep.learn>`: one optimizer step per mini-batch);
 3. the weights go to the pool (version ``G``): the segment running there ends, its unfinished responses keep
    their tokens and continue on the new weights (partial rollout).
 
@@ -32,7 +32,7 @@ from verl.single_controller import broadcast_object
 from verl.single_controller.data_plane import ShardedBatch
 from verl.single_controller.generation_wait import GenerationTimeoutError
 from verl.trainer import metrics as metric_utils
-from verl.trainer.ppo.batch_source import Generated
+from verl.trainer.ppo.batch_source import Generated, SourceContext
 from verl.trainer.ppo.trainer import PPOTrainer
 from verl.trainer.v1.colocate_async import ReplayBufferSource, off_policy_metrics
 from verl.utils.timeline import pool_lane
@@ -51,43 +51,43 @@ class PoolSource(ReplayBufferSource):
     buffer_replicated = False  # training rank 0 holds the buffer
     agent_phases_class = None  # the agent loops run on the pool (verl.workers.agent_stream.serve_pool_agents)
 
-    def __init__(self, trainer: Any):
-        super().__init__(trainer)
-        cfg = trainer.sections
+    def __init__(self, ctx: SourceContext):
+        super().__init__(ctx)
+        cfg = ctx.sections
         self.mini_groups = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
         self.sync_steps = cfg.trainer.v1.separate_async.parameter_sync_step
-        self.pool = trainer.actor_rollout_wg.worker.rollout_side.stream
+        self.pool = ctx.roles.actor_rollout_wg.worker.rollout_side.stream
 
     @staticmethod
     def _warmup_batches(v1: Any) -> int:
         return v1.separate_async.num_warmup_batches
 
-    def _start_generation(self) -> None:
+    def _start_generation(self, global_step: int) -> None:
         """Weights of the current version to the pool, then streaming generation (rank 0 drives it)."""
-        trainer = self.trainer
-        trainer.actor_rollout_wg.update_weights(version=trainer.global_step, force=True)
-        if trainer.rank == 0:
+        ctx = self.ctx
+        ctx.roles.actor_rollout_wg.update_weights(version=global_step, force=True)
+        if ctx.rank == 0:
             replicas = self.pool.placement.replicas
-            worker = trainer.actor_rollout_wg.worker
+            worker = ctx.roles.actor_rollout_wg.worker
             self.pool.start_stream(worker.train_sampling, max(1, -(-self.mini_groups // replicas)),
-                                   trainer.sections.trainer.seed * 100003 + trainer.global_step, trainer.global_step)
+                                   ctx.sections.trainer.seed * 100003 + global_step, global_step)
             self.pool.submit(list(self.buffer.in_flight.values()))  # reissued after a resume, or nothing
 
     def _submit(self, count: int, step: int) -> None:
         """Training rank 0 draws the prompts and hands them to the pool."""
-        if self.trainer.rank == 0:
+        if self.ctx.rank == 0:
             self.pool.submit(self.buffer.submit(count, step))
 
     def generate(self, step_input: Any, step: int, metrics: dict[str, float]) -> Iterator[Generated]:
-        trainer = self.trainer
+        ctx = self.ctx
         self._submit(self.batch_groups, step)
         for index in range(self.sync_steps):
             mini: dict[str, float] = {}
-            with trainer._timer("gen"):  # the trainer's wait for a mini-batch of finished groups
+            with ctx.timer("gen"):  # the trainer's wait for a mini-batch of finished groups
                 groups, waited = self._sample(step, mini)
                 # The others wait for rank 0 here, up to the rollout's deadline (not the collective timeout).
-                trainer.actor_rollout_wg.generation_wait.wait("separate_async: a mini-batch from the pool")
-            batch, extra = broadcast_object(self._mini_batch(groups, step) if trainer.rank == 0 else None)
+                ctx.roles.actor_rollout_wg.generation_wait.wait("separate_async: a mini-batch from the pool")
+            batch, extra = broadcast_object(self._mini_batch(groups, step) if ctx.rank == 0 else None)
             # Only the step's first mini-batch meets the actor that generated it (the next ones' old
             # log-probs come from its snapshot, but the check reads the first): the weight-sync check.
             on_policy = extra.pop("_on_policy") and index == 0
@@ -95,25 +95,21 @@ class PoolSource(ReplayBufferSource):
             if index:  # pi_old is the cycle's first actor for every mini-batch of it (verl's local trigger)
                 batch.meta_info["old_policy"] = True
             else:
-                trainer.actor_rollout_wg.snapshot_old_policy()
-            if trainer.sections.transfer_queue.enable:  # row ids unique per mini-batch of the step
+                ctx.roles.actor_rollout_wg.snapshot_old_policy()
+            if ctx.sections.transfer_queue.enable:  # row ids unique per mini-batch of the step
                 batch = ShardedBatch.replicated(batch, first_id=(step << 32) + index * len(batch))
             yield Generated(batch, mini, on_policy, info=groups)
 
     def trained(self, generated: Generated, batch: Any) -> None:
-        trainer = self.trainer
         if generated.on_policy and isinstance(batch, DataProto):
-            diff = metric_utils.compute_rollout_probs_diff_metrics(batch)
-            if not trainer._probs_checked:
-                metric_utils.check_rollout_probs_diff(diff, trainer.sections.actor_rollout_ref.rollout.dtype)
-                trainer._probs_checked = True
+            self.ctx.end_metrics.check_rollout_probs_once(metric_utils.compute_rollout_probs_diff_metrics(batch))
 
     def end_step(self, step: int, metrics: dict[str, float], trained: list) -> tuple[Any, bool]:
-        trainer = self.trainer
-        with trainer._timer("update_weights"):  # version G to the pool; its running segment resumes on it
-            metrics.update(trainer.actor_rollout_wg.update_weights(version=step))
+        ctx = self.ctx
+        with ctx.timer("update_weights"):  # version G to the pool; its running segment resumes on it
+            metrics.update(ctx.roles.actor_rollout_wg.update_weights(version=step))
         metrics.update(_merge([generated.metrics for generated, _ in trained]))
-        if trainer.rank == 0:
+        if ctx.rank == 0:
             self._record(step, [group for generated, _ in trained for group in generated.info])
             self.buffer.end_step()
         batches = [batch for _, batch in trained]
@@ -123,10 +119,10 @@ class PoolSource(ReplayBufferSource):
     def _sample(self, step: int, metrics: dict[str, float]) -> tuple[list[PromptGroup], float]:
         """Training rank 0: wait for a mini-batch of trainable groups (evicting stale ones and drawing their
         replacements, as verl's ReplayBufferAsync), then take the oldest."""
-        if self.trainer.rank != 0:
+        if self.ctx.rank != 0:
             return [], 0.0
         start = time.perf_counter()
-        timeout = float(self.trainer.sections.actor_rollout_ref.rollout.generation_timeout)
+        timeout = float(self.ctx.sections.actor_rollout_ref.rollout.generation_timeout)
         deadline = start + timeout
         segment_metrics: list[dict[str, float]] = []
         while True:
@@ -166,8 +162,8 @@ class PoolSource(ReplayBufferSource):
         for group in message.get("groups", ()):
             if group.uid in self.buffer.in_flight:
                 self.buffer.in_flight[group.uid] = group
-        if message.get("span") and self.trainer.timeline is not None:
-            self.trainer.timeline.add(pool_lane(message["replica"]), *message["span"])
+        if message.get("span") and self.ctx.timer.timeline is not None:
+            self.ctx.timer.timeline.add(pool_lane(message["replica"]), *message["span"])
         if message.get("metrics"):
             segment_metrics.append({**message["metrics"], "replica": message["replica"]})
         self.buffer.collect_finished()
@@ -178,7 +174,7 @@ class PoolSource(ReplayBufferSource):
         extra["_on_policy"] = all(t.min_version == step - 1 for g in groups for t in g.trajectories)
         if self.multi_turn:
             extra.update(agent_metrics(groups))
-        data = self.trainer.sections.data
+        data = self.ctx.sections.data
         tensors, fields = groups_to_batch(groups, data.max_prompt_length, data.max_response_length, self.pad)
         return DataProto.from_dict(tensors, fields, {"seed": step}), extra
 

@@ -270,14 +270,15 @@ class ResumableSampler(Sampler[int]):
         self.epoch = 0
         self.position = 0
 
-    def _order(self, epoch: int) -> list[int]:
+    def epoch_order(self, epoch: int) -> list[int]:
+        """The dataset indices in epoch ``epoch``'s order (seeded: the same on every rank and after a resume)."""
         if not self.shuffle:
             return list(range(self.num_samples))
         generator = torch.Generator().manual_seed(self.seed + epoch)
         return torch.randperm(self.num_samples, generator=generator).tolist()
 
     def __iter__(self):
-        order = self._order(self.epoch)
+        order = self.epoch_order(self.epoch)
         while self.position < self.num_samples:
             index = order[self.position]
             self.position += 1
