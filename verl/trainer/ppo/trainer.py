@@ -217,29 +217,13 @@ class PPOTrainer:
                                            seed=seed, judge=sections.reward.reward_model, name="reward_model")
 
     # ------------------------------------------------------------------ the roles, as verl's trainer names them
-    @property
-    def actor_rollout_wg(self) -> Any:
-        return self.roles.actor_rollout_wg
-
-    @actor_rollout_wg.setter
-    def actor_rollout_wg(self, group: Any) -> None:  # the Python API's user rollout wraps it
-        self.roles.actor_rollout_wg = group
-
-    @property
-    def critic_wg(self) -> Any:
-        return self.roles.critic_wg
-
-    @property
-    def rm_wg(self) -> Any:
-        return self.roles.rm_wg
-
-    @property
-    def reward_fn(self) -> Any:
-        return self.roles.reward_fn
-
-    @reward_fn.setter
-    def reward_fn(self, fn: Any) -> None:  # the Python API's DataFlow scores with its own
-        self.roles.reward_fn = fn
+    # Read and written in ``roles``, where the parts read them (the Python API replaces the actor's group and the
+    # reward function after the trainer is built).
+    actor_rollout_wg = property(lambda self: self.roles.actor_rollout_wg,
+                                lambda self, group: setattr(self.roles, "actor_rollout_wg", group))
+    critic_wg = property(lambda self: self.roles.critic_wg)
+    rm_wg = property(lambda self: self.roles.rm_wg)
+    reward_fn = property(lambda self: self.roles.reward_fn, lambda self, fn: setattr(self.roles, "reward_fn", fn))
 
     @property
     def rm_path(self) -> str | None:
