@@ -20,8 +20,10 @@ export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 ONLY="${RUNS:-}"
 if [[ -z "$ONLY" ]]; then rm -rf "$LOGS"; fi
 mkdir -p "$LOGS"
+MACHINE=machine  # a rerun's record beside the earlier ones: machine.rerun1.txt, machine.rerun2.txt, ...
+if [[ -n "$ONLY" ]]; then n=1; while [[ -e "$LOGS/machine.rerun$n.txt" ]]; do n=$((n + 1)); done; MACHINE="machine.rerun$n"; fi
 { bash "$ROOT/results/quickstart/machine.sh"; .venv/bin/python -c "import trl; print('trl', trl.__version__)"; } \
-    > "$LOGS/machine${ONLY:+.rerun}.txt" 2>&1
+    > "$LOGS/$MACHINE.txt" 2>&1
 SMOL="$(.venv/bin/python -c 'import sys; sys.path.insert(0, "tests"); from helpers.real_model import smollm2_dir; print(smollm2_dir())')"
 bench() {  # $1: name, then verl bench train arguments
   local name="$1"; shift
