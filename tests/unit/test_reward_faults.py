@@ -92,6 +92,29 @@ def test_the_reward_reads_the_models_tokens_not_the_tool_results(tokenizer):
     assert reward[0, 4] == 1.0 and reward[1, 3] == 0.0 and reward.sum() == 1.0
 
 
+def test_a_data_source_scored_on_its_final_answer_reads_the_models_last_turn_only(tokenizer):
+    """Issue 56 item 4: the calculator task (and any row with extra_info.reward_last_turn) is scored on the model's
+    last turn; was: every model turn, so an answer stated before the tool calls counted though the last turn
+    dropped it."""
+    from verl.workers.reward_manager.naive import last_turn
+
+    seen = []
+
+    def record(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append(solution_str)
+        return 0.0
+
+    # "15" sampled, "99" a tool's result (mask 0), "7" and eos sampled: the model's text is "157", its last turn "7".
+    rows = batch_of(tokenizer, ["15997"] * 3, sources=["calculator_word_problems", "arithmetic", "arithmetic"],
+                    own=[[1, 1, 0, 0, 1, 1]] * 3)
+    rows.non_tensor_batch["extra_info"][2]["reward_last_turn"] = True
+    NaiveRewardManager(tokenizer, compute_score=record)(rows)
+    assert seen == ["7", "157", "7"]
+    mask = lambda *bits: torch.tensor(bits, dtype=torch.bool)  # noqa: E731
+    assert last_turn(mask(1, 0, 1, 1, 0)).tolist() == [False, False, True, True, False]
+    assert last_turn(mask(1, 1)).tolist() == [True, True] and not last_turn(mask(0, 0)).any()
+
+
 def test_the_agent_loops_tool_rewards_reach_compute_score_under_verls_keys(tokenizer):
     """Was: execute's rewards and calc_reward were collected by the loop and dropped before the reward."""
     seen = []

@@ -12,6 +12,15 @@ GSM8K_DATA_SOURCES = ("openai/gsm8k", "gsm8k")
 ARITHMETIC_DATA_SOURCES = ("arithmetic",)
 WORD_PROBLEM_DATA_SOURCES = ("word_problems", "calculator_word_problems")
 SENTIMENT_DATA_SOURCES = ("sentiment",)
+# Data sources whose answer is the model's final turn of a multi-turn (tool) rollout: the reward manager hands their
+# scorer that turn's text only, so an answer stated before the tool calls, then left unstated, does not count.
+LAST_TURN_DATA_SOURCES = ("calculator_word_problems",)
+LAST_TURN_KEY = "reward_last_turn"  # extra_info[LAST_TURN_KEY] = true: the same for a row of any data source
+
+
+def scores_last_turn(data_source: str, extra_info: Any = None) -> bool:
+    """Whether a row is scored on the model's last turn only (see :data:`LAST_TURN_DATA_SOURCES`)."""
+    return data_source in LAST_TURN_DATA_SOURCES or bool(isinstance(extra_info, dict) and extra_info.get(LAST_TURN_KEY))
 
 
 def default_compute_score(
@@ -33,4 +42,4 @@ def default_compute_score(
     )
 
 
-__all__ = ["default_compute_score", "load_reward_fn", "RewardFunctionError"]
+__all__ = ["default_compute_score", "load_reward_fn", "RewardFunctionError", "scores_last_turn"]

@@ -15,7 +15,7 @@ import torch
 
 from verl.protocol import DataProto, DataProtoError
 from verl.utils.logging_utils import get_logger
-from verl.utils.reward_score import default_compute_score
+from verl.utils.reward_score import default_compute_score, scores_last_turn
 
 logger = get_logger(__name__)
 
@@ -51,6 +51,17 @@ class NonFiniteScoreError(ValueError):
         super().__init__(f"expected a finite score, found {score!r}" + (f" for {where}" if where else ""))
 
 
+def last_turn(own: torch.Tensor) -> torch.Tensor:
+    """The mask of the last run of True in ``own`` (the model's tokens of one response): its final turn."""
+    idx = own.nonzero().flatten()
+    keep = torch.zeros_like(own)
+    if len(idx):
+        end = int(idx[-1]) + 1
+        before = (~own[:end]).nonzero().flatten()
+        keep[(int(before[-1]) + 1 if len(before) else 0):end] = True
+    return keep
+
+
 def check_finite_scores(scores: torch.Tensor, positions: Any = None) -> torch.Tensor:
     """``scores`` [B, R] (any reward manager's token-level scores), or one ValueError line naming the first row
     with a NaN or infinite score (its position in the step's batch when ``positions`` is given)."""
@@ -70,13 +81,15 @@ class NaiveRewardManager:
     prompt, right-padded response), ``response_mask`` [B, R] when present, and the non-tensor fields
     ``reward_model`` (``ground_truth``), ``data_source`` (or ``reward_fn_key``) and optional ``extra_info``.
     ``solution_str`` is the text of the tokens the model sampled (``response_mask`` 1): an agent rollout's tool
-    results and other inserted turns (mask 0) are not scored. An agent rollout's ``__num_turns__``,
-    ``reward_scores`` and ``tool_rewards`` columns reach ``compute_score`` in ``extra_info`` (verl's keys:
-    :data:`AGENT_EXTRA_INFO`); a score computed by the agent loop itself (``AgentLoopOutput.reward_score``)
-    arrives as ``rm_scores`` and is returned as is. A score may be a number or a dict with a ``score`` key;
-    every key of such dicts is collected into ``reward_extra_info``. ``num_examine`` samples per data source
-    are logged at INFO for debugging (``VERL_LOGGING_LEVEL=INFO``). A score that raises, is not a number, or is
-    NaN or infinite propagates as an error marked with its sample (:func:`mark_failed_sample`): never a silent
+    results and other inserted turns (mask 0) are not scored; where the data source scores the final answer
+    (:func:`~verl.utils.reward_score.scores_last_turn`), only the model's last turn (the last run of mask 1).
+    An agent rollout's ``__num_turns__``, ``reward_scores`` and ``tool_rewards`` columns reach ``compute_score``
+    in ``extra_info`` (verl's keys: :data:`AGENT_EXTRA_INFO`); a score computed by the agent loop itself
+    (``AgentLoopOutput.reward_score``) arrives as ``rm_scores`` and is returned as is. A score may be a number or
+    a dict with a ``score`` key; every key of such dicts is collected into ``reward_extra_info``.
+    ``num_examine`` samples per data source are logged at INFO for debugging (``VERL_LOGGING_LEVEL=INFO``). A
+    score that raises, is not a number, or is NaN or infinite propagates as an error marked with its sample
+    (:func:`mark_failed_sample`): never a silent
     zero.
     """
 
@@ -127,13 +140,16 @@ class NaiveRewardManager:
         for i in range(len(data)):
             valid_prompt = data.batch["prompts"][i, prompt_length - int(prompt_lengths[i]) :]
             response_length = int(response_lengths[i])
-            ids = responses[i, :response_length]
-            if own is not None:  # the model's own tokens: not the tool results between its turns
-                ids = ids[own[i, :response_length].bool()]
-            response_str = self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
             ground_truth = data.non_tensor_batch["reward_model"][i]["ground_truth"]
             data_source = data.non_tensor_batch[self.reward_fn_key][i]
             extra_info = data.non_tensor_batch["extra_info"][i] if "extra_info" in data.non_tensor_batch else None
+            ids = responses[i, :response_length]
+            if own is not None:  # the model's own tokens: not the tool results between its turns
+                keep = own[i, :response_length].bool()
+                if scores_last_turn(data_source, extra_info):  # only the model's final turn states the answer
+                    keep = last_turn(keep)
+                ids = ids[keep]
+            response_str = self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
             if agent_columns:  # a copy: the dataset's row stays as it is
                 extra_info = dict(extra_info) if isinstance(extra_info, dict) else {}
                 for key, column in agent_columns.items():
