@@ -1,5 +1,5 @@
-"""Summarize results/variants/logs: the quickstart's layout variants (MoE on an EP2 actor, a standalone rollout
-pool), 3 seeds each.
+"""Summarize results/variants/logs: the quickstart's variants (MoE on an EP2 actor, a standalone rollout pool, the
+V1 async modes), 3 seeds each.
 
     python results/variants/summarize.py results/variants/logs              # per run, then the table
     python results/variants/summarize.py results/variants/logs --markdown   # the README table, rebuilt
@@ -18,7 +18,12 @@ from pathlib import Path
 VARIANTS = {"moe": "`configs/grpo_qwen3moe_tiny.yaml` (Qwen3-MoE 8 experts top 2, actor TP1 x EP2, rollout TP 1)",
             "pool": "quickstart + `trainer.n_gpus_per_node=2 actor_rollout_ref.rollout.nnodes=1 "
                     "actor_rollout_ref.rollout.n_gpus_per_node=1` (2 training ranks, 1 rollout rank)"}
-SYNC_BYTES = {"moe": ("perf/reshard_bytes", "received/rank"), "pool": ("perf/weight_sync_bytes", "sent to the pool")}
+VARIANTS["colocate_async"] = "quickstart + `trainer.use_v1=true trainer.v1.trainer_mode=colocate_async`"
+VARIANTS["separate_async"] = ("quickstart + `trainer.use_v1=true trainer.v1.trainer_mode=separate_async` on the pool "
+                              "layout above")
+SYNC_BYTES = {"moe": ("perf/reshard_bytes", "received/rank"), "pool": ("perf/weight_sync_bytes", "sent to the pool"),
+              "colocate_async": ("perf/reshard_bytes", "received/rank"),
+              "separate_async": ("perf/weight_sync_bytes", "sent to the pool")}
 
 
 def run_figures(run: Path, variant: str) -> dict:
@@ -38,7 +43,8 @@ def groups(logs: Path) -> dict[str, dict[int, dict]]:
     for variant in VARIANTS:
         runs = sorted((p for p in logs.glob(f"{variant}_seed*") if p.is_dir()),
                       key=lambda p: int(p.name.rsplit("seed", 1)[1]))
-        out[variant] = {int(p.name.rsplit("seed", 1)[1]): run_figures(p, variant) for p in runs}
+        if runs:  # a variant not run yet (VARIANTS="...") has no row
+            out[variant] = {int(p.name.rsplit("seed", 1)[1]): run_figures(p, variant) for p in runs}
     return out
 
 
