@@ -91,8 +91,9 @@ def listening_addresses(pids):
     return listening
 
 
-def job_processes(job_id):
-    """pid -> (argv, environment) of every process that Slurm started for ``job_id``."""
+def job_processes(job_id, key="SLURM_JOB_ID"):
+    """pid -> (argv, environment) of every process that Slurm started for ``job_id`` (or whose ``key`` in its
+    environment is ``job_id``: an `srun` job's id is not known to the test, its unique name is)."""
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -105,9 +106,24 @@ def job_processes(job_id):
         except OSError:
             continue
         env = dict(kv.split("=", 1) for kv in raw_env.split("\0") if "=" in kv)
-        if env.get("SLURM_JOB_ID") == job_id:
+        if env.get(key) == job_id:
             found[int(entry)] = (argv, env)
     return found
+
+
+def end_leftovers(processes, within=30.0):
+    """Wait up to ``within`` s for ``processes()`` (pid -> (argv, env)) to empty; what is still there is killed (so
+    nothing stays behind for the next tests) and returned as pid -> the start of its command line."""
+    deadline = time.monotonic() + within
+    while processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = {pid: " ".join(argv)[:160] for pid, (argv, _) in processes().items()}
+    for pid in left:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    return left
 
 
 @pytest.fixture(scope="session")
@@ -345,16 +361,47 @@ def test_no_process_of_the_quickstart_job_outlives_it(preempted_quickstart):
     cluster has no cgroup process tracking, as many do not). Every process that carries the job's id is gone."""
     run = preempted_quickstart
     assert run["returncode"] == 0
-    deadline = time.monotonic() + 30
-    while job_processes(run["job_id"]) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    left = {pid: " ".join(argv)[:160] for pid, (argv, _) in job_processes(run["job_id"]).items()}
-    for pid in left:  # nothing stays behind for the next tests either
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
+    left = end_leftovers(lambda: job_processes(run["job_id"]))
     assert not left, f"processes of job {run['job_id']} outlived it: {left}"
+
+
+@pytest.mark.parametrize("end", ["finished", "scancel"])
+def test_no_child_a_rank_starts_outlives_an_srun_job(slurm, end):
+    """Issue 56 build item 7 under `srun` with no batch script around it: each of the 2 tasks is a `verl train`
+    rank that starts children of its own: 2 reward workers (a spawned process pool) and a data-loader worker (forked).
+    After the job ends, finished (exit 0 after 2 steps) or cancelled with `scancel` after its first step, no process
+    carrying the job's name is left within 30 s (this cluster has no cgroup process tracking, as many do not)."""
+    data = slurm.out_dir / "arith"
+    overrides = arithmetic_data_args(data, num_train=32, num_test=4)
+    steps = 2 if end == "finished" else PREEMPTED_STEPS
+    name = slurm.job_name()
+    run_dir, log = slurm.out_dir / "run", slurm.out_dir / "srun.log"
+    cmd = ["srun", "-n", "2", "--mpi=none", "--kill-on-bad-exit=1", f"--job-name={name}", "python", "-m", "verl.cli",
+           "train", "--config", "configs/grpo_arith_tiny.yaml", *overrides, f"trainer.output_dir={run_dir}",
+           f"trainer.total_training_steps={steps}", "reward.num_workers=2", "data.dataloader_num_workers=1",
+           *shlex.split(QUICK_OVERRIDES)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=slurm.env(OMP_NUM_THREADS="1"))
+    try:
+        if end == "finished":
+            assert proc.wait(timeout=TRAINER_START_S) == 0, log.read_text()[-3000:]
+            assert metric_steps(run_dir) == [1, 2], log.read_text()[-3000:]
+        else:
+            wait_for(lambda: metric_steps(run_dir), TRAINER_START_S, "the trainer's first step", log)
+            # The ranks and their forked data-loader workers carry the rank's argv; the spawned reward workers
+            # multiprocessing's. Both kinds must be running, or the test would not test them.
+            running = [" ".join(argv) for argv, _ in job_processes(name, "SLURM_JOB_NAME").values()]
+            forked = [a for a in running if "--config" in a]
+            spawned = [a for a in running if "multiprocessing" in a]
+            assert len(forked) > 2 and spawned, f"expected 2 ranks, their data-loader and reward workers: {running}"
+            subprocess.run(["scancel", f"--name={name}"], check=True, timeout=30)
+            proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = end_leftovers(lambda: job_processes(name, "SLURM_JOB_NAME"))
+    assert not left, f"processes of srun job {name} outlived it ({end}): {left}"
 
 
 def test_quickstart_resubmission_resumes_from_the_preemption_checkpoint(preempted_quickstart):
