@@ -334,11 +334,78 @@ def test_a_custom_loop_without_log_probs_is_refused_by_the_async_trainer_not_giv
                             "the server's log_probs")
     scored = AgentLoopOutput(prompt_ids=[1], response_ids=[3], response_mask=[1], response_logprobs=[-0.5],
                              reward_score=1.0)
-    assert "expected no reward of its own under the async trainer" in _stream_record(scored).error
+    assert _stream_record(scored).error is None  # its own score travels with it (the test below)
     fine = AgentLoopOutput(prompt_ids=[1], response_ids=[3], response_mask=[1], response_logprobs=[-0.5],
                            extra_fields={"tool_rewards": [0.0], "reward_scores": {"calculator": 0.0}})
     record = _stream_record(fine)
     assert record.error is None and record.response_logprobs == [-0.5]
+
+
+def _async_batch(records, truth="15"):
+    """What the async trainers train on: ``records`` (finished agent trajectories, one prompt group each) written
+    into the replay buffer's groups, then verl's batch (``groups_to_batch``)."""
+    from verl.engine.rollout.partial import PromptGroup, groups_to_batch
+
+    groups = []
+    for i, record in enumerate(records):
+        group = PromptGroup(uid=f"g{i}", index=i, epoch=0, submit_step=0, prompt=[5], n=1,
+                            fields={"data_source": "calculator_word_problems", "reward_model": {"ground_truth": truth},
+                                    "extra_info": {"index": i}})
+        record.into(group.trajectories[0], 512, 1200, version=0)
+        groups.append(group)
+    tensors, fields = groups_to_batch(groups, 512, 1200, 0)
+    return groups, DataProto.from_dict(tensors, fields)
+
+
+def test_the_async_trainers_carry_the_loops_rewards_to_the_reward_and_through_a_checkpoint(tmp_path):
+    """Issue 56 item 4: was refused in one line (the replay buffer kept tokens only). A trajectory's tool rewards,
+    its tools' calc_reward and the loop's own score reach the reward as they do in the sync trainer, and a resumed
+    run's replay buffer still has them."""
+    import asyncio
+
+    from test_agent_loop import CHATML, call, char_tokenizer, make_loop
+
+    from verl.errors import InputError
+    from verl.experimental.agent_loop import AgentLoopOutput
+    from verl.experimental.agent_loop.scripted import ScriptedServerManager
+    from verl.trainer.v1.replay_buffer import ReplayBuffer
+
+    tok = char_tokenizer(CHATML)
+    script = [call("oracle", question="12+3") + "<|im_end|>", "I checked: The answer is 15.<|im_end|>"]
+    out = asyncio.run(make_loop(tok, ScriptedServerManager(tok, script), [Oracle()], response_length=1200).run(
+        {}, raw_prompt=[{"role": "user", "content": "12+3?"}]))
+    record = _stream_record(out)
+    assert record.error is None, record.error
+    groups, batch = _async_batch([record])
+    assert list(batch.non_tensor_batch["tool_rewards"]) == [[0.25]]
+    assert list(batch.non_tensor_batch["reward_scores"]) == [{"oracle": 2.0}]
+    assert "rm_scores" not in batch.batch
+
+    def tool_aware(data_source, solution_str, ground_truth, extra_info=None):
+        return float(solution_str.endswith("15.")) + extra_info["rollout_reward_scores"]["oracle"] + sum(
+            extra_info["tool_rewards"])
+
+    assert NaiveRewardManager(tok, compute_score=tool_aware)(batch).sum().item() == 3.25  # 1 + 2.0 + 0.25
+    assert NaiveRewardManager(tok)(batch).sum().item() == 1.0  # the final answer, as the sync trainer scores it
+
+    # through a checkpoint: the replay buffer's trajectory shards keep them (read back with weights_only)
+    buffer = object.__new__(ReplayBuffer)
+    buffer.finished = groups
+    buffer.save_trajectories(str(tmp_path), 0, 1)
+    restored = ReplayBuffer.load_trajectories(str(tmp_path))[0][0]
+    assert restored.agent_rewards == groups[0].trajectories[0].agent_rewards
+    assert restored.agent_rewards["reward_scores"] == {"oracle": 2.0}
+
+    def own(score):
+        return _stream_record(AgentLoopOutput(prompt_ids=[1], response_ids=[3, 4], response_mask=[1, 1],
+                                              response_logprobs=[-0.5, -0.5], reward_score=score))
+
+    _, scored = _async_batch([own(0.5), own(-1.0)])
+    assert scored.batch["rm_scores"][:, :3].tolist() == [[0.0, 0.5, 0.0], [0.0, -1.0, 0.0]]
+    assert NaiveRewardManager(tok)(scored).sum(-1).tolist() == [0.5, -1.0]
+    with pytest.raises(InputError, match=r"AgentLoopOutput.reward_score: expected every trajectory of a batch or "
+                       r"none to carry the loop's own score, found 1 of 2"):
+        _async_batch([own(0.5), own(None)])
 
 
 def test_bypass_mode_over_a_batch_without_rollout_log_probs_is_one_line():

@@ -51,6 +51,7 @@ class FinishedTrajectory:
     num_turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
+    agent_rewards: dict[str, Any] | None = None  # what the loop returned for the reward (Trajectory.agent_rewards)
     error: str | None = None         # the agent loop raised: the trainer ends the job with it
     input_error: bool = False        # ... an InputError (the loop's own output refused): exit 2, not 1
 
@@ -67,6 +68,7 @@ class FinishedTrajectory:
         traj.min_version, traj.max_version = min(versions), max(versions)
         traj.segments = len(set(versions))
         traj.turns = (self.num_turns, self.tool_calls, self.tool_errors)
+        traj.agent_rewards = self.agent_rewards
         traj.finished = True
 
 
@@ -102,21 +104,13 @@ class AgentStreamInputError(InputError):
 
 def refuse_unscored_tokens(out: Any, agent_name: str) -> None:
     """The async trainer keeps each sampled token's rollout log-prob (the old policy's under
-    ``rollout_correction.bypass_mode``, the behaviour policy's for the staleness correction) and scores a
-    trajectory from its tokens only: one line for a loop that returned no log-probs for its sampled tokens (they
-    were 0.0 before: a probability of 1), or its own rewards (``reward_score``, non-zero tool rewards), which
-    the replay buffer does not carry to the reward."""
+    ``rollout_correction.bypass_mode``, the behaviour policy's for the staleness correction): one line for a loop
+    that returned none for its sampled tokens (they were 0.0 before: a probability of 1)."""
     sampled = sum(1 for m in out.response_mask if m)
     if out.response_logprobs is None and sampled:
         raise AgentStreamInputError(
             f"agent loop {agent_name!r}: expected AgentLoopOutput.response_logprobs for its {sampled} sampled tokens "
             f"(the async trainer's rollout log-probs), found none: return the server's log_probs")
-    tool_rewards = [r for r in out.extra_fields.get("tool_rewards") or [] if r]
-    if out.reward_score is not None or tool_rewards or any((out.extra_fields.get("reward_scores") or {}).values()):
-        raise AgentStreamInputError(
-            f"agent loop {agent_name!r}: expected no reward of its own under the async trainer (its replay buffer "
-            f"scores the tokens with the reward function), found reward_score={out.reward_score!r}, tool rewards "
-            f"{tool_rewards[:4]}: use the synchronous trainer, where they reach compute_score")
 
 
 class AgentStream:
@@ -244,6 +238,8 @@ class AgentStream:
     async def _trajectory(self, key: tuple[str, int], row: Mapping[str, Any]) -> None:
         uid, sample = key
         server = _VersionedServer(self.server)
+        from verl.experimental.agent_loop.runner import agent_rewards
+
         try:
             out = await self.runner.run_one(row, self.sampling, server_manager=server)
             refuse_unscored_tokens(out, str(row.get("agent_name") or self.runner.default_agent_loop))
@@ -252,7 +248,7 @@ class AgentStream:
                 uid, sample, list(out.prompt_ids), list(out.response_ids), list(out.response_mask), list(logprobs),
                 server.versions, num_turns=int(out.num_turns),
                 tool_calls=int(out.extra_fields.get("tool_call_counts", 0)),
-                tool_errors=int(out.extra_fields.get("tool_call_errors", 0)))
+                tool_errors=int(out.extra_fields.get("tool_call_errors", 0)), agent_rewards=agent_rewards(out))
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - every error ends the job, on the trainer's thread

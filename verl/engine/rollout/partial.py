@@ -28,8 +28,12 @@ import torch
 import torch.distributed as dist
 
 from verl.engine.rollout.base import RolloutInputError, SamplingParams, assemble_rollout_batch, check_prompts
+from verl.errors import InputError
 
 ROUND_SEED_STRIDE = 1_000_003  # a round's sampling seeds: never one of another round's rows
+# An agent trajectory's fields the reward function reads (verl's non-tensor columns): its turn count, its tools'
+# ``execute`` rewards in call order and each tool's ``calc_reward``; compute_score gets them in extra_info.
+AGENT_REWARD_COLUMNS = ("__num_turns__", "tool_rewards", "reward_scores")
 
 
 @dataclasses.dataclass
@@ -79,6 +83,9 @@ class Trajectory:
     # ... and its (turns, tool calls, tool errors), verl's num_turns / tool metrics of the step that trains it
     # (None: not an agent's, or restored from a checkpoint, which does not keep them)
     turns: tuple[int, int, int] | None = None
+    # ... and what its agent loop returned for the reward (None: not an agent's): verl's per-trajectory columns
+    # (AGENT_REWARD_COLUMNS) and "reward_score", the loop's own score or None; checkpointed, as the step reads it
+    agent_rewards: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -314,6 +321,17 @@ def groups_to_batch(groups: Sequence[PromptGroup], prompt_length: int, response_
                 non_tensor[key].append(group.fields.get(key))
     tensors = assemble_rollout_batch(torch.stack(prompts), torch.stack(prompt_masks), torch.stack(responses),
                                      torch.stack(masks), torch.stack(log_probs), torch.stack(attended))
+    rewards = [t.agent_rewards for g in groups for t in g.trajectories]
+    if any(r is not None for r in rewards):  # agent trajectories: what their loops returned for the reward
+        # (one restored from a checkpoint written before the field has none: no turns, tool rewards or score)
+        rewards = [r or {"__num_turns__": 0, "tool_rewards": [], "reward_scores": {}} for r in rewards]
+        for key in AGENT_REWARD_COLUMNS:
+            non_tensor[key] = [r[key] for r in rewards]
+        own = last_token_scores([r.get("reward_score") for r in rewards],
+                                [len(t.tokens) for g in groups for t in g.trajectories], response_length,
+                                "AgentLoopOutput.reward_score")
+        if own is not None:
+            tensors["rm_scores"] = own
     arrays = {}
     for key, values in non_tensor.items():
         array = np.empty(len(values), dtype=object)
@@ -321,3 +339,21 @@ def groups_to_batch(groups: Sequence[PromptGroup], prompt_length: int, response_
             array[i] = value
         arrays[key] = array
     return tensors, arrays
+
+
+def last_token_scores(scores: Sequence[float | None], lengths: Sequence[int], response_length: int,
+                      what: str) -> torch.Tensor | None:
+    """verl's ``rm_scores`` [rows, response_length] from scores the rollout brought itself (an agent loop's own
+    ``reward_score``): each row's score on its last response token; None when no row has one. Some rows but not
+    all is bad input, one line naming ``what``: the reward would mix the loop's scores and the reward function's."""
+    given = [s is not None for s in scores]
+    if not any(given):
+        return None
+    if not all(given):
+        raise InputError(f"{what}: expected every trajectory of a batch or none to carry the loop's own "
+                                f"score, found {sum(given)} of {len(scores)}")
+    out = torch.zeros((len(scores), response_length), dtype=torch.float32)
+    for i, (score, length) in enumerate(zip(scores, lengths, strict=True)):
+        if min(length, response_length):
+            out[i, min(length, response_length) - 1] = float(score)
+    return out

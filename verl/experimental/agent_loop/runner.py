@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from verl.errors import InputError
+from verl.engine.rollout.partial import AGENT_REWARD_COLUMNS, last_token_scores
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
     DictConfigWrap,
@@ -108,7 +108,16 @@ class AgentLoopRunner:
 
 # The per-trajectory fields the reward reads (non-tensor columns, verl's names): the loop's turn count and its tools'
 # rewards (``execute``'s in call order, ``calc_reward`` per tool), passed to compute_score in extra_info.
-REWARD_COLUMNS = ("__num_turns__", "tool_rewards", "reward_scores")
+REWARD_COLUMNS = AGENT_REWARD_COLUMNS
+
+
+def agent_rewards(out: AgentLoopOutput) -> dict[str, Any]:
+    """What an agent loop's output brings to the reward, as the replay buffer keeps it: verl's columns (the turn
+    count, the tools' ``execute`` rewards in call order, each tool's ``calc_reward``) and the loop's own score."""
+    return {"__num_turns__": int(out.num_turns),
+            "tool_rewards": [float(r) for r in out.extra_fields.get("tool_rewards") or []],
+            "reward_scores": {str(k): float(v) for k, v in (out.extra_fields.get("reward_scores") or {}).items()},
+            "reward_score": None if out.reward_score is None else float(out.reward_score)}
 
 
 def reward_columns(outputs: list[AgentLoopOutput]):
@@ -116,14 +125,12 @@ def reward_columns(outputs: list[AgentLoopOutput]):
     loop recorded none)."""
     import numpy as np
 
-    def column(values: list) -> np.ndarray:
-        out = np.empty(len(values), dtype=object)
-        out[:] = values
-        return out
-
-    return {"__num_turns__": column([int(o.num_turns) for o in outputs]),
-            "tool_rewards": column([[float(r) for r in o.extra_fields.get("tool_rewards") or []] for o in outputs]),
-            "reward_scores": column([dict(o.extra_fields.get("reward_scores") or {}) for o in outputs])}
+    rows = [agent_rewards(o) for o in outputs]
+    columns = {}
+    for key in REWARD_COLUMNS:
+        columns[key] = np.empty(len(rows), dtype=object)
+        columns[key][:] = [r[key] for r in rows]
+    return columns
 
 
 def pad_outputs(outputs: list[AgentLoopOutput], prompt_length: int, response_length: int, pad_token_id: int):
@@ -133,11 +140,8 @@ def pad_outputs(outputs: list[AgentLoopOutput], prompt_length: int, response_len
     rule; some but not all is refused in one line)."""
     import torch
 
-    scored = [o.reward_score is not None for o in outputs]
-    if any(scored) and not all(scored):
-        raise InputError(f"AgentLoopOutput.reward_score: expected every trajectory of a batch or none to carry the "
-                         f"loop's own score, found {sum(scored)} of {len(outputs)}")
-
+    rm_scores = last_token_scores([o.reward_score for o in outputs], [len(o.response_ids) for o in outputs],
+                                  response_length, "AgentLoopOutput.reward_score")
     b = len(outputs)
     prompts = torch.full((b, prompt_length), pad_token_id, dtype=torch.long)
     responses = torch.full((b, response_length), pad_token_id, dtype=torch.long)
@@ -161,11 +165,6 @@ def pad_outputs(outputs: list[AgentLoopOutput], prompt_length: int, response_len
            "position_ids": position_ids}
     if outputs and all(o.response_logprobs is not None for o in outputs):
         out["rollout_log_probs"] = logprobs
-    if outputs and all(scored):
-        rm_scores = torch.zeros((b, response_length), dtype=torch.float32)
-        for i, o in enumerate(outputs):
-            length = min(len(o.response_ids), response_length)
-            if length:
-                rm_scores[i, length - 1] = float(o.reward_score)
+    if rm_scores is not None:
         out["rm_scores"] = rm_scores
     return out

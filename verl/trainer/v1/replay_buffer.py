@@ -213,6 +213,8 @@ class ReplayBuffer:
             "masks": torch.tensor([x for t in trajectories for x in t.mask or ()], dtype=torch.int8),
             "prompt_lengths": torch.tensor([_length(t.prompt) for t in trajectories], dtype=torch.int64),
             "prompts": torch.tensor([x for t in trajectories for x in t.prompt or ()], dtype=torch.int64),
+            # what agent loops returned for the reward (plain lists and dicts: torch.load's weights_only reads them)
+            "agent_rewards": [t.agent_rewards for t in trajectories],
         }
         os.makedirs(os.path.join(directory, TRAJECTORY_DIR), exist_ok=True)
         path = os.path.join(directory, TRAJECTORY_DIR, f"shard{rank}-of-{world}.pt")
@@ -237,13 +239,14 @@ class ReplayBuffer:
             count = len(shard["finished"])
             masks = _optional_lists(shard, "mask_lengths", "masks", count)
             prompts = _optional_lists(shard, "prompt_lengths", "prompts", count)
+            rewards = shard.get("agent_rewards") or [None] * count  # a shard written before the field: none
             fields = zip(shard["finished"].tolist(), shard["min_version"].tolist(), shard["max_version"].tolist(),
-                         shard["segments"].tolist(), masks, prompts, strict=True)
+                         shard["segments"].tolist(), masks, prompts, rewards, strict=True)
             for position, size in zip(shard["positions"].tolist(), shard["group_sizes"].tolist(), strict=True):
                 out[position] = [Trajectory(tokens=next(tokens).tolist(), log_probs=next(log_probs).tolist(),
                                             finished=f, min_version=_unversion(lo), max_version=_unversion(hi),
-                                            segments=seg, mask=mask, prompt=prompt)
-                                 for f, lo, hi, seg, mask, prompt in (next(fields) for _ in range(size))]
+                                            segments=seg, mask=mask, prompt=prompt, agent_rewards=reward)
+                                 for f, lo, hi, seg, mask, prompt, reward in (next(fields) for _ in range(size))]
         return out
 
     def load_state_dict(self, state: dict[str, Any], step: int,
