@@ -227,6 +227,24 @@ def test_n_samples_are_interleaved_per_prompt(qwen):
     assert torch.equal(out["attention_mask"][:, :6], MASK.repeat_interleave(3, 0))
 
 
+def test_n_samples_of_a_prompt_share_one_prefill(qwen):
+    """A prompt's n samples are prefilled once (its K/V copied to their rows, as SGLang and vLLM share the prefix):
+    the same tokens and log-probs as prefilling every row (the prompts repeated, n=1) under the same seed, for
+    prompts of 3 lengths (left padding); prefilled_tokens counts the 3 prompts' columns, not 9 rows'."""
+    model, path, config = qwen
+    engine = native_engine(path, config)
+    shared = engine.generate(PROMPTS, MASK, SamplingParams(temperature=1.0, response_length=12, n=3, seed=7))
+    assert engine.prefilled_tokens == 3 * PROMPTS.shape[1]
+    each = engine.generate(PROMPTS.repeat_interleave(3, 0), MASK.repeat_interleave(3, 0),
+                           SamplingParams(temperature=1.0, response_length=12, n=1, seed=7))
+    assert engine.prefilled_tokens == 9 * PROMPTS.shape[1]
+    assert torch.equal(shared["responses"], each["responses"])
+    tol = log_prob_tol(each["rollout_log_probs"])
+    assert (shared["rollout_log_probs"] - each["rollout_log_probs"]).abs().max() <= tol
+    # the 3 samples of a prompt differ (each row samples on its own), so the copies are not one row thrice
+    assert len({tuple(r.tolist()) for r in shared["responses"][:3]}) > 1
+
+
 def test_generate_sequences_takes_and_returns_dataproto(qwen):
     from verl.protocol import DataProto
 

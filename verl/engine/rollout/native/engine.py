@@ -158,12 +158,15 @@ class NativeRollout(BaseRollout):
         start = 0
         if prefix_kv is not None and not record:
             start = self._place_prefix(prefix_kv, pads.tolist(), sp.n, prompt_len, keys, values)
-        self.prefilled_tokens = batch * (prompt_len - start)
-        logits = self.model.forward(input_ids[:, start:], positions[:, start:], keys, values, start,
-                                    allowed[:, :, start:])
+        if sp.n > 1 and start == 0:
+            logits = self._prefill_once_per_prompt(input_ids, positions, allowed, keys, values, sp.n)
+        else:
+            self.prefilled_tokens = batch * (prompt_len - start)
+            logits = self.model.forward(input_ids[:, start:], positions[:, start:], keys, values, start,
+                                        allowed[:, :, start:])
         if record:
             routed = empty_routing(batch, prompt_len + steps, self.config, device)
-            routed[:, :prompt_len] = self.model.routing
+            routed[:, :prompt_len] = self.model.routing.repeat_interleave(batch // self.model.routing.shape[0], 0)
 
         generator = None if sp.greedy else self._generator(sp.seed)
         stop_ids = torch.tensor(sp.stop_ids, dtype=torch.int64, device=device)
@@ -203,6 +206,22 @@ class NativeRollout(BaseRollout):
             self.kept_kv = [(keys[:, i, :, pad:end].clone(), values[:, i, :, pad:end].clone())
                             for i, (pad, end) in enumerate(zip(pads.tolist(), ends, strict=True))]
         return responses.cpu(), response_mask.cpu(), log_probs.cpu()
+
+    def _prefill_once_per_prompt(self, input_ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
+                                 keys: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
+        """Prefill each prompt once for its ``n`` samples (rows i*n .. i*n+n-1 hold the same prompt): the prompt's
+        K/V is computed on one row and copied to the others, and its last logits are theirs, as SGLang and vLLM
+        share a prompt's prefix across the samples of ``n``. Returns the logits [B*n, vocab]."""
+        prompt_len = input_ids.shape[1]
+        once = slice(None, None, n)
+        shape = (keys.shape[0], input_ids.shape[0] // n, keys.shape[2], prompt_len, keys.shape[4])
+        prompt_keys = torch.empty(shape, dtype=keys.dtype, device=keys.device)
+        prompt_values = torch.empty(shape, dtype=values.dtype, device=values.device)
+        logits = self.model.forward(input_ids[once], positions[once], prompt_keys, prompt_values, 0, allowed[once])
+        keys[:, :, :, :prompt_len] = prompt_keys.repeat_interleave(n, 1)
+        values[:, :, :, :prompt_len] = prompt_values.repeat_interleave(n, 1)
+        self.prefilled_tokens = shape[1] * prompt_len
+        return logits.repeat_interleave(n, 0)
 
     def _place_prefix(self, prefix_kv: list, pads: list[int], n: int, prompt_len: int, keys: torch.Tensor,
                       values: torch.Tensor) -> int:
