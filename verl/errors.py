@@ -20,6 +20,15 @@ class OutputExistsError(InputError, FileExistsError):
     """An output path that already exists where a command would write a new one (``--out`` of convert, export)."""
 
 
+class InputFileNotFoundError(InputError, FileNotFoundError):
+    """A file the configuration names that does not exist (verl raises ``FileNotFoundError`` there)."""
+
+
+class InputModuleNotFoundError(InputError, ModuleNotFoundError):
+    """A module the configuration names (a tool's ``class_name``) that cannot be imported (verl raises the
+    ``ModuleNotFoundError`` itself)."""
+
+
 # The exit codes of every entry point (``verl <command>``, ``verl train``'s ranks, the benches, the quickstart).
 EXIT_INTERNAL_ERROR = 1
 EXIT_INPUT_ERROR = 2

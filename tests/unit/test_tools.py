@@ -59,10 +59,18 @@ def test_function_tool_schema_from_signature_and_docstring():
             x: a number.
         """
 
-    with pytest.raises(InputError, match="parameter 'x' is not described under Args"):
+    def bare(x: int) -> int:
+        return x
+
+    # verl's wording (its tests match these phrases), as one InputError line
+    with pytest.raises(InputError, match="the docstring has no description for the argument 'x'"):
         function_tool(undocumented)
-    with pytest.raises(InputError, match="parameter 'x' has no type hint"):
+    with pytest.raises(InputError, match="argument 'x' is missing a type hint"):
         function_tool(untyped)
+    with pytest.raises(InputError, match="because it has no docstring"):
+        function_tool(bare)
+    with pytest.raises(TypeError, match=r"return tuple must have length 1, 2, or 3 \(got length 4"):
+        normalize_function_tool_return(("a", 1, {}, 4))
     assert normalize_function_tool_return(("a", 1, {"m": 2})) == (ToolResponse(text="a"), 1.0, {"m": 2})
     assert normalize_function_tool_return({"k": 1})[0].text == '{"k": 1}'
 
@@ -104,7 +112,7 @@ tools:
 """
 
 FUNCTION_TOOLS = '''
-from verl.tools import function_tool
+from verl.tools.function_tool import function_tool
 
 
 @function_tool
@@ -178,7 +186,7 @@ def test_yaml_and_function_tools_load_and_run_in_the_loop(tmp_path):
     ("tools:\n  - class_name: verl.tools.calculator.CalculatorTool\n    config: {type: mcp}\n", "not supported"),
     ("nope: 1\n", "expected a mapping with a 'tools' list"),
     ("tools:\n  - class_name: verl.tools.calculator.CalculatorTool\n  - class_name: "
-     "verl.tools.calculator.CalculatorTool\n", "declared twice"),
+     "verl.tools.calculator.CalculatorTool\n", r"tool name\(s\) \['calculator'\] declared twice"),
 ])
 def test_bad_tool_yaml_is_one_line_input_error(tmp_path, text, match):
     path = tmp_path / "t.yaml"
@@ -193,5 +201,65 @@ def test_yaml_is_loaded_safely(tmp_path):
     path.write_text("tools: !!python/object/apply:os.system ['true']\n")
     with pytest.raises(InputError, match="not valid YAML"):
         load_all_tools(str(path), None)
-    with pytest.raises(InputError, match="no such file"):
+    with pytest.raises(FileNotFoundError, match="function_tool_path does not exist") as info:  # verl's type
         load_all_tools(None, str(tmp_path / "missing.py"))
+    assert isinstance(info.value, InputError)  # and ours: exit code 2
+    with pytest.raises(ModuleNotFoundError, match="cannot import no_such_mod") as info:  # verl's type, ours too
+        path.write_text("tools:\n  - class_name: no_such_mod.Tool\n    config: {type: native}\n")
+        load_all_tools(str(path), None)
+    assert isinstance(info.value, InputError)
+
+
+def test_function_tools_named_like_yaml_tools_are_all_named_in_one_line(tmp_path, caplog):
+    """verl's rule and wording: every function tool whose name a tool_config_path tool has, sorted, in one
+    error; a function_tool_path without any @function_tool is a warning and no tools."""
+    from verl.tools.function_tool import FUNCTION_TOOL_REGISTRY
+
+    yaml_path = tmp_path / "t.yaml"
+    yaml_path.write_text("tools:\n  - class_name: verl.tools.calculator.CalculatorTool\n    config: {type: native}\n"
+                         "    tool_schema: {type: function, function: {name: search, description: s}}\n"
+                         "  - class_name: verl.tools.calculator.CalculatorTool\n    config: {type: native}\n")
+    tools_py = tmp_path / "clash_tools.py"
+    tools_py.write_text("from verl.tools.function_tool import function_tool\n\n"
+                        + "".join(f"@function_tool\ndef {n}(q: str) -> str:\n    \"\"\"Look.\n\n    Args:\n"
+                                  f"        q: what.\n    \"\"\"\n    return q\n\n\n"
+                                  for n in ("search", "calculator", "fine")))
+    try:
+        with pytest.raises(InputError, match=r"function tool name\(s\) \['calculator', 'search'\] collide with "
+                                             r"tools already declared in"):
+            load_all_tools(str(yaml_path), str(tools_py))
+    finally:
+        for name in ("search", "calculator", "fine"):
+            FUNCTION_TOOL_REGISTRY.pop(name, None)
+    empty = tmp_path / "no_tools.py"
+    empty.write_text("def helper():\n    return 1\n")
+    with caplog.at_level("WARNING"):
+        assert load_all_tools(None, str(empty)) == []
+    assert "no @function_tool decorators found" in caplog.text
+
+
+def test_schema_keywords_the_models_do_not_name_are_kept():
+    """minimum / maximum / pattern / additionalProperties / an array's item schema reach the chat template as the
+    caller wrote them (pydantic dropped them before); a property without a type is still refused."""
+    from verl.tools.schemas import OpenAIFunctionToolSchema
+
+    raw = {"type": "function", "function": {"name": "read", "description": "Read lines.", "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["path"], "properties": {
+            "path": {"type": "string", "description": "File.", "pattern": "^/"},
+            "limit": {"type": "integer", "description": "Lines.", "minimum": 1, "maximum": 128},
+            "edits": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["line"],
+                                                                "properties": {"line": {"type": "integer"}}}}}}}}
+    assert OpenAIFunctionToolSchema.model_validate(raw).model_dump(exclude_unset=True, exclude_none=True) == raw
+    with pytest.raises(ValueError):
+        OpenAIFunctionToolSchema.model_validate({"type": "function", "function": {
+            "name": "x", "description": "d", "parameters": {"properties": {"p": {"description": "no type"}}}}})
+
+
+def test_verls_module_paths_are_modules():
+    """verl's tests reach the registry as ``verl.tools.function_tool._LOADED_FUNCTION_TOOL_PATHS`` through
+    ``from verl.tools import function_tool``, and the older ``verl.tools.utils.function_tool`` path."""
+    import verl.tools.utils.function_tool as legacy
+    from verl.tools import function_tool as module
+
+    assert isinstance(module._LOADED_FUNCTION_TOOL_PATHS, dict)
+    assert legacy.FUNCTION_TOOL_REGISTRY is module.FUNCTION_TOOL_REGISTRY

@@ -2,7 +2,7 @@
 
 The OpenAI schema comes from the signature (types, defaults -> ``required``) and the Google-style docstring (summary
 -> description, ``Args:`` -> each parameter's description). A function without a docstring, a type hint or an
-``Args:`` line for a parameter is refused at decoration time with one line (``InputError``).
+``Args:`` line for a parameter is refused at decoration time with one line (``InputError``, in verl's wording).
 """
 
 from __future__ import annotations
@@ -19,12 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from verl.errors import InputError
+from verl.errors import InputError, InputFileNotFoundError
 from verl.tools.concurrency import run_in_daemon_thread
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from verl.utils.logging_utils import get_logger
+
+logger = get_logger(__name__)
 
 FUNCTION_TOOL_REGISTRY: dict[str, FunctionTool] = {}
-_LOADED_PATHS: dict[str, list[FunctionTool]] = {}
+_LOADED_FUNCTION_TOOL_PATHS: dict[str, list[FunctionTool]] = {}  # verl's name: its tests clear it
 
 
 @dataclass
@@ -100,7 +103,8 @@ def build_schema(fn: Callable, name: str | None = None) -> OpenAIFunctionToolSch
     """The OpenAI tool schema of ``fn`` from its signature and docstring."""
     where = f"'{name or fn.__name__}' ({fn.__module__}.{fn.__qualname__})"
     if not fn.__doc__ or not fn.__doc__.strip():
-        raise InputError(f"@function_tool {where}: needs a docstring (summary + Args: block)")
+        raise InputError(f"@function_tool {where}: cannot generate a JSON schema because it has no docstring "
+                         "(a summary and an Args: block)")
     summary, arg_docs = _parse_docstring(fn.__doc__)
     if not summary:
         raise InputError(f"@function_tool {where}: the docstring has no summary line")
@@ -113,9 +117,10 @@ def build_schema(fn: Callable, name: str | None = None) -> OpenAIFunctionToolSch
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise InputError(f"@function_tool {where}: variadic parameter '{pname}' cannot be a tool argument")
         if pname not in hints:
-            raise InputError(f"@function_tool {where}: parameter '{pname}' has no type hint")
+            raise InputError(f"@function_tool {where}: argument '{pname}' is missing a type hint")
         if pname not in arg_docs:
-            raise InputError(f"@function_tool {where}: parameter '{pname}' is not described under Args:")
+            raise InputError(f"@function_tool {where}: the docstring has no description for the argument "
+                             f"'{pname}' (under Args:)")
         prop = _json_type(hints[pname], where)
         prop["description"] = arg_docs[pname]
         properties[pname] = prop
@@ -162,12 +167,13 @@ def get_function_tool(name: str) -> FunctionTool:
 
 
 def load_function_tools_from_path(path: str) -> list[FunctionTool]:
-    """Run the Python file at ``path`` once and return the tools its ``@function_tool`` registered."""
+    """Run the Python file at ``path`` once and return the tools its ``@function_tool`` registered (none: a
+    warning and ``[]``, as verl does)."""
     abs_path = os.path.abspath(path)
     if not os.path.isfile(abs_path):
-        raise InputError(f"function_tool_path: no such file: {path}")
-    if abs_path in _LOADED_PATHS:
-        return _LOADED_PATHS[abs_path]
+        raise InputFileNotFoundError(f"function_tool_path does not exist: {path}")
+    if abs_path in _LOADED_FUNCTION_TOOL_PATHS:
+        return _LOADED_FUNCTION_TOOL_PATHS[abs_path]
     before = dict(FUNCTION_TOOL_REGISTRY)
     module_name = "_verl_function_tools_" + re.sub(r"\W", "_", abs_path)
     spec = importlib.util.spec_from_file_location(module_name, abs_path)
@@ -182,8 +188,9 @@ def load_function_tools_from_path(path: str) -> list[FunctionTool]:
         raise InputError(f"function_tool_path {path}: {type(e).__name__}: {e}") from None
     tools = [t for n, t in FUNCTION_TOOL_REGISTRY.items() if before.get(n) is not t]
     if not tools:
-        raise InputError(f"function_tool_path {path}: no @function_tool in the file")
-    _LOADED_PATHS[abs_path] = tools
+        logger.warning("function_tool_path '%s' loaded but no @function_tool decorators found; did you forget to "
+                       "apply the decorator?", path)
+    _LOADED_FUNCTION_TOOL_PATHS[abs_path] = tools
     return tools
 
 
@@ -192,7 +199,8 @@ def normalize_function_tool_return(ret: Any) -> tuple[ToolResponse, float, dict]
     tuple (response[, reward[, metrics]])."""
     if isinstance(ret, tuple):
         if not 1 <= len(ret) <= 3:
-            raise TypeError(f"a @function_tool returned a tuple of length {len(ret)}; expected 1 to 3")
+            raise TypeError(f"@function_tool return tuple must have length 1, 2, or 3 (got length {len(ret)}: "
+                            f"{ret!r}): (response,), (response, reward) or (response, reward, metrics)")
         reward = 0.0 if len(ret) < 2 or ret[1] is None else float(ret[1])
         metrics = {} if len(ret) < 3 or ret[2] is None else dict(ret[2])
         return _as_response(ret[0]), reward, metrics

@@ -9,11 +9,17 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# JSON-schema keywords these models do not name (minimum, maximum, pattern, additionalProperties, minItems, ...)
+# are kept, not dropped: they are part of the contract the caller wrote, and the chat template shows the model them.
+_KEEP_UNNAMED_KEYWORDS = ConfigDict(extra="allow")
 
 
 class OpenAIFunctionPropertySchema(BaseModel):
     """One parameter: its JSON type (a list of types for a union), description and allowed values."""
+
+    model_config = _KEEP_UNNAMED_KEYWORDS
 
     type: str | list[str]
     description: str | None = None
@@ -22,12 +28,16 @@ class OpenAIFunctionPropertySchema(BaseModel):
 
 
 class OpenAIFunctionParametersSchema(BaseModel):
+    model_config = _KEEP_UNNAMED_KEYWORDS
+
     type: str = "object"
     properties: dict[str, OpenAIFunctionPropertySchema] = Field(default_factory=dict)
     required: list[str] = Field(default_factory=list)
 
 
 class OpenAIFunctionSchema(BaseModel):
+    model_config = _KEEP_UNNAMED_KEYWORDS
+
     name: str
     description: str
     parameters: OpenAIFunctionParametersSchema = Field(default_factory=OpenAIFunctionParametersSchema)
@@ -35,6 +45,8 @@ class OpenAIFunctionSchema(BaseModel):
 
 
 class OpenAIFunctionToolSchema(BaseModel):
+    model_config = _KEEP_UNNAMED_KEYWORDS
+
     type: str
     function: OpenAIFunctionSchema
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from verl.errors import InputError
+from verl.errors import InputError, InputModuleNotFoundError
 from verl.tools.base_tool import BaseTool
 from verl.tools.function_tool import FunctionTool, load_function_tools_from_path
 from verl.tools.schemas import OpenAIFunctionToolSchema
@@ -37,6 +37,8 @@ def get_tool_class(cls_name: str) -> type:
         raise InputError(f"tool class_name '{cls_name}' is not a module path (package.module.ClassName)")
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        raise InputModuleNotFoundError(f"tool class_name '{cls_name}': cannot import {module_name}: {e}") from None
     except ImportError as e:
         raise InputError(f"tool class_name '{cls_name}': cannot import {module_name}: {e}") from None
     cls = getattr(module, class_name, None)
@@ -85,16 +87,18 @@ def initialize_tools_from_config(tools_config_file: str) -> list[BaseTool]:
 
 
 def load_all_tools(tool_config_path: str | None, function_tool_path: str | None) -> list[BaseTool | FunctionTool]:
-    """The YAML's tools then the function tools; two tools of one name are refused."""
-    tools: list[BaseTool | FunctionTool] = []
-    if tool_config_path:
-        tools += initialize_tools_from_config(tool_config_path)
-    if function_tool_path:
-        tools += load_function_tools_from_path(function_tool_path)
-    seen: set[str] = set()
-    for tool in tools:
-        if tool.name in seen:
-            raise InputError(f"tool name '{tool.name}' is declared twice (tool_config_path / function_tool_path); "
-                             "each tool name must be unique")
-        seen.add(tool.name)
-    return tools
+    """The YAML's tools then the function tools; function tools named like a YAML tool are refused, all of them
+    in one line (two YAML tools of one name too)."""
+    native = initialize_tools_from_config(tool_config_path) if tool_config_path else []
+    functions = load_function_tools_from_path(function_tool_path) if function_tool_path else []
+    names = [t.name for t in native]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InputError(f"tool_config_path '{tool_config_path}': tool name(s) {twice} declared twice; each tool "
+                         "name must be unique")
+    collisions = sorted(t.name for t in functions if t.name in set(names))
+    if collisions:
+        raise InputError(f"function tool name(s) {collisions} collide with tools already declared in "
+                         f"'{tool_config_path}'; each tool name must be unique across tool_config_path and "
+                         "function_tool_path: rename one of them")
+    return [*native, *functions]
