@@ -14,15 +14,17 @@ def test_the_bounds_are_the_weights_flops_and_reads(tmp_path):
     # 8 responses of mean 4 (max 6) tokens, 100 tokens in all: 68 prompt tokens
     step = {"timing_s/step": 1.0, "perf/total_num_tokens": 100, "response_length/mean": 4.0,
             "response_length/max": 6, "timing_s/update_actor": 0.5, "timing_s/gen": 0.2, "timing_s/ref": 0.1}
-    out = phase_bounds([{"timing_s/step": 9.0}, step], 1, params, limits, rows=8, replicas=2)
+    out = phase_bounds([{"timing_s/step": 9.0}, step], 1, params, limits, rows=8, n=4, replicas=2)
     forward = 2 * 1_000_000 * 100 + 2 * 50_000 * 32  # the head on the 32 response tokens only
     assert out["update_actor"]["bound_s"] == pytest.approx(3 * forward / 10e9)
     assert out["ref"]["bound_s"] == pytest.approx(forward / 10e9)
-    gen = 2 * 1_050_000 * 68 / 10e9 + 6 * 2 * 1_050_000 * 4 / 5e9  # prefill + a read per decode step per replica
+    # the 2 distinct prompts' prefill (68 tokens over 8 rows = 4 samples of 2 prompts; the head on each prompt's
+    # last position) + a read of the weights per decode step per replica
+    gen = (2 * 1_000_000 * 68 / 4 + 2 * 50_000 * 2) / 10e9 + 6 * 2 * 1_050_000 * 4 / 5e9
     assert out["gen"]["bound_s"] == pytest.approx(gen)
     assert out["gen"]["fraction"] == pytest.approx(gen / 0.2)
     assert "old_log_prob" not in out  # not timed this step: not reported
-    recomputed = phase_bounds([step], 0, params, limits, rows=8, replicas=2, recompute=True)
+    recomputed = phase_bounds([step], 0, params, limits, rows=8, n=4, replicas=2, recompute=True)
     assert recomputed["update_actor"]["bound_s"] == pytest.approx(4 * forward / 10e9)
     rows = table({"machine": limits, "phases": out}).splitlines()[2:]
     fractions = [float(row.split()[-1].rstrip("%")) for row in rows]

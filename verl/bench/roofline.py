@@ -9,8 +9,9 @@ read + written). Each phase's lower bound in seconds comes from the model's weig
   next to the weights' at these sequence lengths);
 * ``update_actor`` = 3 forwards (backward = 2), plus one with activation recompute; ``old_log_prob`` and ``ref`` =
   1 forward;
-* generation = the prompts' prefill FLOPs + one read of the weights per decode step per rollout replica (decode is
-  bandwidth-bound: the batch shares each read).
+* generation = the prefill FLOPs of each distinct prompt once (a prompt's ``n`` samples share its prefix, as the
+  native engine, SGLang and vLLM compute it; the head on its last position only) + one read of the weights per
+  decode step per rollout replica (decode is bandwidth-bound: the batch shares each read).
 
 ``fraction`` = bound / measured: how much of the machine the phase used (1.0 = at the limit).
 """
@@ -71,9 +72,11 @@ def model_matmul_params(model: str) -> dict[str, int]:
 
 
 def phase_bounds(records: list[dict], warmup: int, params: dict[str, int], limits: dict[str, float], *,
-                 rows: int, replicas: int, dtype_bytes: int = 4, recompute: bool = False) -> dict[str, Any]:
+                 rows: int, replicas: int, n: int = 1, dtype_bytes: int = 4,
+                 recompute: bool = False) -> dict[str, Any]:
     """Per phase over the measured steps: the median ``seconds``, the ``bound_s`` the limits allow, ``fraction``.
-    ``rows``: responses per step; ``replicas``: rollout replicas decoding side by side."""
+    ``rows``: responses per step; ``n``: of them, samples per prompt; ``replicas``: rollout replicas decoding side
+    by side."""
     steps = [r for r in records if "timing_s/step" in r]
     measured = steps[warmup:] if len(steps) > warmup else steps
     flops_s = limits["matmul_gflops"] * 1e9
@@ -87,8 +90,8 @@ def phase_bounds(records: list[dict], warmup: int, params: dict[str, int], limit
                 continue
             tokens = r["perf/total_num_tokens"]
             response = r["response_length/mean"] * rows
-            if forwards is None:  # prefill FLOPs + one weight read per decode step per replica
-                prefill = 2 * (params["body"] + params["head"]) * (tokens - response)
+            if forwards is None:  # each prompt's prefill once + one weight read per decode step per replica
+                prefill = (2 * params["body"] * (tokens - response) + 2 * params["head"] * rows) / n
                 decode_steps = r["response_length/max"]
                 bound = prefill / flops_s + decode_steps * replicas * weight_bytes / bandwidth
             else:

@@ -289,7 +289,7 @@ def _roofline(args: argparse.Namespace, records: list[dict]) -> dict:
     limits = machine_limits()
     dtype_bytes = 2 if any(o.endswith(("dtype=bfloat16", "dtype=bf16")) for o in args.overrides) else 4
     phases = phase_bounds(records, args.warmup, model_matmul_params(args.model), limits,
-                          rows=args.prompts * args.n, replicas=max(1, args.nproc // args.rollout_tp),
+                          rows=args.prompts * args.n, n=args.n, replicas=max(1, args.nproc // args.rollout_tp),
                           dtype_bytes=dtype_bytes, recompute=args.gradient_checkpointing == "on")
     return {"machine": limits, "phases": phases}
 
