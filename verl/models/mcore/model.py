@@ -232,6 +232,8 @@ def build_gpt_model(config: ModelConfig, head: str = "lm", *, params_dtype: torc
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 
+    from verl.models.mcore.attention import use_sdpa_core_attention
+
     if head not in HEADS:
         raise ValueError(f"model head: expected one of {HEADS}, found {head!r}")
     tp_size = mpu.get_tensor_model_parallel_world_size()
@@ -248,6 +250,7 @@ def build_gpt_model(config: ModelConfig, head: str = "lm", *, params_dtype: torc
         layer_spec = get_gpt_decoder_block_spec(tf_config, use_transformer_engine=False, normalization="RMSNorm")
     else:
         layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_norm)
+    use_sdpa_core_attention(layer_spec)
     pre_process = mpu.is_pipeline_first_stage() if pre_process is None else pre_process
     post_process = mpu.is_pipeline_last_stage() if post_process is None else post_process
     tied = head == "lm" and config.tie_word_embeddings
