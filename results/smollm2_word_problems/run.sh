@@ -27,4 +27,5 @@ for VARIANT in $VARIANTS; do
     bash "$HERE/../quickstart/machine.sh" > "$LOGS/machine.${VARIANT}_seed$N.txt"
   done
 done
+bash "$HERE/../quickstart/machine.sh" > "$LOGS/machine.txt"  # the machine of the last run (each run's beside it)
 .venv/bin/python "$HERE/summarize.py" "$LOGS" | tee "$LOGS/summary.txt"

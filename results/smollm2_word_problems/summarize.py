@@ -7,8 +7,9 @@ fine-tuning and LoRA, one run per seed.
 From each run's ``metrics.jsonl``: greedy ``val/accuracy`` on the 64 held-out problems (no computation shared with
 training) at step 0 (the checkpoint as published), at the last step and at the best validated step;
 ``val/accuracy_out_of_form`` (64 problems in wordings, names and items training never shows); the median step time
-and the largest ``perf/cpu_memory_used_gb`` a step logged. Spread: the sample standard deviation over the seeds
-(n - 1) and the range; a paired difference LoRA - full on each seed where both ran."""
+and the largest ``perf/cpu_memory_used_gb`` a step logged (the resident memory of the largest rank, GiB). Spread:
+the sample standard deviation over the seeds (n - 1) and the range; a paired difference LoRA - full on each seed
+where both ran."""
 
 import json
 import statistics
@@ -59,7 +60,7 @@ def lines(logs: Path) -> list[str]:
             out.append(f"{variant} seed {seed}: val/accuracy {f['step0']:.3f} -> {f['last']:.3f} (step "
                        f"{f['last_step']}, {f['gain']:+.1f} points, best {f['best']:.3f}); out-of-form "
                        f"{f['ood0']:.3f} -> {f['ood_last']:.3f}; {f['s_per_step']:.1f} s/step; "
-                       f"peak {f['peak_gb']:.2f} GB")
+                       f"peak RSS {f['peak_gb']:.2f} GiB")
     return out
 
 
@@ -67,14 +68,14 @@ def markdown(logs: Path) -> list[str]:
     found = groups(logs)
     out = ["<!-- results/smollm2_word_problems:runs -->",
            "| run (mean ± sd [min, max] over the seeds) | seeds | val/accuracy at step 0 | at step 30 | gain (points) "
-           "| best validated step | out-of-form, step 0 -> 30 (points) | s/step, median | memory used, max |",
+           "| best validated step | out-of-form, step 0 -> 30 (points) | s/step, median | RSS of the largest rank |",
            "|---|---|---|---|---|---|---|---|---|"]
     for variant, runs in found.items():
         col = {key: [f[key] for f in runs.values()] for key in next(iter(runs.values()))}
         out.append(f"| {VARIANTS[variant]} | {', '.join(map(str, runs))} | {spread(col['step0'], '.3f')} | "
                    f"{spread(col['last'], '.3f')} | {spread(col['gain'], '+.1f')} | {spread(col['best'], '.3f')} | "
                    f"{spread(col['ood_gain'], '+.1f')} | {statistics.median(col['s_per_step']):.1f} | "
-                   f"{max(col['peak_gb']):.2f} GB |")
+                   f"{max(col['peak_gb']):.2f} GiB |")
     both = sorted(set(found.get("full", {})) & set(found.get("lora", {})))
     if both:
         diff = [found["lora"][s]["gain"] - found["full"][s]["gain"] for s in both]
