@@ -351,7 +351,7 @@ def last_token_scores(scores: Sequence[float | None], lengths: Sequence[int], re
         return None
     if not all(given):
         raise InputError(f"{what}: expected every trajectory of a batch or none to carry the loop's own "
-                                f"score, found {sum(given)} of {len(scores)}")
+                         f"score, found {sum(given)} of {len(scores)}")
     out = torch.zeros((len(scores), response_length), dtype=torch.float32)
     for i, (score, length) in enumerate(zip(scores, lengths, strict=True)):
         if min(length, response_length):
