@@ -96,7 +96,8 @@ def load_all_tools(tool_config_path: str | None, function_tool_path: str | None)
     if twice:
         raise InputError(f"tool_config_path '{tool_config_path}': tool name(s) {twice} declared twice; each tool "
                          "name must be unique")
-    collisions = sorted(t.name for t in functions if t.name in set(names))
+    declared = set(names)
+    collisions = sorted(t.name for t in functions if t.name in declared)
     if collisions:
         raise InputError(f"function tool name(s) {collisions} collide with tools already declared in "
                          f"'{tool_config_path}'; each tool name must be unique across tool_config_path and "
