@@ -9,6 +9,9 @@ and of the GeGLU MLP per rank), which decodes the prompts greedily. transformers
 both. Last, the FSDP actor exports itself as an HF directory (one full parameter at a time to rank 0) that
 transformers loads and whose logits equal the checkpoint's (item 6)."""
 
+import os
+import shutil
+
 import pytest
 import torch
 from helpers.gemma3_model import ANSWER, PROMPT, gemma3_dir
@@ -101,6 +104,7 @@ def report(tmp_path_factory):
                                                  ).logits[:, :-1].float()
     results[0]["exported_class"] = type(exported).__name__
     del exported
+    shutil.rmtree(os.path.dirname(export_dir))  # 1 GB of fp32 weights: read once, not kept for the session
     # transformers teacher-forced on each rank's greedy rows: its logits at every response position
     greedy = {}
     for result in results:
