@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
         print(f"link_identical_files: expected a venv at {argv[0]}, found no {target}", file=sys.stderr)
         return 2
     files, freed = link_identical(target, [site_packages(venv) for venv in argv[1:]])
-    print(f"link_identical_files: {files} files of {argv[0]} now share storage with {' '.join(argv[1:])} "
+    print(f"link_identical_files: {files} files of {argv[0]} linked to identical files of {' '.join(argv[1:])} "
           f"({freed / 2**30:.2f} GiB freed)", file=sys.stderr)
     return 0
 
