@@ -3,12 +3,12 @@
     python launch/link_identical_files.py TARGET_VENV SOURCE_VENV [SOURCE_VENV ...]
 
 The engine venvs (.venv-sglang, .venv-vllm) each hold the same torch 2.13.0+cpu wheel as .venv, and the two engine
-venvs the same triton: about 2.5 GB of identical bytes on a shared node's disk (and on CI's). A file under the
-target's site-packages is replaced by a hard link to the source's file at the same relative path only when both are
-regular files of equal size and equal content; the replacement is atomic (link to a temporary name, then rename),
-so an interrupted run leaves every file whole. pip never rewrites an installed file in place (it removes and writes
-anew), so a later install into either venv only unlinks its own copy. Sources on another file system, or missing,
-are skipped. Prints the bytes freed."""
+venvs the same triton: about 2.5 GB of identical shared libraries on a shared node's disk (and on CI's). A file under
+the target's site-packages is replaced by a hard link to the source's file at the same relative path only when both
+are regular files of equal size, mode and content, and it is neither a Python source nor its bytecode. The
+replacement is atomic (link to a temporary name, then rename), so an interrupted run leaves every file whole. pip
+never rewrites an installed file in place (it removes and writes anew), so a later install into either venv only
+unlinks its own copy. Sources on another file system, or missing, are skipped. Prints the bytes freed."""
 
 import filecmp
 import os
@@ -38,7 +38,10 @@ def link_identical(target: str, sources: list[str]) -> tuple[int, int]:
         for name in files:
             mine = os.path.join(root, name)
             a = os.lstat(mine)
-            if not stat.S_ISREG(a.st_mode) or a.st_size == 0:
+            # Python sources and their bytecode stay each venv's own: a .pyc records its source's mtime, and a
+            # source linked to another venv's takes that file's mtime, so every import would find the bytecode
+            # stale and compile again (the shared libraries are where the bytes are anyway).
+            if not stat.S_ISREG(a.st_mode) or a.st_size == 0 or name.endswith((".py", ".pyc")):
                 continue
             for other_root in others:
                 theirs = os.path.join(other_root, name)

@@ -32,23 +32,28 @@ def _inode(venv, rel):
 
 
 def test_identical_files_become_one_inode_and_the_rest_stay_apart(tmp_path):
-    base = _venv(tmp_path / "base", {"torch/lib/a.so": b"x" * 4096, "torch/b.py": b"same",
-                                     "torch/c.py": b"base", "shared/d.py": b"first"})
-    engine = _venv(tmp_path / "engine", {"shared/d.py": b"first", "triton/e.so": b"t" * 100})
-    target = _venv(tmp_path / "target", {"torch/lib/a.so": b"x" * 4096, "torch/b.py": b"same",
-                                         "torch/c.py": b"mine", "shared/d.py": b"first",
-                                         "triton/e.so": b"t" * 100, "own/f.py": b"own"})
-    os.symlink("b.py", os.path.join(target, SITE, "torch", "link.py"))
+    base = _venv(tmp_path / "base", {"torch/lib/a.so": b"x" * 4096, "torch/b.json": b"same",
+                                     "torch/c.so": b"base", "shared/d.so": b"first", "torch/m.py": b"x = 1\n",
+                                     "torch/__pycache__/m.cpython-311.pyc": b"bytecode"})
+    engine = _venv(tmp_path / "engine", {"shared/d.so": b"first", "triton/e.so": b"t" * 100})
+    target = _venv(tmp_path / "target", {"torch/lib/a.so": b"x" * 4096, "torch/b.json": b"same",
+                                         "torch/c.so": b"mine", "shared/d.so": b"first",
+                                         "triton/e.so": b"t" * 100, "own/f.so": b"own", "torch/m.py": b"x = 1\n",
+                                         "torch/__pycache__/m.cpython-311.pyc": b"bytecode"})
+    os.symlink("b.json", os.path.join(target, SITE, "torch", "link.json"))
     result = _run(target, base, engine)
     assert result.returncode == 0, result.stderr
     assert "4 files" in result.stderr and "GiB freed" in result.stderr
-    for rel in ("torch/lib/a.so", "torch/b.py", "shared/d.py"):  # the first source wins where both have it
+    for rel in ("torch/lib/a.so", "torch/b.json", "shared/d.so"):  # the first source wins where both have it
         assert _inode(target, rel) == _inode(base, rel)
     assert _inode(target, "triton/e.so") == _inode(engine, "triton/e.so")
-    assert _inode(target, "torch/c.py") != _inode(base, "torch/c.py")  # different bytes
-    with open(os.path.join(target, SITE, "torch", "c.py"), "rb") as f:
+    assert _inode(target, "torch/c.so") != _inode(base, "torch/c.so")  # different bytes
+    with open(os.path.join(target, SITE, "torch", "c.so"), "rb") as f:
         assert f.read() == b"mine"
-    assert os.path.islink(os.path.join(target, SITE, "torch", "link.py"))
+    # a linked source would take the other venv's mtime and make its own bytecode stale at every import
+    for rel in ("torch/m.py", "torch/__pycache__/m.cpython-311.pyc"):
+        assert _inode(target, rel) != _inode(base, rel)
+    assert os.path.islink(os.path.join(target, SITE, "torch", "link.json"))
     assert not [n for n in os.listdir(os.path.join(target, SITE, "torch")) if ".verl-link-" in n]
     # a second run finds everything shared and changes nothing
     again = _run(target, base, engine)
