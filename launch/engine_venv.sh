@@ -24,8 +24,9 @@ install_verl_beside_engine() {
 }
 
 # share_identical_files VENV [ENGINE_VENV ...]: the files VENV holds byte for byte as .venv or a finished engine venv
-# does (torch 2.13.0 in all three, triton in both engine venvs: ~2.5 GB) become hard links to theirs
-# (launch/link_identical_files.py). Run after the install is proven, before its stamp.
+# does (torch 2.13.0's libraries in all three, triton's in both engine venvs: ~2.5 GB) become hard links to theirs;
+# Python sources and bytecode stay its own (launch/link_identical_files.py). Run after the install is proven, before
+# its stamp.
 share_identical_files() {
   local venv="$1" other
   shift
