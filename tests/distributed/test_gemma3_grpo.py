@@ -12,7 +12,7 @@ import sys
 import pytest
 from helpers.gemma3_model import gemma3_dir
 from helpers.train_runs import REPO, read_metrics, train_env
-from test_gemma3_fsdp_native import _tolerance
+from test_gemma3_training_engines import _tolerance
 
 pytestmark = pytest.mark.distributed
 

@@ -1,4 +1,5 @@
-"""megatron-core Qwen2/Llama vs transformers at (tp, pp) in {(1,1),(2,1),(1,2),(2,2)} on 4 gloo ranks.
+"""megatron-core Qwen2/Llama and Gemma 3's block vs transformers at (tp, pp) in {(1,1),(2,1),(1,2),(2,2)} on 4 gloo
+ranks.
 
 One spawned job checks, for every tiny config and layout: the per-rank state dict matches the
 reshard planner's training_param_specs, logits match HF (fp32) to 1e-4, and vocab-parallel
@@ -10,11 +11,20 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from helpers.megatron_tiny_models import RESPONSE, TINY_CONFIGS, hf_model, model_config, padded_batch, save_hf  # noqa: E402
+from helpers.megatron_tiny_models import (  # noqa: E402
+    BLOCK_CONFIGS,
+    RESPONSE,
+    TINY_CONFIGS,
+    hf_model,
+    model_config,
+    padded_batch,
+    save_hf,
+)
 
 from verl.launcher.spawn import run_ranks  # noqa: E402
 
 LAYOUTS = ((1, 1), (2, 1), (1, 2), (2, 2))
+CONFIGS = {**TINY_CONFIGS, **BLOCK_CONFIGS}
 GREEDY_PROMPT, GREEDY_TOKENS = [5, 17, 42, 99], 6
 
 
@@ -81,7 +91,7 @@ def _parity_job(hf_dirs, hf_logits, batch, hf_greedy):
 def parity_report(tmp_path_factory):
     batch = padded_batch()
     hf_dirs, hf_logits = {}, {}
-    for i, name in enumerate(TINY_CONFIGS):
+    for i, name in enumerate(CONFIGS):
         model = hf_model(name, seed=i)
         # Alternate single-file and sharded (index) checkpoints.
         hf_dirs[name] = save_hf(model, str(tmp_path_factory.mktemp(name)), sharded=i % 2 == 1)
@@ -89,7 +99,7 @@ def parity_report(tmp_path_factory):
             hf_logits[name] = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                     position_ids=batch["position_ids"]).logits.float()
     hf_greedy = {}
-    for i, name in enumerate(TINY_CONFIGS):
+    for i, name in enumerate(CONFIGS):
         model = hf_model(name, seed=i)
         out = model.generate(torch.tensor([GREEDY_PROMPT]), do_sample=False, max_new_tokens=GREEDY_TOKENS,
                              min_new_tokens=GREEDY_TOKENS, pad_token_id=0)
@@ -99,7 +109,7 @@ def parity_report(tmp_path_factory):
 
 
 def _cases():
-    return [f"{name} tp{tp}pp{pp}" for tp, pp in LAYOUTS for name in TINY_CONFIGS]
+    return [f"{name} tp{tp}pp{pp}" for tp, pp in LAYOUTS for name in CONFIGS]
 
 
 @pytest.mark.parametrize("case", _cases())

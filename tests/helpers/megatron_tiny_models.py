@@ -1,4 +1,5 @@
-"""Tiny random Qwen2 / Llama checkpoints, batches and an SFT loss hook for the Megatron and FSDP multi-rank tests."""
+"""Tiny random Qwen2 / Llama checkpoints (and a Gemma 3 one for the block features), batches and an SFT loss hook
+for the Megatron and FSDP multi-rank tests."""
 
 from __future__ import annotations
 
@@ -21,14 +22,27 @@ TINY_CONFIGS = {
                            tie_word_embeddings=True),
 }
 
+# Gemma 3's block (ModelConfig.block_features): GeGLU, (1 + w) norms in float32, sandwich and q/k norms, embedding
+# scale, sliding-window layers (window 3 < SEQ) with their own RoPE base, query_pre_attn_scalar != head_dim and
+# soft-capped logits. Kept apart from TINY_CONFIGS, which many tests iterate.
+BLOCK_CONFIGS = {
+    "gemma3_sliding_softcap": dict(
+        model_type="gemma3_text", num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=12,
+        sliding_window=3, layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+        final_logit_softcapping=5.0, tie_word_embeddings=True),
+}
+CLASSES = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
+           "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
+
 
 def hf_model(name: str, seed: int = 0):
     import transformers
 
-    kwargs = dict(TINY_CONFIGS[name])
+    kwargs = dict({**TINY_CONFIGS, **BLOCK_CONFIGS}[name])
     model_type = kwargs.pop("model_type")
-    config_cls = transformers.Qwen2Config if model_type == "qwen2" else transformers.LlamaConfig
-    model_cls = transformers.Qwen2ForCausalLM if model_type == "qwen2" else transformers.LlamaForCausalLM
+    config_cls, model_cls = (getattr(transformers, c) for c in CLASSES[model_type])
     config = config_cls(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                         max_position_embeddings=64, rms_norm_eps=1e-6, attn_implementation="eager", **kwargs)
     torch.manual_seed(seed)

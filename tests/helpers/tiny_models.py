@@ -15,14 +15,25 @@ MODELS = {
     "llama": dict(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
 }
+# Gemma 3's block (sliding window 3 with its own RoPE base, sandwich and (1 + w) norms, GeGLU, embedding scale), kept
+# apart from MODELS, which several tests iterate.
+BLOCK_MODELS = {
+    "gemma3": dict(model_type="gemma3_text", vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                   sliding_window=3,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+                   rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+                   tie_word_embeddings=True),
+}
 
 
 def save_tiny_model(kind: str, path: str, seed: int = 0, **changes) -> str:
-    """Write a random fp32 ``kind`` model (a key of MODELS, with ``changes`` to its config) as an HF checkpoint at
-    ``path``."""
+    """Write a random fp32 ``kind`` model (a key of MODELS or BLOCK_MODELS, with ``changes`` to its config) as an HF
+    checkpoint at ``path``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = {**MODELS[kind], **changes}
+    cfg = {**{**MODELS, **BLOCK_MODELS}[kind], **changes}
     model_type = cfg.pop("model_type")
     # A wide init keeps the top logits apart, so greedy choices do not hinge on fp32 summation order.
     config = AutoConfig.for_model(model_type, max_position_embeddings=128, initializer_range=0.2,

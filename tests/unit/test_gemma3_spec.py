@@ -1,6 +1,7 @@
-"""Gemma 3 as one spec entry (issue 58): its config read into block fields, bad configs refused in one line, and the
-engines that compute only the Llama/Qwen block (Megatron's local spec, the SGLang and vLLM rollouts here) refusing
-it at config time, in one line naming the spec fields they lack. No engine names the family."""
+"""Gemma 3 as one spec entry (issue 58): its config read into block fields, bad configs refused in one line, Megatron's
+builder taking every field (an MoE model with them refused), and the rollouts that lack some (vLLM here; SGLang past
+the fields it was checked on) refusing them at config time, in one line naming the spec fields they lack. No engine
+names the family."""
 
 import json
 import os
@@ -69,18 +70,29 @@ def test_every_family_reads_its_activation():
         ModelConfig.from_dict({**llama, "hidden_act": "relu"})
 
 
-def test_megatron_refuses_it_naming_the_fields():
-    from verl.models.mcore.model import ModelLayoutError, check_megatron_block
+def _moe(**over):
+    """A Qwen3-MoE config with Gemma 3's GeGLU: a block feature on an MoE model."""
+    return ModelConfig.from_dict({**GEMMA3, "model_type": "qwen3_moe", "hidden_act": "gelu_pytorch_tanh",
+                                  "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
+                                  "moe_intermediate_size": 32, **over})
 
+
+def test_megatron_builds_every_field_and_refuses_them_on_an_moe_model():
+    from verl.models.mcore.model import MEGATRON_BLOCK_FEATURES, ModelLayoutError, check_megatron_block
+
+    check_megatron_block(_config())
+    check_megatron_block(_config(final_logit_softcapping=30.0, query_pre_attn_scalar=24))
+    assert set(_config(final_logit_softcapping=30.0, query_pre_attn_scalar=24).block_features()) == set(
+        MEGATRON_BLOCK_FEATURES)
     with pytest.raises(ModelLayoutError) as err:
-        check_megatron_block(_config())
+        check_megatron_block(_moe())
     assert isinstance(err.value, InputError) and str(err.value) == (
-        f"model_type gemma3_text: the Megatron builder lacks the block features {FEATURES} of its spec: use "
-        "strategy fsdp to train it, the native engine to generate")
-    check_megatron_block(ModelConfig.from_dict({**GEMMA3, "model_type": "qwen3"}))
+        "model_type qwen3_moe: the Megatron builder lacks the block features ['hidden_act'] of its spec on an MoE "
+        "model: use strategy fsdp to train it, the native engine to generate")
+    check_megatron_block(_moe(hidden_act="silu"))
 
 
-def test_megatron_config_rules_refuse_it_at_config_time():
+def test_megatron_config_rules_take_it_and_refuse_an_moe_block_at_config_time():
     from verl.engine.megatron.config_rules import MegatronConfigRules
     from verl.utils.config_checks import ConfigError
 
@@ -88,25 +100,37 @@ def test_megatron_config_rules_refuse_it_at_config_time():
                                                         "pipeline_model_parallel_size": 1,
                                                         "expert_model_parallel_size": 1,
                                                         "expert_tensor_parallel_size": None,
-                                                        "sequence_parallel": False}}}}
-    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.megatron\.model_type gemma3_text: the "
-                                          r"Megatron builder lacks the block features \['hidden_act'"):
-        MegatronConfigRules().check_layout(cfg, _config(), 1)
+                                                        "sequence_parallel": False}},
+                                 "model": {"lora_rank": 0}}}
+    MegatronConfigRules().check_layout(cfg, _config(), 1)
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.megatron\.model_type qwen3_moe: the "
+                                          r"Megatron builder lacks the block features \['hidden_act'\]"):
+        MegatronConfigRules().check_layout(cfg, _moe(), 1)
+    cfg["actor_rollout_ref"]["actor"]["megatron"]["tensor_model_parallel_size"] = 2
+    with pytest.raises(ConfigError, match=r"expected a divisor of num_key_value_heads=1"):
+        MegatronConfigRules().check_layout(cfg, _config(), 2)
 
 
-def test_verl_generate_megatron_refuses_it_before_any_rank_starts(tmp_path):
+def test_verl_generate_megatron_answers_as_transformers(tmp_path):
+    """The real checkpoint through ``verl generate --engine megatron`` (one rank, Megatron's cache-free greedy):
+    transformers' greedy answer (tests/helpers/gemma3_model.py)."""
     import subprocess
     import sys
 
-    from helpers.gemma3_model import gemma3_dir
+    from helpers.gemma3_model import ANSWER, PROMPT, gemma3_dir
+    from transformers import AutoTokenizer
 
+    tokenizer = AutoTokenizer.from_pretrained(gemma3_dir())
+    prompt = tokenizer(PROMPT).input_ids
+    want = tokenizer(ANSWER, add_special_tokens=False).input_ids[:3]
     proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_generation", "--engine", "megatron", "--model",
-                           gemma3_dir(), "--input-ids", "2,818", "--max-new-tokens", "2", "--temperature", "0",
-                           "--json", str(tmp_path / "out.json")], capture_output=True, text=True, timeout=120)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert "the Megatron builder lacks the block features ['hidden_act'" in lines[0]
-    assert not (tmp_path / "out.json").exists()
+                           gemma3_dir(), "--input-ids", ",".join(map(str, prompt)), "--max-new-tokens", "3",
+                           "--temperature", "0", "--json", str(tmp_path / "out.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "out.json") as f:
+        out = json.load(f)
+    assert out["output_ids"] == [want], (out, want)  # ' the capital of'
 
 
 def test_vllm_refuses_it_naming_the_fields():

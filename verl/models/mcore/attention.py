@@ -8,9 +8,10 @@ attention time of a SmolLM2 training step on this CPU.
 
 Only real tokens' outputs are the same: a query row whose every key is masked (a padding token with nothing
 before it) attends to itself here (megatron's -10000 fill attends uniformly) so that no row is empty, which
-would make the kernel return NaN. Those rows are padding, never read by a loss. Anything the fused kernel does not
-cover (packed sequences, attention bias, sliding windows, dropout, a softmax offset, query-key layer scaling)
-takes megatron's own path.
+would make the kernel return NaN. Those rows are padding, never read by a loss. A sliding-window layer (megatron's
+``window_size`` on this layer, see ``verl.models.mcore.model.window_settings``) adds its band to the mask: megatron's
+own window mask is built on CUDA only. Anything else the fused kernel does not cover (packed sequences, attention
+bias, dropout, a softmax offset, query-key layer scaling) takes megatron's own path.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ class SDPACoreAttention(DotProductAttention):
     def _fused(self, attention_mask: torch.Tensor | None, attention_bias, packed_seq_params) -> bool:
         config = self.config
         return (attention_mask is not None and attention_bias is None and packed_seq_params is None
-                and self.softmax_offset is None and self.scale_mask_softmax.window_size is None
-                and not config.apply_query_key_layer_scaling
+                and self.softmax_offset is None and not config.apply_query_key_layer_scaling
                 and (not self.training or self.attention_dropout.p == 0.0))
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
@@ -39,6 +39,17 @@ class SDPACoreAttention(DotProductAttention):
         # True = allowed.
         sq, b = query.shape[0], query.shape[1]
         allowed = ~attention_mask
+        window = self.scale_mask_softmax.window_size
+        if window is not None:  # (left, right); -1: unbounded. Queries are the last sq of the sk positions.
+            sk = key.shape[0]
+            rows = torch.arange(sk - sq, sk, device=allowed.device)[:, None]
+            cols = torch.arange(sk, device=allowed.device)[None, :]
+            band = torch.ones(sq, sk, dtype=torch.bool, device=allowed.device)
+            if window[0] >= 0:
+                band &= cols >= rows - window[0]
+            if window[1] >= 0:
+                band &= cols <= rows + window[1]
+            allowed = allowed & band
         allowed = allowed | torch.eye(sq, key.shape[0], dtype=torch.bool, device=allowed.device)
         context = F.scaled_dot_product_attention(
             query.permute(1, 2, 0, 3), key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3), attn_mask=allowed,

@@ -16,10 +16,17 @@ the same renormalised weights; dense layers (``mlp_only_layers``) come from ``mo
 reach their experts through the ``allgather`` dispatcher on CPU (megatron's ``alltoall`` one needs CUDA
 streams) and ``alltoall`` on GPU.
 
+A dense block that departs from Llama's (``ModelConfig.block_features``: GeGLU, offset norms in float32, sandwich
+norms, sliding-window layers with their own RoPE, an embedding multiplier, soft-capped logits) is built from the same
+spec with the modules of ``verl.models.mcore.block``; the activation, the softmax scale and the windows are
+TransformerConfig keys.
+
 The TP / PP / EP layout comes from megatron's ``parallel_state`` (initialise it first).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -43,14 +50,23 @@ def padded_vocab_size(vocab_size: int, tp_size: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
+# The block features beyond the Llama/Qwen block (ModelConfig.block_features) the builder computes
+# (verl.models.mcore.block), each checked against transformers in the Megatron parity tiers.
+MEGATRON_BLOCK_FEATURES = ("hidden_act", "norm_weight_offset", "norm_scale_in_float32", "embedding_multiplier",
+                           "final_logit_softcapping", "query_pre_attn_scalar", "sliding_rope_theta", "sliding_window",
+                           "sliding_layers", "attn_post_norm", "mlp_post_norm")
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}
+
+
 def check_megatron_block(config: ModelConfig) -> None:
-    """One line for a model whose decoder block the builder cannot make: its GPT layers (local spec) are the
-    Llama/Qwen block, so the spec's other block features (``ModelConfig.block_features``) are refused."""
+    """One line for a model whose decoder block the builder cannot make: a block feature outside
+    :data:`MEGATRON_BLOCK_FEATURES`, or one of them on an MoE model (its layers are megatron's MoE spec)."""
     features = config.block_features()
-    if features:
+    missing = [f for f in features if f not in MEGATRON_BLOCK_FEATURES or config.is_moe]
+    if missing:
         raise ModelLayoutError(f"model_type {config.model_type}: the Megatron builder lacks the block features "
-                               f"{list(features)} of its spec: use strategy fsdp to train it, the native engine to "
-                               f"generate")
+                               f"{missing} of its spec{' on an MoE model' if config.is_moe else ''}: use strategy "
+                               f"fsdp to train it, the native engine to generate")
 
 
 def check_parallel_layout(config: ModelConfig, tp_size: int, pp_size: int, ep_size: int = 1,
@@ -136,7 +152,7 @@ def transformer_config(config: ModelConfig, tp_size: int, pp_size: int, *,
         normalization="RMSNorm",
         layernorm_epsilon=config.rms_norm_eps,
         gated_linear_unit=True,
-        activation_func=F.silu,
+        activation_func=ACTIVATIONS[config.hidden_act],
         add_bias_linear=False,
         add_qkv_bias=config.attention_bias,
         qk_layernorm=config.qk_norm,
@@ -159,17 +175,29 @@ def transformer_config(config: ModelConfig, tp_size: int, pp_size: int, *,
         persist_layer_norm=False,
         **moe_settings(config, ep_size, etp_size, on_gpu),
         **rope_attention_settings(config),
+        **window_settings(config),
     )
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
 
 
 def rope_attention_settings(config: ModelConfig) -> dict:
-    """YaRN multiplies cos and sin by an attention factor m on both q and k, i.e. every attention logit by m**2:
-    megatron's plain RoPE path has no such factor (its YaRN module's default differs from transformers'), so it
-    goes into the softmax scale."""
+    """The softmax scale: the config's (head_dim ** -0.5, or query_pre_attn_scalar ** -0.5 where set), times m**2
+    where YaRN multiplies cos and sin by an attention factor m on both q and k: megatron's plain RoPE path has no
+    such factor (its YaRN module's default differs from transformers'), so it goes into the scale."""
     _, scale = rope_inv_freq(config.head_dim, config.rope_theta, config.rope)
-    return {} if scale == 1.0 else {"softmax_scale": scale * scale / config.head_dim ** 0.5}
+    softmax_scale = config.attention_scale * scale * scale
+    return {} if softmax_scale == config.head_dim ** -0.5 else {"softmax_scale": softmax_scale}
+
+
+def window_settings(config: ModelConfig) -> dict:
+    """Sliding-window layers in megatron's terms: ``window_size`` (left, right) = (window - 1, 0), a query sees
+    itself and the window - 1 keys before it, as HF's ``sliding_window``; ``window_attn_skip_freq`` lists per
+    layer whether it slides."""
+    if not config.sliding_layers:
+        return {}
+    return {"window_size": (config.sliding_window - 1, 0),
+            "window_attn_skip_freq": [int(i in config.sliding_layers) for i in range(config.num_hidden_layers)]}
 
 
 def use_rope_scaling(model, config: ModelConfig) -> None:
@@ -231,8 +259,10 @@ def build_gpt_model(config: ModelConfig, head: str = "lm", *, params_dtype: torc
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     from verl.models.mcore.attention import use_sdpa_core_attention
+    from verl.models.mcore.block import add_output_hooks, block_layer_spec
 
     if head not in HEADS:
         raise ValueError(f"model head: expected one of {HEADS}, found {head!r}")
@@ -248,9 +278,14 @@ def build_gpt_model(config: ModelConfig, head: str = "lm", *, params_dtype: torc
         _router_gemm_without_te()
         # Per-layer specs: MoE layers and moe_layer_freq's dense ones, local (non-TE) modules.
         layer_spec = get_gpt_decoder_block_spec(tf_config, use_transformer_engine=False, normalization="RMSNorm")
+        use_sdpa_core_attention(layer_spec)
     else:
-        layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_norm)
-    use_sdpa_core_attention(layer_spec)
+        layer_spec, final_norm = block_layer_spec(
+            config, get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_norm))
+        use_sdpa_core_attention(layer_spec)
+        if final_norm is not None:  # this stage's layers and the model's own final norm
+            layer_spec = TransformerBlockSubmodules(layer_specs=[layer_spec] * get_num_layers_to_build(tf_config),
+                                                    layer_norm=final_norm)
     pre_process = mpu.is_pipeline_first_stage() if pre_process is None else pre_process
     post_process = mpu.is_pipeline_last_stage() if post_process is None else post_process
     tied = head == "lm" and config.tie_word_embeddings
@@ -272,4 +307,5 @@ def build_gpt_model(config: ModelConfig, head: str = "lm", *, params_dtype: torc
         model.output_layer = ValueHead(config.hidden_size, tf_config.init_method_std, params_dtype,
                                        sequence_parallel=tf_config.sequence_parallel)
     model.verl_head = head
+    add_output_hooks(model, config, head)
     return model

@@ -19,8 +19,8 @@ turns the rest into ModelConfig fields the engines read: ``layer_types`` -> ``sl
 ``sliding_rope_theta``; every RMSNorm weight stored as w - 1 (``norm_weight_offset`` 1, scaled in float32);
 ``hidden_activation`` (GeGLU with ``gelu_pytorch_tanh``); the embedding times sqrt(hidden); ``query_pre_attn_scalar``;
 the final logits' soft-capping (null in Gemma 3's configs; the attention's is refused: transformers' Gemma 3
-ignores it). Megatron (local spec) has no such block: the spec gives no
-Megatron names it could build, and ``ModelConfig.block_features`` says what it lacks.
+ignores it). Megatron builds the block from the same fields (``verl.models.mcore.block``): its post-norms sit in
+the attention and the MLP modules, hence their Megatron names.
 """
 
 from __future__ import annotations
@@ -80,10 +80,10 @@ def _layer() -> tuple[ParamSpec, ...]:
     by_role = {p.role: p for p in QWEN3.layer}
     return (
         by_role["attn_norm"], by_role["qkv"], by_role["attn_out"], by_role["q_norm"], by_role["k_norm"],
-        _norm("attn_post_norm", "post_attention_layernorm.weight", "post_attention_layernorm.weight"),
+        _norm("attn_post_norm", "self_attention.post_layernorm.weight", "post_attention_layernorm.weight"),
         _norm("mlp_norm", "pre_mlp_layernorm.weight", "pre_feedforward_layernorm.weight"),
         by_role["gate_up"], by_role["mlp_out"],
-        _norm("mlp_post_norm", "post_mlp_layernorm.weight", "post_feedforward_layernorm.weight"),
+        _norm("mlp_post_norm", "mlp.post_layernorm.weight", "post_feedforward_layernorm.weight"),
     )
 
 

@@ -1,13 +1,15 @@
-"""Gemma 3 270M (tests/helpers/gemma3_model.py) through the FSDP training engine and the 3D-HybridEngine into the
-native rollout engine, against transformers (issue 58 item 3).
+"""Gemma 3 270M (tests/helpers/gemma3_model.py) through each training engine and the 3D-HybridEngine into the
+native rollout engine, against transformers (issue 58 items 2, 3 and 6).
 
-One 2-rank gloo job, fp32: the FSDP2 actor sharded over both ranks (uneven shards of 640-wide rows, the tied
-262144-row embedding) computes the actor's log-probs and entropy of a left-padded batch (prompt + transformers'
-greedy answer, one answer cut short: right padding); the HybridEngine then reshards the training layout into a
-native engine at rollout TP 2 (2 query heads per rank over the one KV head, replicated; half the padded vocabulary
-and of the GeGLU MLP per rank), which decodes the prompts greedily. transformers on the checkpoint is the oracle of
-both. Last, the FSDP actor exports itself as an HF directory (one full parameter at a time to rank 0) that
-transformers loads and whose logits equal the checkpoint's (item 6)."""
+One 2-rank gloo job per training engine, fp32:
+  fsdp      the FSDP2 actor sharded over both ranks (uneven shards of 640-wide rows, the tied 262144-row embedding)
+  megatron  Megatron at PP 2 (9 layers a stage; TP 2 would split the one KV head: refused), the embedding on the
+            first stage and tied to the output layer on the last
+computes the actor's log-probs and entropy of a left-padded batch (prompt + transformers' greedy answer, one answer
+cut short: right padding); the HybridEngine then reshards the training layout into a native engine at rollout TP 2
+(2 query heads per rank over the one KV head, replicated; half the padded vocabulary and of the GeGLU MLP per rank),
+which decodes the prompts greedily. transformers on the checkpoint is the oracle of both. Last, the actor exports
+itself as an HF directory that transformers loads and whose logits equal the checkpoint's."""
 
 import os
 import shutil
@@ -37,26 +39,35 @@ def _tolerance(scale: float) -> float:
             + forward_tolerance(torch.float32, width=262144, depth=1, scale=scale))
 
 
-def _job(model_dir, batch, prompts, export_dir):
+def _job(model_dir, batch, prompts, export_dir, strategy):
     import torch.distributed as dist
 
-    from verl.engine.fsdp.engine import FSDPEngine
-    from verl.engine.fsdp.parallel import fsdp_mesh
-    from verl.engine.megatron.engine import OptimConfig
+    from verl.engine.megatron.engine import MegatronEngine, OptimConfig
     from verl.engine.roles import Actor
     from verl.engine.rollout.base import SamplingParams
     from verl.engine.rollout.native.engine import NativeRollout
     from verl.hybrid_engine.groups import derive_groups
     from verl.hybrid_engine.hybrid_engine import HybridEngine, rollout_tp_process_group
-    from verl.hybrid_engine.layouts import FSDPLayout
+    from verl.hybrid_engine.layouts import FSDPLayout, TrainingLayout
     from verl.models.config import ModelConfig
 
     rank, world = dist.get_rank(), dist.get_world_size()
     config = ModelConfig.from_pretrained(model_dir)
-    engine = FSDPEngine(config, model_dir, fsdp_mesh(-1), "lm", OptimConfig(lr=1e-6, weight_decay=0.0,
-                                                                            clip_grad=0.0))
+    optim = OptimConfig(lr=1e-6, weight_decay=0.0, clip_grad=0.0)
+    if strategy == "fsdp":
+        from verl.engine.fsdp.engine import FSDPEngine
+        from verl.engine.fsdp.parallel import fsdp_mesh
+
+        engine = FSDPEngine(config, model_dir, fsdp_mesh(-1), "lm", optim)
+        training = FSDPLayout(shard=world)
+    else:
+        from verl.engine.megatron.parallel import initialize_megatron
+
+        initialize_megatron(1, world, seed=1)
+        engine = MegatronEngine(config, "lm", optim)
+        engine.load_hf_weights(model_dir)
+        training = TrainingLayout(1, world)
     actor = Actor(engine, micro_batch_size=len(batch["input_ids"])).compute_log_prob(batch)
-    training = FSDPLayout(shard=world)
     groups = derive_groups(training, 2)
     _, _, tp_group = rollout_tp_process_group(groups, rank)
     rollout = NativeRollout(config, tp_group=tp_group, dtype=torch.float32, pad_token_id=PAD)
@@ -71,8 +82,8 @@ def _job(model_dir, batch, prompts, export_dir):
             "rollout_log_probs": out["rollout_log_probs"], "response_mask": out["response_mask"]}
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
+@pytest.fixture(scope="module", params=["fsdp", "megatron"])
+def report(tmp_path_factory, request):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = gemma3_dir()
@@ -96,7 +107,7 @@ def report(tmp_path_factory):
         hf_logits = hf(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        logits_to_keep=NEW_TOKENS + 1).logits[:, :-1].float()
     export_dir = str(tmp_path_factory.mktemp("gemma3_export") / "hf")
-    results = run_ranks(_job, 2, model_dir, batch, prompts, export_dir, timeout_s=300)
+    results = run_ranks(_job, 2, model_dir, batch, prompts, export_dir, request.param, timeout_s=300)
     exported = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         results[0]["exported_logits"] = exported(input_ids=input_ids, attention_mask=attention_mask,
@@ -122,7 +133,7 @@ def test_transformers_greedy_answer_is_the_measured_one(report):
     assert hf_logits[0].argmax(-1).tolist() == batch["responses"][0].tolist()
 
 
-def test_fsdp_actor_log_probs_and_entropy_equal_transformers(report):
+def test_actor_log_probs_and_entropy_equal_transformers(report):
     _, batch, hf_logits, _, results = report
     log_p = torch.log_softmax(hf_logits, dim=-1)
     want = log_p.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
@@ -143,7 +154,7 @@ def test_reshard_into_native_tp2_then_greedy_equals_transformers(report):
     for rank, result in enumerate(results):
         assert result["responses"][0].tolist() == batch["responses"][0].tolist(), rank  # ' the capital of the ...'
 
-        assert result["received"] > 0, f"rank {rank}: nothing moved between the FSDP shards and the rollout"
+        assert result["received"] > 0, f"rank {rank}: nothing moved between the training shards and the rollout"
         for prompt, response, reported in zip(prompts, result["responses"].tolist(), result["rollout_log_probs"],
                                               strict=True):
             logits = greedy[tuple(prompt), tuple(response)]
@@ -156,9 +167,9 @@ def test_reshard_into_native_tp2_then_greedy_equals_transformers(report):
                 assert abs(float(log_p[t, token]) - float(reported[t])) <= tol, (rank, t)
 
 
-def test_fsdp_export_is_a_directory_transformers_loads_with_equal_logits(report):
-    """The weights went through FSDP's shards and back unchanged (fp32, no arithmetic): the same logits, bit for
-    bit, as the checkpoint's under the same transformers forward."""
+def test_export_is_a_directory_transformers_loads_with_equal_logits(report):
+    """The weights went through the engine's shards and back unchanged (fp32, no arithmetic): the same logits, bit
+    for bit, as the checkpoint's under the same transformers forward."""
     _, _, hf_logits, _, results = report
     assert results[0]["exported_class"] == "Gemma3ForCausalLM"
     assert torch.equal(results[0]["exported_logits"], hf_logits)
