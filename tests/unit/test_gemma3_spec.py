@@ -112,25 +112,41 @@ def test_megatron_config_rules_take_it_and_refuse_an_moe_block_at_config_time():
 
 
 def test_verl_generate_megatron_answers_as_transformers(tmp_path):
-    """The real checkpoint through ``verl generate --engine megatron`` (one rank, Megatron's cache-free greedy):
-    transformers' greedy answer (tests/helpers/gemma3_model.py)."""
+    """The real checkpoint through ``verl generate --engine megatron --prompt`` (one rank, Megatron's cache-free
+    greedy): transformers' greedy answer (tests/helpers/gemma3_model.py). The plain-text prompt gets the tokenizer's
+    BOS, as ``tokenizer(text)`` gives it (without it this base model answers ' France. The The ...')."""
     import subprocess
     import sys
 
     from helpers.gemma3_model import ANSWER, PROMPT, gemma3_dir
-    from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gemma3_dir())
-    prompt = tokenizer(PROMPT).input_ids
-    want = tokenizer(ANSWER, add_special_tokens=False).input_ids[:3]
-    proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_generation", "--engine", "megatron", "--model",
-                           gemma3_dir(), "--input-ids", ",".join(map(str, prompt)), "--max-new-tokens", "3",
-                           "--temperature", "0", "--json", str(tmp_path / "out.json")],
+    proc = subprocess.run([sys.executable, "-m", "verl.cli", "generate", "--engine", "megatron", "--model",
+                           gemma3_dir(), "--prompt", PROMPT, "--max-new-tokens", "8", "--temperature", "0"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(tmp_path / "out.json") as f:
-        out = json.load(f)
-    assert out["output_ids"] == [want], (out, want)  # ' the capital of'
+    assert proc.stdout.strip().splitlines()[-1] == ANSWER.strip()
+
+
+def test_a_plain_prompt_gets_the_tokenizers_bos_and_a_templated_one_only_the_templates(tmp_path):
+    from helpers.gemma3_model import gemma3_dir
+    from helpers.real_model import smollm2_dir
+    from transformers import AutoTokenizer
+
+    from verl.utils.dataset.arithmetic import write_parquet
+    from verl.utils.dataset.rl_dataset import RLHFDataset, encode_prompt, is_templated
+
+    gemma = AutoTokenizer.from_pretrained(gemma3_dir())
+    messages = [{"role": "user", "content": "The capital of France is"}]
+    assert not is_templated(messages, gemma)
+    write_parquet([{"prompt": messages, "data_source": "x", "reward_model": {"ground_truth": "Paris"}}],
+                  str(tmp_path / "p.parquet"))
+    row = RLHFDataset(str(tmp_path / "p.parquet"), gemma, {"max_prompt_length": 16})[0]
+    ids = row["input_ids"][row["attention_mask"].bool()].tolist()
+    assert ids == gemma("The capital of France is").input_ids and ids[0] == gemma.bos_token_id
+    smol = AutoTokenizer.from_pretrained(smollm2_dir())
+    assert is_templated(messages, smol) and not is_templated("text", smol)
+    rendered = smol.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert encode_prompt(rendered, smol, templated=True) == smol(rendered, add_special_tokens=False).input_ids
 
 
 def test_vllm_refuses_it_naming_the_fields():

@@ -34,13 +34,14 @@ def _without(argv: Sequence[str], options: Sequence[str], flags: Sequence[str]) 
 def prompt_ids(model: str, texts: Sequence[str], chat: bool) -> tuple[list[list[int]], object]:
     """The token ids of each text (``chat``: as a user message through the chat template) and the tokenizer."""
     from verl.trainer.generation_job import load_tokenizer, render
+    from verl.utils.dataset.rl_dataset import encode_prompt
 
     tokenizer = load_tokenizer(model, "--model")
     out = []
     for i, text in enumerate(texts):
         where = f"--prompt #{i}"
         prompt = render([{"role": "user", "content": text}] if chat else text, tokenizer, where)
-        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        ids = encode_prompt(prompt, tokenizer, templated=chat)
         if not ids:
             raise InputError(f"{where}: expected a prompt of at least one token, found an empty one")
         out.append(ids)

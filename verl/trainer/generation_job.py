@@ -219,13 +219,15 @@ def prepare(cfg: dict[str, Any]):
     if engine.check_model is not None:
         engine.check_model(config, tp)
     HFCheckpoint(model["path"])
+    from verl.utils.dataset.rl_dataset import encode_prompt
+
     tokenizer = load_tokenizer(model["path"])
     table, raw = _prompt_column(data["path"], data["prompt_key"])
     prompts = []
     for i, prompt in enumerate(raw):
         where = f"data.path: row {i} of {data['prompt_key']!r}"
-        ids = tokenizer(render(prompt, tokenizer, where, data["apply_chat_template_kwargs"]),
-                        add_special_tokens=False)["input_ids"]
+        ids = encode_prompt(render(prompt, tokenizer, where, data["apply_chat_template_kwargs"]), tokenizer,
+                            templated=not isinstance(prompt, str))
         if not ids:
             raise InputError(f"{where}: expected a prompt of at least one token, found an empty one")
         if len(ids) > rollout["prompt_length"]:

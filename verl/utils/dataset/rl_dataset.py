@@ -81,6 +81,18 @@ def render_prompt(messages, tokenizer) -> str:
     return "".join(message["content"] for message in messages)
 
 
+def encode_prompt(text: str, tokenizer, templated: bool) -> list[int]:
+    """Token ids of a prompt as the model reads it. A chat template writes the special tokens it wants (a BOS among
+    them), so none are added to ``templated`` text; plain text gets the tokenizer's own, as ``tokenizer(text)`` and
+    transformers' pipelines give it: a base model's BOS (Gemma's; SmolLM2's and Qwen's tokenizers add none)."""
+    return list(tokenizer(text, add_special_tokens=not templated)["input_ids"])
+
+
+def is_templated(messages, tokenizer) -> bool:
+    """Whether :func:`render_prompt` renders ``messages`` through the tokenizer's chat template."""
+    return not isinstance(messages, str) and bool(getattr(tokenizer, "chat_template", None))
+
+
 class RLHFDataset(Dataset):
     """Prompts from one or more parquet files, tokenised and left-padded to ``max_prompt_length``.
 
@@ -199,7 +211,7 @@ class RLHFDataset(Dataset):
         return render_prompt(row[self.prompt_key], self.tokenizer)
 
     def _prompt_ids(self, row: dict) -> list[int]:
-        return list(self.tokenizer(self.prompt_text(row), add_special_tokens=False)["input_ids"])
+        return encode_prompt(self.prompt_text(row), self.tokenizer, is_templated(row[self.prompt_key], self.tokenizer))
 
     def __len__(self) -> int:
         return len(self.rows)
