@@ -311,3 +311,11 @@ def test_pool_adapter_only_sync_equals_the_merged_oracle(rollout_tp, replicas):
         assert "adapters about to be sent are the last sync's" in error, error
     for train_rank in ranks[:2]:
         assert train_rank[0] == train_rank[1] > 0 and "verl #7495" in train_rank[2], train_rank
+
+
+def test_megatron_tp2_adapter_only_sync_on_gemma3s_block(tmp_path):
+    """The same on Gemma 3's block (issue 58 item 3; tests/helpers/megatron_tiny_models.py BLOCK_CONFIGS): its
+    adapters sit in the attention and MLP modules that also own the sandwich norms."""
+    base = save_hf(hf_model("gemma3_sliding_softcap"), str(tmp_path / "base"), sharded=False)
+    results = run_ranks(_megatron_job, 2, base, timeout_s=240)
+    _check(results, 2)
