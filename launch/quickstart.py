@@ -414,6 +414,18 @@ def _checkpointed_step(out: str) -> int:
         return int(fh.read().strip())
 
 
+def has_chat_template(model_dir: str) -> bool:
+    """Whether the checkpoint's tokenizer has a chat template (tokenizer_config.json's ``chat_template`` or a
+    chat_template.jinja file). A base model without one gets word problems as few-shot plain text."""
+    if os.path.isfile(os.path.join(model_dir, "chat_template.jinja")):
+        return True
+    try:
+        with open(os.path.join(model_dir, "tokenizer_config.json"), encoding="utf-8") as f:
+            return bool(json.load(f).get("chat_template"))
+    except (OSError, ValueError):
+        return False
+
+
 def default_out(rl_config: str) -> str:
     """Each RL config gets its own output directory, so running another config keeps the first one's results."""
     if os.path.normpath(rl_config) == os.path.normpath(DEFAULT_RL_CONFIG):
@@ -574,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
         # ---------------------------------------------------------------- data
         data_cmd = [py, "-m", "verl.cli", "data", task, "--out", data_dir,
                     "--num-train", str(args.num_train or num_train), "--num-test", str(args.num_test or num_test),
-                    "--num-test-ood", str(min(num_ood, args.num_test or num_test)), *data_seed]
+                    "--num-test-ood", str(min(num_ood, args.num_test or num_test)), *data_seed,
+                    *(["--prompt-format", "fewshot"] if pretrained and not has_chat_template(pretrained) else [])]
         upstream_ran = False
         if completed(out, "data", data_cmd):
             console.say(f"[data] done earlier: {data_dir}")

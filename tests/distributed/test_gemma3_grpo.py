@@ -22,7 +22,8 @@ def test_two_truncated_grpo_steps_on_gemma3(tmp_path):
     data = tmp_path / "data"
     from verl.utils.dataset.word_problems import main as word_problems  # `verl data word-problems`, in process
 
-    assert word_problems(["--out", str(data), "--num-train", "16", "--num-test", "4", "--num-test-ood", "0"]) == 0
+    assert word_problems(["--out", str(data), "--num-train", "16", "--num-test", "4", "--num-test-ood", "0",
+                          "--prompt-format", "fewshot"]) == 0  # the quickstart's choice for a base model
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "verl.cli", "train", "--config", "configs/grpo_gemma3_word_problems.yaml",
            f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",

@@ -116,6 +116,38 @@ def test_rows_are_verl_chat_rows_with_a_gsm8k_style_solution():
     assert row["extra_info"]["answer"].endswith("#### 7")
 
 
+def test_fewshot_rows_are_plain_text_with_two_worked_training_problems(tmp_path):
+    """A base model's format (--prompt-format fewshot): every split's prompt is the same two training problems, worked
+    and answered as the scorer reads them, then the problem and "Answer:"; the held-out sets stay held out."""
+    assert verl_main(["data", "word-problems", "--out", str(tmp_path), "--num-train", "30", "--num-test", "8",
+                      "--num-test-ood", "4", "--prompt-format", "fewshot"]) == 0
+    rows = {split: pq.read_table(tmp_path / f"{split}.parquet").to_pylist() for split in ("train", "test", "test_ood")}
+    shots = rows["train"][0]["prompt"].split("\n\n")[:2]
+    assert len(shots) == 2
+    for shot, train_row in zip(shots, rows["train"][:2], strict=True):
+        question, answer = train_row["extra_info"]["question"], train_row["reward_model"]["ground_truth"]
+        assert shot.startswith(f"Question: {question}\nAnswer: ") and shot.endswith(f" The answer is {answer}.")
+        assert extract_answer(shot) == answer
+    for split, found in rows.items():
+        for row in found:
+            assert isinstance(row["prompt"], str), split
+            assert row["prompt"] == "\n\n".join(shots) + f"\n\nQuestion: {row['extra_info']['question']}\nAnswer:"
+    held_out = {_computation(r["extra_info"]["question"]) for r in rows["test"]}
+    assert not held_out & {_computation(r["extra_info"]["question"]) for r in rows["train"]}
+    with pytest.raises(SystemExit):
+        verl_main(["data", "word-problems", "--out", str(tmp_path / "x"), "--prompt-format", "few"])
+
+
+def test_the_quickstart_gives_a_checkpoint_without_a_chat_template_the_fewshot_format(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}"}')
+    assert quickstart.has_chat_template(str(tmp_path))
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    assert not quickstart.has_chat_template(str(tmp_path))
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
+    assert quickstart.has_chat_template(str(tmp_path))
+    assert not quickstart.has_chat_template(str(tmp_path / "missing"))
+
+
 def test_verl_data_word_problems_writes_both_splits_and_the_out_of_form_set(tmp_path, capsys):
     assert verl_main(["data", "word-problems", "--out", str(tmp_path), "--num-train", "20", "--num-test", "8",
                       "--num-test-ood", "5"]) == 0

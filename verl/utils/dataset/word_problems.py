@@ -8,6 +8,12 @@ own chat template renders it) asking for the answer as ``The answer is N.``; ``r
 ``extra_info.answer`` is a GSM8K-style worked solution ending in ``#### N``. The scorer is
 :mod:`verl.utils.reward_score.word_problems` (data source ``word_problems``).
 
+``--prompt-format fewshot`` writes each prompt as plain text for a base model (no chat template): two worked
+training problems as ``Question: ... / Answer: ... The answer is N.``, then the problem and ``Answer:``. A base model
+continues a document: asked in one user turn it writes more questions, never ``The answer is N.`` (Gemma 3 270M, 4
+samples), while after two shots it answers in that form, often wrongly (``11 - 5 = 8. The answer is 8.``): a signal
+RL can use. The 48-token responses of the config end before a second ``The answer is`` would fit.
+
 Sized for a small pretrained chat model: SmolLM2-135M-Instruct answers ~10% of the 64 held-out problems of
 seed 0 right greedily (measured on the split before it was drawn by computation; one- and two-step problems,
 small operands, answers below 100; most misses answer before working it out or stop after one step), so RL has
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -208,13 +215,26 @@ def generate_problems(num_train: int, num_test: int, seed: int = 0, num_test_ood
     return (train, test, ood) if num_test_ood else (train, test)
 
 
-def make_row(problem: tuple[str, str, int], split: str, index: int, out_of_form: bool = False) -> dict:
-    """One verl-format row: data_source, prompt (chat messages), ability, reward_model, extra_info.
+PROMPT_FORMATS = ("chat", "fewshot")
+
+
+def fewshot_prompt(question: str, shots: Sequence[tuple[str, str, int]]) -> str:
+    """A base model's prompt: the worked ``shots`` as Question/Answer pairs, then ``question`` and ``Answer:``."""
+    worked = "".join(f"Question: {q}\nAnswer: {solution} The answer is {a}.\n\n" for q, solution, a in shots)
+    return f"{worked}Question: {question}\nAnswer:"
+
+
+def make_row(problem: tuple[str, str, int], split: str, index: int, out_of_form: bool = False,
+             shots: Sequence[tuple[str, str, int]] = ()) -> dict:
+    """One verl-format row: data_source, prompt, ability, reward_model, extra_info. The prompt is one user turn
+    (chat messages) asking for ``The answer is N.``, or with ``shots`` the plain text of :func:`fewshot_prompt`.
     ``out_of_form``: ``extra_info.out_of_form`` is set, and validation reports the row apart
     (``val/accuracy_out_of_form``)."""
     question, solution, answer = problem
-    return rl_row(DATA_SOURCE, [{"role": "user", "content": f"{question} {INSTRUCTION}"}], answer, split, index,
-                  out_of_form, question=question, answer=f"{solution}\n#### {answer}")
+    prompt = (fewshot_prompt(question, shots) if shots
+              else [{"role": "user", "content": f"{question} {INSTRUCTION}"}])
+    return rl_row(DATA_SOURCE, prompt, answer, split, index, out_of_form, question=question,
+                  answer=f"{solution}\n#### {answer}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -226,10 +246,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-test-ood", type=int, default=64,
                         help="out-of-form held-out problems written to test_ood.parquet (0: none)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="chat",
+                        help="chat: one user turn for the model's chat template; fewshot: plain text with two worked "
+                             "training problems, for a base model without one")
     args = parser.parse_args(argv)
     train, test, *rest = generate_problems(args.num_train, args.num_test, args.seed, args.num_test_ood)
     ood = rest[0] if rest else []
     check_out_dir(args.out)
-    write_rl_splits(args.out, make_row, train, test, ood)
+    # The shots are the first two training problems: training data, so the held-out sets stay held out.
+    shots = tuple(train[:2]) if args.prompt_format == "fewshot" else ()
+    write_rl_splits(args.out, functools.partial(make_row, shots=shots), train, test, ood)
     print(f"word_problems: {len(train)} train / {len(test)} test / {len(ood)} out-of-form test problems -> {args.out}")
     return 0
