@@ -1,5 +1,5 @@
 """GRPO on Gemma 3 270M end to end (issue 58): `verl train` with configs/grpo_gemma3_word_problems.yaml as it is
-(FSDP2 actor over 2 ranks, native rollout TP 1, the 3D-HybridEngine between them), truncated to two steps of a tiny
+(Megatron actor at DP 2, native rollout TP 1, the 3D-HybridEngine between them), truncated to two steps of a tiny
 batch and 6 new tokens. Checks that both steps train (an optimizer step with a finite loss and gradient on rollouts
 the word-problem scorer scored) and that the rollout's log-probs are the actor's: the on-policy shortcut's
 weight-sync check (actor's forward vs the rollout's sampling log-probs) stays within fp32 noise after the step's
