@@ -112,3 +112,21 @@ def test_cli_with_a_missing_model_exits_2_with_one_line(arith_dir, tmp_path, cap
     assert main(["--model", str(tmp_path / "nope"), "--data", os.path.join(arith_dir, "test.parquet")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("verl eval: --model")
+
+
+def test_rollout_generate_gives_a_templateless_base_model_its_bos():
+    """Gemma 3's tokenizer has no chat template: its rendered prompts get its <bos>, as the RL dataset gives them."""
+    from helpers.gemma3_model import gemma3_dir
+    from transformers import AutoTokenizer
+
+    gemma = AutoTokenizer.from_pretrained(gemma3_dir())
+
+    class Recording:
+        def generate(self, input_ids, attention_mask, params, pad_token_id=None):
+            self.ids = input_ids[attention_mask.bool()].tolist()
+            return {"responses": torch.tensor([[gemma.eos_token_id]]),
+                    "response_mask": torch.ones(1, 1, dtype=torch.int64)}
+
+    rollout = Recording()
+    rollout_generate(rollout, gemma, max_new_tokens=1)(["The capital of France is"])
+    assert rollout.ids == gemma("The capital of France is").input_ids and rollout.ids[0] == gemma.bos_token_id

@@ -92,15 +92,19 @@ def greedy_accuracy(prompts: Sequence[str], ground_truths: Sequence[Any], genera
 
 def rollout_generate(rollout: Any, tokenizer: Any, max_new_tokens: int) -> GenerateFn:
     """A greedy ``generate`` over a rollout engine (``BaseRollout.generate``): left-pads the
-    tokenised prompts, stops at the tokenizer's eos, decodes responses without special tokens."""
+    tokenised prompts, stops at the tokenizer's eos, decodes responses without special tokens. The prompts are
+    rendered text: a template's own special tokens when the tokenizer has one, else the tokenizer's (a base model's
+    BOS), as the RL dataset tokenises them."""
     from verl.engine.rollout.base import SamplingParams
+    from verl.utils.dataset.rl_dataset import encode_prompt
 
     params = SamplingParams(do_sample=False, response_length=max_new_tokens,
                             eos_token_id=() if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     def generate(prompts: list[str]) -> list[str]:
-        ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        templated = bool(getattr(tokenizer, "chat_template", None))
+        ids = [encode_prompt(p, tokenizer, templated) for p in prompts]
         width = max(len(row) for row in ids)
         input_ids = torch.tensor([[pad] * (width - len(row)) + row for row in ids], dtype=torch.int64)
         attention_mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in ids], dtype=torch.int64)
