@@ -101,9 +101,9 @@ def rollout_generate(rollout: Any, tokenizer: Any, max_new_tokens: int) -> Gener
     params = SamplingParams(do_sample=False, response_length=max_new_tokens,
                             eos_token_id=() if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    templated = bool(getattr(tokenizer, "chat_template", None))  # the rendered prompts carry the template's tokens
 
     def generate(prompts: list[str]) -> list[str]:
-        templated = bool(getattr(tokenizer, "chat_template", None))
         ids = [encode_prompt(p, tokenizer, templated) for p in prompts]
         width = max(len(row) for row in ids)
         input_ids = torch.tensor([[pad] * (width - len(row)) + row for row in ids], dtype=torch.int64)
