@@ -374,17 +374,12 @@ class DataProto:
     @classmethod
     def from_single_dict(cls, data: dict[str, Any], meta_info: dict | None = None, auto_padding: bool = False):
         """Split one dict into tensors (torch.Tensor values) and non-tensors (numpy arrays)."""
-        tensors, non_tensors = {}, {}
-        for key, value in data.items():
-            if isinstance(value, torch.Tensor):
-                tensors[key] = value
-            elif isinstance(value, np.ndarray):
-                non_tensors[key] = value
-            else:
-                raise DataProtoError(
-                    f"from_single_dict: field '{key}': expected a torch.Tensor or numpy array, "
-                    f"found {type(value).__name__}"
-                )
+        wrong = [key for key, value in data.items() if not isinstance(value, torch.Tensor | np.ndarray)]
+        if wrong:
+            raise DataProtoError(f"from_single_dict: field '{wrong[0]}': expected a torch.Tensor or numpy array, "
+                                 f"found {type(data[wrong[0]]).__name__}")
+        tensors = {key: value for key, value in data.items() if isinstance(value, torch.Tensor)}
+        non_tensors = {key: value for key, value in data.items() if isinstance(value, np.ndarray)}
         return cls.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta_info, auto_padding=auto_padding)
 
     @classmethod

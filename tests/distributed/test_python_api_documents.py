@@ -291,7 +291,7 @@ def test_002_ppo_trainer_by_hand_from_the_tiny_grpo_config_with_a_smaller_batch_
     out = run_script(tmp_path, script, strict=True)
     res = result(out)
     assert res["step"] == 2 and len(res["losses"]) == 2 and res["rows"] == 8 * 8
-    assert res["version"] == verl_version() and res["rl_trainer"] == "verl.api.pipeline"
+    assert res["version"] == verl_version() and res["rl_trainer"] == "verl.trainer.api.pipeline"
     assert isinstance(res["env"], int) and "torch" in out
     local = out[out.index("RESULT "):]
     for phase in ("gen", "ref", "values", "adv", "update_actor"):

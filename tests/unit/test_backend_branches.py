@@ -118,7 +118,10 @@ def test_the_engines_supply_the_reshard_sources():
     from verl.engine.fsdp.engine import FSDPEngine
     from verl.engine.megatron.engine import MegatronEngine
 
-    needed = {"training_layout", "bind_reshard", "reshard_sources"}
+    # Each backend says how it reads its weights (reshard_readers); the base turns that into reshard_sources (dense
+    # or LoRA-merged) and lora_sync_source for every engine alike.
+    needed = {"training_layout", "bind_reshard", "reshard_readers"}
     assert needed <= TrainingEngine.__abstractmethods__
+    assert callable(TrainingEngine.reshard_sources) and callable(TrainingEngine.lora_sync_source)
     for cls in (FSDPEngine, MegatronEngine):
         assert not needed & cls.__abstractmethods__, cls

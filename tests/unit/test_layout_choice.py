@@ -79,7 +79,7 @@ def test_large_models_train_with_megatron_at_the_smallest_layout_that_fits(monke
 
 
 def test_the_api_applies_a_choice_only_when_no_layout_is_named(capsys):
-    from verl.api.dataflow import TrainerConfig, auto_layout
+    from verl.trainer.api.dataflow import TrainerConfig, auto_layout
 
     tree = TrainerConfig(model=HALF_B, tokenizer="tok").verl_config(2)
     choice = auto_layout(tree, [], 2, device_memory_gib=80)

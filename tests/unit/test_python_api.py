@@ -103,7 +103,7 @@ class _CharTokenizer:
 
 def test_the_reward_lands_on_each_responses_last_token_and_debug_prints_values(capsys):
     from verl import DataFlow, DataProto
-    from verl.api.dataflow import DataFlowReward
+    from verl.trainer.api.dataflow import DataFlowReward
 
     class Length(torch.nn.Module):
         def forward(self, input_ids):

@@ -21,8 +21,8 @@ def chat_dir(tmp_path_factory):
 
 def test_the_reward_is_the_output_no_later_node_reads():
     from verl import DataFlow
-    from verl.api.dataflow import DataFlowReward
     from verl.protocol import DataProto
+    from verl.trainer.api.dataflow import DataFlowReward
 
     flow = DataFlow().add_node("reward", lambda responses: [1.0 if len(r) > 2 else 0.5 for r in responses],
                                input_keys=["responses"], output_keys=["scores"])
@@ -101,8 +101,8 @@ def _prompts(chat_dir, texts):
 
 def test_a_user_rollout_function_becomes_the_rollout_fields(chat_dir, capsys):
     from verl import DataFlow, register
-    from verl.api.dataflow import DataFlowReward
-    from verl.api.user_rollout import UserRolloutGroup
+    from verl.trainer.api.dataflow import DataFlowReward
+    from verl.trainer.api.user_rollout import UserRolloutGroup
 
     seen = []
 

@@ -3,11 +3,26 @@ median wall time of ``repeats`` whole calls (prefill included), every sequence g
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from typing import Any
 
 import torch
+
+from verl.utils.torch_dtypes import DTYPES
+
+
+def add_workload_args(parser: argparse.ArgumentParser, repeats: int) -> None:
+    """The rollout workload every rollout bench takes: batch, prompt and new-token lengths, dtype, sampling, timed
+    repeats, seed."""
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--seed", type=int, default=0)
 
 
 def time_generate(rollout: Any, ids: torch.Tensor, params: Any, repeats: int, engine_start_s: float) -> dict:

@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from verl.bench.generate_timing import add_workload_args
 from verl.errors import refuse
 from verl.utils.device import is_cuda_available
 from verl.utils.torch_dtypes import DTYPES
@@ -158,14 +159,8 @@ OWN_ENV_BENCHES = {"sglang": bench_sglang, "vllm": bench_vllm}
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="verl bench rollout", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="HF config.json (random weights) or HF checkpoint dir")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--repeats", type=int, default=5)
+    add_workload_args(parser, repeats=5)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for the native engine")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-sglang", action="store_true")
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

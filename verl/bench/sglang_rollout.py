@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from verl.bench.generate_timing import time_generate
+from verl.bench.generate_timing import add_workload_args, time_generate
 from verl.engine.rollout.sglang_rollout import kv_pool_tokens
 from verl.errors import InputError, refuse
 from verl.utils.engine_env import REPO, sglang_importable, sglang_python
@@ -110,14 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description="SGLang rollout tokens/s (see module doc)")
     parser.add_argument("--model", help="HF checkpoint dir; default: random tiny Qwen2 (hidden 64, 2 layers, "
                                         "4 heads / 2 KV heads, vocab 320)")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=128)
+    add_workload_args(parser, repeats=3)
     parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--request", help=argparse.SUPPRESS)  # subprocess entry of bench_sglang
     parser.add_argument("--json", metavar="PATH", help="write the result to this JSON file")
     args = parser.parse_args(argv)

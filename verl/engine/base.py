@@ -109,6 +109,17 @@ class BoundBuffer(NamedTuple):
     offsets: dict[str, int]
 
 
+class ReshardReaders(NamedTuple):
+    """How a backend reads its weights by name for the reshard (imported when the reshard first asks):
+    ``dense(module, dtype, device)`` and, with LoRA, ``merged(module, dtype, device)`` (adapters merged in), each
+    ``{name: local shard, 1-D}``; ``lora_sync(module, model_config, settings, training)``: the adapter-only sync's
+    :class:`~verl.hybrid_engine.lora_sync.LoRASyncSource`."""
+
+    dense: Callable[..., dict[str, torch.Tensor]]
+    merged: Callable[..., dict[str, torch.Tensor]]
+    lora_sync: Callable[..., Any]
+
+
 class TrainingEngine(abc.ABC):
     """One model (+ optimizer and LR schedule when built with an OptimConfig) on this rank's part of the
     job. ``config``: its ModelConfig; ``head``: lm | value | score; ``optimizer`` / ``scheduler``: None on a
@@ -121,6 +132,8 @@ class TrainingEngine(abc.ABC):
     # What the role's config asks to leave device memory while the engine is idle (verl's ``*_offload`` keys;
     # set by ``from_spec``): keyword arguments of :meth:`offload`.
     idle_offload: Mapping[str, bool] = {"params": False, "grads": False, "optimizer": False}
+    # The engine's LoRA settings (:class:`verl.engine.lora.LoRASettings`) when it trains adapters.
+    lora: Any = None
 
     @classmethod
     @abc.abstractmethod
@@ -189,18 +202,25 @@ class TrainingEngine(abc.ABC):
         transition (:meth:`reshard_sources`). Called once by the hybrid engine and by the rollout pool's link."""
 
     @abc.abstractmethod
+    def reshard_readers(self) -> ReshardReaders:
+        """This backend's readers of its weights by name (:meth:`reshard_sources`, :meth:`lora_sync_source`)."""
+
     def reshard_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
         """``{parameter name: this rank's local shard, 1-D}`` in the rollout's ``dtype`` on ``device``: views of
-        the training weights where they already match, copies (dropped after the transition) otherwise. Read
-        anew at every transition when :meth:`bind_reshard` returned None."""
+        the training weights where they already match, copies (dropped after the transition) otherwise; with
+        LoRA, the dense weights with the adapters merged in. Read anew at every transition when
+        :meth:`bind_reshard` returned None."""
+        readers = self.reshard_readers()
+        return (readers.dense if self.lora is None else readers.merged)(self.module, dtype, device)
 
     def lora_sync_source(self, model_config: ModelConfig, training: AnyTrainingLayout) -> Any:
-        """The adapter-only sync's source (verl's ``lora.merge=false``, :mod:`verl.hybrid_engine.lora_sync`): an
-        object with ``spec`` and ``training`` (the adapters as an :class:`AdapterTrainingLayout`),
-        ``base_sources(dtype, device)`` (the frozen base by name, sent once), ``adapter_sources(device)`` and
-        ``fingerprint()``. None (the default: no LoRA, or ``merge=true``): the rollout takes the dense weights of
+        """The adapter-only sync's source (verl's ``lora.merge=false``): a
+        :class:`~verl.hybrid_engine.lora_sync.LoRASyncSource` (the adapters' layout, the frozen base by name, the
+        live adapters). None (the default: no LoRA, or ``merge=true``): the rollout takes the dense weights of
         :meth:`reshard_sources`, adapters merged in."""
-        return None
+        if self.lora is None or self.lora.merge:
+            return None
+        return self.reshard_readers().lora_sync(self.module, model_config, self.lora, training)
 
     # ------------------------------------------------------------------ weights on disk
     @abc.abstractmethod

@@ -145,29 +145,12 @@ class AdapterTrainingLayout:
     flat_shards: bool = False
 
     # -- what the groups and the planner ask of a training layout: the base's answers
-    @property
-    def tp(self) -> int:
-        return self.base.tp
-
-    @property
-    def pp(self) -> int:
-        return self.base.pp
-
-    @property
-    def dp(self) -> int:
-        return self.base.dp
-
-    @property
-    def ep(self) -> int:
-        return self.base.ep
-
-    @property
-    def expert_tp(self) -> int:
-        return getattr(self.base, "expert_tp", self.base.tp)
-
-    @property
-    def etp(self):
-        return getattr(self.base, "etp", None)
+    tp = property(lambda self: self.base.tp)
+    pp = property(lambda self: self.base.pp)
+    dp = property(lambda self: self.base.dp)
+    ep = property(lambda self: self.base.ep)
+    expert_tp = property(lambda self: getattr(self.base, "expert_tp", self.base.tp))
+    etp = property(lambda self: getattr(self.base, "etp", None))
 
     @property
     def world_size(self) -> int:
@@ -507,6 +490,31 @@ class SyncGuard:
             raise LoRASyncError(f"LoRA sync: {self.where}: the trainer's adapter changed since the last sync, but "
                                 "the sync delivered nothing new (the rollout serves the old adapter; verl #7495)")
         self.applied = applied
+
+
+class LoRASyncSource:
+    """What a training engine hands the adapter-only sync (``TrainingEngine.lora_sync_source``): ``spec`` and
+    ``training`` (the adapters as an :class:`AdapterTrainingLayout`), the frozen base by name (``base_sources``,
+    sent once) and this rank's live adapter tensors (``adapter_params``); the adapters as sent and their fingerprint
+    follow from those."""
+
+    spec: AdapterSpec
+    training: AdapterTrainingLayout
+
+    def base_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def adapter_params(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def adapter_sources(self, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """Every adapter tensor by name, float32 and 1-D on ``device`` (what the sync sends)."""
+        with torch.no_grad():
+            return {name: t.detach().to(device=device, dtype=torch.float32).contiguous().reshape(-1)
+                    for name, t in self.adapter_params().items()}
+
+    def fingerprint(self) -> int:
+        return live_fingerprint(self.adapter_params())
 
 
 def live_fingerprint(params: Mapping[str, torch.Tensor]) -> int:

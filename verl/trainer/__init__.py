@@ -1,17 +1,17 @@
-"""Trainers: the single-controller RL dataflow and its algorithms.
+"""Trainers: the single-controller RL dataflow and its algorithms, and (:mod:`verl.trainer.api`) the Python API's
+objects over them, which :mod:`verl.api` re-exports.
 
-The one import from this package up into :mod:`verl.api` is ``from verl.trainer import RLTrainer`` (the Python API's
-documented spelling, docs/python_api.md): it resolves on first use, so nothing under ``verl.trainer`` imports the API
-it serves."""
+``from verl.trainer import RLTrainer`` (the Python API's documented spelling, docs/python_api.md) resolves on first
+use, so ``import verl.trainer`` stays as light as before."""
 
 __all__ = ["RLTrainer"]
 
 
 def __getattr__(name: str):
     # ``from verl.trainer import RLTrainer`` (document 002): the Python API's trainer of a DataPipeline, imported
-    # when asked for (verl.api sits above the trainer, which never needs it).
+    # when asked for, since it pulls in the engines and the PPO trainer.
     if name == "RLTrainer":
-        from verl.api.pipeline import RLTrainer
+        from verl.trainer.api.pipeline import RLTrainer
 
         return RLTrainer
     raise AttributeError(f"module 'verl.trainer' has no attribute {name!r}")

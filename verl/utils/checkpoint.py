@@ -673,12 +673,10 @@ def checkpoint_problem(path: str) -> str | None:
         return f"expected a checkpoint directory, found nothing at {path}"
     if not os.path.isfile(manifest_file):
         return f"{manifest_file}: expected the manifest a save writes last, found none (the save did not finish)"
-    try:
-        with open(manifest_file, encoding="utf-8") as fh:
-            manifest = json.load(fh)
-        files, crcs = manifest["files"], manifest.get("crc32", {})  # no crc32: written before checksums
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        return f"{manifest_file}: expected the JSON file list, found an unreadable file ({type(err).__name__})"
+    manifest = _read_json(manifest_file, lambda m: m["files"].items())
+    if isinstance(manifest, str):
+        return f"{manifest_file}: expected the JSON file list, found {manifest}"
+    files, crcs = manifest["files"], manifest.get("crc32", {})  # no crc32: written before checksums
     for name, size in files.items():
         full = os.path.join(path, name)
         if not os.path.isfile(full):
@@ -689,13 +687,21 @@ def checkpoint_problem(path: str) -> str | None:
             return f"{full}: expected CRC32 {crcs[name]}, found {found} (corrupt)"
     if not os.path.isfile(state_file):
         return f"{state_file}: expected the trainer state, found it missing"
-    try:
-        with open(state_file, encoding="utf-8") as fh:
-            state = json.load(fh)
-        int(state["step"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        return f"{state_file}: expected JSON with the step, found an unreadable file ({type(err).__name__})"
+    state = _read_json(state_file, lambda m: int(m["step"]))
+    if isinstance(state, str):
+        return f"{state_file}: expected JSON with the step, found {state}"
     return None
+
+
+def _read_json(file: str, check: Callable[[dict], object]) -> dict | str:
+    """The JSON object in ``file`` when ``check`` can read what it needs from it, else what was found instead."""
+    try:
+        with open(file, encoding="utf-8") as fh:
+            value = json.load(fh)
+        check(value)
+        return value
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return f"an unreadable file ({type(err).__name__})"
 
 
 def _complete_checkpoints(root: str) -> list[str]:

@@ -19,16 +19,8 @@ from verl.engine.roles import Critic
 from verl.models.config import ModelConfig
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, MeshRank, Worker, register
+from verl.workers import role_utils
 from verl.workers.config import CriticConfig
-from verl.workers.role_utils import (
-    ACTOR_FIELDS,
-    batch_fields,
-    dp_mesh,
-    global_batch_info,
-    mean_metrics,
-    ppo_mini_batches,
-    token_budget,
-)
 
 
 def value_loss_fn(cfg: CriticConfig, counts: dict[str, int]) -> Callable:
@@ -56,10 +48,10 @@ class CriticWorker(Worker):
         self.strategy = self.config.strategy
         self.n = rollout_n
         model_config = ModelConfig.from_pretrained(self.config.model.path)
+        budget = role_utils.token_budget
         options = dict(micro_batch_size=self.config.ppo_micro_batch_size_per_gpu,
-                       max_token_len=token_budget(self.config, "use_dynamic_bsz", "ppo_max_token_len_per_gpu"),
-                       forward_max_token_len=token_budget(self.config, "use_dynamic_bsz",
-                                                          "forward_max_token_len_per_gpu"))
+                       max_token_len=budget(self.config, "use_dynamic_bsz", "ppo_max_token_len_per_gpu"),
+                       forward_max_token_len=budget(self.config, "use_dynamic_bsz", "forward_max_token_len_per_gpu"))
         # critic.model's use_remove_padding / enable_gradient_checkpointing (default: the actor's); on Megatron
         # the actor's layout (checked at config time: one parallel state per process).
         engine = build_engine(self.strategy, EngineSpec(
@@ -69,28 +61,30 @@ class CriticWorker(Worker):
         self.dp_size = engine.dp_size
 
     def dispatch_meshes(self) -> dict[str, MeshRank]:
-        return {"megatron": dp_mesh(self.critic.engine)}
+        return {"megatron": role_utils.dp_mesh(self.critic.engine)}
 
-    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO, reads=ACTOR_FIELDS)
+    @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO, reads=role_utils.ACTOR_FIELDS)
     def compute_values(self, data: DataProto) -> DataProto:
         """values [B, R]: V of the prefix before each response token."""
-        out = self.critic.compute_values(batch_fields(data, ACTOR_FIELDS))
+        out = self.critic.compute_values(role_utils.batch_fields(data, role_utils.ACTOR_FIELDS))
         return DataProto.from_dict({"values": out["values"]})
 
     @register(dispatch_mode=Dispatch.MEGATRON_COMPUTE_PROTO,
-              reads=ACTOR_FIELDS + ("response_mask", "values", "returns"))
+              reads=role_utils.ACTOR_FIELDS + ("response_mask", "values", "returns"))
     def update_critic(self, data: DataProto) -> DataProto:
         """PPO epochs over mini-batches of the value loss; meta_info["metrics"] averaged over steps."""
         cfg = self.config
-        fields = batch_fields(data, ACTOR_FIELDS + ("response_mask", "values", "returns"))
+        fields = role_utils.batch_fields(data, role_utils.ACTOR_FIELDS + ("response_mask", "values", "returns"))
         mini = cfg.ppo_mini_batch_size * self.n // self.dp_size
         steps = []
-        for batch in ppo_mini_batches(fields, mini, cfg.ppo_epochs, cfg.shuffle, int(data.meta_info.get("seed", 0))):
-            loss_fn = value_loss_fn(cfg, global_batch_info(batch["response_mask"], self.critic.engine.dp_group))
+        seed = int(data.meta_info.get("seed", 0))
+        for batch in role_utils.ppo_mini_batches(fields, mini, cfg.ppo_epochs, cfg.shuffle, seed):
+            counts = role_utils.global_batch_info(batch["response_mask"], self.critic.engine.dp_group)
+            loss_fn = value_loss_fn(cfg, counts)
             m = self.critic.update_critic(batch, loss_fn, global_loss=True, summed_metrics=("critic/vf_loss",))
             steps.append({k: v for k, v in m.items() if k.startswith("critic/")}
                          | {"critic/grad_norm": m["grad_norm"], "critic/lr": m["lr"]})
-        return DataProto(meta_info={"metrics": mean_metrics(steps)})
+        return DataProto(meta_info={"metrics": role_utils.mean_metrics(steps)})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

@@ -254,15 +254,9 @@ class Judge:
 
     # ------------------------------------------------------------------ prompts
     def _texts(self, fields: Mapping[str, torch.Tensor], response_length: int) -> list[tuple[str, str]]:
-        input_ids, mask = fields["input_ids"], fields["attention_mask"]
-        prompt_len = input_ids.shape[1] - response_length
-        out = []
-        for ids, m in zip(input_ids.tolist(), mask.tolist(), strict=True):
-            prompt = [t for t, v in zip(ids[:prompt_len], m[:prompt_len], strict=True) if v]
-            response = [t for t, v in zip(ids[prompt_len:], m[prompt_len:], strict=True) if v]
-            out.append((self.actor_tokenizer.decode(prompt, skip_special_tokens=True),
-                        self.actor_tokenizer.decode(response, skip_special_tokens=True)))
-        return out
+        from verl.workers.reward_model.retokenize import decode_rows
+
+        return decode_rows(self.actor_tokenizer, fields["input_ids"], fields["attention_mask"], response_length)
 
     def render(self, question: str, response: str, reference: Any) -> list[int]:
         """The judge's prompt tokens for one row (before truncation)."""

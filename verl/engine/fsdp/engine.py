@@ -229,23 +229,11 @@ class FSDPEngine(TrainingEngine):
             return FSDPReshardSource(BaseNamesView(self.module)).bind_reshard(model_config, training)
         return FSDPReshardSource(self.module).bind_reshard(model_config, training)
 
-    def lora_sync_source(self, model_config: ModelConfig, training: Any):
-        """The adapter-only sync's sources (``lora.merge=false``: :mod:`verl.hybrid_engine.lora_sync`); None
-        without LoRA or with ``merge=true`` (the merged dense weights of :meth:`reshard_sources`)."""
-        if self.lora is None or self.lora.merge:
-            return None
-        from verl.engine.fsdp.reshard import FSDPLoRASyncSource
+    def reshard_readers(self):
+        from verl.engine.base import ReshardReaders
+        from verl.engine.fsdp import lora, reshard
 
-        return FSDPLoRASyncSource(self.module, model_config, self.lora, training)
-
-    def reshard_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
-        if self.lora is not None:
-            from verl.engine.fsdp.lora import merged_reshard_sources
-
-            return merged_reshard_sources(self.module, dtype, device)
-        from verl.engine.fsdp.reshard import fsdp_reshard_sources
-
-        return fsdp_reshard_sources(self.module, dtype, device)
+        return ReshardReaders(reshard.fsdp_reshard_sources, lora.merged_reshard_sources, reshard.FSDPLoRASyncSource)
 
     # ------------------------------------------------------------------ weights on disk
     def save_checkpoint(self, path: str) -> None:

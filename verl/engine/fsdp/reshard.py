@@ -10,6 +10,7 @@ import torch
 from verl.engine.base import BoundBuffer
 from verl.engine.lora import hf_base_name, is_adapter_name
 from verl.hybrid_engine.layouts import FSDPLayout, LayoutError, hf_tensor_shapes, local_shape
+from verl.hybrid_engine.lora_sync import LoRASyncSource
 from verl.models.config import ModelConfig
 
 
@@ -102,7 +103,7 @@ class FSDPReshardSource:
         return None
 
 
-class FSDPLoRASyncSource:
+class FSDPLoRASyncSource(LoRASyncSource):
     """A PEFT-under-FSDP2 actor's sources for the adapter-only sync (``lora.merge=false``;
     :mod:`verl.hybrid_engine.lora_sync`): the frozen base's local shards by HF name (the first sync), the adapters'
     by PEFT name (every sync; ``A`` is split over r like every FSDP parameter), and a fingerprint of the live
@@ -128,15 +129,6 @@ class FSDPLoRASyncSource:
         return {name: (p.to_local() if isinstance(p, DTensor) else p) for name, p in self.module.named_parameters()
                 if is_adapter_name(name)}
 
-    def adapter_sources(self, device: torch.device | str) -> dict[str, torch.Tensor]:
-        with torch.no_grad():
-            return {name: t.detach().to(device=device, dtype=torch.float32).contiguous().reshape(-1)
-                    for name, t in self.adapter_params().items()}
-
-    def fingerprint(self) -> int:
-        from verl.hybrid_engine.lora_sync import live_fingerprint
-
-        return live_fingerprint(self.adapter_params())
 
 
 class BaseNamesView:

@@ -280,23 +280,12 @@ class MegatronEngine(TrainingEngine):
             self._reshard_buffer = bind_training_buffer(self.module, self.model, model_config, training)
         return self._reshard_buffer
 
-    def lora_sync_source(self, model_config: ModelConfig, training: Any):
-        """The adapter-only sync's sources (``lora.merge=false``: :mod:`verl.hybrid_engine.lora_sync`); None
-        without LoRA or with ``merge=true`` (the merged dense weights of :meth:`reshard_sources`)."""
-        if self.lora is None or self.lora.merge:
-            return None
-        from verl.engine.megatron.reshard import MegatronLoRASyncSource
+    def reshard_readers(self):
+        from verl.engine.base import ReshardReaders
+        from verl.engine.megatron import lora, reshard
 
-        return MegatronLoRASyncSource(self.module, model_config, self.lora, training)
-
-    def reshard_sources(self, dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
-        if self.lora is not None:
-            from verl.engine.megatron.lora import merged_reshard_sources
-
-            return merged_reshard_sources(self.module, dtype, device)
-        from verl.engine.megatron.reshard import megatron_reshard_sources
-
-        return megatron_reshard_sources(self.module, dtype, device)
+        return ReshardReaders(dense=reshard.megatron_reshard_sources, merged=lora.merged_reshard_sources,
+                              lora_sync=reshard.MegatronLoRASyncSource)
 
     # ------------------------------------------------------------------ weights on disk
     def save_checkpoint(self, path: str) -> None:

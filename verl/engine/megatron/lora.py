@@ -152,24 +152,28 @@ def adapted_linears(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 
 # ----------------------------------------------------------------------------- merged weights (reshard)
+def merged_parameters(module: torch.nn.Module, *args, **kwargs):
+    """(name, base parameter, its value in the merged model) of every base parameter: an adapted linear's shard of
+    ``W + (alpha/r) B A`` in fp32 (``B_local A`` for a column linear, ``B A_local`` for a row one, which are exactly
+    the rows / columns of the merged weight this shard holds), any other parameter itself. Call under no_grad."""
+    merged = {f"{name}.weight": m for name, m in adapted_linears(module).items()}
+    for name, p in module.named_parameters(*args, **kwargs):
+        if is_adapter_name(name):
+            continue
+        linear = merged.get(name)
+        if linear is None:
+            yield name, p, p
+        else:
+            yield name, p, p.float() + linear.lora_scale * (linear.lora_B.weight.float() @ linear.lora_A.weight.float())
+
+
 def merged_reshard_sources(module: torch.nn.Module, dtype: torch.dtype, device: torch.device | str
                            ) -> dict[str, torch.Tensor]:
-    """``{base parameter name: this rank's shard of W + (alpha/r) B A, 1-D}``: the dense model the rollout serves
-    (``merge=true``), per training shard: ``B_local A`` for a column linear, ``B A_local`` for a row one, which
-    are exactly the rows / columns of the merged weight this shard holds. Adapters themselves are not sources."""
-    merged = {f"{name}.weight": m for name, m in adapted_linears(module).items()}
-    out = {}
+    """``{base parameter name: this rank's shard of the merged weight, 1-D}``: the dense model the rollout serves
+    (``merge=true``). Adapters themselves are not sources."""
     with torch.no_grad():
-        for name, p in module.named_parameters():
-            if is_adapter_name(name):
-                continue
-            tensor = p.detach()
-            linear = merged.get(name)
-            if linear is not None:
-                delta = linear.lora_B.weight.float() @ linear.lora_A.weight.float()
-                tensor = (tensor.float() + linear.lora_scale * delta)
-            out[name] = tensor.to(device=device, dtype=dtype).contiguous().reshape(-1)
-    return out
+        return {name: value.detach().to(device=device, dtype=dtype).contiguous().reshape(-1)
+                for name, _, value in merged_parameters(module)}
 
 
 class MergedView(torch.nn.Module):
@@ -181,17 +185,9 @@ class MergedView(torch.nn.Module):
         self._wrapped = [module]
 
     def named_parameters(self, *args, **kwargs):
-        module = self._wrapped[0]
-        merged = {f"{name}.weight": m for name, m in adapted_linears(module).items()}
         with torch.no_grad():
-            for name, p in module.named_parameters(*args, **kwargs):
-                if is_adapter_name(name):
-                    continue
-                linear = merged.get(name)
-                if linear is not None:
-                    delta = linear.lora_B.weight.float() @ linear.lora_A.weight.float()
-                    p = (p.float() + linear.lora_scale * delta).to(p.dtype)
-                yield name, p
+            for name, p, value in merged_parameters(self._wrapped[0], *args, **kwargs):
+                yield name, value.to(p.dtype)
 
 
 # ----------------------------------------------------------------------------- full HF-named adapters

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from verl.engine.base import BoundBuffer
 from verl.hybrid_engine.executor import offsets_from_views
 from verl.hybrid_engine.layouts import LayoutError, TrainingLayout, training_param_specs
+from verl.hybrid_engine.lora_sync import LoRASyncSource
 from verl.models.config import ModelConfig
 
 
@@ -66,7 +67,7 @@ def bind_training_buffer(module: torch.nn.Module, model: Any, model_config: Mode
     return BoundBuffer(flat, offsets)
 
 
-class MegatronLoRASyncSource:
+class MegatronLoRASyncSource(LoRASyncSource):
     """A LoRA actor's sources for the adapter-only sync (``lora.merge=false``; :mod:`verl.hybrid_engine.lora_sync`):
     the frozen base by its Megatron names (the first sync), the adapters by theirs (every sync), and a fingerprint of
     the live adapters. The adapted HF weights come from the config and the settings (every stage's, so every rank
@@ -98,12 +99,3 @@ class MegatronLoRASyncSource:
     def adapter_params(self) -> dict[str, torch.Tensor]:
         return {name: p for name, p in self.module.named_parameters() if self._is_adapter(name)}
 
-    def adapter_sources(self, device: torch.device | str) -> dict[str, torch.Tensor]:
-        with torch.no_grad():
-            return {name: p.detach().to(device=device, dtype=torch.float32).contiguous().reshape(-1)
-                    for name, p in self.adapter_params().items()}
-
-    def fingerprint(self) -> int:
-        from verl.hybrid_engine.lora_sync import live_fingerprint
-
-        return live_fingerprint(self.adapter_params())

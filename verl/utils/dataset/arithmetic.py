@@ -235,15 +235,22 @@ def add_drop_carry_noise(pairs: list[tuple], fraction: float, seed: int) -> tupl
     return noisy, len(chosen)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``verl data arithmetic --out DIR``: parquet splits + tokenizer. Returns 0."""
-    parser = argparse.ArgumentParser(prog="verl data arithmetic", description=__doc__.splitlines()[0])
+def splits_parser(prog: str, description: str, num_train: int, num_test: int,
+                  num_test_ood: int) -> argparse.ArgumentParser:
+    """The options every generated RL task's ``verl data`` command takes: where, how many of each split, seed."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--num-train", type=int, default=4000)
-    parser.add_argument("--num-test", type=int, default=256)
-    parser.add_argument("--num-test-ood", type=int, default=128,
+    parser.add_argument("--num-train", type=int, default=num_train)
+    parser.add_argument("--num-test", type=int, default=num_test)
+    parser.add_argument("--num-test-ood", type=int, default=num_test_ood,
                         help="out-of-form held-out problems written to test_ood.parquet (0: none)")
     parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``verl data arithmetic --out DIR``: parquet splits + tokenizer. Returns 0."""
+    parser = splits_parser("verl data arithmetic", __doc__.splitlines()[0], 4000, 256, 128)
     parser.add_argument("--ops", default="+", help="operators to use, e.g. '+' or '+-'")
     parser.add_argument("--tokenizer-out", default=None, help="tokenizer directory (default: OUT/tokenizer)")
     args = parser.parse_args(argv)

@@ -22,14 +22,13 @@ room to improve it.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import random
 import re
 from collections.abc import Callable, Sequence
 
-from verl.utils.dataset.arithmetic import check_out_dir, rl_row, write_rl_splits
+from verl.utils.dataset.arithmetic import check_out_dir, rl_row, splits_parser, write_rl_splits
 from verl.utils.dataset.errors import DatasetError
 
 DATA_SOURCE = "word_problems"
@@ -239,13 +238,7 @@ def make_row(problem: tuple[str, str, int], split: str, index: int, out_of_form:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``verl data word-problems --out DIR``: the parquet splits. Returns 0."""
-    parser = argparse.ArgumentParser(prog="verl data word-problems", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--num-train", type=int, default=2000)
-    parser.add_argument("--num-test", type=int, default=64)
-    parser.add_argument("--num-test-ood", type=int, default=64,
-                        help="out-of-form held-out problems written to test_ood.parquet (0: none)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser = splits_parser("verl data word-problems", __doc__.splitlines()[0], 2000, 64, 64)
     parser.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="chat",
                         help="chat: one user turn for the model's chat template; fewshot: plain text with two worked "
                              "training problems, for a base model without one")

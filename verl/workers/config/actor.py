@@ -16,7 +16,7 @@ from verl.workers.config.engine import (
     RefFSDPConfig,
     RefMcoreConfig,
 )
-from verl.workers.config.rollout import RolloutConfig
+from verl.workers.config.rollout import LogProbBatchKeys, RolloutConfig
 from verl.workers.config.section import Section, checked
 
 frozen = dataclasses.dataclass(frozen=True)
@@ -75,14 +75,10 @@ class ActorConfig(Section):
 
 
 @frozen
-class RefConfig(Section):
+class RefConfig(LogProbBatchKeys):
     """``actor_rollout_ref.ref``: the forward-only reference policy, in the actor's layout."""
 
     strategy: str = checked(choices=STRATEGY_NAMES)
-    log_prob_micro_batch_size: int | None = checked(ge=1)
-    log_prob_micro_batch_size_per_gpu: int = checked(ge=1)
-    log_prob_use_dynamic_bsz: bool
-    log_prob_max_token_len_per_gpu: int
     megatron: RefMcoreConfig
     fsdp_config: RefFSDPConfig
 

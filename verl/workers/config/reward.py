@@ -11,6 +11,7 @@ from typing import Any
 
 from verl.engine.rollout.registry import ROLLOUT_NAME_CHOICES
 from verl.utils.config_checks import ConfigError
+from verl.workers.config.rollout import SamplingKeys
 from verl.workers.config.section import Section, checked
 
 frozen = dataclasses.dataclass(frozen=True)
@@ -43,7 +44,7 @@ class RewardManagerKeysConfig(Section):
 
 
 @frozen
-class JudgeRolloutConfig(Section):
+class JudgeRolloutConfig(SamplingKeys):
     """``reward.reward_model.rollout``: the engine serving a generative reward model (the rollout registry's
     ``name``), its sampling and its token budgets."""
 
@@ -51,10 +52,6 @@ class JudgeRolloutConfig(Section):
     dtype: str = checked(choices=("float32", "bfloat16", "float16"))
     free_cache_engine: bool
     tensor_model_parallel_size: int = checked(ge=1)
-    temperature: float = checked(ge=0)
-    top_k: int = checked(ge=-1)
-    top_p: float = checked(gt=0, le=1)
-    do_sample: bool
     prompt_length: int = checked(ge=1)
     response_length: int = checked(ge=1)
     seed: int

@@ -15,13 +15,29 @@ frozen = dataclasses.dataclass(frozen=True)
 
 
 @frozen
-class ValKwargsConfig(Section):
-    """``rollout.val_kwargs``: sampling for validation."""
+class SamplingKeys(Section):
+    """The sampling keys every section that generates carries (verl's names and ranges)."""
 
     do_sample: bool
     temperature: float = checked(ge=0)
     top_k: int = checked(ge=-1)
     top_p: float = checked(gt=0, le=1)
+
+
+@frozen
+class LogProbBatchKeys(Section):
+    """How a section that computes log-probs batches them (verl's ``log_prob_*`` keys)."""
+
+    log_prob_micro_batch_size: int | None = checked(ge=1)
+    log_prob_micro_batch_size_per_gpu: int = checked(ge=1)
+    log_prob_use_dynamic_bsz: bool
+    log_prob_max_token_len_per_gpu: int
+
+
+@frozen
+class ValKwargsConfig(SamplingKeys):
+    """``rollout.val_kwargs``: sampling for validation."""
+
     n: int = checked(ge=1)
 
 
@@ -75,17 +91,13 @@ class CheckpointEngineConfig(Section):
 
 
 @frozen
-class RolloutConfig(Section):
+class RolloutConfig(SamplingKeys, LogProbBatchKeys):
     # The registered rollout engines (verl.engine.rollout.registry), read when a config is checked, then the names
     # refused with a reason.
     name: str = checked(choices=ROLLOUT_NAME_CHOICES)
     mode: str = checked(choices=("sync", "async"))
     nnodes: int = checked(ge=0)          # 0: colocated (the hybrid engine); > 0: a standalone rollout pool
     n_gpus_per_node: int = checked(ge=1)
-    temperature: float = checked(ge=0)
-    top_k: int = checked(ge=-1)
-    top_p: float = checked(gt=0, le=1)
-    do_sample: bool
     n: int = checked(ge=1)
     prompt_length: int
     response_length: int
@@ -104,10 +116,6 @@ class RolloutConfig(Section):
     max_num_seqs: int
     enable_chunked_prefill: bool
     enable_prefix_caching: bool
-    log_prob_micro_batch_size: int | None = checked(ge=1)
-    log_prob_micro_batch_size_per_gpu: int = checked(ge=1)
-    log_prob_use_dynamic_bsz: bool
-    log_prob_max_token_len_per_gpu: int
     disable_log_stats: bool
     calculate_log_probs: bool
     enable_rollout_routing_replay: bool

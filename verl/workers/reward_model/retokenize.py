@@ -13,6 +13,20 @@ from typing import Any
 import torch
 
 
+def decode_rows(tokenizer: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                response_length: int) -> list[tuple[str, str]]:
+    """(prompt text, response text) of each row of a rollout batch, from its valid tokens only (no padding, no
+    special tokens)."""
+    prompt_len = input_ids.shape[1] - response_length
+    out = []
+    for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True):
+        prompt = [t for t, m in zip(ids[:prompt_len], mask[:prompt_len], strict=True) if m]
+        response = [t for t, m in zip(ids[prompt_len:], mask[prompt_len:], strict=True) if m]
+        out.append((tokenizer.decode(prompt, skip_special_tokens=True),
+                    tokenizer.decode(response, skip_special_tokens=True)))
+    return out
+
+
 class Retokenizer:
     def __init__(self, actor_tokenizer: Any, rm_tokenizer: Any, template: str, max_length: int | None):
         if template not in ("chat", "pair"):
@@ -26,15 +40,7 @@ class Retokenizer:
 
     def texts(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               response_length: int) -> list[tuple[str, str]]:
-        """(prompt text, response text) of each row, from its valid tokens only."""
-        prompt_len = input_ids.shape[1] - response_length
-        out = []
-        for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True):
-            prompt = [t for t, m in zip(ids[:prompt_len], mask[:prompt_len], strict=True) if m]
-            response = [t for t, m in zip(ids[prompt_len:], mask[prompt_len:], strict=True) if m]
-            out.append((self.actor_tokenizer.decode(prompt, skip_special_tokens=True),
-                        self.actor_tokenizer.decode(response, skip_special_tokens=True)))
-        return out
+        return decode_rows(self.actor_tokenizer, input_ids, attention_mask, response_length)
 
     def _chat_ids(self, prompt: str | Sequence[dict], response: str) -> tuple[list[int], bool]:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else \

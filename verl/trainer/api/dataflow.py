@@ -16,10 +16,10 @@ Or as document 000 writes it, with a rollout function of the user's and any key 
     dataflow.add_node("reward", reward, input_keys=["responses"], output_keys=["scores"])
     dataflow.add_node("actor", HFActor.from_pretrained(path))       # the model trained (or TrainerConfig(model=))
 
-The rollout node is the trainer's own generation (weights resharded into the rollout engine, log-probs recomputed by
-the actor), or a user function reading only ``prompts`` added first: its texts are tokenized with the actor's
-tokenizer and the actor computes their log-probs (:mod:`verl.api.user_rollout`). The nodes after it run where the
-reward manager runs (:class:`DataFlowReward` replaces the trainer's ``reward_fn``): each receives the values of its
+The rollout node is the trainer's own generation (weights resharded into the rollout engine, log-probs recomputed by the
+actor), or a user function reading only ``prompts`` added first: its texts are tokenized with the actor's tokenizer and
+the actor computes their log-probs (:mod:`verl.trainer.api.user_rollout`). The nodes after it run where the reward
+manager runs (:class:`DataFlowReward` replaces the trainer's ``reward_fn``): each receives the values of its
 ``input_keys`` for the whole batch as Python values (lists, or tensors for token ids and masks) and returns its
 ``output_keys`` (a dict, a tuple in that order, or the one value; no ``output_keys``: one value named after the node).
 The reward is found by its role: the output no later node reads (``reward`` when several are unread), one number per
@@ -361,7 +361,7 @@ class DataFlowReward:
         rm = data.non_tensor_batch.get("reward_model")
         values["ground_truth"] = [r.get("ground_truth") if isinstance(r, dict) else None for r in rm] \
             if rm is not None else [None] * len(data)
-        from verl.api.user_rollout import PROMPTS_SEEN, TEXTS_RETURNED
+        from verl.trainer.api.user_rollout import PROMPTS_SEEN, TEXTS_RETURNED
 
         if PROMPTS_SEEN in data.non_tensor_batch:  # a user rollout's own inputs and outputs, for the debug output
             values[_SEEN] = (list(data.non_tensor_batch[PROMPTS_SEEN]), list(data.non_tensor_batch[TEXTS_RETURNED]))
@@ -643,8 +643,8 @@ def apply_critic(config: TrainerConfig, critic: Any) -> None:
 
 
 def _use_user_rollout(trainer: Any, node: Node) -> None:
-    """The trainer's generation from the user's rollout node (:mod:`verl.api.user_rollout`)."""
-    from verl.api.user_rollout import UserRolloutGroup
+    """The trainer's generation from the user's rollout node (:mod:`verl.trainer.api.user_rollout`)."""
+    from verl.trainer.api.user_rollout import UserRolloutGroup
     from verl.trainer.ppo.trainer import PPOTrainer
 
     sections = trainer.sections

@@ -17,7 +17,7 @@ trainer `verl train` runs; nothing here trains by itself).
 - ``rollout_config``: the rollout's verl keys (``actor_rollout_ref.rollout.*``: ``n``, ``temperature``, ``name``,
   ``tensor_model_parallel_size`` ...), plus ``max_prompt_length`` / ``max_response_length``, or ``max_length``
   (prompt + response, as transformers' ``generate``: the response gets what the prompt leaves);
-- ``train_config``: a :class:`~verl.api.dataflow.TrainerConfig` or a dict of its fields.
+- ``train_config``: a :class:`~verl.trainer.api.dataflow.TrainerConfig` or a dict of its fields.
 
 Ranks: every rank of a launch (srun / torchrun / mpirun, found as `verl train` finds them) runs the same script and
 executes the controller's code on the same data (SPMD, as `verl train`'s trainer); rank 0 drives what is seen:
@@ -33,7 +33,10 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from verl.api.dataflow import (
+from verl.engine.strategies import STRATEGIES, engine_entry
+from verl.errors import InputError
+from verl.models.hf import HFActor, HFModel
+from verl.trainer.api.dataflow import (
     REWARD_KEY,
     ROLLOUT_KEYS,
     DataFlow,
@@ -43,10 +46,7 @@ from verl.api.dataflow import (
     apply_critic,
     is_driver,
 )
-from verl.api.hybrid_actor import HybridActor
-from verl.engine.strategies import STRATEGIES, engine_entry
-from verl.errors import InputError
-from verl.models.hf import HFActor, HFModel
+from verl.trainer.api.hybrid_actor import HybridActor
 
 # rollout_config keys that are the data section's (the rest are actor_rollout_ref.rollout.*).
 _LENGTHS = ("max_prompt_length", "max_response_length")
