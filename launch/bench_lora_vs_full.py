@@ -79,13 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':30s} {'full':>10s} {'lora':>10s} {'lora/full':>10s}")
     for label, a, b in rows:
         print(f"{label:30s} {a:10.3f} {b:10.3f} {b / a if a else float('nan'):10.3f}")
-    result = {"full": full, "lora": lora_rec, "order": args.order,
+    # LoRA starts as the base model (B = 0): with the same seed both runs' first step samples the same responses.
+    same_work = full["first_step_work"] == lora_rec["first_step_work"]
+    print(f"same first-step work (prompts, sampled lengths, tokens, score): {same_work}")
+    result = {"full": full, "lora": lora_rec, "order": args.order, "same_first_step_work": same_work,
               "ratios": {label: (b / a if a else None) for label, a, b in rows}}
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=2)
-    return 0
+    return 0 if same_work else 1
 
 
 if __name__ == "__main__":

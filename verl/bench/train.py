@@ -206,6 +206,10 @@ def _run_watched(command: list[str], log_path: str, log_kept: bool = True) -> di
     return {"peak_rss_gb": peak / 2**30, "wall_s": wall, "cpu_s": sum(cpu.values())}
 
 
+FIRST_STEP_WORK = ("prompt_length/mean", "response_length/mean", "response_length/max", "perf/total_num_tokens",
+                   "critic/score/mean")
+
+
 def summarize(records: list[dict], warmup: int) -> dict:
     steps = [r for r in records if "timing_s/step" in r]
     if not steps:
@@ -233,7 +237,10 @@ def summarize(records: list[dict], warmup: int) -> dict:
             "rollout_idle_fraction": max(0.0, 1 - statistics.median(busy)) if busy else 1 - statistics.median(gen),
             "staleness_worst_mean": median("training/off_policy/trajectory_staleness_worst/mean", 0.0),
             "response_length": {stat: median(f"response_length/{stat}") for stat in ("mean", "min", "max")},
-            "final_score": steps[-1].get("critic/score/mean")}
+            "final_score": steps[-1].get("critic/score/mean"),
+            # What step 1 sampled and scored (before any update): equal on two runs that start from the same
+            # weights and seed, however they train (the LoRA-vs-full bench checks its two sides with it).
+            "first_step_work": {k: steps[0].get(k) for k in FIRST_STEP_WORK}}
 
 
 def resolve_task(task: str, model: str) -> str:
