@@ -73,6 +73,39 @@ def markdown(logs: Path) -> list[str]:
         sampled, greedy = columns(logs, reward, "sampled"), columns(logs, reward, "greedy")
         out.append(f"| {label} | {change(greedy, 'rule')} | {change(sampled, 'words', 1)} | "
                    f"{change(sampled, 'distinct_words', 1)} | {change(sampled, 'distinct_reviews')} |")
+    return out + [""] + speed(logs)
+
+
+PHASES = ("gen", "reward", "ref", "values", "update_critic", "update_actor")
+MEMORY = ("actor", "critic", "ref", "reward_model")
+
+
+def speed(logs: Path) -> list[str]:
+    """Per reward, over its sampled runs' 40 steps each (seeds 0-2, one run at a time on the idle box): s/step and
+    its phases, each model's memory, and for the judge its own generation's share and its default verdicts."""
+    out = ["<!-- results/sentiment:speed -->",
+           "| reward (3 seeds x 40 steps, mean ± std over the seeds of each run's mean) | s/step | gen / reward / "
+           "ref / values / update critic / update actor, s | memory actor / critic / ref / reward model, MiB | judge "
+           "generation s/step, default verdicts (max of a step) |",
+           "|---|---|---|---|---|"]
+    for reward, label in REWARDS.items():
+        runs = []
+        for path in sorted(logs.glob(f"{reward}_seed*_sampled")):
+            steps = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            runs.append([r for r in steps if "timing_s/step" in r])
+
+        def mean(key: str, runs=runs) -> list[float]:
+            return [statistics.fmean(r.get(key, 0.0) for r in run) for run in runs]
+
+        phases = " / ".join(f"{statistics.fmean(mean(f'timing_s/{k}')):.3f}" for k in PHASES)
+        memory = " / ".join(f"{statistics.fmean(mean(f'memory/{k}_gb')) * 1024:.3f}" for k in MEMORY)
+        if reward == "judge":  # asleep between its calls (its weights leave memory), awake while it judges
+            memory += f" asleep ({statistics.fmean(mean('memory/reward_model_awake_gb')) * 1024:.3f} awake)"
+        judge = "" if reward != "judge" else (
+            f"{statistics.fmean(mean('reward_model/judge_generate_s')):.4f}, "
+            f"{statistics.fmean(mean('reward_model/judge_default_frac')):.3f} "
+            f"({max(r.get('reward_model/judge_default_frac', 0.0) for run in runs for r in run):.3f})")
+        out.append(f"| {label} | {spread(mean('timing_s/step'), 3)} | {phases} | {memory} | {judge} |")
     return out
 
 
