@@ -56,7 +56,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from verl.errors import InputError
+from verl.errors import EXIT_INPUT_ERROR, InputError
 from verl.launcher.spawn import child_preexec
 from verl.trainer.config import ConfigError
 from verl.utils.tracking import MetricsError
@@ -80,7 +80,6 @@ RL_OUTPUTS = ("checkpoints", "metrics.jsonl", "metrics.csv", "tensorboard", "act
 # tqdm's "  37/600 [" (the SFT bar) in a child's output stream.
 TQDM_PROGRESS = re.compile(rb"(\d+)/(\d+) \[")
 EXIT_INTERRUPTED = 130
-EXIT_BAD_CONFIG = 2
 STOP_GRACE_S = 10.0
 
 
@@ -570,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         rl_checked = check_configs(sft_config, sft_overrides, rl_config, data_dir, out, args.overrides, pretrained)
     except ConfigError as err:
         print(f"quickstart: config error: {err}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+        return EXIT_INPUT_ERROR
     except StageFailed as err:
         print(f"quickstart: {err}", file=sys.stderr)
         return err.code

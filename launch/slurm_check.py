@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-EXIT_INPUT_ERROR = 2
+from verl.errors import EXIT_INPUT_ERROR
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,8 @@ It derives from ``ValueError`` so that code catching ``ValueError`` around a val
 users') keeps working.
 """
 
+import argparse
+
 
 class InputError(ValueError):
     """Bad input from the user: one line naming what was expected and what was found."""
@@ -46,3 +48,16 @@ def refuse(prog: str, message: object) -> int:
     text = (str(message).strip().splitlines() or [""])[0]
     print(f"{prog}: {text}", file=sys.stderr)
     return EXIT_INPUT_ERROR
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors are bad input like any other: ``error_type`` (an :class:`InputError`) raised
+    with argparse's one-line message, which the entry point prints as one line with exit 2, instead of argparse's
+    usage text."""
+
+    def __init__(self, *args, error_type: type[InputError] = InputError, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.error_type = error_type
+
+    def error(self, message):
+        raise self.error_type(message)

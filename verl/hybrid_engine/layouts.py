@@ -104,7 +104,7 @@ class Piece(NamedTuple):
     local_col: int
 
 
-class ParamSpec(NamedTuple):
+class TrainingParamShape(NamedTuple):
     name: str
     shape: tuple[int, ...]
 
@@ -322,7 +322,8 @@ class TrainingLayout:
 
 
 def training_param_specs(config: ModelConfig, tp: int, pp: int, tp_rank: int, pp_rank: int, ep: int = 1,
-                         ep_rank: int = 0, etp: int | None = None, etp_rank: int | None = None) -> list[ParamSpec]:
+                         ep_rank: int = 0, etp: int | None = None,
+                         etp_rank: int | None = None) -> list[TrainingParamShape]:
     """(name, shape) of every parameter of Megatron GPTModel (local spec) on (pp_rank, tp_rank) (and expert
     ranks (ep_rank, etp_rank); etp None: tp, etp_rank None: tp_rank), in state-dict order."""
     etp_size = tp if etp is None else etp
@@ -332,7 +333,7 @@ def training_param_specs(config: ModelConfig, tp: int, pp: int, tp_rank: int, pp
         raise LayoutError(f"tp rank: expected 0 <= rank < {tp}, found {tp_rank}")
     shapes = hf_tensor_shapes(config)
     etp_rank = tp_rank if etp_rank is None else etp_rank
-    return [ParamSpec(p.name, local_shape(p, shapes, etp_size, etp_rank) if p.expert
+    return [TrainingParamShape(p.name, local_shape(p, shapes, etp_size, etp_rank) if p.expert
                       else local_shape(p, shapes, tp, tp_rank)) for p in layout.params(config, pp_rank, ep_rank)]
 
 

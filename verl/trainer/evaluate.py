@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from verl.errors import InputError
+from verl.errors import InputError, OneLineArgumentParser
 
 USAGE_ERROR = 2
 GenerateFn = Callable[[list[str]], list[str]]
@@ -136,13 +136,8 @@ def evaluate_accuracy(hf_dir: str, test_parquet: str | Sequence[str], n: int | N
 
 
 # ----------------------------------------------------------------------------- `verl eval`
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line instead of usage + message
-        raise EvaluationError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="verl eval", description=__doc__.splitlines()[0])
+    p = OneLineArgumentParser(prog="verl eval", description=__doc__.splitlines()[0], error_type=EvaluationError)
     p.add_argument("--model", required=True, help="HF model directory (config.json, safetensors, tokenizer)")
     p.add_argument("--data", required=True, help="verl-format parquet with reward_model.ground_truth")
     p.add_argument("--n", type=int, default=None, help="evaluate the first N prompts (default: all)")

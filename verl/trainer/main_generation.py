@@ -23,7 +23,7 @@ import tempfile
 
 import torch
 
-from verl.errors import InputError, refuse
+from verl.errors import InputError, OneLineArgumentParser, refuse
 from verl.utils.torch_dtypes import DTYPES
 
 # Set by the launching `verl generate` in each rank it spawns.
@@ -44,13 +44,8 @@ class UsageError(InputError):
     """A bad command line or input: reported as one line, exit code 2."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line instead of usage + message
-        raise UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="verl generate", description=__doc__.split("\n\n")[0])
+    p = OneLineArgumentParser(prog="verl generate", description=__doc__.split("\n\n")[0], error_type=UsageError)
     p.add_argument("--engine", default="native", help=f"rollout engine, one of {', '.join(engines())}")
     p.add_argument("--model", required=True, help="HF model directory (config.json + safetensors)")
     p.add_argument("--tp", type=int, default=1, help="rollout tensor-parallel size (local ranks)")

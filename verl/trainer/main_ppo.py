@@ -38,20 +38,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from verl.errors import EXIT_INPUT_ERROR, exit_code
+from verl.errors import EXIT_INPUT_ERROR, InputError, OneLineArgumentParser, exit_code, refuse
 from verl.launcher.env import launcher_rank
 
 RANK_ERROR_DIR_ENV = "VERL_RANK_ERROR_DIR"  # set by the local launcher: ranks leave their one line there
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        print(f"verl train: {message}", file=sys.stderr)
-        raise SystemExit(EXIT_INPUT_ERROR)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="verl train", description=__doc__.split("\n\n")[0])
+    parser = OneLineArgumentParser(prog="verl train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="a trainer YAML merged over the defaults (e.g. configs/grpo_arith_tiny.yaml)")
     parser.add_argument("--config-path", "-cp", dest="config_path", metavar="DIR",
                         help="Hydra's config directory: absolute, or relative to verl/trainer/ (verl's `config`)")
@@ -216,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
 
     hold_early_preemption()  # Slurm's preemption signal during start-up: honoured after the first step, not fatal
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_intermixed_args(argv)  # flags and key=value overrides in any order
+    try:
+        args = build_parser().parse_intermixed_args(argv)  # flags and key=value overrides in any order
+    except InputError as err:
+        return refuse("verl train", err)
     if args.tensorboard_dir:
         import os
 
@@ -225,7 +222,6 @@ def main(argv: list[str] | None = None) -> int:
         log = _open_log_dir(args.log_dir)
         sys.stdout, sys.stderr = _Tee(sys.stdout, log), _Tee(sys.stderr, log)
 
-    from verl.errors import InputError
     from verl.launcher.env import LaunchError, discover
     from verl.trainer.config import ConfigError, auto_layout, load_config
     from verl.trainer.config.loader import config_dir_from_cli

@@ -50,7 +50,7 @@ logger = get_logger(__name__)
 POLICY_LOSS_SHARES = ("actor/pg_loss", "actor/entropy_loss", "actor/kl_loss")
 
 
-class PolicyLossConfig:
+class PolicyLossView:
     """What a registered policy loss reads as ``config``: the actor's keys (attribute or ``get`` access, as
     verl's ActorConfig) plus ``global_batch_info``, the mini-batch's global counts for :func:`agg_loss`."""
 
@@ -77,7 +77,7 @@ def policy_loss_fn(cfg: ActorConfig, counts: dict[str, int], on_policy: bool = F
     detached, so the ratio is exactly 1 and the old-log-prob input is not read."""
     info = dict(counts, loss_scale_factor=cfg.loss_scale_factor)
     policy_loss = core_algos.get_policy_loss_fn(cfg.policy_loss.loss_mode)
-    loss_config = PolicyLossConfig(cfg, dict(counts))
+    loss_config = PolicyLossView(cfg, dict(counts))
 
     def loss_fn(outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
         log_prob, mask = outputs["log_probs"], mb["response_mask"]

@@ -51,13 +51,13 @@ class FinishedTrajectory:
     num_turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
-    agent_rewards: dict[str, Any] | None = None  # what the loop returned for the reward (Trajectory.agent_rewards)
+    agent_rewards: dict[str, Any] | None = None  # what the loop returned for the reward (GroupSample.agent_rewards)
     error: str | None = None         # the agent loop raised: the trainer ends the job with it
     input_error: bool = False        # ... an InputError (the loop's own output refused): exit 2, not 1
 
     def into(self, traj: Any, prompt_length: int, response_length: int, version: int) -> None:
         """Write this finished trajectory into the replay buffer's ``traj`` (a
-        :class:`~verl.engine.rollout.partial.Trajectory`): the response cut to ``response_length``, its own prompt
+        :class:`~verl.engine.rollout.partial.GroupSample`): the response cut to ``response_length``, its own prompt
         left-truncated to ``prompt_length`` (as the sync rollout's), ``version`` when no engine call reported one."""
         n = min(len(self.response_ids), response_length)
         traj.tokens = list(self.response_ids[:n])

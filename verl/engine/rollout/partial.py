@@ -67,7 +67,7 @@ class SegmentStop:
 
 
 @dataclasses.dataclass
-class Trajectory:
+class GroupSample:
     """One sampled response of a group, possibly unfinished."""
 
     tokens: list[int] = dataclasses.field(default_factory=list)
@@ -103,12 +103,12 @@ class PromptGroup:
     prompt: list[int]
     fields: dict[str, Any]
     n: int
-    trajectories: list[Trajectory] = dataclasses.field(default_factory=list)
+    trajectories: list[GroupSample] = dataclasses.field(default_factory=list)
     finish_order: int = -1  # when the replay buffer saw it finish (sampling breaks ties of submit_step by it)
 
     def __post_init__(self):
         if not self.trajectories:
-            self.trajectories = [Trajectory() for _ in range(self.n)]
+            self.trajectories = [GroupSample() for _ in range(self.n)]
 
     @property
     def finished(self) -> bool:
@@ -116,7 +116,7 @@ class PromptGroup:
 
     def reset(self, submit_step: int) -> None:
         """Drop what was generated (a resumed run reissues the prompt, tagged with the current step)."""
-        self.trajectories = [Trajectory() for _ in range(self.n)]
+        self.trajectories = [GroupSample() for _ in range(self.n)]
         self.submit_step = submit_step
 
 

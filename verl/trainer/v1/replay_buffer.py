@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from verl.engine.rollout.partial import PromptGroup, Trajectory
+from verl.engine.rollout.partial import GroupSample, PromptGroup
 from verl.errors import InputError
 
 DROP, WAIT = "drop", "wait"
@@ -222,7 +222,7 @@ class ReplayBuffer:
         return path
 
     @staticmethod
-    def load_trajectories(directory: str) -> dict[int, list[Trajectory]]:
+    def load_trajectories(directory: str) -> dict[int, list[GroupSample]]:
         """{finished group's position: its trajectories} from every shard under ``directory/replay_buffer``
         (written at any world size); a missing shard is a :class:`~verl.errors.InputError` naming it."""
         files = glob.glob(os.path.join(directory, TRAJECTORY_DIR, "shard*-of-*.pt"))
@@ -231,7 +231,7 @@ class ReplayBuffer:
         if not shards or len(worlds) != 1 or sorted(shards) != list(range(next(iter(worlds)))):
             raise InputError(f"checkpoint {directory}: expected the replay buffer's shards shard<r>-of-<w>.pt for "
                              f"every r < w in {TRAJECTORY_DIR}/, found {sorted(os.path.basename(f) for f in files)}")
-        out: dict[int, list[Trajectory]] = {}
+        out: dict[int, list[GroupSample]] = {}
         for _, path in shards.values():
             shard = torch.load(path, map_location="cpu", weights_only=True)
             tokens = iter(shard["tokens"].split(shard["token_lengths"].tolist()))
@@ -243,14 +243,14 @@ class ReplayBuffer:
             fields = zip(shard["finished"].tolist(), shard["min_version"].tolist(), shard["max_version"].tolist(),
                          shard["segments"].tolist(), masks, prompts, rewards, strict=True)
             for position, size in zip(shard["positions"].tolist(), shard["group_sizes"].tolist(), strict=True):
-                out[position] = [Trajectory(tokens=next(tokens).tolist(), log_probs=next(log_probs).tolist(),
+                out[position] = [GroupSample(tokens=next(tokens).tolist(), log_probs=next(log_probs).tolist(),
                                             finished=f, min_version=_unversion(lo), max_version=_unversion(hi),
                                             segments=seg, mask=mask, prompt=prompt, agent_rewards=reward)
                                  for f, lo, hi, seg, mask, prompt, reward in (next(fields) for _ in range(size))]
         return out
 
     def load_state_dict(self, state: dict[str, Any], step: int,
-                        trajectories: dict[int, list[Trajectory]] | None = None) -> None:
+                        trajectories: dict[int, list[GroupSample]] | None = None) -> None:
         """Restore at global step ``step``: finished groups as they were (their trajectories from the state, or
         ``trajectories`` read by :meth:`load_trajectories`); in-flight prompts reissued from the start, tagged
         ``step``."""
@@ -259,7 +259,7 @@ class ReplayBuffer:
         for position, saved in enumerate(state["finished"]):
             group = self.make_group(int(saved["index"]), int(saved["epoch"]), int(saved["submit_step"]))
             if "trajectories" in saved:
-                group.trajectories = [Trajectory(**t) for t in saved["trajectories"]]
+                group.trajectories = [GroupSample(**t) for t in saved["trajectories"]]
             elif trajectories is not None and position in trajectories:
                 group.trajectories = trajectories[position]
             else:
