@@ -49,7 +49,6 @@ ENGINE_TABLE: dict[str, EngineEntry] = {e.name: e for e in (
     EngineEntry("fsdp", "verl.engine.fsdp.engine:FSDPEngine", ("fsdp", "fsdp2"), "dp", "ppo_trainer",
                 transformers_modules=True),
 )}
-BUILTIN_ENGINES = tuple(ENGINE_TABLE)
 # verl's strategy -> engine name, derived from the table (kept in step with it by register_engine)
 STRATEGIES = {strategy: e.name for e in ENGINE_TABLE.values() for strategy in e.strategies}
 
@@ -88,15 +87,6 @@ def register_engine(entry: EngineEntry) -> EngineEntry:
     ENGINE_TABLE[entry.name] = entry
     STRATEGIES.update({strategy: entry.name for strategy in entry.strategies})
     return entry
-
-
-def unregister_engine(name: str) -> None:
-    """Remove a registered row (a test's engine); the built-in engines stay."""
-    if name in BUILTIN_ENGINES:
-        raise ValueError(f"training engine {name!r}: a built-in engine cannot be unregistered")
-    entry = ENGINE_TABLE.pop(name, None)
-    for strategy in entry.strategies if entry is not None else ():
-        STRATEGIES.pop(strategy, None)
 
 
 def engine_name(strategy: str) -> str:

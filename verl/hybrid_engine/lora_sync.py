@@ -252,11 +252,6 @@ def adapter_rollout_specs(config: ModelConfig, spec: AdapterSpec, rollout_tp: in
     return AdapterRolloutLayout(rollout_tp, spec).specs(config, tp_rank)
 
 
-def adapter_bytes_formula(training: AdapterTrainingLayout, rollout_tp: int, payload: int) -> float | None:
-    """HybridFlow's (p*t - t_g) / (t_g*p*t) * M for adapters, M = the adapter payload of one rollout TP group."""
-    return training.received_bound(rollout_tp, payload, 0, 0, lambda: 0)
-
-
 # ------------------------------------------------------------------------------------------------
 # The rollout side: merge the received adapter shard into the rollout shard, from a kept base
 # ------------------------------------------------------------------------------------------------

@@ -105,11 +105,6 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
 def _gather(value: Any) -> list[Any]:
     """Collective: every rank's ``value`` (JSON-like), in rank order; this process's alone without a group."""
     if _world() == 1:
