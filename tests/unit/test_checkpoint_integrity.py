@@ -129,3 +129,34 @@ def test_a_flipped_bit_in_a_large_replay_buffer_shard_fails_the_resume_naming_th
     assert "\n" not in message and shard in message, message
     assert re.search(r"expected CRC32 [0-9a-f]{8}, found [0-9a-f]{8}", message), message
     assert exit_code(err.value) == 2
+
+
+def test_a_process_forked_during_a_save_does_not_keep_its_staging_lock(tmp_path):
+    """A checkpoint writer's worker forked by rank 0 mid-save shares the lock's open file. When the rank is killed
+    (its descriptors closed by the kernel) while such a child lives on, the staging must read as abandoned, not as
+    "a save running" that blocks the requeued job's save of the same step (seen once in CI: colocate_async's
+    resume after SIGKILL)."""
+    staging = str(tmp_path / "global_step_4.tmp")
+    fd = ckpt._lock_staging(staging)
+    assert ckpt._staging_alive(staging)
+    release_r, release_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    child = os.fork()
+    if child == 0:  # the forked worker: running (past fork's handlers), then outliving the save until told to go
+        os.close(release_w)
+        os.write(ready_w, b"x")
+        os.read(release_r, 1)
+        os._exit(0)
+    os.close(release_r)
+    os.close(ready_w)
+    try:
+        assert os.read(ready_r, 1) == b"x"
+        ckpt._HELD_LOCKS.discard(fd)
+        os.close(fd)  # the rank dies: the kernel closes its descriptors, the lock file stays behind
+        assert os.path.exists(staging + ckpt.STAGING_LOCK)
+        assert not ckpt._staging_alive(staging)
+    finally:
+        os.write(release_w, b"x")
+        os.close(release_w)
+        os.close(ready_r)
+        os.waitpid(child, 0)

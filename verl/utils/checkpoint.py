@@ -303,6 +303,22 @@ def _try_flock(fd: int) -> bool | None:
     return True
 
 
+# The staging locks this process holds. A process forked during a save (a checkpoint writer's worker) shares the
+# lock's open file, so its flock would outlive a killed rank for as long as that child runs, and the requeued job's
+# save of the same step would find "a save running". Forked children drop their copies at once.
+_HELD_LOCKS: set[int] = set()
+
+
+def _drop_inherited_locks() -> None:
+    for fd in _HELD_LOCKS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
 def _lock_staging(staging: str) -> int:
     """Rank 0 of a save: hold ``<staging>.lock`` until the save ends (:func:`_unlock_staging`), so that another
     run's :func:`clean_stale_staging` leaves the staging directory alone; taken before the directory exists.
@@ -317,12 +333,14 @@ def _lock_staging(staging: str) -> int:
     except BaseException:
         os.close(fd)
         raise
+    _HELD_LOCKS.add(fd)
     return fd
 
 
 def _unlock_staging(staging: str, fd: int) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.remove(staging + STAGING_LOCK)
+    _HELD_LOCKS.discard(fd)
     os.close(fd)  # releases the flock
 
 
