@@ -37,6 +37,12 @@ PROMPT = "The capital of France is"
 ANSWER = " the capital of the country of France."
 
 
+# The first greedy token after WINDOW_PROMPT's 520 tokens, as transformers computes it (the sliding window decides it:
+# full attention on every layer picks 237869 instead; measured with the native engine's windows off)
+WINDOW_FIRST_TOKEN = 237697
+NEW_TOKENS = 6
+
+
 class FixtureError(RuntimeError):
     """The packaged checkpoint is missing or corrupt."""
 
@@ -94,6 +100,52 @@ def gemma3_dir() -> str:
             convert_gguf_to_hf(GGUF, MODEL_DIR)
             os.remove(GGUF)  # the HF directory is what every test reads; the parts stay installed
     return MODEL_DIR
+
+
+def window_prompts(tokenizer) -> list[list[int]]:
+    """The rollout parity prompts: 520 tokens (bos + 519 random ids, seeded), past the 512-position window, and
+    :data:`PROMPT`."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    long = [tokenizer.bos_token_id] + torch.randint(1000, 200000, (519,), generator=generator).tolist()
+    return [long, tokenizer(PROMPT).input_ids]
+
+
+def rollout_tolerance(scale: float) -> float:
+    """A rollout engine's fp32 log-probs against transformers': another summation order through 18 layers of 12
+    chained reductions (widest: the MLP's 2048 terms), then a log-softmax over 262144 logits of magnitude ``scale``."""
+    import torch
+
+    from helpers.tolerance import forward_tolerance
+
+    return (forward_tolerance(torch.float32, width=2048, depth=12 * 18 + 2, scale=scale)
+            + forward_tolerance(torch.float32, width=262144, depth=1, scale=scale))
+
+
+def check_rollout_past_the_window(hf, tokenizer, prompts, got: dict, own: dict) -> None:
+    """A rollout engine's greedy ``got`` (``{"ids", "logprobs"}`` per prompt of :func:`window_prompts`, after the
+    trainer's push) against transformers ``hf``, token by token, and against the engine's ``own`` pass on the
+    checkpoint it loaded itself: argmax where the top two are apart by more than twice the tolerance (always for the
+    first token, the window's), every log-prob within it, and the known answers."""
+    import torch
+
+    assert own["ids"] == got["ids"]
+    for prompt, ids, log_probs, own_log_probs in zip(prompts, got["ids"], got["logprobs"], own["logprobs"],
+                                                     strict=True):
+        assert len(ids) == NEW_TOKENS
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + ids[:-1]]), logits_to_keep=NEW_TOKENS).logits[0].float()
+        tol = rollout_tolerance(float(logits.abs().max()))
+        want = logits.log_softmax(-1)
+        top2 = want.topk(2, dim=-1).values
+        for t, token in enumerate(ids):
+            if t == 0 or float(top2[t, 0] - top2[t, 1]) > 2 * tol:
+                assert token == int(want[t].argmax()), (len(prompt), t)
+            assert abs(float(want[t, token]) - log_probs[t]) <= tol, (len(prompt), t)
+            assert abs(own_log_probs[t] - log_probs[t]) <= tol, (len(prompt), t)
+    assert got["ids"][0][0] == WINDOW_FIRST_TOKEN
+    assert ANSWER.startswith(tokenizer.decode(got["ids"][1]))
 
 
 if __name__ == "__main__":

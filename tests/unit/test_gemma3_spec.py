@@ -149,13 +149,21 @@ def test_a_plain_prompt_gets_the_tokenizers_bos_and_a_templated_one_only_the_tem
     assert encode_prompt(rendered, smol, templated=True) == smol(rendered, add_special_tokens=False).input_ids
 
 
-def test_vllm_refuses_it_naming_the_fields():
+def test_vllm_takes_the_features_it_was_checked_on_and_refuses_the_others(monkeypatch):
+    """tests/vllm checks every block feature on vLLM (a tiny soft-capped Gemma 3 and the real 270M); one outside
+    that list is refused in one line."""
+    import verl.engine.rollout.vllm.engine as vllm_engine
     from verl.engine.rollout.registry import rollout_engine
 
+    check = rollout_engine("vllm").check_model
+    check(_config(), 1)
+    check(_config(final_logit_softcapping=30.0, query_pre_attn_scalar=24), 1)
+    monkeypatch.setattr(vllm_engine, "VLLM_BLOCK_FEATURES", tuple(f for f in vllm_engine.VLLM_BLOCK_FEATURES
+                                                                  if f != "sliding_window"))
     with pytest.raises(InputError) as err:
-        rollout_engine("vllm").check_model(_config(), 1)
-    assert str(err.value) == (f"actor_rollout_ref.rollout.name=vllm: model_type gemma3_text needs the block "
-                              f"features {FEATURES}, which the vLLM rollout is not wired or tested for: use native")
+        check(_config(), 1)
+    assert str(err.value) == ("actor_rollout_ref.rollout.name=vllm: model_type gemma3_text needs the block features "
+                              "['sliding_window'], which the vLLM rollout is not tested for: use native")
 
 
 def test_sglang_takes_the_features_it_was_checked_on_and_refuses_the_others():

@@ -3,8 +3,9 @@ after every parameter was overwritten through the engine's push (the rollout lay
 it, handed to vLLM's in-place reload by name), and sampled log-probs = transformers' log-softmax of logits / T.
 
 Tiny models with what changes the weight path: a Llama with an untied head and a vocab the rollout layout pads
-(300 -> 320 rows), GQA 2:1; a Qwen2 with tied embeddings (no head tensor) and q/k/v biases, GQA 4:2. vLLM's CPU
-attention takes head_dim 32/64/80/96/112/128/256 only, so both use head_dim 64. The push loads *another* seed's
+(300 -> 320 rows), GQA 2:1; a Qwen2 with tied embeddings (no head tensor) and q/k/v biases, GQA 4:2; a Gemma 3
+(sliding windows, sandwich norms, GeGLU, soft-capping). vLLM's CPU attention takes head_dim 32/64/80/96/112/128/256
+only, so each uses head_dim 64. The push loads *another* seed's
 weights than vLLM started with, so a parameter the push missed keeps the first model's values and shows.
 """
 
@@ -20,9 +21,19 @@ MODELS = {
                   num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False),
     "qwen2": dict(model_type="qwen2", vocab_size=320, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    # Gemma 3's block: a 3-token window (shorter than two of the prompts) on layers 0 and 2 with their own RoPE base,
+    # (1 + w) and sandwich norms, GeGLU, the embedding scale, a query scale other than head_dim, soft-capped logits
+    # (the real, tied Gemma 3 270M: test_vllm_real_model.py)
+    "gemma3": dict(model_type="gemma3_text", vocab_size=320, hidden_size=128, intermediate_size=256,
+                   num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                   query_pre_attn_scalar=48, sliding_window=3, final_logit_softcapping=5.0,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                   rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+                   tie_word_embeddings=False),  # tied, the scaled embedding of the last token wins every argmax
 }
 # fp32, another summation order than transformers' (widest reduction: the MLP's 256 terms, then the vocab)
-TOL = log_prob_tolerance(torch.float32, width=256, num_layers=2, vocab=320)
+TOL = log_prob_tolerance(torch.float32, width=256, num_layers=3, vocab=320)
 SAMPLE = {"temperature": 0.8, "n": 3, "seed": 5}
 
 
