@@ -65,3 +65,30 @@ def test_the_lora_vs_full_bench_runs_both_sides_on_the_same_work(tmp_path):
     assert result["same_first_step_work"] and result["full"]["first_step_work"]["perf/total_num_tokens"] > 0
     for side in ("full", "lora"):
         assert result[side]["s_per_step"] > 0 and result[side]["phases"]["update_actor"] > 0
+
+
+def test_the_logprob_memory_bench_measures_each_model_in_its_own_process(tmp_path):
+    """``launch/bench_logprob_memory.py`` (issue 58 item 4's figure) on two tiny models of 32 and 320 tokens: each
+    record comes from its own rank process, holds both phases' resident memory and peak (the peak at least the
+    resident), the same tokens per micro-batch, and its ratios to the first model's (the first's are 1)."""
+    import json
+    import os
+
+    from launch.bench_logprob_memory import main
+
+    models = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "models")
+    out = tmp_path / "memory.json"
+    assert main(["--model", os.path.join(models, "qwen2_tiny_arith.json"), "--model",
+                 os.path.join(models, "qwen2_tiny_bench.json"), "--rows", "2", "--prompt-len", "6",
+                 "--response-len", "4", "--json", str(out)]) == 0
+    first, second = json.loads(out.read_text())["records"]
+    assert (first["vocab_size"], second["vocab_size"]) == (32, 320)
+    assert first["tokens_per_micro_batch"] == second["tokens_per_micro_batch"] == 2 * (6 + 4)
+    assert second["response_logits_gib"] == pytest.approx(10 * first["response_logits_gib"])
+    for record in (first, second):
+        for phase in ("log_prob", "update"):
+            assert record[f"{phase}_peak_gib"] >= record[f"{phase}_resident_gib"] > 0.1  # a torch process
+            assert record[f"{phase}_increment_gib"] == pytest.approx(
+                record[f"{phase}_peak_gib"] - record[f"{phase}_resident_gib"])
+    assert first["log_prob_peak_ratio"] == first["update_peak_ratio"] == 1.0
+    assert first["update_increment_ratio"] in (1.0, None)  # None: no increment to compare with

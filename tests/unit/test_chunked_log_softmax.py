@@ -117,3 +117,18 @@ def test_a_slice_of_padding_columns_only_adds_nothing():
     assert torch.all(lp == float("inf")) and torch.all(ent.isnan() | ent.isinf())  # log(0): other ranks add theirs
     grad, = torch.autograd.grad(torch.where(lp.isfinite(), lp, 0).sum(), logits)
     assert torch.all(grad == 0)
+
+
+def test_the_default_chunk_follows_the_vocabulary_width():
+    """Tokens per chunk shrink as the vocabulary slice widens, so a chunk's fp32 temporaries stay at CHUNK_ELEMENTS
+    whatever the vocabulary (Gemma 3's 262144 columns: 64 tokens; a fixed 1024 held 1 GiB per temporary), and the
+    default gives the same values as an explicit chunk."""
+    from verl.engine.megatron.vocab_parallel import CHUNK_ELEMENTS, chunk_tokens_for
+
+    assert chunk_tokens_for(262144) * 262144 <= CHUNK_ELEMENTS < (chunk_tokens_for(262144) + 1) * 262144
+    assert chunk_tokens_for(49152) > chunk_tokens_for(262144) >= 1 and chunk_tokens_for(CHUNK_ELEMENTS * 2) == 1
+    torch.manual_seed(3)
+    logits, targets = torch.randn(5, 7, 301), torch.randint(0, 301, (5, 7))
+    default = vocab_parallel_log_probs_and_entropy(logits, targets, 301, True)
+    explicit = vocab_parallel_log_probs_and_entropy(logits, targets, 301, True, chunk_tokens=4)
+    assert torch.equal(default[0], explicit[0]) and torch.equal(default[1], explicit[1])

@@ -5,10 +5,10 @@ built. Three TP all-reduces of per-token statistics (max, sum of exp, target log
 the exact log-softmax statistics. Columns at or beyond the real vocab size (Megatron's padding) are excluded.
 
 Memory: one autograd function that keeps only its input logits and per-token statistics, and works over
-``chunk_tokens`` tokens at a time, forward and backward: no fp32 copy of the shifted logits, their exp or
-softmax for the whole micro-batch is ever held (with a 49152-token vocabulary those copies, not the
-logits, were the largest tensors of the update). The backward recomputes each chunk's softmax from the
-saved logits and statistics and writes the gradient chunk by chunk:
+``chunk_tokens`` tokens at a time (:data:`CHUNK_ELEMENTS` logits), forward and backward: no fp32 copy of the
+shifted logits, their exp or softmax for the whole micro-batch is ever held (with a 49152-token vocabulary
+those copies, not the logits, were the largest tensors of the update). The backward recomputes each chunk's
+softmax from the saved logits and statistics and writes the gradient chunk by chunk:
 
     d log p(y) / d z = onehot(y) - p,        d H / d z = -p * (log p + H)
 
@@ -24,8 +24,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-# Tokens per chunk: 1024 x 49152 fp32 is 192 MiB of temporaries at most, against the logits' own size.
-CHUNK_TOKENS = 1024
+# Elements of a chunk's fp32 temporaries (64 MiB each): the tokens per chunk follow the vocabulary slice's width,
+# 341 tokens of SmolLM2's 49152, 64 of Gemma 3's 262144 (a fixed 1024 tokens held 1 GiB temporaries on the latter,
+# three times its response logits; measured in results/gemma3_logprob_memory/).
+CHUNK_ELEMENTS = 1 << 24
+
+
+def chunk_tokens_for(shard: int) -> int:
+    """Tokens per chunk for a vocabulary slice ``shard`` columns wide."""
+    return max(1, CHUNK_ELEMENTS // max(1, shard))
 
 
 def _tp_group():
@@ -117,10 +124,13 @@ class _VocabParallelLogProbs(torch.autograd.Function):
 
 def vocab_parallel_log_probs_and_entropy(
     logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, compute_entropy: bool = True,
-    chunk_tokens: int = CHUNK_TOKENS,
+    chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log p(target) [...], entropy [...] or None), in fp32, over the TP group's vocabulary (one rank's
-    slice in ``logits``; no TP group initialised, or TP 1: the whole vocabulary)."""
+    slice in ``logits``; no TP group initialised, or TP 1: the whole vocabulary). ``chunk_tokens``: tokens per
+    chunk (default: :func:`chunk_tokens_for` the slice's width)."""
+    if chunk_tokens is None:
+        chunk_tokens = chunk_tokens_for(logits.size(-1))
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens: expected >= 1, found {chunk_tokens}")
     group, tp_rank = _tp_group()
