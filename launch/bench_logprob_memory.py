@@ -6,8 +6,8 @@ micro-batch (issue 58 item 4: Gemma 3's 262144-token vocabulary against SmolLM2'
 
 Each model runs in a fresh one-rank Megatron process (gloo, fp32, the actor's settings: the output layer on the
 response positions only). It measures the rank's resident memory (VmRSS) once the model, its gradient buffers and
-Adam's state exist (one warm-up step first), then the peak (VmHWM, reset through /proc/self/clear_refs before each
-phase) of
+Adam's state exist (one warm-up step first; the allocator's cached free memory handed back before each phase), then
+the peak (VmHWM, reset through /proc/self/clear_refs before each phase) of
 
   log_prob  ``compute_log_prob`` with entropy, no grad (the old and reference log-probs);
   update    one ``update_policy`` micro-batch: log-probs and entropy, their backward, the optimizer step.
@@ -34,6 +34,14 @@ def _status_kib(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise RuntimeError(f"/proc/self/status: expected a {field} line, found none")
+
+
+def _trim() -> None:
+    """Hand the allocator's freed memory back to the system (glibc's malloc_trim), so the resident memory before a
+    phase is what is live, and the phase's increment is what it needs, not what it found cached."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _reset_peak() -> None:
@@ -76,6 +84,7 @@ def _measure(model: str, rows: int, prompt_len: int, response_len: int, seed: in
            "tokens_per_micro_batch": rows * width, "response_tokens": rows * response_len}
     for phase, run in (("log_prob", lambda: actor.compute_log_prob(batch)),
                        ("update", lambda: actor.update_policy(batch, loss_fn))):
+        _trim()
         before = _status_kib("VmRSS")
         _reset_peak()
         run()
