@@ -50,16 +50,21 @@ def _reset_peak() -> None:
         fh.write("5")
 
 
-def _measure(model: str, rows: int, prompt_len: int, response_len: int, seed: int) -> dict:
-    """One rank: the model's resident memory and each phase's peak, in GiB."""
+def _measure(model: str, rows: int, prompt_len: int, response_len: int, seed: int,
+             chunk_tokens: int | None = None) -> dict:
+    """One rank: the model's resident memory and each phase's peak, in GiB. ``chunk_tokens``: a fixed number of
+    tokens per chunk of the log-softmax (the rule before CHUNK_ELEMENTS), for a before/after in one run."""
     import torch
 
+    from verl.engine.megatron import vocab_parallel
     from verl.engine.megatron.engine import MegatronEngine, OptimConfig
     from verl.engine.megatron.parallel import initialize_megatron
     from verl.engine.roles import Actor
     from verl.models.config import ModelConfig
 
     config = ModelConfig.from_pretrained(model)
+    if chunk_tokens is not None:  # every chunk this many tokens, whatever the vocabulary
+        vocab_parallel.chunk_tokens_for = lambda shard: chunk_tokens
     initialize_megatron(1, 1, seed=seed)
     engine = MegatronEngine(config, "lm", OptimConfig(lr=1e-7, weight_decay=0.0, clip_grad=1.0))
     if os.path.isdir(model):
@@ -78,7 +83,8 @@ def _measure(model: str, rows: int, prompt_len: int, response_len: int, seed: in
         return loss, {}
 
     actor.update_policy(batch, loss_fn)  # warm-up: Adam's state and every lazily built buffer exist after it
-    out = {"model": os.path.basename(os.path.normpath(model)), "vocab_size": config.vocab_size,
+    out = {"model": os.path.basename(os.path.normpath(model)), "chunk_tokens": chunk_tokens,
+           "vocab_size": config.vocab_size,
            "hidden_size": config.hidden_size, "num_hidden_layers": config.num_hidden_layers,
            "parameters": sum(p.numel() for p in engine.module.parameters()),
            "tokens_per_micro_batch": rows * width, "response_tokens": rows * response_len}
@@ -109,10 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=176)
     p.add_argument("--response-len", type=int, default=48)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fixed-chunk-tokens", type=int, metavar="N",
+                   help="also run the last model with the log-softmax in fixed chunks of N tokens (the rule before "
+                        "chunks were sized by elements: 1024), for a before/after in one run")
     p.add_argument("--json", help="also write the records here")
     args = p.parse_args(argv)
-    for name in ("rows", "prompt_len", "response_len"):
-        if getattr(args, name) < 1:
+    for name in ("rows", "prompt_len", "response_len", "fixed_chunk_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')}: expected >= 1, found {getattr(args, name)}")
     for model in args.model:
         if not (os.path.isdir(model) or os.path.isfile(model)):
@@ -120,9 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     from verl.launcher.spawn import run_ranks
 
     records = []
-    for model in args.model:  # one fresh process each: its peak is its own
+    runs = [(model, None) for model in args.model]
+    if args.fixed_chunk_tokens is not None:
+        runs.append((args.model[-1], args.fixed_chunk_tokens))
+    for model, chunk_tokens in runs:  # one fresh process each: its peak is its own
         (record,) = run_ranks(_measure, 1, model, args.rows, args.prompt_len, args.response_len, args.seed,
-                              timeout_s=1800, threads_per_rank=2)
+                              chunk_tokens, timeout_s=1800, threads_per_rank=2)
         records.append(record)
     ref = records[0]
     for r in records:
@@ -131,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             # (an increment can be 0: the phase fit in memory the allocator kept from the warm-up)
             base = ref[f"{phase}_increment_gib"]
             r[f"{phase}_increment_ratio"] = r[f"{phase}_increment_gib"] / base if base > 0 else None
-        print(f"{r['model']}: vocab {r['vocab_size']}, {r['parameters'] / 1e6:.0f}M parameters, "
+        fixed = "" if r["chunk_tokens"] is None else f", log-softmax in fixed chunks of {r['chunk_tokens']} tokens"
+        print(f"{r['model']}{fixed}: vocab {r['vocab_size']}, {r['parameters'] / 1e6:.0f}M parameters, "
               f"{r['tokens_per_micro_batch']} tokens a micro-batch ({r['response_tokens']} response tokens, "
               f"whose fp32 logits are {r['response_logits_gib']:.2f} GiB)", flush=True)
         for phase in ("log_prob", "update"):

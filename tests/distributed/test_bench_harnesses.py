@@ -80,12 +80,14 @@ def test_the_logprob_memory_bench_measures_each_model_in_its_own_process(tmp_pat
     out = tmp_path / "memory.json"
     assert main(["--model", os.path.join(models, "qwen2_tiny_arith.json"), "--model",
                  os.path.join(models, "qwen2_tiny_bench.json"), "--rows", "2", "--prompt-len", "6",
-                 "--response-len", "4", "--json", str(out)]) == 0
-    first, second = json.loads(out.read_text())["records"]
+                 "--response-len", "4", "--fixed-chunk-tokens", "3", "--json", str(out)]) == 0
+    first, second, fixed = json.loads(out.read_text())["records"]
+    assert (first["chunk_tokens"], second["chunk_tokens"], fixed["chunk_tokens"]) == (None, None, 3)
+    assert fixed["vocab_size"] == 320  # the last model again
     assert (first["vocab_size"], second["vocab_size"]) == (32, 320)
     assert first["tokens_per_micro_batch"] == second["tokens_per_micro_batch"] == 2 * (6 + 4)
     assert second["response_logits_gib"] == pytest.approx(10 * first["response_logits_gib"])
-    for record in (first, second):
+    for record in (first, second, fixed):
         for phase in ("log_prob", "update"):
             assert record[f"{phase}_peak_gib"] >= record[f"{phase}_resident_gib"] > 0.1  # a torch process
             assert record[f"{phase}_increment_gib"] == pytest.approx(
