@@ -327,7 +327,9 @@ MOE = os.path.join(os.path.dirname(GRPO), "models", "qwen3moe_tiny_arith.json")
 @pytest.mark.parametrize("extra, needle", [
     ([], "vLLM's CPU attention takes head_dim in"),  # the quickstart's tiny model has head_dim 16
     ([f"actor_rollout_ref.model.path={HEAD_DIM_32}"], "rollout.name=vllm: expected vLLM importable"),
-    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "runs TP 1"),
+    ([f"actor_rollout_ref.model.path={MOE}", "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+      "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "mixture of experts runs TP 1"),
     ([f"actor_rollout_ref.model.path={MOE}", "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
       "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
       "actor_rollout_ref.rollout.enable_rollout_routing_replay=true", "actor_rollout_ref.actor.router_replay.mode=R3"],

@@ -243,3 +243,33 @@ def test_the_pool_builds_its_engine_with_the_registry_and_the_configured_bucket(
     assert engine == "engine" and section.name == "recording"
     assert (site.bucket_bytes, site.pool, site.replica, site.group_ranks) == (12345, True, 1, (2, 3))
     assert site.max_rows == config.data.train_batch_size * config.actor_rollout_ref.rollout.n
+
+
+def test_vllm_tp_limits_are_one_line_before_vllm_starts(monkeypatch):
+    """vLLM at rollout TP > 1 (tests/vllm: the external launcher, a TP worker per trainer rank): a standalone pool
+    cannot host it (vLLM builds its groups over every rank of the job, and the training ranks build no engine), nor can
+    a rollout TP group of interleaved ranks (vLLM's groups are consecutive ranks), nor a mixture of experts."""
+    import os
+    import types
+
+    import torch.distributed as dist
+
+    from verl.engine.rollout.registry import RolloutSite, rollout_engine
+    from verl.engine.rollout.vllm.engine import VLLMConfigError, check_tp_group, check_vllm_model
+    from verl.models.config import ModelConfig
+
+    site = RolloutSite(model_config=None, model_path="unused", tp_group=object(), group_ranks=(2, 3), replica=0,
+                       pad_token_id=0, seed=0, bucket_bytes=1, max_rows=1, max_seq_len=8, pool=True)
+    with pytest.raises(VLLMConfigError, match="a standalone rollout pool runs vLLM at TP 1"):
+        rollout_engine("vllm").build(types.SimpleNamespace(), site)
+    models = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "models")
+    moe = ModelConfig.from_pretrained(os.path.join(models, "qwen3moe_tiny_arith.json"))
+    with pytest.raises(VLLMConfigError, match="mixture of experts runs TP 1"):
+        check_vllm_model(moe, 2)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(dist, "get_process_group_ranks", lambda group: [0, 2])
+    with pytest.raises(VLLMConfigError, match=r"consecutive ranks \[k\*2, \(k\+1\)\*2\), found the rollout TP "
+                                              r"group \[0, 2\]"):
+        check_tp_group(object())
+    monkeypatch.setattr(dist, "get_process_group_ranks", lambda group: [2, 3])
+    assert check_tp_group(object()) == (2, 0)

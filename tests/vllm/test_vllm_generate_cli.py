@@ -6,6 +6,8 @@ random Qwen2 (head_dim 64, the smallest vLLM's CPU attention takes); log-probs w
 and exit 2 before vLLM starts.
 """
 
+import json
+
 import pytest
 import torch
 from helpers import generate_cli
@@ -36,8 +38,24 @@ def test_vllm_greedy_ids_equal_native_through_verl_generate(vllm_python, model_d
     assert max_logprob_diff(results["vllm"], results["native"]) <= LOGPROB_ATOL
 
 
+def test_vllm_tp2_runs_its_own_workers_and_equals_native(vllm_python, model_dir, tmp_path):
+    """``verl generate --engine vllm --tp 2``: one process driving vLLM's own two TP worker processes on the
+    checkpoint (its multiprocessing executor), greedy ids equal to the native engine's at TP 1."""
+    common = ["--temperature", "0", "--max-new-tokens", str(NEW_TOKENS)]
+    proc = generate_cli.verl_generate("native", model_dir, tmp_path / "native.json", *common)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    native = json.loads((tmp_path / "native.json").read_text())
+    proc = generate_cli.verl_generate("vllm", model_dir, tmp_path / "tp2.json", *common, "--tp", "2",
+                                      python_var="VERL_VLLM_PYTHON", python=vllm_python, threads=2)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "tensor_parallel_size=2" in proc.stdout + proc.stderr  # vLLM says so: not a silent TP 1
+    tp2 = json.loads((tmp_path / "tp2.json").read_text())
+    assert tp2["output_ids"] == native["output_ids"]
+    assert max_logprob_diff(tp2, native) <= LOGPROB_ATOL
+
+
 @pytest.mark.parametrize("extra,message", [
-    (["--tp", "2"], "runs TP 1"),
+    (["--tp", "3"], "expected a divisor of the model's sizes"),
     (["--input-ids", ""], "empty prompt"),
 ])
 def test_bad_vllm_inputs_give_one_error_line_before_vllm_starts(model_dir, tmp_path, extra, message):

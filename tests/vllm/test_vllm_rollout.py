@@ -48,16 +48,22 @@ def _save(kind: str, path, seed: int) -> str:
     return str(path)
 
 
+# Rollout TP 2 (each rank a vLLM TP worker through the external launcher, pushed its own shard): the Llama with the
+# padded vocab (300 -> 320: rank 1's last 20 rows are padding), and the Gemma 3 with its one KV head replicated
+RUNS = {**{kind: (kind, 1) for kind in MODELS}, "llama-tp2": ("llama", 2), "gemma3-tp2": ("gemma3", 2)}
+
+
 @pytest.fixture(scope="module")
 def session(run_vllm_session, tmp_path_factory):
     work = tmp_path_factory.mktemp("vllm-tiny")
     dirs, cases = {}, {}
-    for kind in MODELS:
-        first, pushed = _save(kind, work / f"{kind}-0", 0), _save(kind, work / f"{kind}-1", 1)
-        dirs[kind] = (first, pushed)
-        cases[kind] = {"model_dir": first, "push_model_dir": pushed, "prompts": PROMPTS, "new_tokens": NEW_TOKENS,
-                       "sample": SAMPLE}
-    return run_vllm_session(cases, work, timeout_s=600), dirs
+    for run, (kind, tp) in RUNS.items():
+        if kind not in dirs:
+            dirs[kind] = (_save(kind, work / f"{kind}-0", 0), _save(kind, work / f"{kind}-1", 1))
+        first, pushed = dirs[kind]
+        cases[run] = {"model_dir": first, "push_model_dir": pushed, "prompts": PROMPTS, "new_tokens": NEW_TOKENS,
+                      "sample": SAMPLE, "tp": tp}
+    return run_vllm_session(cases, work, timeout_s=900), {run: dirs[kind] for run, (kind, _) in RUNS.items()}
 
 
 def _hf(path):
@@ -66,7 +72,7 @@ def _hf(path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-@pytest.mark.parametrize("kind", list(MODELS))
+@pytest.mark.parametrize("kind", list(RUNS))
 @pytest.mark.parametrize("phase", ["before", "after"])
 def test_vllm_greedy_follows_transformers_before_and_after_the_push(session, kind, phase):
     results, dirs = session
@@ -76,7 +82,7 @@ def test_vllm_greedy_follows_transformers_before_and_after_the_push(session, kin
     assert results[kind]["before"]["ids"] != results[kind]["after"]["ids"]  # the push changed every model's output
 
 
-@pytest.mark.parametrize("kind", list(MODELS))
+@pytest.mark.parametrize("kind", list(RUNS))
 def test_vllm_sampled_log_probs_are_those_of_logits_over_temperature(session, kind):
     results, dirs = session
     got = results[kind]["sampled"]
@@ -88,7 +94,7 @@ def test_vllm_sampled_log_probs_are_those_of_logits_over_temperature(session, ki
     assert checked == len(prompts) * NEW_TOKENS
 
 
-@pytest.mark.parametrize("kind", list(MODELS))
+@pytest.mark.parametrize("kind", list(RUNS))
 def test_vllm_partial_rollout_aborted_every_round_resumes_to_the_one_pass_greedy(session, kind):
     # The async trainers' segments on vLLM: every segment stops after a round of 3 tokens (the abort at a weight
     # sync) and the next resubmits prompt + tokens so far; the result is the uninterrupted greedy pass.
@@ -99,3 +105,21 @@ def test_vllm_partial_rollout_aborted_every_round_resumes_to_the_one_pass_greedy
     for got, want in zip(seg["logprobs"], full["logprobs"], strict=True):
         assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= TOL
     assert seg["versions"] == [[0, seg["segments"] - 1]] * len(PROMPTS)  # each segment tagged with its version
+
+
+def test_vllm_tp2_ranks_agree_and_each_holds_only_its_shard(session):
+    """Both TP ranks return the same samples (vLLM's external launcher: every rank schedules and samples alike), and
+    each rank's push buffer is its shard of the rollout layout: together the two hold less than two whole copies
+    (the norms and the replicated KV head are on both), each more than a third of one."""
+    from verl.models.config import ModelConfig
+    from verl.models.rollout_shapes import rollout_param_specs
+
+    results, dirs = session
+    for run in ("llama-tp2", "gemma3-tp2"):
+        ranks = results[run]["ranks"]
+        assert len(ranks) == 2
+        for phase in ("before", "after", "sampled", "segmented"):
+            assert ranks[0][phase]["ids"] == ranks[1][phase]["ids"], (run, phase)
+        whole = sum(s.numel for s in rollout_param_specs(ModelConfig.from_pretrained(dirs[run][0]), 1, 0))
+        shard = ranks[0]["buffer_numel"]
+        assert ranks[1]["buffer_numel"] == shard and whole / 3 < shard < whole, (run, shard, whole)

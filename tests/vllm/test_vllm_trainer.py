@@ -17,7 +17,9 @@ Three runs:
   bound;
 - ``moe``: the tiny Qwen3-MoE (8 experts, top 2), Megatron EP2 actor: the stacked experts reach vLLM's fused MoE as
   their per-expert HF tensors, and vLLM's CPU kernel packs them again after every reload (without that the first
-  step is off by ~1e-2 and the trainer stops).
+  step is off by ~1e-2 and the trainer stops);
+- ``rollout_tp2``: rollout TP 2, both ranks one vLLM engine (vLLM's external launcher, a TP worker per rank), each
+  rank's reshard writing its own shard of the rollout layout, which the push copies into vLLM's per-rank parameters.
 
 A length reward (responses to one prompt score differently) in every run but ``full`` makes every step's
 update move the weights (LoRA's B starts at zero; lr 1e-2), so a later step's bound checks the weights of that step.
@@ -49,6 +51,8 @@ RUNS = {
     "colocate_async": ("grpo_arith_tiny.yaml", "qwen2_0p7m_arith.json", ASYNC, True, 352),
     "separate_async": ("grpo_arith_tiny.yaml", "qwen2_0p7m_arith.json", SEPARATE_ASYNC, True, 352),
     "moe": ("grpo_qwen3moe_tiny.yaml", "qwen3moe_tiny_arith.json", [], True, 128),
+    "rollout_tp2": ("grpo_arith_tiny.yaml", "qwen2_0p7m_arith.json",
+                    ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], True, 352),
 }
 
 
@@ -76,6 +80,9 @@ def test_grpo_with_vllm_rollout_runs_and_matches_the_actor(vllm_python, tmp_path
     proc = subprocess.run(cmd, cwd=ROOT, env=dict(env, OMP_NUM_THREADS="1"), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
+    if run == "rollout_tp2":  # vLLM itself says it runs TP 2 over the trainer's ranks
+        logs = proc.stdout + proc.stderr
+        assert "tensor_parallel_size=2" in logs and "external_launcher" in logs
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = {r["step"]: r for r in records if r.get("step", 0) >= 1}
     assert sorted(steps) == list(range(1, STEPS + 1))

@@ -176,12 +176,13 @@ class RoundResult:
 
 def generate_in_rounds(prompts: Sequence[list[int]], budgets: Sequence[int], params: SamplingParams,
                        run_round: Callable[[list[RoundRequest]], list[RoundResult]], width: int, pad: int,
-                       stop: SegmentStop | None = None, round_tokens: int = 16
+                       stop: SegmentStop | None = None, round_tokens: int = 16, tp_group: Any = None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows generated up to their ``budgets`` through ``run_round`` (an engine's batch generate), in rounds of at
     most ``round_tokens`` new tokens when a ``stop`` rule is given (checked after every round), else in one:
     (responses, response_mask, log_probs) [rows, ``width``]. Sampled rows get seed ``params.seed + row`` in the first
-    round and a fresh one in each later round, so a row's stream is reproducible and its own."""
+    round and a fresh one in each later round, so a row's stream is reproducible and its own. ``tp_group``: the
+    engine's TP ranks, which take the stop decision together (one rank's abort stops them all)."""
     tokens: list[list[int]] = [[] for _ in prompts]
     token_log_probs: list[list[float]] = [[] for _ in prompts]
     done = [b <= 0 for b in budgets]
@@ -204,7 +205,7 @@ def generate_in_rounds(prompts: Sequence[list[int]], budgets: Sequence[int], par
             token_log_probs[row] += [float(lp) for lp in result.log_probs[:len(ids)]]
             # Finished: a stop token ended it, or its budget is spent (a round's cap is not a finish).
             done[row] = result.stopped or len(tokens[row]) >= budgets[row]
-        if stop is None or stop.reached(torch.tensor(done)):
+        if stop is None or stop.reached(torch.tensor(done), tp_group):
             break
     responses = torch.full((len(prompts), width), pad, dtype=torch.int64)
     response_mask = torch.zeros(len(prompts), width, dtype=torch.int64)

@@ -272,19 +272,28 @@ SGLANG = RolloutEngine(
 )
 
 
-def _vllm_engine(site: Any, model_path: str, dtype: str, load_format: str, engine_args: dict) -> Any:
+def _vllm_engine(site: Any, model_path: str, dtype: str, load_format: str, engine_args: dict,
+                 worker_tp: int = 1) -> Any:
     from verl.engine.rollout.vllm.engine import VLLMRollout
 
     return VLLMRollout(site.model_config, model_path, dtype=_dtype(dtype), pad_token_id=site.pad_token_id,
                        seed=site.seed, max_rows=site.max_rows, max_seq_len=site.max_seq_len, load_format=load_format,
-                       engine_args=engine_args)
+                       engine_args=engine_args, tp_group=site.tp_group, worker_tp=worker_tp)
 
 
 def _build_vllm(rollout: Any, site: RolloutSite) -> Any:
-    """vLLM in this rank's process (rollout TP 1); its weights arrive from the reshard at the first sync."""
+    """vLLM in this rank's process, one TP worker per rank of the rollout TP group (vLLM's external launcher); its
+    weights arrive from the reshard at the first sync."""
     import tempfile
 
     from verl.engine.rollout.sglang_group import engine_model_dir
+    from verl.engine.rollout.vllm.engine import VLLMConfigError
+
+    if site.pool and site.tp_group is not None:  # vLLM builds its groups over every rank; the trainer's build none
+        raise VLLMConfigError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={len(site.group_ranks)}: a "
+                              "standalone rollout pool runs vLLM at TP 1 (vLLM's external launcher builds its TP "
+                              "groups over every rank of the job, the training ranks included): use 1, or "
+                              "rollout.name=native")
 
     model_dir = engine_model_dir(site.model_path, tempfile.mkdtemp(prefix="verl_vllm_model_"))
     # verl's vLLM keys: these go to vLLM's engine arguments (engine_kwargs.vllm last, as verl passes them)
@@ -294,7 +303,8 @@ def _build_vllm(rollout: Any, site: RolloutSite) -> Any:
 
 
 def _open_vllm(site: StandaloneSite) -> contextlib.AbstractContextManager:
-    return _vllm_engine(site, os.path.abspath(site.model_dir), site.dtype, "auto", {})  # shut down at the exit
+    # one process here, vLLM's own TP worker processes under it (shut down at the exit)
+    return _vllm_engine(site, os.path.abspath(site.model_dir), site.dtype, "auto", {}, worker_tp=site.tp_size)
 
 
 def _check_vllm_model(config: Any, tp_size: int) -> None:

@@ -11,8 +11,16 @@ rollout layout's padding rows (vLLM pads its own). Nothing is read from disk aft
 dummy in the trainer).
 
 vLLM runs its engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the reload's tensors are
-passed by reference, not serialized. Rollout TP 1 here: vLLM's own TP runs one worker process per rank, which this
-build does not feed shard by shard yet (the registry refuses TP > 1 in one line).
+passed by reference, not serialized.
+
+Rollout TP > 1: every rank of the rollout TP group runs its own ``vllm.LLM`` with vLLM's external launcher
+(``distributed_executor_backend="external_launcher"``: vLLM's TP group is built over the trainer's torch.distributed
+ranks, each rank one TP worker, in this process), and every rank of the group calls ``generate`` with the same
+requests, as the native engine's TP ranks do. Its weights: the rank's own rollout-layout shard (fused q/k/v and
+gate/up rows of its heads, its rows of the padded vocab, its input columns of o_proj and down_proj), which is vLLM's
+per-rank parameter layout, so each tensor is copied into the parameter of the same name as it is, inside vLLM's
+layerwise reload (:func:`load_rank_shards`); nothing is gathered, and vLLM's weight loaders, which cut a full
+checkpoint tensor, are not used.
 
 Log-probs: ``logprobs_mode="processed_logprobs"``, the log-softmax of the logits after temperature (and top-k/top-p
 when set): those of the distribution sampled from; greedy requests get the raw log-softmax. With top-k and top-p
@@ -64,10 +72,14 @@ class VLLMConfigError(InputError):
 def check_vllm_model(config: ModelConfig, tp_size: int) -> None:
     """The limits of this vLLM path, before anything starts. A block feature outside :data:`VLLM_BLOCK_FEATURES`
     was never checked against transformers on vLLM, so it is refused."""
-    if tp_size != 1:
-        raise VLLMConfigError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp_size}: the vLLM rollout here "
-                              "runs TP 1 (vLLM's own TP worker processes are not fed shard by shard yet): use 1, or "
-                              "rollout.name=native / sglang for rollout TP > 1")
+    if tp_size > 1 and config.is_moe:
+        raise VLLMConfigError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp_size}: the vLLM rollout of a "
+                              f"mixture of experts runs TP 1 (vLLM's per-rank fused-MoE tensors are not the rollout "
+                              f"layout's stacked experts): use 1, or rollout.name=native")
+    if tp_size > 1 and config.num_attention_heads % tp_size:
+        raise VLLMConfigError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp_size}: vLLM splits the "
+                              f"{config.num_attention_heads} query heads evenly over TP ranks: use a divisor of "
+                              f"{config.num_attention_heads}")
     untested = [f for f in config.block_features() if f not in VLLM_BLOCK_FEATURES]
     if untested:
         raise VLLMConfigError(f"actor_rollout_ref.rollout.name=vllm: model_type {config.model_type} needs the block "
@@ -99,6 +111,106 @@ def checkpoint_named(name: str, tensor: torch.Tensor,
         return
     names, rows = zip(*stacked[name], strict=True)
     yield from zip(names, tensor.split(list(rows)), strict=True)
+
+
+def check_tp_group(tp_group: Any) -> tuple[int, int]:
+    """(TP size, this rank's TP rank). vLLM's external launcher builds its TP groups from consecutive global ranks
+    ([0, tp), [tp, 2 tp), ...) over the default group; the rollout TP group must be one of them."""
+    import torch.distributed as dist
+
+    if tp_group is None:
+        return 1, 0
+    ranks = dist.get_process_group_ranks(tp_group)
+    size = len(ranks)
+    if ranks != list(range(ranks[0], ranks[0] + size)) or ranks[0] % size:
+        raise VLLMConfigError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={size}: vLLM's TP groups are "
+                              f"consecutive ranks [k*{size}, (k+1)*{size}), found the rollout TP group {ranks} (this "
+                              f"actor layout interleaves them): use rollout TP 1, or rollout.name=native")
+    return size, dist.get_rank(tp_group)
+
+
+SHM_DIR = "/dev/shm"
+
+
+def job_shm_ident(tp_group: Any) -> str:
+    """A name no other job's vLLM shares, the same on every rank of ``tp_group`` (drawn by its first rank)."""
+    import uuid
+
+    import torch.distributed as dist
+
+    box = [f"verl-{uuid.uuid4().hex[:12]}"]
+    dist.broadcast_object_list(box, group=tp_group, group_src=0)
+    return box[0]
+
+
+@contextlib.contextmanager
+def shm_names_of_this_job(ident: str):
+    """vLLM's CPU TP all-reduce puts its buffers in shared memory named after the launch's init method; under the
+    external launcher that is ``env://`` for every job, so two jobs on one node (or a killed job's leftovers) collide
+    ("create shm in SHMManager failed. errno: 17"). Inside this block the names start with ``ident``."""
+    from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
+
+    make = _CPUSHMDistributed.make_group_name
+
+    def job_group_name(communicator):
+        # (the launch's ident is "//" under env://: a name with "/" past its start is refused by shm_open)
+        return ident + make(communicator).replace("/", "")
+
+    _CPUSHMDistributed.make_group_name = staticmethod(job_group_name)
+    try:
+        yield
+    finally:
+        _CPUSHMDistributed.make_group_name = staticmethod(make)
+
+
+def remove_shm(ident: str) -> None:
+    """Unlink this job's vLLM shared-memory buffers (mappings still open stay valid until they close)."""
+    if not os.path.isdir(SHM_DIR):
+        return
+    for name in os.listdir(SHM_DIR):
+        if name.startswith(ident):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(SHM_DIR, name))
+
+
+def load_rank_shards(model: Any, model_config: Any, tensors: Mapping[str, torch.Tensor],
+                     vocab_rows: Mapping[str, int]) -> None:
+    """This TP rank's rollout-layout tensors -> vLLM's parameters of the same names, in place, through vLLM's
+    layerwise reload (each layer restored to its loading shapes, filled, then processed again: the CPU weight
+    packing). Each tensor already is the rank's shard in vLLM's per-rank layout, so it is copied as it is (shapes
+    checked); ``vocab_rows``: for a vocab table, the real rows of this rank's slice (the padding rows after them are
+    zeroed, as vLLM's own loader leaves them)."""
+    from vllm.model_executor.model_loader.reload.layerwise import (
+        finalize_layerwise_reload,
+        initialize_layerwise_reload,
+        make_online_process_loader,
+    )
+
+    own = {name for name, _ in model.named_parameters()}
+    missing = sorted(own - set(tensors))
+    unknown = sorted(set(tensors) - own)
+    if missing or unknown:
+        raise RolloutInputError(f"vllm load_rank_shards: expected the rollout tensors to name vLLM's parameters, "
+                                f"found {missing[:3]} without a tensor and {unknown[:3]} without a parameter")
+
+    def copy_shard(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+        if tuple(param.shape) != tuple(loaded_weight.shape):
+            raise RolloutInputError(f"vllm load_rank_shards: expected a shard of shape {tuple(param.shape)}, found "
+                                    f"{tuple(loaded_weight.shape)}")
+        param.data.copy_(loaded_weight)
+
+    initialize_layerwise_reload(model)
+    for name, tensor in tensors.items():
+        module_name, _, param_name = name.rpartition(".")
+        layer = model.get_submodule(module_name)
+        param = getattr(layer, param_name)
+        param.weight_loader = copy_shard  # the loader the layerwise reload defers to (vLLM's would cut a full tensor)
+        param.weight_loader = make_online_process_loader(layer, param_name)
+        if name in vocab_rows and vocab_rows[name] < tensor.size(0):
+            tensor = torch.cat([tensor[:vocab_rows[name]], tensor.new_zeros(tensor.size(0) - vocab_rows[name],
+                                                                            *tensor.shape[1:])])
+        param.weight_loader(param, tensor)
+    finalize_layerwise_reload(model, model_config)
 
 
 def vllm_sampling_params(sp: SamplingParams, vllm_module: Any) -> Any:
@@ -167,17 +279,25 @@ def refresh_cpu_moe_packing(model: Any) -> None:
 
 class VLLMRollout(BaseRollout):
     """``vllm.LLM`` over ``model_path`` (an HF directory) on this rank. ``load_format="dummy"``: random weights until
-    the first push (the trainer); ``"auto"``: the checkpoint's (``verl generate``)."""
+    the first push (the trainer); ``"auto"``: the checkpoint's (``verl generate``). ``tp_group``: this rank's rollout
+    TP group, each rank one of vLLM's TP workers (the external launcher). ``worker_tp`` > 1: instead, vLLM's own TP
+    worker processes under this one (``verl generate --tp``, the checkpoint's weights; no pushes)."""
 
     def __init__(self, config: ModelConfig, model_path: str, dtype: torch.dtype = torch.float32,
                  pad_token_id: int = 0, seed: int = 0, max_rows: int = 64, max_seq_len: int = 512,
-                 load_format: str = "dummy", engine_args: Mapping[str, Any] | None = None):
+                 load_format: str = "dummy", engine_args: Mapping[str, Any] | None = None, tp_group: Any = None,
+                 worker_tp: int = 1):
         super().__init__(config, pad_token_id)
         if dtype not in NAME_OF_DTYPE:
             raise VLLMConfigError(f"dtype: expected one of {list(NAME_OF_DTYPE)}, found {dtype}")
-        check_vllm_model(config, 1)
+        self.tp_size, self.tp_rank = check_tp_group(tp_group)
+        self.tp_group = tp_group
+        if worker_tp > 1 and (tp_group is not None or load_format == "dummy"):
+            raise ValueError("worker_tp > 1: expected vLLM's own workers on the checkpoint (no tp_group, no pushes)")
+        self.worker_tp = worker_tp
+        check_vllm_model(config, max(self.tp_size, worker_tp))
         self.dtype = dtype
-        self.specs = rollout_param_specs(config, 1, 0)
+        self.specs = rollout_param_specs(config, self.tp_size, self.tp_rank)
         self.offsets, self.numel = spec_offsets(self.specs)
         self.vocab_names = vocab_rollout_names(config)
         self.stacked = stacked_expert_parts(config)
@@ -193,12 +313,20 @@ class VLLMRollout(BaseRollout):
         args = dict(model=model_path, skip_tokenizer_init=True, dtype=NAME_OF_DTYPE[dtype], seed=seed,
                     max_model_len=max_seq_len, max_num_seqs=max_rows, enforce_eager=True, load_format=load_format,
                     logprobs_mode="processed_logprobs", disable_log_stats=True)
+        self._shm_ident = None
+        if self.tp_size > 1:  # one TP worker per rank, in this process, over the trainer's ranks
+            args.update(tensor_parallel_size=self.tp_size, distributed_executor_backend="external_launcher")
+            self._shm_ident = job_shm_ident(tp_group)
+        elif worker_tp > 1:  # vLLM's multiprocessing executor: a worker process per TP rank
+            args.update(tensor_parallel_size=worker_tp, distributed_executor_backend="mp")
+            if not is_cuda_available():  # vLLM's CPU workers bind one NUMA node each by default; a node has one
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         args.update(engine_args or {})
-        self.llm = vllm.LLM(**args)
+        with shm_names_of_this_job(self._shm_ident) if self._shm_ident else contextlib.nullcontext():
+            self.llm = vllm.LLM(**args)
 
-    # The agent loops' token server (the batching one the native engine uses) over this engine: one replica, and
-    # no K/V kept by the server itself (vLLM's prefix cache holds each trajectory's prefix between turns).
-    tp_size = 1
+    # The agent loops' token server (the batching one the native engine uses) over this engine: no K/V kept by the
+    # server itself (vLLM's prefix cache holds each trajectory's prefix between turns).
     prefix_caching = False
 
     def token_server(self, base: SamplingParams, pad_token_id: int | None = None) -> Any:
@@ -211,11 +339,14 @@ class VLLMRollout(BaseRollout):
 
     def _kv_bytes(self, rows: int, seq_len: int) -> int:
         c = self.config
-        return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * self.dtype.itemsize * rows * seq_len
+        heads = max(1, c.num_key_value_heads // self.tp_size)  # this rank's (vLLM replicates a head over TP > heads)
+        return 2 * c.num_hidden_layers * heads * c.head_dim * self.dtype.itemsize * rows * seq_len
 
     # ---------------------------------------------------------------- weights
     def weight_buffer(self) -> torch.Tensor:
         """This rank's flat rollout buffer for the reshard to write (kept across steps)."""
+        if self.worker_tp > 1:
+            raise RuntimeError("vllm weight_buffer: an engine over its own TP workers serves its checkpoint, no pushes")
         if self._buffer is None:
             self._buffer = torch.empty(self.numel, dtype=self.dtype)
         return self._buffer
@@ -231,22 +362,32 @@ class VLLMRollout(BaseRollout):
         return {METRIC_PUSH_SECONDS: time.perf_counter() - start}
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Rollout-layout tensors (names of ``rollout_param_specs``) -> vLLM's model, in place (vLLM's reload)."""
+        """Rollout-layout tensors (names of ``rollout_param_specs``, this TP rank's) -> vLLM's model, in place."""
         shapes = {s.name: s.shape for s in self.specs}
-        vocab = self.config.vocab_size
-        tensors, seen = [], set()
+        shards: dict[str, torch.Tensor] = {}
         for name, tensor in named_tensors:
             if tuple(tensor.shape) != shapes.get(name, ()):
                 raise RolloutInputError(f"vllm load_weights {name}: expected a rollout tensor of shape "
                                         f"{shapes.get(name)}, found {tuple(tensor.shape)}")
-            tensors.extend(checkpoint_named(name, tensor[:vocab] if name in self.vocab_names else tensor,
-                                            self.stacked))
-            seen.add(name)
-        missing = sorted(set(shapes) - seen)
+            shards[name] = tensor
+        missing = sorted(set(shapes) - set(shards))
         if missing:
             raise RolloutInputError(f"vllm load_weights: expected every rollout tensor, found {missing[:3]} missing")
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors),
-                                                          "is_checkpoint_format": True})
+        if self.tp_size > 1:
+            # this rank's real vocab rows: its slice of the padded table, less the padding past the vocabulary
+            rows = {name: max(0, min(shards[name].size(0), self.config.vocab_size
+                                     - self.tp_rank * shards[name].size(0))) for name in self.vocab_names}
+            model_config = self.llm.llm_engine.vllm_config.model_config
+            self.llm.apply_model(lambda model: load_rank_shards(model, model_config, shards, rows))
+        else:
+            # vLLM's reload in checkpoint format: the vocab tables without the layout's padding rows (vLLM pads its
+            # own), a stacked expert tensor as its per-expert HF parts
+            vocab = self.config.vocab_size
+            tensors = [named for name, tensor in shards.items()
+                       for named in checkpoint_named(name, tensor[:vocab] if name in self.vocab_names else tensor,
+                                                     self.stacked)]
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors),
+                                                              "is_checkpoint_format": True})
         if self.config.tie_word_embeddings:
             self.llm.apply_model(refresh_tied_head)
         if self.stacked:
@@ -273,6 +414,8 @@ class VLLMRollout(BaseRollout):
                 llm.llm_engine.engine_core.shutdown()
                 del llm
                 gc.collect()
+        if getattr(self, "_shm_ident", None):
+            remove_shm(self._shm_ident)
 
     # ---------------------------------------------------------------- generation
     def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -334,4 +477,4 @@ class VLLMRollout(BaseRollout):
             return results
 
         return generate_in_rounds(prompts, budgets, sp, run_round, max(budgets, default=0), pad_token_id, stop,
-                                  SEGMENT_ROUND_TOKENS)
+                                  SEGMENT_ROUND_TOKENS, self.tp_group)
