@@ -333,10 +333,25 @@ def test_keys_without_effect_here_warn_when_set_and_stay_quiet_at_their_default(
     assert "actor_rollout_ref.rollout.enforce_eager=False has no effect in verl-hpc" in caplog.text
     assert "data.return_raw_chat=False has no effect" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING):  # the vLLM rollout reads enforce_eager itself; max_num_seqs it does not
-        load_config(GRPO, [*data_args, "actor_rollout_ref.rollout.name=vllm",
-                           "actor_rollout_ref.rollout.enforce_eager=False", "actor_rollout_ref.rollout.max_num_seqs=7"])
-    assert "enforce_eager=False has no effect" not in caplog.text
+    with caplog.at_level(logging.WARNING):  # the vLLM rollout reads verl's vLLM keys itself
+        config = load_config(GRPO, [*data_args, "actor_rollout_ref.rollout.name=vllm",
+                                    "actor_rollout_ref.rollout.enforce_eager=False",
+                                    "actor_rollout_ref.rollout.max_num_seqs=7",
+                                    "actor_rollout_ref.rollout.max_num_batched_tokens=4096",
+                                    "actor_rollout_ref.rollout.max_model_len=96",
+                                    "actor_rollout_ref.rollout.enable_chunked_prefill=False",
+                                    "actor_rollout_ref.rollout.disable_log_stats=False"])
+    assert "has no effect" not in caplog.text
+    from verl.engine.rollout.registry import vllm_engine_args
+
+    assert vllm_engine_args(config.actor_rollout_ref.rollout, max_rows=16) == dict(
+        enforce_eager=False, enable_prefix_caching=config.actor_rollout_ref.rollout.enable_prefix_caching,
+        max_num_batched_tokens=4096, enable_chunked_prefill=False, disable_log_stats=False, max_num_seqs=7,
+        max_model_len=96)  # no gpu_memory_utilization on CPU (vLLM's CPU backend reads it as host memory)
+    assert vllm_engine_args(config.actor_rollout_ref.rollout, max_rows=4)["max_num_seqs"] == 4  # the KV pool's rows
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # the native engine reads none of them
+        load_config(GRPO, [*data_args, "actor_rollout_ref.rollout.max_num_seqs=7"])
     assert "max_num_seqs=7 has no effect" in caplog.text
 
 

@@ -281,6 +281,25 @@ def _vllm_engine(site: Any, model_path: str, dtype: str, load_format: str, engin
                        engine_args=engine_args, tp_group=site.tp_group, worker_tp=worker_tp)
 
 
+def vllm_engine_args(rollout: Any, max_rows: int) -> dict[str, Any]:
+    """verl's vLLM keys of the rollout section as vLLM's engine arguments (``engine_kwargs.vllm`` goes on top, as verl
+    passes it). ``max_num_seqs`` is capped by the rows a call generates (the KV pool is sized for those);
+    ``max_model_len`` null keeps prompt + response; ``gpu_memory_utilization`` only on a GPU (vLLM's CPU backend
+    reads it as the fraction of host memory to reserve: the KV pool here is sized by VLLM_CPU_KVCACHE_SPACE)."""
+    from verl.utils.device import is_cuda_available
+
+    args = dict(enforce_eager=bool(rollout.enforce_eager), enable_prefix_caching=bool(rollout.enable_prefix_caching),
+                max_num_batched_tokens=int(rollout.max_num_batched_tokens),
+                enable_chunked_prefill=bool(rollout.enable_chunked_prefill),
+                disable_log_stats=bool(rollout.disable_log_stats),
+                max_num_seqs=max(1, min(int(rollout.max_num_seqs), max_rows)))
+    if rollout.max_model_len is not None:
+        args["max_model_len"] = int(rollout.max_model_len)
+    if is_cuda_available():
+        args["gpu_memory_utilization"] = float(rollout.gpu_memory_utilization)
+    return args
+
+
 def _build_vllm(rollout: Any, site: RolloutSite) -> Any:
     """vLLM in this rank's process, one TP worker per rank of the rollout TP group (vLLM's external launcher); its
     weights arrive from the reshard at the first sync."""
@@ -296,8 +315,7 @@ def _build_vllm(rollout: Any, site: RolloutSite) -> Any:
                               "rollout.name=native")
 
     model_dir = engine_model_dir(site.model_path, tempfile.mkdtemp(prefix="verl_vllm_model_"))
-    # verl's vLLM keys: these go to vLLM's engine arguments (engine_kwargs.vllm last, as verl passes them)
-    args = dict(enforce_eager=bool(rollout.enforce_eager), enable_prefix_caching=bool(rollout.enable_prefix_caching))
+    args = vllm_engine_args(rollout, site.max_rows)
     args.update(dict(rollout.engine_kwargs.vllm))
     return _vllm_engine(site, model_dir, rollout.dtype, "dummy", args)
 

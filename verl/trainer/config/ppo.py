@@ -136,8 +136,9 @@ REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 
 _VLLM_KNOB = ("a vLLM engine setting; the native engine generates each rank's whole batch at once, and SGLang "
               "takes its own engine settings from rollout.engine_kwargs.sglang")
-# The vLLM settings the vLLM rollout reads itself (verl.engine.rollout.registry._build_vllm): no warning with it.
-_VLLM_READS = {f"{ARR}.rollout.enforce_eager"}
+# The vLLM settings the vLLM rollout reads itself (verl.engine.rollout.registry.vllm_engine_args): no warning with it.
+_VLLM_READS = {f"{ARR}.rollout.{key}" for key in ("enforce_eager", "max_num_batched_tokens", "max_num_seqs",
+                                                   "max_model_len", "enable_chunked_prefill", "disable_log_stats")}
 # Keys verl scripts set that change nothing here: a value other than the packaged default gets a warning
 # naming why (never silently ignored); the default itself is quiet.
 NO_EFFECT: dict[str, str] = {
