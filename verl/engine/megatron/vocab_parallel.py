@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 # Elements of a chunk's fp32 temporaries (64 MiB each): the tokens per chunk follow the vocabulary slice's width,
-# 341 tokens of SmolLM2's 49152, 64 of Gemma 3's 262144 (a fixed 1024 tokens held 1 GiB temporaries on the latter,
-# three times its response logits; measured in results/gemma3_logprob_memory/).
+# 341 tokens of a 49152-token vocabulary, 64 of a 262144-token one (a fixed 1024 tokens held 1 GiB temporaries on
+# the latter, more than twice its response logits: results/ has the before and after).
 CHUNK_ELEMENTS = 1 << 24
 
 

@@ -17,9 +17,9 @@ Rollout TP > 1: every rank of the rollout TP group runs its own ``vllm.LLM`` wit
 (``distributed_executor_backend="external_launcher"``: vLLM's TP group is built over the trainer's torch.distributed
 ranks, each rank one TP worker, in this process), and every rank of the group calls ``generate`` with the same
 requests, as the native engine's TP ranks do. Its weights: the rank's own rollout-layout shard (fused q/k/v and
-gate/up rows of its heads, its rows of the padded vocab, its input columns of o_proj and down_proj), which is vLLM's
-per-rank parameter layout, so each tensor is copied into the parameter of the same name as it is, inside vLLM's
-layerwise reload (:func:`load_rank_shards`); nothing is gathered, and vLLM's weight loaders, which cut a full
+gate/up rows of its heads, its rows of the padded vocab, its input columns of the row-parallel projections), which
+is vLLM's per-rank parameter layout, so each tensor is copied into the parameter of the same name as it is, inside
+vLLM's layerwise reload (:func:`load_rank_shards`); nothing is gathered, and vLLM's weight loaders, which cut a full
 checkpoint tensor, are not used.
 
 Log-probs: ``logprobs_mode="processed_logprobs"``, the log-softmax of the logits after temperature (and top-k/top-p
