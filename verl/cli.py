@@ -36,6 +36,7 @@ GROUPS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
         "reshard": ("verl.bench.reshard",
                     "3D-HybridEngine reshard on N local ranks vs memcpy and the naive gather path"),
         "train": ("verl.bench.train", "N GRPO steps of a model config: s/step, phase split, tokens/s, peak RSS"),
+        "gemm": ("verl.bench.cpu_gemm", "fp32 GEMM on this CPU: torch's default BLAS vs oneDNN, a model's shapes"),
         "dispatch": ("verl.bench.dispatch",
                      "bytes each rank receives per step: the data plane vs the legacy all-gather, weak scaling"),
     }),
