@@ -27,7 +27,7 @@ from verl.errors import InputError, OneLineArgumentParser, refuse
 # step's sizes (32 rows decoding; 8 prompts x ~100 tokens prefilled; 32 x 132 tokens through the update), and the
 # roofline's square matmul
 SHAPES = (("decode qkv", 32, 576, 960), ("decode gate_up", 32, 576, 3072), ("decode down", 32, 1536, 576),
-          ("decode lm_head", 32, 576, 49152), ("prefill gate_up", 800, 576, 3072),
+          ("decode output head", 32, 576, 49152), ("prefill gate_up", 800, 576, 3072),
           ("update gate_up", 4224, 576, 3072), ("update down", 4224, 1536, 576), ("square 1024", 1024, 1024, 1024))
 
 
