@@ -190,13 +190,14 @@ def load_rank_shards(model: Any, model_config: Any, tensors: Mapping[str, torch.
     missing = sorted(own - set(tensors))
     unknown = sorted(set(tensors) - own)
     if missing or unknown:
-        raise RolloutInputError(f"vllm load_rank_shards: expected the rollout tensors to name vLLM's parameters, "
-                                f"found {missing[:3]} without a tensor and {unknown[:3]} without a parameter")
+        # (the rollout layout and vLLM's model disagree: ours to fix, not the user's input)
+        raise RuntimeError(f"vllm load_rank_shards: expected the rollout tensors to name vLLM's parameters, found "
+                           f"{missing[:3]} without a tensor and {unknown[:3]} without a parameter")
 
     def copy_shard(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
         if tuple(param.shape) != tuple(loaded_weight.shape):
-            raise RolloutInputError(f"vllm load_rank_shards: expected a shard of shape {tuple(param.shape)}, found "
-                                    f"{tuple(loaded_weight.shape)}")
+            raise RuntimeError(f"vllm load_rank_shards: expected a shard of shape {tuple(param.shape)}, found "
+                               f"{tuple(loaded_weight.shape)}")
         param.data.copy_(loaded_weight)
 
     initialize_layerwise_reload(model)
