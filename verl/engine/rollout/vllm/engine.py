@@ -45,7 +45,7 @@ from verl.engine.rollout.sglang_group import METRIC_PUSH_SECONDS  # the push's s
 from verl.engine.rollout.sglang_loader import spec_offsets
 from verl.errors import InputError
 from verl.models.config import ModelConfig
-from verl.models.rollout_shapes import rollout_param_specs
+from verl.models.rollout_shapes import kv_heads_per_rank, rollout_param_specs
 from verl.models.spec.base import TP, Fusion
 from verl.models.spec.registry import model_spec
 from verl.utils.device import is_cuda_available
@@ -194,22 +194,27 @@ def load_rank_shards(model: Any, model_config: Any, tensors: Mapping[str, torch.
         raise RuntimeError(f"vllm load_rank_shards: expected the rollout tensors to name vLLM's parameters, found "
                            f"{missing[:3]} without a tensor and {unknown[:3]} without a parameter")
 
-    def copy_shard(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
-        if tuple(param.shape) != tuple(loaded_weight.shape):
-            raise RuntimeError(f"vllm load_rank_shards: expected a shard of shape {tuple(param.shape)}, found "
-                               f"{tuple(loaded_weight.shape)}")
-        param.data.copy_(loaded_weight)
+    def shard_loader(real_rows: int | None):
+        def copy_shard(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+            if tuple(param.shape) != tuple(loaded_weight.shape):
+                raise RuntimeError(f"vllm load_rank_shards: expected a shard of shape {tuple(param.shape)}, found "
+                                   f"{tuple(loaded_weight.shape)}")
+            if real_rows is None or real_rows >= loaded_weight.size(0):
+                param.data.copy_(loaded_weight)
+                return
+            param.data[:real_rows].copy_(loaded_weight[:real_rows])  # the padding rows (< 64) copied as zeros
+            param.data[real_rows:].copy_(loaded_weight.new_zeros(loaded_weight.size(0) - real_rows,
+                                                                 *loaded_weight.shape[1:]))
+        return copy_shard
 
     initialize_layerwise_reload(model)
     for name, tensor in tensors.items():
         module_name, _, param_name = name.rpartition(".")
         layer = model.get_submodule(module_name)
         param = getattr(layer, param_name)
-        param.weight_loader = copy_shard  # the loader the layerwise reload defers to (vLLM's would cut a full tensor)
+        # the loader the layerwise reload defers to (vLLM's would cut a full tensor)
+        param.weight_loader = shard_loader(vocab_rows.get(name))
         param.weight_loader = make_online_process_loader(layer, param_name)
-        if name in vocab_rows and vocab_rows[name] < tensor.size(0):
-            tensor = torch.cat([tensor[:vocab_rows[name]], tensor.new_zeros(tensor.size(0) - vocab_rows[name],
-                                                                            *tensor.shape[1:])])
         param.weight_loader(param, tensor)
     finalize_layerwise_reload(model, model_config)
 
@@ -301,6 +306,9 @@ class VLLMRollout(BaseRollout):
         self.specs = rollout_param_specs(config, self.tp_size, self.tp_rank)
         self.offsets, self.numel = spec_offsets(self.specs)
         self.vocab_names = vocab_rollout_names(config)
+        # this rank's real rows of each vocab table: its slice of the padded table, less the padding past the vocab
+        self.vocab_real_rows = {s.name: max(0, min(s.shape[0], config.vocab_size - self.tp_rank * s.shape[0]))
+                                for s in self.specs if s.name in self.vocab_names}
         self.stacked = stacked_expert_parts(config)
         self._buffer: torch.Tensor | None = None
         # The engine core in this process: the reload passes tensors by reference, and no engine process outlives
@@ -340,7 +348,7 @@ class VLLMRollout(BaseRollout):
 
     def _kv_bytes(self, rows: int, seq_len: int) -> int:
         c = self.config
-        heads = max(1, c.num_key_value_heads // self.tp_size)  # this rank's (vLLM replicates a head over TP > heads)
+        heads = kv_heads_per_rank(c, self.tp_size)  # vLLM replicates a head over TP > heads, as the layout does
         return 2 * c.num_hidden_layers * heads * c.head_dim * self.dtype.itemsize * rows * seq_len
 
     # ---------------------------------------------------------------- weights
@@ -375,11 +383,8 @@ class VLLMRollout(BaseRollout):
         if missing:
             raise RolloutInputError(f"vllm load_weights: expected every rollout tensor, found {missing[:3]} missing")
         if self.tp_size > 1:
-            # this rank's real vocab rows: its slice of the padded table, less the padding past the vocabulary
-            rows = {name: max(0, min(shards[name].size(0), self.config.vocab_size
-                                     - self.tp_rank * shards[name].size(0))) for name in self.vocab_names}
             model_config = self.llm.llm_engine.vllm_config.model_config
-            self.llm.apply_model(lambda model: load_rank_shards(model, model_config, shards, rows))
+            self.llm.apply_model(lambda model: load_rank_shards(model, model_config, shards, self.vocab_real_rows))
         else:
             # vLLM's reload in checkpoint format: the vocab tables without the layout's padding rows (vLLM pads its
             # own), a stacked expert tensor as its per-expert HF parts
