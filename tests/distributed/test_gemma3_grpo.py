@@ -10,9 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from helpers.gemma3_model import gemma3_dir
+from helpers.gemma3_model import gemma3_dir, log_prob_tolerance_fp32
 from helpers.train_runs import REPO, read_metrics, train_env
-from test_gemma3_training_engines import _tolerance
 
 pytestmark = pytest.mark.distributed
 
@@ -48,4 +47,4 @@ def test_two_truncated_grpo_steps_on_gemma3(tmp_path):
         # the rollout sampled with the weights the actor holds (the step's reshard, after step 1's update at step 2):
         # fp32 on both sides, so their log-probs differ by summation order only (this checkpoint's logits stay below
         # 30 in magnitude on such prompts; a stale or wrong weight moves them by whole nats)
-        assert record["training/rollout_log_probs_diff_max"] <= _tolerance(30.0)
+        assert record["training/rollout_log_probs_diff_max"] <= log_prob_tolerance_fp32(30.0)

@@ -16,9 +16,8 @@ import shutil
 
 import pytest
 import torch
-from helpers.gemma3_model import ANSWER, PROMPT, gemma3_dir
+from helpers.gemma3_model import ANSWER, PROMPT, gemma3_dir, log_prob_tolerance_fp32
 from helpers.tiny_models import left_pad
-from helpers.tolerance import forward_tolerance
 
 from verl.launcher.spawn import run_ranks
 
@@ -29,14 +28,6 @@ PROMPTS = [PROMPT, "Water boils at a temperature of"]
 # The batch's responses: transformers' greedy answer (tests/helpers/gemma3_model.py) and a text of ours, cut short.
 RESPONSES = [ANSWER, " one hundred degrees Celsius at sea level."]
 PAD = 0
-
-
-def _tolerance(scale: float) -> float:
-    """Log-probs: another fp32 summation order than transformers' (2 ranks' partial sums) through 18 Gemma 3 layers
-    of 12 chained reductions (four norms, q/k norms, q/k/v, scores, values, o_proj, the MLP's two projections), the
-    widest the MLP's 2048 terms, then a log-softmax over 262144 logits of magnitude ``scale``."""
-    return (forward_tolerance(torch.float32, width=2048, depth=12 * 18 + 2, scale=scale)
-            + forward_tolerance(torch.float32, width=262144, depth=1, scale=scale))
 
 
 def _job(model_dir, batch, prompts, export_dir, strategy):
@@ -140,7 +131,7 @@ def test_actor_log_probs_and_entropy_equal_transformers(report):
     entropy = -(log_p.exp() * log_p).sum(-1)
     valid = batch["attention_mask"][:, -NEW_TOKENS:].bool()
     assert not valid.all() and valid.any()
-    tol = _tolerance(float(hf_logits.abs().max()))
+    tol = log_prob_tolerance_fp32(float(hf_logits.abs().max()))
     for result in results:
         assert (result["log_probs"] - want).abs()[valid].max().item() <= tol
         assert (result["entropy"] - entropy).abs()[valid].max().item() <= tol
@@ -158,7 +149,7 @@ def test_reshard_into_native_tp2_then_greedy_equals_transformers(report):
         for prompt, response, reported in zip(prompts, result["responses"].tolist(), result["rollout_log_probs"],
                                               strict=True):
             logits = greedy[tuple(prompt), tuple(response)]
-            tol = _tolerance(float(logits.abs().max()))
+            tol = log_prob_tolerance_fp32(float(logits.abs().max()))
             log_p = logits.log_softmax(-1)
             top2 = log_p.topk(2, dim=-1).values
             for t, token in enumerate(response):

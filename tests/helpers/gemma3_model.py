@@ -112,9 +112,11 @@ def window_prompts(tokenizer) -> list[list[int]]:
     return [long, tokenizer(PROMPT).input_ids]
 
 
-def rollout_tolerance(scale: float) -> float:
-    """A rollout engine's fp32 log-probs against transformers': another summation order through 18 layers of 12
-    chained reductions (widest: the MLP's 2048 terms), then a log-softmax over 262144 logits of magnitude ``scale``."""
+def log_prob_tolerance_fp32(scale: float) -> float:
+    """Gemma 3 270M's fp32 log-probs from any engine against transformers' (or another engine's): another summation
+    order (a rank's partial sums, another kernel) through 18 layers of 12 chained reductions (four norms, q/k norms,
+    q/k/v, scores, values, o_proj, the MLP's two projections; widest: the MLP's 2048 terms), then a log-softmax over
+    262144 logits of magnitude ``scale``."""
     import torch
 
     from helpers.tolerance import forward_tolerance
@@ -136,7 +138,7 @@ def check_rollout_past_the_window(hf, tokenizer, prompts, got: dict, own: dict) 
         assert len(ids) == NEW_TOKENS
         with torch.no_grad():
             logits = hf(torch.tensor([prompt + ids[:-1]]), logits_to_keep=NEW_TOKENS).logits[0].float()
-        tol = rollout_tolerance(float(logits.abs().max()))
+        tol = log_prob_tolerance_fp32(float(logits.abs().max()))
         want = logits.log_softmax(-1)
         top2 = want.topk(2, dim=-1).values
         for t, token in enumerate(ids):
