@@ -48,3 +48,5 @@ def test_matmul_params_count_the_head_once_tied_or_not(tmp_path):
 def test_the_machine_limits_are_measured():
     limits = machine_limits(threads=1)
     assert limits["threads"] == 1 and limits["matmul_gflops"] > 0.1 and limits["copy_gb_s"] > 0.1
+    libraries = [v for k, v in limits.items() if k.startswith("matmul_gflops_")]
+    assert "matmul_gflops_blas" in limits and limits["matmul_gflops"] == max(libraries)

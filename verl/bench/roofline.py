@@ -1,8 +1,9 @@
 """Each phase of a GRPO step against this machine's own limits (``verl bench train --roofline``).
 
 The limits are measured here, once, with torch on every core the ranks share (``os.cpu_count()`` threads): the
-matmul rate (fp32 ``mm`` of square matrices, best of a few) and the memory bandwidth (a large tensor copy, bytes
-read + written). Each phase's lower bound in seconds comes from the model's weight matmuls only:
+matmul rate (fp32 products of square matrices, best of a few, through torch's BLAS ``mm`` and oneDNN's GEMM, the
+faster of the two) and the memory bandwidth (a large tensor copy, bytes read + written). Each phase's lower bound in
+seconds comes from the model's weight matmuls only:
 
 * forward FLOPs of a step = 2 x (the weights' matmul parameters) x tokens, the output head counted on the response
   positions only (verl-hpc's actor computes logits there); attention's score products are left out (they are small
@@ -26,21 +27,31 @@ from typing import Any
 
 import torch
 
+from verl.ops.cpu_gemm import onednn_available, onednn_linear
+
 MATMUL_N = 1024          # square fp32 matrices: large enough for the BLAS's steady rate, seconds-cheap on 2 cores
 COPY_BYTES = 256 << 20   # far beyond every cache level
 REPEATS = 5
 
 
 def machine_limits(threads: int | None = None) -> dict[str, float]:
-    """``matmul_gflops`` (fp32) and ``copy_gb_s`` (read + write) of this machine, ``threads`` torch threads."""
+    """``matmul_gflops`` (fp32: the faster of torch's BLAS ``mm``, ``matmul_gflops_blas``, and oneDNN's GEMM,
+    ``matmul_gflops_onednn``, which the engines use on CPU) and ``copy_gb_s`` (read + write) of this machine,
+    ``threads`` torch threads."""
     threads = threads or os.cpu_count() or 1
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         a, b = torch.randn(MATMUL_N, MATMUL_N), torch.randn(MATMUL_N, MATMUL_N)
-        torch.mm(a, b)  # warm-up: the BLAS's threads and buffers
-        best = min(_seconds(lambda: torch.mm(a, b)) for _ in range(REPEATS))
-        gflops = 2 * MATMUL_N ** 3 / best / 1e9
+        rates = {}
+        gemms = {"blas": lambda: torch.mm(a, b)}
+        if onednn_available():
+            gemms["onednn"] = lambda: onednn_linear(a, b)
+        for name, gemm in gemms.items():
+            gemm()  # warm-up: the library's threads, buffers and (oneDNN) primitive
+            best = min(_seconds(gemm) for _ in range(REPEATS))
+            rates[f"matmul_gflops_{name}"] = 2 * MATMUL_N ** 3 / best / 1e9
+        gflops = max(rates.values())  # the machine's limit is the faster library's rate
         src = torch.ones(COPY_BYTES // 4)
         dst = torch.empty_like(src)
         dst.copy_(src)
@@ -48,7 +59,7 @@ def machine_limits(threads: int | None = None) -> dict[str, float]:
         copy = 2 * COPY_BYTES / best / 1e9
     finally:
         torch.set_num_threads(before)
-    return {"threads": threads, "matmul_gflops": gflops, "copy_gb_s": copy}
+    return {"threads": threads, "matmul_gflops": gflops, **rates, "copy_gb_s": copy}
 
 
 def _seconds(fn) -> float:
@@ -108,8 +119,11 @@ def phase_bounds(records: list[dict], warmup: int, params: dict[str, int], limit
 def table(roofline: dict[str, Any]) -> str:
     """The phases as text, the largest gap (smallest fraction) first."""
     limits = roofline["machine"]
-    lines = [f"machine: {limits['matmul_gflops']:.1f} GFLOP/s fp32 matmul, {limits['copy_gb_s']:.1f} GB/s copy "
-             f"({limits['threads']} threads)", "phase          measured s   bound s   fraction"]
+    libraries = ", ".join(f"{k.removeprefix('matmul_gflops_')} {v:.1f}" for k, v in limits.items()
+                          if k.startswith("matmul_gflops_"))
+    lines = [f"machine: {limits['matmul_gflops']:.1f} GFLOP/s fp32 matmul ({libraries}), "
+             f"{limits['copy_gb_s']:.1f} GB/s copy ({limits['threads']} threads)",
+             "phase          measured s   bound s   fraction"]
     phases = sorted(roofline["phases"].items(), key=lambda kv: kv[1]["fraction"] or 0.0)
     lines += [f"{name:<14} {p['seconds']:>10.3f} {p['bound_s']:>9.3f} {p['fraction']:>10.1%}" for name, p in phases]
     return "\n".join(lines)

@@ -263,6 +263,7 @@ def build_gpt_model(config: ModelConfig, head: str = "lm", *, params_dtype: torc
 
     from verl.models.mcore.attention import use_sdpa_core_attention
     from verl.models.mcore.block import add_output_hooks, block_layer_spec
+    from verl.models.mcore.cpu_linear import use_onednn_linears
 
     if head not in HEADS:
         raise ValueError(f"model head: expected one of {HEADS}, found {head!r}")
@@ -308,4 +309,5 @@ def build_gpt_model(config: ModelConfig, head: str = "lm", *, params_dtype: torc
                                        sequence_parallel=tf_config.sequence_parallel)
     model.verl_head = head
     add_output_hooks(model, config, head)
+    use_onednn_linears(model)  # fp32 on CPU
     return model

@@ -33,21 +33,7 @@ from verl.models.config import ModelConfig
 from verl.models.rollout_shapes import kv_heads_per_rank, padded_vocab_size
 from verl.models.rope import inv_freq as rope_inv_freq
 from verl.models.spec.registry import model_spec
-
-
-def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` through oneDNN's GEMM (inductor's ``mkldnn._linear_pointwise``, the weight as it lies in the flat
-    buffer). In fp32 on CPU torch's ``F.linear`` calls the wheel's MKL, which oneDNN beats by 1.5-2.6x on a rollout's
-    shapes on the developers' AMD CPU, equal to fp32 summation-order noise (``verl bench gemm``,
-    results/cpu_gemm/); in bf16 torch already takes this path."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-def pick_linear(dtype: torch.dtype, device: torch.device):
-    """The rollout's linear: oneDNN's for fp32 on a CPU whose torch has it, else ``F.linear``."""
-    onednn = (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
-              and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
-    return onednn_linear if onednn else F.linear
+from verl.ops.cpu_gemm import pick_linear
 
 
 class RolloutTransformer:
