@@ -1,8 +1,8 @@
 """The FSDP2 engine against transformers on gloo ranks.
 
-* logits of the sharded model = transformers' (fp32, within the reordered-sum bound of helpers.tolerance),
-  with padded rows and with the rows packed
-  (``remove_padding``), for a tied GQA Qwen2 and an untied Llama;
+* logits of the sharded model (its fp32 linears on oneDNN, verl.ops.cpu_gemm) = transformers' (fp32, within the
+  reordered-sum bound of helpers.tolerance), with padded rows and with the rows packed (``remove_padding``), for a
+  tied GQA Qwen2 and an untied Llama;
 * one training step (global token-mean loss, two micro-batches per rank) at 1 and 2 ranks = the same step
   of a single-process transformers model + AdamW (loss and every updated weight within derived bounds);
 * a DCP checkpoint written by 2 ranks and loaded by 1 rank continues with the same next step;
@@ -89,6 +89,8 @@ def _model_job(hf_dir, ckpt_dir, export_dir, world):
         return actor.update_policy(share, _loss_fn(counts), calculate_entropy=False, global_loss=True)
 
     engine = FSDPEngine(config, hf_dir, mesh, "lm", optim, remove_padding=True)
+    # fp32 on CPU: the engine's linears run on oneDNN, the reference below on torch's own F.linear
+    out["onednn_linears"] = torch.tensor(engine.onednn_linears)
     out["loss"] = torch.tensor(step(engine)["loss"])
     out["step1"] = _full_params(engine.module)
     if world == 2:  # save after step 1, then take step 2 here
@@ -208,6 +210,8 @@ def test_fsdp_engine_matches_transformers(tmp_path):
             for packed in (False, True):
                 assert (result[f"logits_packed{packed}"][mask] - expected[mask]).abs().max() <= logits_tol, name
         for result in (two[0][name], one[0][name]):
+            # every projection of the 4 layers (q, k, v, o, gate, up, down) and the head
+            assert int(result["onednn_linears"]) == 4 * 7 + 1, name
             # Loss shares are added over micro-batches and averaged over ranks: the whole batch's loss.
             assert abs(float(result["loss"]) - float(losses[0])) <= LOSS_TOL
             _allclose_where_conditioned(result["step1"], states[0], conditioned, (name, "step1"))

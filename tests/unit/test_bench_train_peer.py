@@ -50,3 +50,35 @@ def test_trl_runs_on_the_same_ranks_with_arguments_its_launcher_passes_on(tmp_pa
     args.nproc = 1  # one process: no launcher
     assert baseline_command(args, "d", "m")[1:3] == ["-m", "verl.bench.trl_grpo"]
     assert os.path.basename(baseline_command(args, "d", "m")[0]).startswith("python")
+
+
+def test_the_baselines_linears_follow_baseline_linears(tmp_path):
+    import pytest
+    import torch
+    from helpers.tolerance import logits_tolerance
+
+    from verl.bench.hf_grpo import load_model
+    from verl.errors import InputError
+
+    args = build_parser().parse_args(["--model", "m", "--baseline", "trl", "--nproc", "2"])
+    command = baseline_command(args, "d", "m")
+    assert command[command.index("--linears") + 1] == "torch"  # the baseline's own default: torch's GEMM
+    args = build_parser().parse_args(["--model", "m", "--baseline", "hf", "--baseline-linears", "onednn"])
+    command = baseline_command(args, "d", "m")
+    assert command[command.index("--linears") + 1] == "onednn"
+    config = "configs/models/qwen2_tiny_arith.json"
+    plain, routed = load_model(config, 0), load_model(config, 0, "onednn")
+    linears = [m for m in routed.modules() if type(m) is torch.nn.Linear]
+    assert linears and all(getattr(m.forward, "onednn", False) for m in linears)
+    assert not any(getattr(m.forward, "onednn", False) for m in plain.modules() if type(m) is torch.nn.Linear)
+    ids = torch.tensor([[1, 5, 9, 3]])
+    want = plain(ids).logits
+    # two fp32 evaluations of the 2-layer model (widest reduction: the MLP's 128 terms)
+    tol = logits_tolerance(torch.float32, width=128, num_layers=2, scale=max(1.0, float(want.abs().max())))
+    assert (routed(ids).logits - want).abs().max() <= tol
+    os.environ["VERL_CPU_GEMM"] = "torch"
+    try:
+        with pytest.raises(InputError, match="--linears onednn"):
+            load_model(config, 0, "onednn")
+    finally:
+        del os.environ["VERL_CPU_GEMM"]

@@ -30,16 +30,25 @@ import torch
 from verl.errors import InputError
 
 
-def load_model(model_path: str, seed: int):
-    """A causal LM from an HF model directory (its weights) or a config.json (seeded random init)."""
+def load_model(model_path: str, seed: int, linears: str = "torch"):
+    """A causal LM from an HF model directory (its weights) or a config.json (seeded random init). ``linears``:
+    ``torch`` keeps transformers' ``nn.Linear`` (torch's default fp32 GEMM, MKL in PyPI's wheels); ``onednn`` routes
+    them through oneDNN as verl-hpc's engines do (``verl.ops.cpu_gemm``), so that a comparison can tell the GEMM
+    library from the framework."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from verl.models.hf_io import has_hf_weights
+    from verl.ops.cpu_gemm import use_onednn_for_nn_linears
 
     if has_hf_weights(model_path):
-        return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    else:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path), dtype=torch.float32)
+    if linears == "onednn" and not use_onednn_for_nn_linears(model):
+        raise InputError("--linears onednn: expected a torch with oneDNN and VERL_CPU_GEMM unset or 'onednn', "
+                         "found no linear routed")
+    return model
 
 
 def read_prompts(data_dir: str, tokenizer) -> list[tuple[str, str]]:
@@ -144,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--metrics", required=True, help="JSON-lines file, one record per step")
+    parser.add_argument("--linears", choices=("torch", "onednn"), default="torch",
+                        help="the model's fp32 linears: torch's default (MKL) or oneDNN's, as verl-hpc's engines")
     return parser
 
 
@@ -156,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(problems) < args.prompts:
         raise InputError(f"--prompts: expected at most {len(problems)} (rows in {args.data}), found {args.prompts}")
     data_source = read_data_source(args.data)
-    model = load_model(args.model, args.seed)
+    model = load_model(args.model, args.seed, args.linears)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     torch.manual_seed(args.seed)
     with open(args.metrics, "w", encoding="utf-8") as out:

@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--roofline", action="store_true",
                         help="also measure this machine's matmul rate and memory bandwidth (torch, every core) and "
                              "report each phase of verl train's step against them (verl.bench.roofline)")
+    parser.add_argument("--baseline-linears", choices=("torch", "onednn"), default="torch",
+                        help="the baseline's fp32 linears: torch's default path (MKL, the baseline's own default) "
+                             "or oneDNN's, as verl-hpc's engines run theirs (the GEMM library set aside)")
     parser.add_argument("--baseline-first", action="store_true",
                         help="run the baseline before verl train (a pair of runs in both orders shows what running "
                              "second on a warmer, busier machine costs)")
@@ -176,6 +179,7 @@ def baseline_command(args: argparse.Namespace, data_dir: str, metrics: str) -> l
             "--prompts", str(args.prompts), "--num-generations", str(args.n),
             "--response-length", str(args.response_length),
             "--steps", str(args.steps), "--lr", str(args.lr), "--metrics", metrics,
+            "--linears", args.baseline_linears,
             *(["--gradient-checkpointing"] if args.baseline == "trl" and args.gradient_checkpointing == "on" else [])]
 
 
@@ -354,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
                 if isinstance(theirs, int):
                     return theirs
             record["baseline_first"] = args.baseline_first
-            record["baseline"] = {"name": args.baseline, **summarize(read_metrics(metrics), args.warmup), **theirs}
+            record["baseline"] = {"name": args.baseline, "linears": args.baseline_linears,
+                                  **summarize(read_metrics(metrics), args.warmup), **theirs}
             record["speedup"] = record["baseline"]["s_per_step"] / record["s_per_step"]
             if record["tokens_per_s"] and record["baseline"]["tokens_per_s"]:
                 record["tokens_per_s_ratio"] = record["tokens_per_s"] / record["baseline"]["tokens_per_s"]

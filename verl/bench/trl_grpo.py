@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup_steps=0, weight_decay=0.0, max_steps=args.steps, logging_steps=1, save_strategy="no",
         report_to=[], use_cpu=True, bf16=False, fp16=False, seed=args.seed, dataloader_num_workers=0,
         disable_tqdm=True, log_completions=False, gradient_checkpointing=args.gradient_checkpointing)
-    trainer = GRPOTrainer(model=load_model(args.model, args.seed), reward_funcs=score, args=config,
+    trainer = GRPOTrainer(model=load_model(args.model, args.seed, args.linears), reward_funcs=score, args=config,
                           train_dataset=dataset, processing_class=tokenizer, callbacks=[StepTimer()])
     trainer.train()
     if trainer.accelerator.is_main_process:

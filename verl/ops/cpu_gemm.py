@@ -84,3 +84,28 @@ class OneDNNLinear(torch.autograd.Function):
         if handle is not None:
             handle.wait()
         return grad_x, grad_weight, grad_bias, None, None
+
+
+def _onednn_nn_linear_forward(module: torch.nn.Linear):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        weight = module.weight  # read at call time: FSDP swaps the unsharded parameter in for the forward
+        if x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32:
+            return OneDNNLinear.apply(x, weight, module.bias)
+        return F.linear(x, weight, module.bias)
+
+    forward.onednn = True
+    return forward
+
+
+def use_onednn_for_nn_linears(model: torch.nn.Module) -> int:
+    """Route ``model``'s ``torch.nn.Linear`` modules (a transformers model's projections and head, PEFT's base
+    layers and factors) through :class:`OneDNNLinear` when they run in fp32 on CPU; other dtypes and devices
+    keep ``F.linear``. Returns how many; none under ``VERL_CPU_GEMM=torch`` or without oneDNN."""
+    if not use_onednn(torch.float32, torch.device("cpu")):
+        return 0
+    count = 0
+    for module in model.modules():
+        if type(module) is torch.nn.Linear and not getattr(module.forward, "onednn", False):
+            module.forward = _onednn_nn_linear_forward(module)  # shadows the class's forward on this instance
+            count += 1
+    return count

@@ -45,6 +45,7 @@ from verl.engine.micro_batches import split_micro_batches, token_budget_groups
 from verl.engine.padding import left_align
 from verl.models.config import ModelConfig
 from verl.models.hf_io import has_hf_weights
+from verl.ops.cpu_gemm import use_onednn_for_nn_linears
 from verl.utils.device import get_device, is_cuda_available, to_device
 from verl.utils.torch_dtypes import torch_dtype
 
@@ -136,6 +137,8 @@ class FSDPEngine(TrainingEngine):
             lora_fsdp.inject(model, lora, keep=value_head(head, RULES))
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # fp32 on CPU: the linears on oneDNN's GEMM (2x torch's MKL path on the update's shapes, results/roofline/)
+        self.onednn_linears = use_onednn_for_nn_linears(model)
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         # Pinned host memory needs CUDA; on a CPU-only machine the shards are on the CPU anyway.
         offload_policy = CPUOffloadPolicy(pin_memory=is_cuda_available()) if offload else OffloadPolicy()
