@@ -5,7 +5,7 @@
 #         7 steps (2 warm-up, 5 measured)
 #   tiny: the 0.7M arithmetic Qwen2 (random init), 16 prompts x 4 samples, 4 new tokens, 12 steps (2 warm-up)
 # TRL is not a dependency: it goes into a directory of its own (TRL_SITE, default /tmp/trl-site), put on
-# PYTHONPATH for both sides' processes. ~35 min on 2 idle cores. Writes logs/ next to this script.
+# PYTHONPATH for both sides' processes. ~30 min on 2 idle cores. Writes logs/ next to this script.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -41,6 +41,10 @@ REAL=(--model "$SMOL" --prompts 8 --n 4 --response-length 32 --steps 7 --warmup 
 TINY=(--model configs/models/qwen2_0p7m_arith.json --prompts 16 --n 4 --response-length 4 --steps 12 --warmup 2)
 bench real_verl_first "${REAL[@]}"
 bench real_trl_first "${REAL[@]}" --baseline-first
+# TRL with its linears on oneDNN as verl-hpc's engines run theirs (not a TRL option: verl.ops.cpu_gemm on its
+# model), so the ratio separates the framework from the GEMM library
+bench real_tuned_verl_first "${REAL[@]}" --baseline-linears onednn
+bench real_tuned_trl_first "${REAL[@]}" --baseline-linears onednn --baseline-first
 bench tiny_verl_first "${TINY[@]}"
 bench tiny_trl_first "${TINY[@]}" --baseline-first
 .venv/bin/python "$HERE/summarize.py" "$LOGS" | tee "$LOGS/summary.txt"

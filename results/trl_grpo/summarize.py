@@ -1,4 +1,5 @@
-"""Summarize results/trl_grpo/logs: verl-hpc vs TRL's GRPOTrainer at defaults, each workload run in both orders.
+"""Summarize results/trl_grpo/logs: verl-hpc vs TRL's GRPOTrainer at defaults, each workload run in both orders; and
+on the real checkpoint against TRL with its linears on oneDNN (the GEMM library verl-hpc's engines use).
 
     python results/trl_grpo/summarize.py results/trl_grpo/logs              # the summary lines
     python results/trl_grpo/summarize.py results/trl_grpo/logs --markdown   # the README tables, rebuilt
@@ -14,6 +15,10 @@ from pathlib import Path
 
 RUNS = {"real_verl_first": ("SmolLM2-135M-Instruct, 8 x 4, 32 new tokens", "verl-hpc first"),
         "real_trl_first": ("SmolLM2-135M-Instruct, 8 x 4, 32 new tokens", "TRL first"),
+        "real_tuned_verl_first": ("SmolLM2-135M-Instruct, 8 x 4, 32 new tokens, TRL's linears on oneDNN",
+                                  "verl-hpc first"),
+        "real_tuned_trl_first": ("SmolLM2-135M-Instruct, 8 x 4, 32 new tokens, TRL's linears on oneDNN",
+                                 "TRL first"),
         "tiny_verl_first": ("0.7M arithmetic Qwen2, 16 x 4, 4 new tokens", "verl-hpc first"),
         "tiny_trl_first": ("0.7M arithmetic Qwen2, 16 x 4, 4 new tokens", "TRL first")}
 
@@ -45,9 +50,23 @@ def markdown(logs: Path) -> list[str]:
            "tokens/s verl-hpc / TRL | peak RSS per rank verl-hpc / TRL |",
            "|---|---|---|---|---|---|---|"]
     for run, (workload, order) in RUNS.items():
+        if run.startswith("real_tuned"):
+            continue  # their own table below
         r = record(logs, run)
         b = r["baseline"]
         out.append(f"| {workload} | {order} | {_side(r)} | {_side(b)} | {r['speedup']:.2f}x | "
+                   f"{r['tokens_per_s']:.0f} / {b['tokens_per_s']:.0f} | {r['peak_rss_gb']:.2f} / "
+                   f"{b['peak_rss_gb']:.2f} GB |")
+    out += ["", "<!-- results/trl_grpo:onednn_baseline -->",
+            "| workload | order | verl-hpc s/step, median (range) | TRL on oneDNN s/step, median (range) | speedup | "
+            "tokens/s verl-hpc / TRL | peak RSS per rank verl-hpc / TRL |",
+            "|---|---|---|---|---|---|---|"]
+    for run, (workload, order) in RUNS.items():
+        if not run.startswith("real_tuned"):
+            continue
+        r = record(logs, run)
+        b = r["baseline"]
+        out.append(f"| {workload.split(', TRL')[0]} | {order} | {_side(r)} | {_side(b)} | {r['speedup']:.2f}x | "
                    f"{r['tokens_per_s']:.0f} / {b['tokens_per_s']:.0f} | {r['peak_rss_gb']:.2f} / "
                    f"{b['peak_rss_gb']:.2f} GB |")
     return out

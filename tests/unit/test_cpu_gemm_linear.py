@@ -66,3 +66,12 @@ def test_the_path_is_onednn_only_for_fp32_on_cpu():
     assert not use_onednn(torch.float32, torch.device("cuda"))
     assert pick_linear(torch.float32, cpu) is not F.linear
     assert pick_linear(torch.bfloat16, cpu) is F.linear
+
+
+def test_no_tokens_give_empty_outputs_and_a_zero_weight_gradient():
+    x = torch.zeros(0, 8, requires_grad=True)  # a rank or micro-batch with nothing to compute
+    w = torch.randn(5, 8, requires_grad=True)
+    y = OneDNNLinear.apply(x, w, None)
+    assert y.shape == (0, 5)
+    y.sum().backward()
+    assert x.grad.shape == (0, 8) and torch.equal(w.grad, torch.zeros(5, 8))

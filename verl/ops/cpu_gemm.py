@@ -28,6 +28,9 @@ def onednn_available() -> bool:
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` on oneDNN's GEMM (x [..., in], weight [out, in])."""
+    if x.size(-1) == 0:  # an empty reduction (a weight gradient over no tokens): oneDNN has no primitive for it
+        out = x.new_zeros(*x.shape[:-1], weight.size(0))
+        return out if bias is None else out + bias
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
