@@ -134,6 +134,16 @@ def test_fewshot_rows_are_plain_text_with_two_worked_training_problems(tmp_path)
             assert row["prompt"] == "\n\n".join(shots) + f"\n\nQuestion: {row['extra_info']['question']}\nAnswer:"
     held_out = {_computation(r["extra_info"]["question"]) for r in rows["test"]}
     assert not held_out & {_computation(r["extra_info"]["question"]) for r in rows["train"]}
+    # A base model's completion ends where it begins a problem of its own: the answer before that is scored
+    row = rows["test"][0]
+    truth, extra = row["reward_model"]["ground_truth"], row["extra_info"]
+    wrong = str(int(truth) + 1)
+    rambling = f" 2 + 2 = {truth}. The answer is {truth}.\n\nQuestion: Tom has 1 pen.\nAnswer: The answer is {wrong}."
+    assert default_compute_score(row["data_source"], rambling, truth, extra) == 1.0
+    assert default_compute_score(row["data_source"], rambling, truth, None) == 0.0  # the last marker, uncut
+    assert default_compute_score(row["data_source"], f" The answer is {wrong}.\nQuestion: The answer is {truth}.",
+                                 truth, extra) == 0.0
+    assert "stop" not in make_row(("q?", "1 + 1 = 2.", 2), "test", 0)["extra_info"]  # chat rows: the whole response
     with pytest.raises(SystemExit):
         verl_main(["data", "word-problems", "--out", str(tmp_path / "x"), "--prompt-format", "few"])
 
@@ -260,3 +270,13 @@ def test_the_real_model_summary_reports_the_checkpoint_and_peak_rss(tmp_path):
     plain = quickstart.format_summary(quickstart.summarize(str(tmp_path), {"grpo": 70.0}, 0, 2), str(tmp_path),
                                       "GRPO")
     assert "after SFT  (RL step 0" in plain and "SFT export" in plain and "peak RSS" not in plain
+
+
+def test_cut_at_stop_takes_the_first_stop_of_any_and_leaves_rows_without_one_whole():
+    from verl.utils.reward_score import cut_at_stop
+
+    text = "a Question: b ## c"
+    assert cut_at_stop(text, {"stop": ["##", "Question:"]}) == "a "
+    assert cut_at_stop(text, {"stop": "##"}) == "a Question: b "
+    assert cut_at_stop(text, {"stop": ("nowhere",)}) == text
+    assert cut_at_stop(text, {"index": 3}) == text and cut_at_stop(text, None) == text

@@ -215,6 +215,7 @@ def generate_problems(num_train: int, num_test: int, seed: int = 0, num_test_ood
 
 
 PROMPT_FORMATS = ("chat", "fewshot")
+FEWSHOT_STOP = "Question:"  # what begins every shot: a completion that writes it has begun another problem
 
 
 def fewshot_prompt(question: str, shots: Sequence[tuple[str, str, int]]) -> str:
@@ -232,8 +233,11 @@ def make_row(problem: tuple[str, str, int], split: str, index: int, out_of_form:
     question, solution, answer = problem
     prompt = (fewshot_prompt(question, shots) if shots
               else [{"role": "user", "content": f"{question} {INSTRUCTION}"}])
+    # A base model continues the few-shot pattern past its answer with a question of its own and that question's
+    # answer; the completion is the text before it (the reward reads extra_info["stop"]).
+    stop = {"stop": [FEWSHOT_STOP]} if shots else {}
     return rl_row(DATA_SOURCE, prompt, answer, split, index, out_of_form, question=question,
-                  answer=f"{solution}\n#### {answer}")
+                  answer=f"{solution}\n#### {answer}", **stop)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,10 +23,30 @@ def scores_last_turn(data_source: str, extra_info: Any = None) -> bool:
     return data_source in LAST_TURN_DATA_SOURCES or bool(isinstance(extra_info, dict) and extra_info.get(LAST_TURN_KEY))
 
 
+# extra_info[STOP_KEY]: strings that end a completion (a few-shot prompt's next "Question:"); the scorer reads the
+# text before the first of them, as lm-eval-harness's ``until`` cuts a base model's completion.
+STOP_KEY = "stop"
+
+
+def cut_at_stop(solution_str: str, extra_info: Any = None) -> str:
+    """``solution_str`` up to the first of ``extra_info["stop"]`` (a string or a list of them), or whole."""
+    stops = extra_info.get(STOP_KEY) if isinstance(extra_info, dict) else None
+    if stops is None:
+        return solution_str
+    cut = len(solution_str)
+    for stop in [stops] if isinstance(stops, str) else list(stops):
+        where = solution_str.find(str(stop)) if stop else -1
+        if where >= 0:
+            cut = min(cut, where)
+    return solution_str[:cut]
+
+
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
 ) -> float:
-    """Score ``solution_str`` with the built-in scorer for ``data_source``."""
+    """Score ``solution_str`` (cut at ``extra_info["stop"]`` where a row sets it) with the built-in scorer for
+    ``data_source``."""
+    solution_str = cut_at_stop(solution_str, extra_info)
     if data_source in GSM8K_DATA_SOURCES:
         return float(gsm8k.compute_score(solution_str, ground_truth))
     if data_source in ARITHMETIC_DATA_SOURCES:
@@ -42,4 +62,4 @@ def default_compute_score(
     )
 
 
-__all__ = ["default_compute_score", "load_reward_fn", "RewardFunctionError", "scores_last_turn"]
+__all__ = ["cut_at_stop", "default_compute_score", "load_reward_fn", "RewardFunctionError", "scores_last_turn"]
