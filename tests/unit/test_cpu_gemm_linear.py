@@ -75,3 +75,20 @@ def test_no_tokens_give_empty_outputs_and_a_zero_weight_gradient():
     assert y.shape == (0, 5)
     y.sum().backward()
     assert x.grad.shape == (0, 8) and torch.equal(w.grad, torch.zeros(5, 8))
+
+
+def test_routed_nn_linears_compute_with_their_own_weights_after_a_deepcopy():
+    import copy
+
+    from verl.ops.cpu_gemm import use_onednn_for_nn_linears
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 3, bias=False))
+    assert use_onednn_for_nn_linears(model) == 2 and use_onednn_for_nn_linears(model) == 0  # once each
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(2.0)
+    x = torch.randn(5, 8)
+    want = F.linear(F.linear(x, twin[0].weight, twin[0].bias), twin[1].weight)
+    assert torch.allclose(twin(x), want, rtol=1e-5, atol=1e-6)  # the copy's weights, not the original's
+    assert not torch.allclose(model(x), want, rtol=1e-5, atol=1e-6)

@@ -15,6 +15,7 @@ measured faster than contiguous copies), for the training engines' linears.
 from __future__ import annotations
 
 import os
+import types
 
 import torch
 import torch.distributed as dist
@@ -89,15 +90,14 @@ class OneDNNLinear(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None, None
 
 
-def _onednn_nn_linear_forward(module: torch.nn.Linear):
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        weight = module.weight  # read at call time: FSDP swaps the unsharded parameter in for the forward
-        if x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32:
-            return OneDNNLinear.apply(x, weight, module.bias)
-        return F.linear(x, weight, module.bias)
+def _onednn_nn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    weight = self.weight  # read at call time: FSDP swaps the unsharded parameter in for the forward
+    if x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return OneDNNLinear.apply(x, weight, self.bias)
+    return F.linear(x, weight, self.bias)
 
-    forward.onednn = True
-    return forward
+
+_onednn_nn_linear_forward.onednn = True
 
 
 def use_onednn_for_nn_linears(model: torch.nn.Module) -> int:
@@ -109,6 +109,7 @@ def use_onednn_for_nn_linears(model: torch.nn.Module) -> int:
     count = 0
     for module in model.modules():
         if type(module) is torch.nn.Linear and not getattr(module.forward, "onednn", False):
-            module.forward = _onednn_nn_linear_forward(module)  # shadows the class's forward on this instance
+            # a method bound to this instance shadows the class's forward; a deepcopy rebinds it to the copy
+            module.forward = types.MethodType(_onednn_nn_linear_forward, module)
             count += 1
     return count
