@@ -51,6 +51,12 @@ def use_onednn(dtype: torch.dtype, device: torch.device) -> bool:
             and cpu_gemm_library() == "onednn")
 
 
+def fp32_on_cpu(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a routed linear's call takes oneDNN's path: its input and weight fp32 on the CPU (a bf16 or CUDA call
+    keeps torch's own)."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+
+
 def pick_linear(dtype: torch.dtype, device: torch.device):
     """A forward-only linear: oneDNN's for fp32 on CPU, else ``F.linear``."""
     return onednn_linear if use_onednn(dtype, device) else F.linear
@@ -92,7 +98,7 @@ class OneDNNLinear(torch.autograd.Function):
 
 def _onednn_nn_linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     weight = self.weight  # read at call time: FSDP swaps the unsharded parameter in for the forward
-    if x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32:
+    if fp32_on_cpu(x, weight):
         return OneDNNLinear.apply(x, weight, self.bias)
     return F.linear(x, weight, self.bias)
 

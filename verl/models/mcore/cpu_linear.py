@@ -12,26 +12,27 @@ reduce-scatter), gradient-accumulation fusion and deferred weight gradients (GPU
 
 from __future__ import annotations
 
+import types
+
 import torch
 
-from verl.ops.cpu_gemm import OneDNNLinear, use_onednn
+from verl.ops.cpu_gemm import OneDNNLinear, fp32_on_cpu, use_onednn
 
 
-def _onednn_forward_impl(fallback):
-    def forward_impl(input, weight, bias=None, gradient_accumulation_fusion=False, allreduce_dgrad=False,
-                     sequence_parallel=False, grad_output_buffer=None, wgrad_deferral_limit=None, tp_group=None,
-                     **rest):
-        if (sequence_parallel or gradient_accumulation_fusion or grad_output_buffer is not None or rest
-                or input.device.type != "cpu" or input.dtype != torch.float32 or weight.dtype != torch.float32):
-            return fallback(input=input, weight=weight, bias=bias,
-                            gradient_accumulation_fusion=gradient_accumulation_fusion,
-                            allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel,
-                            grad_output_buffer=grad_output_buffer, wgrad_deferral_limit=wgrad_deferral_limit,
-                            tp_group=tp_group, **rest)
-        return OneDNNLinear.apply(input, weight, bias, allreduce_dgrad, tp_group)
+def _onednn_forward_impl(self, input, weight, bias=None, gradient_accumulation_fusion=False, allreduce_dgrad=False,
+                         sequence_parallel=False, grad_output_buffer=None, wgrad_deferral_limit=None, tp_group=None,
+                         **rest):
+    if (sequence_parallel or gradient_accumulation_fusion or grad_output_buffer is not None or rest
+            or not fp32_on_cpu(input, weight)):
+        return type(self)._forward_impl(self, input=input, weight=weight, bias=bias,
+                                        gradient_accumulation_fusion=gradient_accumulation_fusion,
+                                        allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel,
+                                        grad_output_buffer=grad_output_buffer,
+                                        wgrad_deferral_limit=wgrad_deferral_limit, tp_group=tp_group, **rest)
+    return OneDNNLinear.apply(input, weight, bias, allreduce_dgrad, tp_group)
 
-    forward_impl.onednn = True
-    return forward_impl
+
+_onednn_forward_impl.onednn = True
 
 
 def use_onednn_linears(model: torch.nn.Module) -> int:
@@ -50,7 +51,8 @@ def use_onednn_linears(model: torch.nn.Module) -> int:
             continue
         if getattr(module._forward_impl, "onednn", False):
             continue
-        # An instance attribute shadows the class's method: megatron calls self._forward_impl(...) by keyword.
-        module._forward_impl = _onednn_forward_impl(module._forward_impl)
+        # A method bound to this instance shadows the class's (megatron calls self._forward_impl(...) by keyword),
+        # and falls back to the class's own; a deepcopy rebinds it to the copy.
+        module._forward_impl = types.MethodType(_onednn_forward_impl, module)
         count += 1
     return count

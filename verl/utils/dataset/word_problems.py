@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 from verl.utils.dataset.arithmetic import check_out_dir, rl_row, splits_parser, write_rl_splits
 from verl.utils.dataset.errors import DatasetError
+from verl.utils.reward_score import STOP_KEY
 
 DATA_SOURCE = "word_problems"
 INSTRUCTION = 'End with "The answer is N."'
@@ -235,7 +236,7 @@ def make_row(problem: tuple[str, str, int], split: str, index: int, out_of_form:
               else [{"role": "user", "content": f"{question} {INSTRUCTION}"}])
     # A base model continues the few-shot pattern past its answer with a question of its own and that question's
     # answer; the completion is the text before it (the reward reads extra_info["stop"]).
-    stop = {"stop": [FEWSHOT_STOP]} if shots else {}
+    stop = {STOP_KEY: [FEWSHOT_STOP]} if shots else {}
     return rl_row(DATA_SOURCE, prompt, answer, split, index, out_of_form, question=question,
                   answer=f"{solution}\n#### {answer}", **stop)
 

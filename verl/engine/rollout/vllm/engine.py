@@ -202,9 +202,8 @@ def load_rank_shards(model: Any, model_config: Any, tensors: Mapping[str, torch.
             if real_rows is None or real_rows >= loaded_weight.size(0):
                 param.data.copy_(loaded_weight)
                 return
-            param.data[:real_rows].copy_(loaded_weight[:real_rows])  # the padding rows (< 64) copied as zeros
-            param.data[real_rows:].copy_(loaded_weight.new_zeros(loaded_weight.size(0) - real_rows,
-                                                                 *loaded_weight.shape[1:]))
+            param.data[:real_rows].copy_(loaded_weight[:real_rows])
+            param.data[real_rows:].zero_()  # the padding rows (< 64): zeros, whatever the buffer holds there
         return copy_shard
 
     initialize_layerwise_reload(model)
