@@ -389,6 +389,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="training problems (default 4000 for verl data arithmetic, 2000 for word-problems)")
     p.add_argument("--num-test", type=int, default=None,
                    help="held-out problems (default 256 for verl data arithmetic, 64 for word-problems)")
+    p.add_argument("--problem-kinds", default=None, metavar="KIND,KIND",
+                   help="a pretrained model's word problems: draw only these kinds (verl data word-problems --kinds; "
+                        "default all)")
     p.add_argument("--fresh", action="store_true", help="clear what earlier quickstart runs wrote under --out first")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides for verl train (the RL stage)")
     return p
@@ -560,6 +563,10 @@ def main(argv: list[str] | None = None) -> int:
     args.overrides = [*seeded["rl"], *args.overrides]
     pretrained = pretrained_model(rl_config, args.overrides)
     task, num_train, num_test, num_ood = TASKS["pretrained" if pretrained else "arithmetic"]
+    if args.problem_kinds is not None and not pretrained:
+        print(f"quickstart: --problem-kinds chooses word-problem kinds for a pretrained model's config; found it with "
+              f"{args.config}, whose task is {task}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
     console = Console()
     env = _child_env()
     try:
@@ -586,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         data_cmd = [py, "-m", "verl.cli", "data", task, "--out", data_dir,
                     "--num-train", str(args.num_train or num_train), "--num-test", str(args.num_test or num_test),
                     "--num-test-ood", str(min(num_ood, args.num_test or num_test)), *data_seed,
+                    *(["--kinds", args.problem_kinds] if args.problem_kinds is not None else []),
                     *(["--prompt-format", "fewshot"] if pretrained and not has_chat_template(pretrained) else [])]
         upstream_ran = False
         if completed(out, "data", data_cmd):

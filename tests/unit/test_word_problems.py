@@ -18,6 +18,7 @@ from verl.utils.dataset.word_problems import (
     OOD_NAMES,
     OOD_TEMPLATES,
     TEMPLATES,
+    computation_key,
     generate_problems,
     make_row,
 )
@@ -70,6 +71,40 @@ def test_splits_are_seeded_and_disjoint_by_computation_not_only_by_text():
     assert generate_problems(300, 40, seed=6)[1] != test
     with pytest.raises(DatasetError, match="num_test >= 1"):
         generate_problems(10, 0)
+
+
+def test_kinds_draw_only_the_named_templates_and_leave_the_default_draws_as_they_were(tmp_path, capsys):
+    """--kinds (the base model's task: one-step addition and subtraction): every split, the out-of-form one included,
+    draws only those templates, still disjoint by computation; without it a seed's problems are what they were."""
+    kinds = ("gets_more", "loses_some")
+    train, test, ood = generate_problems(300, 40, seed=2, num_test_ood=20, kinds=kinds)
+    ops = {re.sub(r"[^-+*/]", "", s) for _, s, _ in train + test + ood}
+    assert ops == {"+", "-"}  # both kinds drawn, nothing else (one operation a problem)
+    assert not {_computation(q) for q, _, _ in train} & {_computation(q) for q, _, _ in test}
+    keys = {computation_key(t, s) for t in (0, 1) for _, s, _ in test}
+    assert not keys & {computation_key(t, s) for t in (0, 1) for _, s, _ in train}
+    assert generate_problems(300, 40, seed=2, num_test_ood=20, kinds=None) == generate_problems(300, 40, 2, 20)
+    every_kind = [t.kind for t in TEMPLATES]
+    assert generate_problems(300, 40, 2, 20, kinds=every_kind) == generate_problems(300, 40, 2, 20)  # all, in order
+    for bad in (("gets_more", "bogus"), (), ("bags", "bags")):
+        with pytest.raises(DatasetError, match="expected distinct kinds among gets_more"):
+            generate_problems(10, 2, kinds=bad)
+    assert verl_main(["data", "word-problems", "--out", str(tmp_path), "--num-train", "20", "--num-test", "8",
+                      "--num-test-ood", "4", "--kinds", "loses_some"]) == 0
+    rows = [r for split in ("train", "test", "test_ood")
+            for r in pq.read_table(tmp_path / f"{split}.parquet").to_pylist()]
+    assert len(rows) == 32 and all(" - " in r["extra_info"]["answer"] for r in rows)
+    assert verl_main(["data", "word-problems", "--out", str(tmp_path / "x"), "--kinds", "lose_some"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "found lose_some" in err[0]
+    assert not (tmp_path / "x").exists()  # nothing half-written
+
+
+def test_the_quickstart_refuses_problem_kinds_for_the_arithmetic_task(tmp_path, capsys):
+    assert quickstart.main(["--out", str(tmp_path / "q"), "--problem-kinds", "gets_more"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--problem-kinds" in err[0] and "arithmetic" in err[0]
+    assert not (tmp_path / "q").exists()
 
 
 def test_the_default_job_split_holds_out_every_computation():

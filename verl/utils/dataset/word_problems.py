@@ -148,8 +148,13 @@ def computation_key(template: int, solution: str) -> tuple:
     return (template, *(int(n) for n in re.findall(r"\d+", solution)))
 
 
-def _draw(rng: random.Random, templates: Sequence[Template], names, items) -> tuple[int, tuple[str, str, int]]:
-    index = rng.randrange(len(templates))
+KINDS = tuple(t.kind for t in TEMPLATES)
+
+
+def _draw(rng: random.Random, templates: Sequence[Template], names, items,
+          kinds: Sequence[int] | None = None) -> tuple[int, tuple[str, str, int]]:
+    # ``kinds``: the template indices to draw from (all when None, which keeps every seed's draws as they were).
+    index = rng.randrange(len(templates)) if kinds is None else kinds[rng.randrange(len(kinds))]
     name, pronoun = names[rng.randrange(len(names))]
     return index, templates[index](rng, name, pronoun, items[rng.randrange(len(items))])
 
@@ -159,8 +164,20 @@ def make_problem(rng: random.Random) -> tuple[str, str, int]:
     return _draw(rng, TEMPLATES, NAMES, ITEMS)[1]
 
 
-def generate_problems(num_train: int, num_test: int, seed: int = 0, num_test_ood: int = 0
-                      ) -> tuple[list[tuple[str, str, int]], ...]:
+def kind_indices(kinds: Sequence[str] | None) -> tuple[int, ...] | None:
+    """The :data:`TEMPLATES` indices of the named kinds (None: every kind). An unknown or repeated name is bad
+    input."""
+    if kinds is None:
+        return None
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds or len(set(kinds)) != len(kinds):
+        raise DatasetError(f"word_problems: expected distinct kinds among {', '.join(KINDS)}, found "
+                           f"{', '.join(kinds) or 'none'}")
+    return tuple(KINDS.index(k) for k in kinds)
+
+
+def generate_problems(num_train: int, num_test: int, seed: int = 0, num_test_ood: int = 0,
+                      kinds: Sequence[str] | None = None) -> tuple[list[tuple[str, str, int]], ...]:
     """(train, test), or (train, test, test_ood) when ``num_test_ood`` > 0, each problem a (question, worked
     solution, answer). Held out means held out: the test split's problems are distinct computations
     (:func:`computation_key`: template and operands) and no training problem computes one of them, whatever
@@ -171,6 +188,7 @@ def generate_problems(num_train: int, num_test: int, seed: int = 0, num_test_ood
     if num_train < 1 or num_test < 1 or num_test_ood < 0:
         raise DatasetError(f"word_problems: expected num_train >= 1, num_test >= 1 and num_test_ood >= 0, found "
                            f"num_train={num_train} num_test={num_test} num_test_ood={num_test_ood}")
+    indices = kind_indices(kinds)
     rng = random.Random(seed)
     held_out: set[tuple] = set()
     test: list[tuple[str, str, int]] = []
@@ -189,7 +207,7 @@ def generate_problems(num_train: int, num_test: int, seed: int = 0, num_test_ood
 
     while len(test) < num_test:
         attempt()
-        index, problem = _draw(rng, TEMPLATES, NAMES, ITEMS)
+        index, problem = _draw(rng, TEMPLATES, NAMES, ITEMS, indices)
         key = computation_key(index, problem[1])
         if key not in held_out:
             held_out.add(key)
@@ -200,14 +218,14 @@ def generate_problems(num_train: int, num_test: int, seed: int = 0, num_test_ood
     ood_rng, ood_keys = random.Random(f"word_problems-ood-{seed}"), set()
     while len(ood) < num_test_ood:
         attempt()
-        index, problem = _draw(ood_rng, OOD_TEMPLATES, OOD_NAMES, OOD_ITEMS)
+        index, problem = _draw(ood_rng, OOD_TEMPLATES, OOD_NAMES, OOD_ITEMS, indices)
         key = computation_key(index, problem[1])
         if key not in held_out and key not in ood_keys:
             ood_keys.add(key)
             ood.append(problem)
     while len(train) < num_train:
         attempt()
-        index, problem = _draw(rng, TEMPLATES, NAMES, ITEMS)
+        index, problem = _draw(rng, TEMPLATES, NAMES, ITEMS, indices)
         key = computation_key(index, problem[1])
         if key not in held_out and key not in ood_keys and problem[0] not in seen:
             seen.add(problem[0])
@@ -247,8 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="chat",
                         help="chat: one user turn for the model's chat template; fewshot: plain text with two worked "
                              "training problems, for a base model without one")
+    parser.add_argument("--kinds", default=None, metavar="KIND,KIND",
+                        help=f"draw only these problem kinds (default all: {','.join(KINDS)})")
     args = parser.parse_args(argv)
-    train, test, *rest = generate_problems(args.num_train, args.num_test, args.seed, args.num_test_ood)
+    kinds = args.kinds.split(",") if args.kinds is not None else None
+    train, test, *rest = generate_problems(args.num_train, args.num_test, args.seed, args.num_test_ood, kinds)
     ood = rest[0] if rest else []
     check_out_dir(args.out)
     # The shots are the first two training problems: training data, so the held-out sets stay held out.
