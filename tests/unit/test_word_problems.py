@@ -19,7 +19,9 @@ from verl.utils.dataset.word_problems import (
     OOD_TEMPLATES,
     TEMPLATES,
     computation_key,
+    fewshot_shots,
     generate_problems,
+    kind_of,
     make_row,
 )
 from verl.utils.reward_score import default_compute_score, load_reward_fn
@@ -98,6 +100,29 @@ def test_kinds_draw_only_the_named_templates_and_leave_the_default_draws_as_they
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "found lose_some" in err[0]
     assert not (tmp_path / "x").exists()  # nothing half-written
+
+
+def test_with_kinds_the_fewshot_prompt_works_one_problem_of_each_kind(tmp_path):
+    """Two same-kind shots make the base model copy their operation into every problem (Gemma 3 270M wrote
+    "2 - 9 = -10" for "gets 9 more" after two subtraction shots): with --kinds, the shots are the first training
+    problem of each kind, in the order named."""
+    rng = random.Random(4)
+    for template, twin in zip(TEMPLATES, OOD_TEMPLATES, strict=True):
+        assert kind_of(template(rng, "Tom", "he", "pens")[0]) == template.kind
+        assert kind_of(twin(rng, "Omar", "he", "coins")[0]) is None  # reworded: no training wording
+    assert verl_main(["data", "word-problems", "--out", str(tmp_path), "--num-train", "40", "--num-test", "8",
+                      "--num-test-ood", "0", "--kinds", "loses_some,gets_more", "--prompt-format", "fewshot"]) == 0
+    train = pq.read_table(tmp_path / "train.parquet").to_pylist()
+    shots = train[0]["prompt"].split("\n\n")[:-1]
+    assert [kind_of(shot.split("\n")[0].removeprefix("Question: ")) for shot in shots] == ["loses_some", "gets_more"]
+    first = {kind: next(r for r in train if kind_of(r["extra_info"]["question"]) == kind)
+             for kind in ("loses_some", "gets_more")}
+    assert [shot.split("\n")[0] for shot in shots] == [f"Question: {first[k]['extra_info']['question']}"
+                                                         for k in ("loses_some", "gets_more")]
+    problems = generate_problems(30, 4, seed=1)[0]
+    assert fewshot_shots(problems, None) == tuple(problems[:2])  # the default job's prompts are as they were
+    with pytest.raises(DatasetError, match="none of gets_more"):
+        fewshot_shots([p for p in problems if kind_of(p[0]) != "gets_more"], ("gets_more",))
 
 
 def test_the_quickstart_refuses_problem_kinds_for_the_arithmetic_task(tmp_path, capsys):

@@ -243,6 +243,32 @@ def fewshot_prompt(question: str, shots: Sequence[tuple[str, str, int]]) -> str:
     return f"{worked}Question: {question}\nAnswer:"
 
 
+def kind_of(question: str) -> str | None:
+    """The kind of :data:`TEMPLATES` whose wording ``question`` is (None: none of them, e.g. an out-of-form one)."""
+    for template in TEMPLATES:
+        pattern = re.escape(template.question)
+        pattern = re.sub(r"\\\{\w+\\\}", ".+?", pattern)
+        if re.fullmatch(pattern, question):
+            return template.kind
+    return None
+
+
+def fewshot_shots(train: Sequence[tuple[str, str, int]], kinds: Sequence[str] | None) -> tuple:
+    """The worked problems before each few-shot prompt: training problems, so the held-out sets stay held out. The
+    first two; with ``kinds``, the first of each named kind (in that order), so that every kind the task asks is
+    shown worked once: with two same-kind shots the base model copies their operation into every problem."""
+    if kinds is None:
+        return tuple(train[:2])
+    first = {}
+    for problem in train:
+        first.setdefault(kind_of(problem[0]), problem)
+    missing = [k for k in kinds if k not in first]
+    if missing:
+        raise DatasetError(f"word_problems: expected a training problem of every kind for the shots, found none of "
+                           f"{', '.join(missing)}; ask for more training problems")
+    return tuple(first[k] for k in kinds)
+
+
 def make_row(problem: tuple[str, str, int], split: str, index: int, out_of_form: bool = False,
              shots: Sequence[tuple[str, str, int]] = ()) -> dict:
     """One verl-format row: data_source, prompt, ability, reward_model, extra_info. The prompt is one user turn
@@ -272,8 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     train, test, *rest = generate_problems(args.num_train, args.num_test, args.seed, args.num_test_ood, kinds)
     ood = rest[0] if rest else []
     check_out_dir(args.out)
-    # The shots are the first two training problems: training data, so the held-out sets stay held out.
-    shots = tuple(train[:2]) if args.prompt_format == "fewshot" else ()
+    shots = fewshot_shots(train, kinds) if args.prompt_format == "fewshot" else ()
     write_rl_splits(args.out, functools.partial(make_row, shots=shots), train, test, ood)
     print(f"word_problems: {len(train)} train / {len(test)} test / {len(ood)} out-of-form test problems -> {args.out}")
     return 0
