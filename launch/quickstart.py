@@ -392,6 +392,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--problem-kinds", default=None, metavar="KIND,KIND",
                    help="a pretrained model's word problems: draw only these kinds (verl data word-problems --kinds; "
                         "default all)")
+    p.add_argument("--num-shots", type=int, default=None,
+                   help="a base model's few-shot word problems: worked problems before each prompt (verl data "
+                        "word-problems --num-shots; default 2)")
     p.add_argument("--fresh", action="store_true", help="clear what earlier quickstart runs wrote under --out first")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides for verl train (the RL stage)")
     return p
@@ -563,10 +566,11 @@ def main(argv: list[str] | None = None) -> int:
     args.overrides = [*seeded["rl"], *args.overrides]
     pretrained = pretrained_model(rl_config, args.overrides)
     task, num_train, num_test, num_ood = TASKS["pretrained" if pretrained else "arithmetic"]
-    if args.problem_kinds is not None and not pretrained:
-        print(f"quickstart: --problem-kinds chooses word-problem kinds for a pretrained model's config; found it with "
-              f"{args.config}, whose task is {task}", file=sys.stderr)
-        return EXIT_INPUT_ERROR
+    for flag, value in (("--problem-kinds", args.problem_kinds), ("--num-shots", args.num_shots)):
+        if value is not None and not pretrained:
+            print(f"quickstart: {flag} shapes the word problems of a pretrained model's config; found it with "
+                  f"{args.config}, whose task is {task}", file=sys.stderr)
+            return EXIT_INPUT_ERROR
     console = Console()
     env = _child_env()
     try:
@@ -594,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--num-train", str(args.num_train or num_train), "--num-test", str(args.num_test or num_test),
                     "--num-test-ood", str(min(num_ood, args.num_test or num_test)), *data_seed,
                     *(["--kinds", args.problem_kinds] if args.problem_kinds is not None else []),
+                    *(["--num-shots", str(args.num_shots)] if args.num_shots is not None else []),
                     *(["--prompt-format", "fewshot"] if pretrained and not has_chat_template(pretrained) else [])]
         upstream_ran = False
         if completed(out, "data", data_cmd):

@@ -620,3 +620,24 @@ def test_sft_micro_batch_at_least_the_ranks_batch_is_one_micro_batch(data_args):
     with pytest.raises(ConfigError, match="micro_batch_size_per_gpu=48: expected a divisor of data.train_batch_size "
                                           "/ dp = 64 / 1 or at least 64 .*equal micro-batches' losses"):
         load_sft_config(sft, [*paths, *tokenizer, "data.train_batch_size=64", "data.micro_batch_size_per_gpu=48"])
+
+
+def test_rollout_stop_token_ids_end_training_and_validation_samples_and_are_checked_against_the_vocabulary(
+        data_args, no_ranks, capsys):
+    """actor_rollout_ref.rollout.stop_token_ids (vLLM's and SGLang's sampling key; a base model's few-shot task stops
+    at the blank line that ends each worked answer): both samplings stop on them and on eos."""
+    from types import SimpleNamespace
+
+    from verl.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+
+    cfg = load_config(GRPO, [*data_args, "actor_rollout_ref.rollout.stop_token_ids=[5,3]"])
+    worker = SimpleNamespace(eos_token_id=2)
+    ActorRolloutRefWorker._build_sampling(worker, cfg.actor_rollout_ref, 8)
+    assert worker.train_sampling.stop_ids == (2, 3, 5) and worker.val_sampling.stop_ids == (2, 3, 5)
+    ActorRolloutRefWorker._build_sampling(worker, load_config(GRPO, data_args).actor_rollout_ref, 8)
+    assert worker.train_sampling.stop_ids == (2,)  # null: eos only, as before
+    for bad in ("[32]", "[-1]", "[x]"):
+        expect_exit_2(capsys, ["--config", GRPO, *data_args, f"actor_rollout_ref.rollout.stop_token_ids={bad}"],
+                      "actor_rollout_ref.rollout.stop_token_ids", "[0, 32)")
+    expect_exit_2(capsys, ["--config", GRPO, *data_args, "actor_rollout_ref.rollout.stop_token_ids=7"],
+                  "actor_rollout_ref.rollout.stop_token_ids", "expected list or null")

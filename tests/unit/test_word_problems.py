@@ -119,16 +119,29 @@ def test_with_kinds_the_fewshot_prompt_works_one_problem_of_each_kind(tmp_path):
              for kind in ("loses_some", "gets_more")}
     assert [shot.split("\n")[0] for shot in shots] == [f"Question: {first[k]['extra_info']['question']}"
                                                          for k in ("loses_some", "gets_more")]
-    problems = generate_problems(30, 4, seed=1)[0]
+    problems = generate_problems(60, 4, seed=1)[0]
     assert fewshot_shots(problems, None) == tuple(problems[:2])  # the default job's prompts are as they were
-    with pytest.raises(DatasetError, match="none of gets_more"):
+    assert fewshot_shots(problems, None, 3) == tuple(problems[:3])
+    # One shot: the first kind's first problem (the Gemma 3 task: one worked subtraction, problems of both kinds)
+    (shot,) = fewshot_shots(problems, ("loses_some", "gets_more"), 1)
+    assert shot == next(p for p in problems if kind_of(p[0]) == "loses_some")
+    three = fewshot_shots(problems, ("bags", "share"), 3)
+    assert [kind_of(p[0]) for p in three] == ["bags", "share", "bags"] and three[0] != three[2]
+    with pytest.raises(DatasetError, match="expected 1 training problem.* of kind gets_more for the shots, found 0"):
         fewshot_shots([p for p in problems if kind_of(p[0]) != "gets_more"], ("gets_more",))
+    with pytest.raises(DatasetError, match="num_shots >= 1, found 0"):
+        fewshot_shots(problems, None, 0)
+    assert verl_main(["data", "word-problems", "--out", str(tmp_path / "one"), "--num-train", "40", "--num-test", "8",
+                      "--kinds", "loses_some,gets_more", "--num-shots", "1", "--prompt-format", "fewshot"]) == 0
+    one = pq.read_table(tmp_path / "one" / "test.parquet").to_pylist()
+    assert all(r["prompt"].count("Question: ") == 2 and r["prompt"].count(" - ") == 1 for r in one)
 
 
-def test_the_quickstart_refuses_problem_kinds_for_the_arithmetic_task(tmp_path, capsys):
-    assert quickstart.main(["--out", str(tmp_path / "q"), "--problem-kinds", "gets_more"]) == 2
+@pytest.mark.parametrize("flag, value", [("--problem-kinds", "gets_more"), ("--num-shots", "1")])
+def test_the_quickstart_refuses_word_problem_shapes_for_the_arithmetic_task(tmp_path, capsys, flag, value):
+    assert quickstart.main(["--out", str(tmp_path / "q"), flag, value]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--problem-kinds" in err[0] and "arithmetic" in err[0]
+    assert len(err) == 1 and flag in err[0] and "arithmetic" in err[0]
     assert not (tmp_path / "q").exists()
 
 

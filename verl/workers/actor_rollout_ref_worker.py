@@ -214,7 +214,8 @@ class ActorRolloutRefWorker(Worker):
         from verl.engine.rollout.base import SamplingParams
 
         common = dict(response_length=response_length, ignore_eos=arr.rollout.ignore_eos,
-                      eos_token_id=() if self.eos_token_id is None else (self.eos_token_id,))
+                      eos_token_id=() if self.eos_token_id is None else (self.eos_token_id,),
+                      stop_token_ids=tuple(arr.rollout.stop_token_ids or ()))
         self.train_sampling = SamplingParams(temperature=arr.rollout.temperature, top_p=arr.rollout.top_p,
                                              top_k=arr.rollout.top_k, do_sample=arr.rollout.do_sample,
                                              n=arr.rollout.n, **common)

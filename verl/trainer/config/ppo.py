@@ -435,6 +435,10 @@ def _validate(cfg: dict[str, Any], launcher_world_size: int | None, data_pending
         model = ModelConfig.from_pretrained(arr["model"]["path"])
     except ModelConfigError as err:
         raise ConfigError(f"actor_rollout_ref.model.path: {err}") from None
+    stops = rollout["stop_token_ids"] or []
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < model.vocab_size for t in stops):
+        raise ConfigError(f"actor_rollout_ref.rollout.stop_token_ids: expected token ids in [0, {model.vocab_size}) "
+                          f"(the model's vocabulary), found {list(stops)}")
 
     # Parallel layout: Megatron (t, p, d) or FSDP (every rank a DP rank) for actor, reference, critic and
     # reward model; rollout t_g.

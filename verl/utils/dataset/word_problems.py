@@ -253,20 +253,27 @@ def kind_of(question: str) -> str | None:
     return None
 
 
-def fewshot_shots(train: Sequence[tuple[str, str, int]], kinds: Sequence[str] | None) -> tuple:
+def fewshot_shots(train: Sequence[tuple[str, str, int]], kinds: Sequence[str] | None, num_shots: int = 2) -> tuple:
     """The worked problems before each few-shot prompt: training problems, so the held-out sets stay held out. The
-    first two; with ``kinds``, the first of each named kind (in that order), so that every kind the task asks is
-    shown worked once: with two same-kind shots the base model copies their operation into every problem."""
+    first ``num_shots``; with ``kinds``, the first training problems of the named kinds taken in turn (two kinds and
+    two shots: one of each; one shot: the first kind's), so the prompt decides which operations are shown worked.
+    Shown one operation only, the base model copies it into every problem (Gemma 3 270M after a subtraction: "11 - 2
+    = 10" for "gets 2 more"); reading the operation from the question is then what RL has to teach."""
+    if num_shots < 1:
+        raise DatasetError(f"word_problems: expected num_shots >= 1, found {num_shots}")
     if kinds is None:
-        return tuple(train[:2])
-    first = {}
+        return tuple(train[:num_shots])
+    by_kind: dict[str | None, list] = {}
     for problem in train:
-        first.setdefault(kind_of(problem[0]), problem)
-    missing = [k for k in kinds if k not in first]
-    if missing:
-        raise DatasetError(f"word_problems: expected a training problem of every kind for the shots, found none of "
-                           f"{', '.join(missing)}; ask for more training problems")
-    return tuple(first[k] for k in kinds)
+        by_kind.setdefault(kind_of(problem[0]), []).append(problem)
+    shots = []
+    for i in range(num_shots):
+        kind, turn = kinds[i % len(kinds)], i // len(kinds)
+        if len(by_kind.get(kind, ())) <= turn:
+            raise DatasetError(f"word_problems: expected {turn + 1} training problem(s) of kind {kind} for the "
+                               f"shots, found {len(by_kind.get(kind, ()))}; ask for more training problems")
+        shots.append(by_kind[kind][turn])
+    return tuple(shots)
 
 
 def make_row(problem: tuple[str, str, int], split: str, index: int, out_of_form: bool = False,
@@ -291,6 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="chat",
                         help="chat: one user turn for the model's chat template; fewshot: plain text with two worked "
                              "training problems, for a base model without one")
+    parser.add_argument("--num-shots", type=int, default=2,
+                        help="fewshot: worked training problems before each prompt (with --kinds: the named kinds' "
+                             "first problems in turn)")
     parser.add_argument("--kinds", default=None, metavar="KIND,KIND",
                         help=f"draw only these problem kinds (default all: {','.join(KINDS)})")
     args = parser.parse_args(argv)
@@ -298,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     train, test, *rest = generate_problems(args.num_train, args.num_test, args.seed, args.num_test_ood, kinds)
     ood = rest[0] if rest else []
     check_out_dir(args.out)
-    shots = fewshot_shots(train, kinds) if args.prompt_format == "fewshot" else ()
+    shots = fewshot_shots(train, kinds, args.num_shots) if args.prompt_format == "fewshot" else ()
     write_rl_splits(args.out, functools.partial(make_row, shots=shots), train, test, ood)
     print(f"word_problems: {len(train)} train / {len(test)} test / {len(ood)} out-of-form test problems -> {args.out}")
     return 0

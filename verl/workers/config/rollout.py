@@ -104,6 +104,7 @@ class RolloutConfig(SamplingKeys, LogProbBatchKeys):
     dtype: str = checked(choices=TRAINING_DTYPES)
     gpu_memory_utilization: float = checked(gt=0, le=1)
     ignore_eos: bool
+    stop_token_ids: list[int] | None  # training and validation sampling both stop on them (a task's, not eos)
     enforce_eager: bool
     free_cache_engine: bool
     generation_timeout: float = checked(gt=0)  # verl-hpc's: the wait for the slowest rollout (generation_wait)
