@@ -353,3 +353,31 @@ def test_cut_at_stop_takes_the_first_stop_of_any_and_leaves_rows_without_one_who
     assert cut_at_stop(text, {"stop": "##"}) == "a Question: b "
     assert cut_at_stop(text, {"stop": ("nowhere",)}) == text
     assert cut_at_stop(text, {"index": 3}) == text and cut_at_stop(text, None) == text
+
+
+def test_the_gemma3_add_sub_config_loads_and_stops_where_each_worked_answer_ends(tmp_path):
+    """configs/grpo_gemma3_add_sub.yaml (results/gemma3_add_sub/) on the data its run writes: it loads as verl train
+    loads it, and its stop token is the one that ends every worked answer of the prompt in this tokenizer, so a
+    response ends where a shot's answer ends (not in a question of the model's own)."""
+    from helpers.gemma3_model import gemma3_dir
+    from transformers import AutoTokenizer
+
+    from verl.trainer.config import load_config
+
+    model_dir = gemma3_dir()
+    data = tmp_path / "data"
+    assert verl_main(["data", "word-problems", "--out", str(data), "--num-train", "40", "--num-test", "8",
+                      "--num-test-ood", "4", "--kinds", "loses_some,gets_more", "--num-shots", "1",
+                      "--prompt-format", "fewshot"]) == 0
+    cfg = load_config(os.path.join(quickstart.REPO, "configs", "grpo_gemma3_add_sub.yaml"),
+                      [f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",
+                       f"data.tokenizer={model_dir}", f"actor_rollout_ref.model.path={model_dir}",
+                       f"trainer.output_dir={tmp_path}/out"])
+    stops = cfg.actor_rollout_ref.rollout.stop_token_ids
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    row = pq.read_table(data / "test.parquet").to_pylist()[0]
+    ids = tokenizer(row["prompt"]).input_ids
+    assert len(ids) <= cfg.data.max_prompt_length
+    shot_end = tokenizer(row["prompt"].split("Question:")[1], add_special_tokens=False).input_ids
+    assert shot_end[-1] in stops and tokenizer.decode([shot_end[-1]]) == "\n\n"
+    assert cfg.actor_rollout_ref.model.lora.rank > 0  # full fine-tuning collapses on this model (the pilots)
