@@ -135,6 +135,8 @@ def test_with_kinds_the_fewshot_prompt_works_one_problem_of_each_kind(tmp_path):
                       "--kinds", "loses_some,gets_more", "--num-shots", "1", "--prompt-format", "fewshot"]) == 0
     one = pq.read_table(tmp_path / "one" / "test.parquet").to_pylist()
     assert all(r["prompt"].count("Question: ") == 2 and r["prompt"].count(" - ") == 1 for r in one)
+    assert verl_main(["data", "word-problems", "--out", str(tmp_path / "chat"), "--num-shots", "1"]) == 2
+    assert not (tmp_path / "chat").exists()  # a chat prompt has no shots: refused, nothing written
 
 
 @pytest.mark.parametrize("flag, value", [("--problem-kinds", "gets_more"), ("--num-shots", "1")])

@@ -298,17 +298,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="chat",
                         help="chat: one user turn for the model's chat template; fewshot: plain text with two worked "
                              "training problems, for a base model without one")
-    parser.add_argument("--num-shots", type=int, default=2,
-                        help="fewshot: worked training problems before each prompt (with --kinds: the named kinds' "
-                             "first problems in turn)")
+    parser.add_argument("--num-shots", type=int, default=None,
+                        help="fewshot: worked training problems before each prompt, default 2 (with --kinds: the "
+                             "named kinds' first problems in turn)")
     parser.add_argument("--kinds", default=None, metavar="KIND,KIND",
                         help=f"draw only these problem kinds (default all: {','.join(KINDS)})")
     args = parser.parse_args(argv)
+    if args.num_shots is not None and args.prompt_format != "fewshot":
+        raise DatasetError(f"word_problems: expected --num-shots with --prompt-format fewshot (a chat prompt has no "
+                           f"worked problems), found it with --prompt-format {args.prompt_format}")
     kinds = args.kinds.split(",") if args.kinds is not None else None
     train, test, *rest = generate_problems(args.num_train, args.num_test, args.seed, args.num_test_ood, kinds)
     ood = rest[0] if rest else []
     check_out_dir(args.out)
-    shots = fewshot_shots(train, kinds, args.num_shots) if args.prompt_format == "fewshot" else ()
+    num_shots = 2 if args.num_shots is None else args.num_shots
+    shots = fewshot_shots(train, kinds, num_shots) if args.prompt_format == "fewshot" else ()
     write_rl_splits(args.out, functools.partial(make_row, shots=shots), train, test, ood)
     print(f"word_problems: {len(train)} train / {len(test)} test / {len(ood)} out-of-form test problems -> {args.out}")
     return 0
